@@ -1,0 +1,3 @@
+"""The package version, kept in exactly one place (read by hatch and by ``--version``)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,7 @@
+"""Test-suite wiring: each fixture family lives in its own plugin module under ``fixtures/``."""
+
+pytest_plugins = [
+    "tests.fixtures.nvml",
+    "tests.fixtures.sandbox",
+    "tests.fixtures.jupyter",
+]
