@@ -158,3 +158,54 @@ CONTAINER_DEFAULTS: tuple[DeviceRule, ...] = (
     char_device(5, 2, ALL_ACCESS),  # /dev/ptmx
     DeviceRule(DevType.CHAR, 136, None, ALL_ACCESS),  # /dev/pts/*
 )
+
+
+@dataclass(frozen=True, order=True)
+class CharDevice:
+    """One concrete character device number, as a device node's ``st_rdev`` names it.
+
+    Rules are patterns that may hold ``*``; granting, revoking, creating a node and
+    finding who holds a device open all need one plain number pair instead.
+    """
+
+    major: int
+    minor: int
+
+    def __post_init__(self) -> None:
+        for name in ("major", "minor"):
+            value = getattr(self, name)
+            if not 0 <= value < 2**32:
+                raise ValueError(f"device {name} {value} out of range")
+
+    def rule(self, access: Access = RW, *, allow: bool = True) -> DeviceRule:
+        """The rule naming exactly this device."""
+        return char_device(self.major, self.minor, access, allow=allow)
+
+    def __str__(self) -> str:
+        return f"c {self.major}:{self.minor}"
+
+
+def v1_allow_list(rules: Iterable[DeviceRule]) -> list[DeviceRule]:
+    """The ``devices.list`` a v1 cgroup shows after ``a`` went to ``devices.deny``
+    and then ``rules``, in order (allow rules to ``devices.allow``, deny rules to
+    ``devices.deny``).
+
+    Mirrors security/device_cgroup.c in allow-list mode: an allow merges its access
+    into the entry with the same pattern or appends one; a deny clears bits only of
+    the entry with exactly the same pattern, so it never punches a hole in a
+    wildcard. Type ``a`` rules switch the cgroup's whole mode and are refused here.
+    """
+    entries: dict[tuple[DevType, int | None, int | None], Access] = {}
+    for rule in rules:
+        if rule.type is DevType.ALL:
+            raise ValueError(f"rule {rule.render_v1()!r} switches the cgroup's mode; not modelled")
+        key = (rule.type, rule.major, rule.minor)
+        if rule.allow:
+            entries[key] = entries.get(key, Access.NONE) | rule.access
+        elif key in entries:
+            remaining = entries[key] & ~rule.access
+            if remaining:
+                entries[key] = remaining
+            else:
+                del entries[key]
+    return [DeviceRule(*pattern, access) for pattern, access in entries.items()]

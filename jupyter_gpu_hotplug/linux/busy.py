@@ -1,0 +1,284 @@
+"""Which processes of a container hold a device open — and ending them when forced.
+
+Why this module exists: revoking a device cgroup permission only stops *new*
+opens; a process that already holds ``/dev/nvidia3`` keeps using the GPU. So a
+detach first asks who holds the device (to refuse with the pids and command
+names, DESIGN §4) and, when forced, ends exactly those processes. Two rules
+shape it: a scan that could not look at a process must say so rather than
+report "not busy", and a signal must never reach an unrelated process that
+inherited a reused pid — processes are identified by pid *and* start time, and
+signalled through a pidfd.
+
+Holders are found from ``/proc/<pid>/fd`` (an open fd whose target is the char
+device); an optional second source — NVML's running processes, later — can add
+pids that use the device without a visible fd.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import select
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from . import cgroups
+from .devrules import CharDevice
+
+ExtraHolders = Callable[[CharDevice], Iterable[int]]
+"""Another source of pids using a device (e.g. NVML's running processes)."""
+
+_PROC: Final = Path("/proc")
+# /proc/<pid>/stat after the ")" that ends comm: field 3 (state) is index 0, so
+# field 22 (starttime, in clock ticks since boot) is index 19.
+_START_TIME_INDEX: Final = 19
+
+
+class BusyError(Exception):
+    """Base of this module's errors."""
+
+
+class ScanError(BusyError):
+    """Some processes could not be inspected, so "who holds it" has no full answer.
+
+    ``holders`` are the ones found anyway; ``unreadable`` pairs each pid that could
+    not be inspected with the reason.
+    """
+
+    def __init__(
+        self, holders: tuple[Holder, ...], unreadable: tuple[tuple[int, str], ...]
+    ) -> None:
+        listed = "; ".join(f"pid {pid}: {reason}" for pid, reason in unreadable)
+        super().__init__(f"cannot inspect every process of the container ({listed})")
+        self.holders = holders
+        self.unreadable = unreadable
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds a device open."""
+
+    pid: int
+    comm: str
+    """The command name (``/proc/<pid>/comm``), for the message the user sees."""
+    fds: tuple[int, ...]
+    """Its fds open on the device; empty when only the extra source reported it."""
+    start_time: int
+    """Start time in clock ticks since boot: with ``pid``, who this process is."""
+
+
+@dataclass(frozen=True)
+class Termination:
+    """What :func:`terminate` did, per pid."""
+
+    exited: tuple[int, ...]
+    """Ended within the grace period after SIGTERM."""
+    killed: tuple[int, ...]
+    """Ignored SIGTERM, ended after SIGKILL."""
+    survivors: tuple[int, ...]
+    """Still alive after SIGKILL and the wait (e.g. stuck in uninterruptible sleep)."""
+    vanished: tuple[int, ...]
+    """Already gone before any signal (their pid may now be someone else's)."""
+
+    @property
+    def all_gone(self) -> bool:
+        return not self.survivors
+
+
+def find_holders(
+    cgroup_dirs: Iterable[Path],
+    device: CharDevice,
+    *,
+    proc: Path = _PROC,
+    extra_holders: ExtraHolders | None = None,
+) -> list[Holder]:
+    """The processes in ``cgroup_dirs`` (and the cgroups below them) holding ``device``.
+
+    Pass the container's v1 ``devices`` and/or unified cgroup directories; pids are
+    in our pid namespace and ``proc`` is that namespace's procfs.
+    """
+    pids: set[int] = set()
+    for directory in cgroup_dirs:
+        pids.update(cgroups.pids_in_cgroup(directory, recursive=True))
+    return holders_among(pids, device, proc=proc, extra_holders=extra_holders)
+
+
+def holders_among(
+    pids: Iterable[int],
+    device: CharDevice,
+    *,
+    proc: Path = _PROC,
+    extra_holders: ExtraHolders | None = None,
+) -> list[Holder]:
+    """Which of ``pids`` hold ``device`` open, sorted by pid.
+
+    A process that exits during the scan is simply not a holder. One that cannot be
+    inspected (EACCES, for one) makes the whole answer unknown: :class:`ScanError`,
+    carrying what was found. Pids from ``extra_holders`` count only if they are
+    among ``pids`` — a process outside the container is not ours to report or end.
+    """
+    candidates = sorted(set(pids))
+    rdev = os.makedev(device.major, device.minor)
+    holders: dict[int, Holder] = {}
+    unreadable: list[tuple[int, str]] = []
+    for pid in candidates:
+        try:
+            holder = _inspect(pid, rdev, proc)
+        except OSError as e:
+            unreadable.append((pid, f"{e.filename}: {e.strerror}"))
+            continue
+        if holder is not None and holder.fds:
+            holders[pid] = holder
+    if extra_holders is not None:
+        for pid in sorted(set(extra_holders(device)).intersection(candidates)):
+            if pid in holders:
+                continue
+            try:
+                identity = _identity(pid, proc)
+            except OSError as e:
+                unreadable.append((pid, f"{e.filename}: {e.strerror}"))
+                continue
+            if identity is not None:
+                holders[pid] = Holder(pid, identity[0], (), identity[1])
+    found = tuple(holders[pid] for pid in sorted(holders))
+    if unreadable:
+        raise ScanError(found, tuple(unreadable))
+    return list(found)
+
+
+def _gone(error: OSError) -> bool:
+    """The one error a scan may skip: the process (or one of its fds) went away."""
+    return error.errno in (errno.ENOENT, errno.ESRCH)
+
+
+def _identity(pid: int, proc: Path) -> tuple[str, int] | None:
+    """``(comm, start_time)`` of ``pid``, or None when it has exited."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError as e:
+        if _gone(e):
+            return None
+        raise
+    comm = text[text.find("(") + 1 : text.rfind(")")]
+    return comm, int(text[text.rfind(")") + 2 :].split()[_START_TIME_INDEX])
+
+
+def _inspect(pid: int, rdev: int, proc: Path) -> Holder | None:
+    """The process's fds on ``rdev`` (possibly none), or None when it exited or its
+    pid was reused while we looked (its identity changed between the two reads)."""
+    before = _identity(pid, proc)
+    if before is None:
+        return None
+    fd_dir = proc / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError as e:
+        if _gone(e):
+            return None
+        raise
+    fds = []
+    for name in names:
+        try:
+            info = os.stat(fd_dir / name)  # follows the fd to the file it has open
+        except OSError as e:
+            if _gone(e):
+                continue  # closed since we listed it
+            raise
+        if stat.S_ISCHR(info.st_mode) and info.st_rdev == rdev:
+            fds.append(int(name))
+    if _identity(pid, proc) != before:
+        return None
+    return Holder(pid, before[0], tuple(sorted(fds)), before[1])
+
+
+def terminate(
+    holders: Iterable[Holder],
+    *,
+    grace: float = 5.0,
+    kill_wait: float = 5.0,
+    proc: Path = _PROC,
+) -> Termination:
+    """SIGTERM every holder, wait up to ``grace`` seconds, SIGKILL the ones left, wait
+    up to ``kill_wait`` for them, and report who ended how.
+
+    Each process is pinned by a pidfd whose identity is checked against the holder's
+    start time before any signal; waiting polls the pidfds (readable once the
+    process has exited), so it ends as soon as everyone is gone.
+    """
+    pidfds: dict[int, int] = {}
+    vanished: list[int] = []
+    try:
+        for holder in holders:
+            pidfd = _pin(holder, proc)
+            if pidfd is None:
+                vanished.append(holder.pid)
+            else:
+                pidfds[holder.pid] = pidfd
+        for pid in [pid for pid, pidfd in pidfds.items() if not _signal(pidfd, signal.SIGTERM)]:
+            vanished.append(pid)
+            os.close(pidfds.pop(pid))
+        exited = _wait_exit(pidfds, grace)
+        stubborn = {pid: pidfd for pid, pidfd in pidfds.items() if pid not in exited}
+        for pidfd in stubborn.values():
+            _signal(pidfd, signal.SIGKILL)
+        killed = _wait_exit(stubborn, kill_wait)
+    finally:
+        for pidfd in pidfds.values():
+            os.close(pidfd)
+    return Termination(
+        exited=tuple(sorted(exited)),
+        killed=tuple(sorted(killed)),
+        survivors=tuple(sorted(set(stubborn) - killed)),
+        vanished=tuple(sorted(vanished)),
+    )
+
+
+def _pin(holder: Holder, proc: Path) -> int | None:
+    """A pidfd of exactly this holder, or None if it is gone (or its pid reused)."""
+    try:
+        pidfd = os.pidfd_open(holder.pid)
+    except ProcessLookupError:
+        return None
+    try:
+        identity = _identity(holder.pid, proc)
+    except OSError:
+        os.close(pidfd)
+        raise
+    if identity is None or identity[1] != holder.start_time:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _signal(pidfd: int, signum: signal.Signals) -> bool:
+    """Send ``signum``; False when the process has already been reaped."""
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_exit(pidfds: dict[int, int], timeout: float) -> set[int]:
+    """The pids whose process exits within ``timeout`` seconds (a pidfd turns readable)."""
+    by_fd = {pidfd: pid for pid, pidfd in pidfds.items()}
+    poller = select.poll()
+    for pidfd in by_fd:
+        poller.register(pidfd, select.POLLIN)
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(done) < len(by_fd):
+        remaining = deadline - time.monotonic()
+        events = poller.poll(max(0, math.ceil(remaining * 1000)))
+        for pidfd, _ in events:
+            done.add(by_fd[pidfd])
+            poller.unregister(pidfd)
+        if not events and remaining <= 0:
+            break
+    return done
