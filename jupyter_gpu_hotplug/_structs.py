@@ -1,0 +1,355 @@
+"""The agent API's data shapes (DESIGN §3), shared by the node agent and the notebook-side client.
+
+Why this module exists: the agent and the notebook side must never import each other, yet both
+speak the same JSON. The shapes live here, below both, as ``TypedDict`` payloads (exactly what goes
+over the wire), ``NewType`` identifiers, and a few frozen dataclasses for the one value both sides
+reason about: the *target* of an attach (a container of a pod, or a local process).
+
+Nothing here does I/O or imports anything of the project; checks that need the host (does the pid
+exist, what is its start time) belong to the callers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal, NewType, TypeAlias, TypedDict, final
+
+# --- identifiers ---------------------------------------------------------------------------------
+
+GpuUuid = NewType("GpuUuid", str)
+"""An NVML UUID: ``GPU-<uuid>`` for a whole GPU, ``MIG-<uuid>`` for a MIG slice."""
+
+PodUid = NewType("PodUid", str)
+"""A Kubernetes pod's ``metadata.uid``: tells a re-created pod apart from its namesake."""
+
+RequestId = NewType("RequestId", str)
+"""A client-chosen id that makes a retried attach idempotent (per target)."""
+
+TargetKey = NewType("TargetKey", str)
+"""A target's stable identity as one string, for per-target locks and the ledger."""
+
+# --- limits shared by validation, the OpenAPI document and the dataclasses below ---------------
+
+PID_MAX_LIMIT = 2**22
+"""The kernel's ``PID_MAX_LIMIT`` on 64-bit: every pid is below it (``/proc/sys/kernel/pid_max``
+can be raised at most to this value)."""
+
+DNS1123_LABEL_MAX = 63
+DNS1123_SUBDOMAIN_MAX = 253
+
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL_RE = re.compile(_LABEL)
+"""Kubernetes' DNS-1123 label (namespace and container names); use with ``fullmatch``."""
+DNS1123_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+"""Kubernetes' DNS-1123 subdomain (pod names); use with ``fullmatch``."""
+
+
+def is_dns1123_label(text: str) -> bool:
+    """Whether ``text`` is a valid namespace or container name."""
+    return len(text) <= DNS1123_LABEL_MAX and DNS1123_LABEL_RE.fullmatch(text) is not None
+
+
+def is_dns1123_subdomain(text: str) -> bool:
+    """Whether ``text`` is a valid pod name."""
+    return len(text) <= DNS1123_SUBDOMAIN_MAX and DNS1123_SUBDOMAIN_RE.fullmatch(text) is not None
+
+
+# --- wire payloads (exact JSON shapes of DESIGN §3) ---------------------------------------------
+
+
+# Optional members are declared through a ``total=False`` subclass rather than ``NotRequired``:
+# under ``from __future__ import annotations`` Python 3.11 cannot see ``NotRequired`` at
+# runtime, and the OpenAPI test compares ``__required_keys__`` with the document.
+
+
+class _PodRefRequired(TypedDict):
+    namespace: str
+    name: str
+
+
+class PodRefWire(_PodRefRequired, total=False):
+    """The ``pod`` member of a target; ``container`` may be left out in requests only."""
+
+    container: str
+
+
+@final  # final: lets type checkers narrow ``TargetWire`` with ``"pod" in wire``
+class PodTargetWire(TypedDict):
+    """``{"pod": {"namespace", "name", "container"}}``."""
+
+    pod: PodRefWire
+
+
+@final
+class PidTargetWire(TypedDict):
+    """``{"pid": 1234}`` (local mode)."""
+
+    pid: int
+
+
+TargetWire: TypeAlias = PodTargetWire | PidTargetWire
+
+GpuState = Literal["free", "attached", "allocated"]
+"""``allocated``: held by a pod through the device plugin; ``attached``: hot-attached by us."""
+
+
+class GpuInfo(TypedDict):
+    """One entry of ``GET /v1/gpus``."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+    memory_total: int
+    state: GpuState
+    target: TargetWire | None
+    simulated: bool
+
+
+class GpuList(TypedDict):
+    """The body of ``GET /v1/gpus``."""
+
+    gpus: list[GpuInfo]
+
+
+class Attachment(TypedDict):
+    """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally)."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+    device: str
+    target: TargetWire
+    holder: str | None
+    attached_at: str
+
+
+class AttachmentList(TypedDict):
+    """The body of ``GET /v1/attachments`` and of a ``201`` from ``POST /v1/attachments``."""
+
+    attachments: list[Attachment]
+
+
+class _AttachRequestRequired(TypedDict):
+    count: int
+
+
+class AttachRequestBody(_AttachRequestRequired, total=False):
+    """The body of ``POST /v1/attachments``; only ``count`` is required."""
+
+    target: TargetWire
+    wait_seconds: float
+    request_id: str
+
+
+ErrorCode = Literal[
+    "invalid_request",
+    "unauthenticated",
+    "forbidden",
+    "not_found",
+    "busy",
+    "insufficient_gpus",
+    "target_not_ready",
+    "timeout",
+    "internal_error",
+]
+
+
+class ProcessInfo(TypedDict):
+    """A process that keeps a GPU busy: listed in a ``busy`` error."""
+
+    pid: int
+    command: str
+
+
+class ErrorExtra(TypedDict, total=False):
+    """The members particular error codes add to an ``ErrorBody`` (see ``agent/errors.py``)."""
+
+    field: str
+    resource: str
+    name: str
+    uuid: GpuUuid
+    processes: list[ProcessInfo]
+    free: int
+    requested: int
+    limit: int
+    attached: int
+    wait_seconds: float
+    request_id: str
+
+
+class ErrorBody(ErrorExtra):
+    """Every error response. ``retryable``: sending the same request again later may succeed."""
+
+    error: ErrorCode
+    message: str
+    retryable: bool
+
+
+# --- timestamps ----------------------------------------------------------------------------------
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, to the second, as Kubernetes writes timestamps."""
+    if moment.tzinfo is None:
+        raise ValueError("a wire timestamp needs a timezone-aware datetime")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Read an RFC 3339 timestamp (any offset, optional fraction) as an aware UTC datetime."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp {text!r} has no timezone; RFC 3339 requires one")
+    return moment.astimezone(UTC)
+
+
+# --- the target as a value -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    """A container of a pod; ``container=None`` means "the resolver picks", in requests only.
+
+    The names are checked here too (not only by request validation), because the ``key`` must be
+    parseable back: DNS-1123 names never contain ``/``.
+    """
+
+    namespace: str
+    name: str
+    container: str | None = None
+
+    def __post_init__(self) -> None:
+        if not is_dns1123_label(self.namespace):
+            raise ValueError(f"namespace {self.namespace!r} is not a DNS-1123 label")
+        if not is_dns1123_subdomain(self.name):
+            raise ValueError(f"pod name {self.name!r} is not a DNS-1123 subdomain")
+        if self.container is not None and not is_dns1123_label(self.container):
+            raise ValueError(f"container {self.container!r} is not a DNS-1123 label")
+
+    @property
+    def key(self) -> TargetKey:
+        """``pod:NS/NAME/CONTAINER`` (or ``pod:NS/NAME`` while the container is unresolved)."""
+        tail = "" if self.container is None else f"/{self.container}"
+        return TargetKey(f"pod:{self.namespace}/{self.name}{tail}")
+
+    def with_container(self, container: str) -> PodTarget:
+        """The same pod with its container resolved."""
+        return PodTarget(self.namespace, self.name, container)
+
+    def to_wire(self) -> PodTargetWire:
+        ref = PodRefWire(namespace=self.namespace, name=self.name)
+        if self.container is not None:
+            ref["container"] = self.container
+        return PodTargetWire(pod=ref)
+
+    @classmethod
+    def from_wire(cls, wire: PodTargetWire) -> PodTarget:
+        ref = wire["pod"]
+        return cls(ref["namespace"], ref["name"], ref.get("container"))
+
+    def __str__(self) -> str:
+        tail = "" if self.container is None else f" container {self.container}"
+        return f"pod {self.namespace}/{self.name}{tail}"
+
+
+def _check_pid(pid: int) -> None:
+    # pid 1 is init of the agent's pid namespace (the host's, for a DaemonSet with hostPID):
+    # never a target. Request validation says so with a precise message before we get here.
+    if not 2 <= pid < PID_MAX_LIMIT:
+        raise ValueError(f"pid {pid} is outside 2..{PID_MAX_LIMIT - 1}")
+
+
+@dataclass(frozen=True)
+class PidRef:
+    """A process as a request names it: a pid, not yet tied to one process lifetime.
+
+    A pid alone is ambiguous over time (the kernel reuses pids), so it has no ``key``;
+    ``resolve`` it with the start time read from ``/proc/<pid>/stat`` first.
+    """
+
+    pid: int
+
+    def __post_init__(self) -> None:
+        _check_pid(self.pid)
+
+    def resolve(self, *, start_time: int) -> PidTarget:
+        """Bind the pid to the process that has it now (``start_time``: stat field 22)."""
+        return PidTarget(self.pid, start_time)
+
+    def to_wire(self) -> PidTargetWire:
+        return PidTargetWire(pid=self.pid)
+
+    @classmethod
+    def from_wire(cls, wire: PidTargetWire) -> PidRef:
+        return cls(wire["pid"])
+
+    def __str__(self) -> str:
+        return f"process {self.pid}"
+
+
+@dataclass(frozen=True)
+class PidTarget:
+    """One process lifetime: a pid plus its start time.
+
+    ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock ticks after boot); the same pid
+    with another start time is another process, so ledger rows of a dead process never apply
+    to a newcomer that inherited its pid.
+    """
+
+    pid: int
+    start_time: int
+
+    def __post_init__(self) -> None:
+        _check_pid(self.pid)
+        if self.start_time < 0:
+            raise ValueError(f"process start time {self.start_time} is negative")
+
+    @property
+    def key(self) -> TargetKey:
+        """``pid:PID@START_TIME``."""
+        return TargetKey(f"pid:{self.pid}@{self.start_time}")
+
+    def to_wire(self) -> PidTargetWire:
+        """The wire names only the pid: the start time is the agent's own bookkeeping."""
+        return PidTargetWire(pid=self.pid)
+
+    @classmethod
+    def from_wire(cls, wire: PidTargetWire, *, start_time: int) -> PidTarget:
+        return cls(wire["pid"], start_time)
+
+    def __str__(self) -> str:
+        return f"process {self.pid}"
+
+
+Target: TypeAlias = PodTarget | PidTarget
+"""A target bound to one identity: what locks and the ledger are keyed by."""
+
+TargetRef: TypeAlias = PodTarget | PidRef
+"""A target as a request names it (``PidRef`` still needs resolving to a ``PidTarget``)."""
+
+
+def target_from_wire(wire: TargetWire) -> TargetRef:
+    """The value of an already validated wire target (``ValueError`` if it is not well formed)."""
+    if "pod" in wire:
+        return PodTarget.from_wire(wire)
+    if "pid" in wire:
+        return PidRef.from_wire(wire)
+    raise ValueError("a target has either a 'pod' or a 'pid' member")
+
+
+_POD_KEY_RE = re.compile(r"pod:([^/]+)/([^/]+)(?:/([^/]+))?")
+_PID_KEY_RE = re.compile(r"pid:([0-9]+)@([0-9]+)")
+
+
+def target_from_key(key: str) -> Target:
+    """Inverse of ``Target.key``: keys are lossless, so durable state needs to store only them."""
+    if match := _POD_KEY_RE.fullmatch(key):
+        namespace, name, container = match.groups()
+        return PodTarget(namespace, name, container)
+    if match := _PID_KEY_RE.fullmatch(key):
+        return PidTarget(int(match[1]), int(match[2]))
+    raise ValueError(f"{key!r} is not a target key")

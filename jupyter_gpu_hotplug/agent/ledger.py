@@ -1,0 +1,489 @@
+"""Local mode's durable GPU ownership: a SQLite ledger in the agent's state dir.
+
+Why it exists: in Kubernetes mode holder pods are the durable record of who owns which GPU; in
+local mode nothing outside the agent remembers, yet a crash must never leave a GPU granted to a
+process that nobody accounts for (DESIGN §2, §8). So every change is written here *before* the
+host is touched (``reserving``), confirmed after (``granted``), and announced before it is undone
+(``releasing``); at start-up ``pending()`` shows exactly what a crash left half-done.
+
+Durability choices: WAL journal with ``synchronous=FULL`` (a committed change survives power
+loss), every change in one ``BEGIN IMMEDIATE`` transaction (it takes the write lock up front, so
+a read-then-write such as picking free GPUs cannot race), the schema versioned with
+``PRAGMA user_version`` and upgraded by an ordered list of migrations. An exclusive ``flock`` on
+``<state-dir>/agent.lock``, held for the ledger's lifetime, keeps a second agent away from the
+same state; the kernel drops it when the process dies, however it dies.
+
+The ledger is synchronous and each call is one short transaction, safe to call from several
+threads (calls are serialised). It knows nothing of cgroups, NVML or HTTP; its only API errors
+are the ones a caller would answer with anyway (``InsufficientGpus``, ``NotFound``, ``Busy``,
+``InvalidRequest`` for a reused request id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .._structs import GpuUuid, RequestId, Target, target_from_key
+from .errors import Busy, InsufficientGpus, InvalidRequest, NotFound
+
+LEDGER_FILE = "ledger.sqlite3"
+LOCK_FILE = "agent.lock"
+
+Clock = Callable[[], datetime]
+Migration = Callable[[sqlite3.Connection], None]
+"""Brings the schema from version ``i`` to ``i + 1`` (its index in the list is ``i``).
+
+Runs inside the opening transaction; it must use ``execute`` only (``executescript`` would
+commit half-way)."""
+
+
+class LedgerError(Exception):
+    """The ledger cannot do its job: storage failure, a schema it does not know, closed."""
+
+
+class LedgerLocked(LedgerError):
+    """Another live process holds the state dir."""
+
+    def __init__(self, lock_path: Path, holder_pid: int | None) -> None:
+        holder = "an unknown process" if holder_pid is None else f"process {holder_pid}"
+        super().__init__(
+            f"the state dir {lock_path.parent} is in use by another agent ({holder} holds "
+            f"{lock_path}); stop that agent or give this one another state dir"
+        )
+        self.lock_path = lock_path
+        self.holder_pid = holder_pid
+
+
+class LedgerStateError(LedgerError):
+    """A transition the entry's state does not allow: a bug in the caller, not in the request."""
+
+
+class EntryState(enum.StrEnum):
+    """An attachment's life: reserved before the host is touched, granted once it is."""
+
+    RESERVING = "reserving"
+    GRANTED = "granted"
+    RELEASING = "releasing"
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """What the ledger remembers of a GPU: enough to revoke it even after it left NVML's view."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One GPU's ownership; ``granted_at`` is set when it became ``granted``."""
+
+    gpu: GpuRecord
+    target: Target
+    state: EntryState
+    request_id: RequestId | None
+    created_at: datetime
+    updated_at: datetime
+    granted_at: datetime | None
+
+
+def _schema_v1(conn: sqlite3.Connection) -> None:
+    # STRICT tables (SQLite >= 3.37) refuse values of the wrong type instead of storing them.
+    conn.execute(
+        """CREATE TABLE gpus (
+            uuid TEXT PRIMARY KEY NOT NULL,
+            idx INTEGER NOT NULL,
+            minor INTEGER NOT NULL,
+            name TEXT NOT NULL
+        ) STRICT"""
+    )
+    conn.execute(
+        """CREATE TABLE attachments (
+            uuid TEXT PRIMARY KEY NOT NULL REFERENCES gpus (uuid),
+            target_key TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('reserving', 'granted', 'releasing')),
+            request_id TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            granted_at TEXT
+        ) STRICT"""
+    )
+    conn.execute("CREATE INDEX attachments_by_target ON attachments (target_key, request_id)")
+
+
+MIGRATIONS: Sequence[Migration] = (_schema_v1,)
+"""The schema's history; append, never edit (a deployed ledger has run the old steps)."""
+
+_ENTRY_SELECT = """
+    SELECT g.uuid, g.idx, g.minor, g.name, a.target_key, a.state, a.request_id,
+           a.created_at, a.updated_at, a.granted_at
+    FROM attachments AS a JOIN gpus AS g ON g.uuid = a.uuid
+"""
+_ENTRY_ORDER = " ORDER BY g.idx, g.uuid"
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _to_text(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("the ledger's clock must return timezone-aware datetimes")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _entry(row: sqlite3.Row) -> LedgerEntry:
+    try:
+        return _decode_entry(row)
+    except ValueError as e:
+        raise LedgerError(f"ledger row of {row['uuid']} is corrupt: {e}") from e
+
+
+def _decode_entry(row: sqlite3.Row) -> LedgerEntry:
+    return LedgerEntry(
+        gpu=GpuRecord(GpuUuid(row["uuid"]), row["idx"], row["minor"], row["name"]),
+        target=target_from_key(row["target_key"]),
+        state=EntryState(row["state"]),
+        request_id=None if row["request_id"] is None else RequestId(row["request_id"]),
+        created_at=datetime.fromisoformat(row["created_at"]),
+        updated_at=datetime.fromisoformat(row["updated_at"]),
+        granted_at=None if row["granted_at"] is None else datetime.fromisoformat(row["granted_at"]),
+    )
+
+
+def _acquire_lock(lock_path: Path) -> int:
+    """Take the state dir's lock or say who has it; returns the fd that holds the lock."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise LedgerLocked(lock_path, int(holder) if holder.isdigit() else None) from e
+    except OSError:
+        os.close(fd)
+        raise
+    # Only for the message another agent shows; the lock itself is the flock. Fixed width and
+    # overwritten in place, so a reader never sees the file emptied between two holders.
+    record = f"{os.getpid():<15}\n".encode("ascii")
+    os.pwrite(fd, record, 0)
+    os.ftruncate(fd, len(record))
+    return fd
+
+
+def _connect(db_path: Path) -> sqlite3.Connection:
+    # Create the file ourselves so it is 0600 whatever the umask; SQLite gives its -wal and
+    # -shm files the database file's permissions.
+    os.close(os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    # isolation_level=None: no implicit transactions; every write uses BEGIN IMMEDIATE itself.
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    try:
+        conn.row_factory = sqlite3.Row
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise LedgerError(f"{db_path}: SQLite refused WAL mode (got {mode!r})")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, db_path: Path, migrations: Sequence[Migration]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(migrations):
+            raise LedgerError(
+                f"{db_path} has schema version {version}, newer than this agent knows "
+                f"({len(migrations)}); upgrade the agent or give it another state dir"
+            )
+        for migration in migrations[version:]:
+            migration(conn)
+        # PRAGMA takes no parameters; the value is an int we computed.
+        conn.execute(f"PRAGMA user_version = {len(migrations)}")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _open_database(db_path: Path, migrations: Sequence[Migration]) -> sqlite3.Connection:
+    """A configured, up-to-date connection, or ``LedgerError`` with nothing left open."""
+    try:
+        conn = _connect(db_path)
+    except (sqlite3.Error, OSError) as e:
+        raise LedgerError(f"cannot open the ledger {db_path}: {e}") from e
+    try:
+        _migrate(conn, db_path, migrations)
+    except sqlite3.Error as e:
+        conn.close()
+        raise LedgerError(f"cannot open the ledger {db_path}: {e}") from e
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Ledger:
+    """The open ledger of one state dir; create it with ``Ledger.open``.
+
+    Usable as a context manager; ``close()`` releases the state dir for the next agent.
+    """
+
+    def __init__(
+        self, conn: sqlite3.Connection, *, lock_fd: int, state_dir: Path, clock: Clock
+    ) -> None:
+        self._conn: sqlite3.Connection | None = conn
+        self._lock_fd = lock_fd
+        self._clock = clock
+        self._mutex = threading.Lock()
+        self.state_dir = state_dir
+        self.db_path = state_dir / LEDGER_FILE
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: Path,
+        *,
+        clock: Clock = _utcnow,
+        migrations: Sequence[Migration] = MIGRATIONS,
+    ) -> Ledger:
+        """Lock ``state_dir`` (created 0700 if missing), open the ledger, upgrade its schema.
+
+        Raises ``LedgerLocked`` when another agent holds the dir, ``LedgerError`` otherwise.
+        ``clock`` and ``migrations`` are seams for tests (fake time, schema upgrades).
+        """
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock_fd = _acquire_lock(state_dir / LOCK_FILE)
+        except OSError as e:
+            raise LedgerError(f"cannot lock the state dir {state_dir}: {e}") from e
+        try:
+            conn = _open_database(state_dir / LEDGER_FILE, migrations)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(conn, lock_fd=lock_fd, state_dir=state_dir, clock=clock)
+
+    def close(self) -> None:
+        """Close the database and drop the lock; further calls raise ``LedgerError``."""
+        with self._mutex:
+            if self._conn is None:
+                return
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            finally:
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- transactions ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One serialised use of the connection; a write is one ``BEGIN IMMEDIATE`` transaction.
+
+        sqlite3 errors leave as ``LedgerError``; our own API errors pass through unchanged
+        after the rollback.
+        """
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                raise LedgerError(f"the ledger {self.db_path} is closed")
+            try:
+                if not write:
+                    yield conn
+                    return
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    # SQLite may already have rolled back on its own (e.g. disk full).
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise LedgerError(f"ledger {self.db_path}: {e}") from e
+
+    def _now(self) -> str:
+        return _to_text(self._clock())
+
+    @staticmethod
+    def _entries(
+        conn: sqlite3.Connection, where: str, params: Sequence[object]
+    ) -> list[LedgerEntry]:
+        rows = conn.execute(_ENTRY_SELECT + where + _ENTRY_ORDER, params).fetchall()
+        return [_entry(row) for row in rows]
+
+    # --- changes ---------------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        target: Target,
+        count: int,
+        *,
+        candidates: Sequence[GpuRecord],
+        request_id: RequestId | None = None,
+    ) -> list[LedgerEntry]:
+        """Atomically take ``count`` free GPUs out of ``candidates`` for ``target``.
+
+        ``candidates`` are the GPUs that may be handed out now (the live inventory, in the
+        order of preference); the ledger remembers their minor, index and name. New entries
+        are ``reserving``. With a ``request_id`` already used by this target, the entries of
+        that earlier request are returned as they are (an idempotent retry), provided the
+        count matches. Raises ``InsufficientGpus`` when fewer than ``count`` are free.
+        """
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        _check_distinct(candidates)
+        key = target.key
+        with self._session(write=True) as conn:
+            conn.executemany(
+                """INSERT INTO gpus (uuid, idx, minor, name) VALUES (?, ?, ?, ?)
+                   ON CONFLICT (uuid) DO UPDATE
+                   SET idx = excluded.idx, minor = excluded.minor, name = excluded.name""",
+                [(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in candidates],
+            )
+            if request_id is not None:
+                earlier = self._entries(
+                    conn, "WHERE a.target_key = ? AND a.request_id = ?", (key, request_id)
+                )
+                if earlier and len(earlier) != count:
+                    raise InvalidRequest(
+                        f"request_id {request_id!r} was already used by this target for "
+                        f"{len(earlier)} GPU(s), not {count}",
+                        field="request_id",
+                        hint="use a new request_id for a new request",
+                    )
+                if earlier:
+                    return earlier
+            taken = {row[0] for row in conn.execute("SELECT uuid FROM attachments")}
+            free = [gpu for gpu in candidates if gpu.uuid not in taken]
+            if len(free) < count:
+                raise InsufficientGpus(free=len(free), requested=count)
+            now = self._now()
+            conn.executemany(
+                """INSERT INTO attachments
+                   (uuid, target_key, state, request_id, created_at, updated_at)
+                   VALUES (?, ?, 'reserving', ?, ?, ?)""",
+                [(gpu.uuid, key, request_id, now, now) for gpu in free[:count]],
+            )
+            chosen = [gpu.uuid for gpu in free[:count]]
+            return self._entries(conn, _where_uuid_in(chosen), chosen)
+
+    def mark_granted(self, uuids: Collection[GpuUuid]) -> list[LedgerEntry]:
+        """``reserving`` → ``granted`` once the host grants the GPUs (already granted: unchanged).
+
+        Raises ``LedgerStateError`` if any of them is missing or ``releasing``; then none
+        changes.
+        """
+        wanted = sorted(set(uuids))
+        with self._session(write=True) as conn:
+            entries = self._entries(conn, _where_uuid_in(wanted), wanted)
+            found = {entry.gpu.uuid: entry for entry in entries}
+            wrong = [
+                f"{uuid} ({'not reserved' if uuid not in found else found[uuid].state})"
+                for uuid in wanted
+                if uuid not in found or found[uuid].state is EntryState.RELEASING
+            ]
+            if wrong:
+                raise LedgerStateError(f"cannot mark as granted: {', '.join(wrong)}")
+            now = self._now()
+            conn.execute(
+                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?
+                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
+                (now, now, *wanted),
+            )
+            return self._entries(conn, _where_uuid_in(wanted), wanted)
+
+    def begin_release(self, uuid: GpuUuid) -> LedgerEntry:
+        """Announce the release of a ``granted`` GPU (already ``releasing``: unchanged).
+
+        Raises ``NotFound`` if the GPU is not attached, ``Busy`` while its attach is still
+        in progress (``reserving``).
+        """
+        with self._session(write=True) as conn:
+            entries = self._entries(conn, "WHERE a.uuid = ?", (uuid,))
+            if not entries:
+                raise NotFound("attachment", uuid)
+            entry = entries[0]
+            if entry.state is EntryState.RESERVING:
+                raise Busy.operation_in_progress(str(entry.target))
+            if entry.state is EntryState.GRANTED:
+                conn.execute(
+                    "UPDATE attachments SET state = 'releasing', updated_at = ? WHERE uuid = ?",
+                    (self._now(), uuid),
+                )
+                entry = self._entries(conn, "WHERE a.uuid = ?", (uuid,))[0]
+            return entry
+
+    def release(self, uuids: Iterable[GpuUuid]) -> None:
+        """Forget these attachments, in any state (also to roll back a reservation).
+
+        Unknown uuids are ignored, so a release interrupted by a crash can simply be repeated.
+        """
+        with self._session(write=True) as conn:
+            conn.executemany("DELETE FROM attachments WHERE uuid = ?", [(u,) for u in uuids])
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def get(self, uuid: GpuUuid) -> LedgerEntry | None:
+        """The attachment of one GPU, if it has one."""
+        with self._session(write=False) as conn:
+            entries = self._entries(conn, "WHERE a.uuid = ?", (uuid,))
+        return entries[0] if entries else None
+
+    def attachments(self, target: Target | None = None) -> list[LedgerEntry]:
+        """All attachments (any state), or those of one target; in GPU index order."""
+        with self._session(write=False) as conn:
+            if target is None:
+                return self._entries(conn, "", ())
+            return self._entries(conn, "WHERE a.target_key = ?", (target.key,))
+
+    def pending(self) -> list[LedgerEntry]:
+        """Entries not ``granted``: what a crash left half-done, to finish or roll back."""
+        with self._session(write=False) as conn:
+            return self._entries(conn, "WHERE a.state != 'granted'", ())
+
+    def free_gpus(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
+        """Those of ``candidates`` that no attachment holds, in the order given."""
+        _check_distinct(candidates)
+        with self._session(write=False) as conn:
+            taken = {row[0] for row in conn.execute("SELECT uuid FROM attachments")}
+        return [gpu for gpu in candidates if gpu.uuid not in taken]
+
+    def known_gpus(self) -> list[GpuRecord]:
+        """Every GPU the ledger has been offered, as last seen (index order)."""
+        with self._session(write=False) as conn:
+            rows = conn.execute("SELECT uuid, idx, minor, name FROM gpus ORDER BY idx, uuid")
+            return [GpuRecord(GpuUuid(r["uuid"]), r["idx"], r["minor"], r["name"]) for r in rows]
+
+
+def _check_distinct(candidates: Sequence[GpuRecord]) -> None:
+    if len({gpu.uuid for gpu in candidates}) != len(candidates):
+        raise ValueError("candidates name the same GPU more than once")
+
+
+def _where_uuid_in(uuids: Sequence[str], *, alias: str = "a.") -> str:
+    """``WHERE <alias>uuid IN (?, ?, ...)`` with one placeholder per uuid."""
+    return f" WHERE {alias}uuid IN ({', '.join('?' * len(uuids))})"

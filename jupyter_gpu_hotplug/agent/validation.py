@@ -1,0 +1,399 @@
+"""Strict, pure parsing of the agent API's inputs: request bodies, query arguments, path ids.
+
+Why a module of its own: every byte a caller sends passes through here before the service sees
+it, so this is where "never trust the caller" is kept in one reviewable place. Each function
+either returns a frozen value or raises ``InvalidRequest`` naming the offending field and saying
+what would be accepted; nothing else escapes (the tests feed arbitrary bytes and JSON to prove
+it). No I/O: whether a pid exists or a pod is the caller's own is the service's business.
+
+The limits here and in ``openapi.json`` must agree; ``tests/agent/test_openapi.py`` checks that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._structs import (
+    DNS1123_LABEL_MAX,
+    DNS1123_SUBDOMAIN_MAX,
+    PID_MAX_LIMIT,
+    GpuUuid,
+    PidRef,
+    PodTarget,
+    RequestId,
+    TargetRef,
+    is_dns1123_label,
+    is_dns1123_subdomain,
+)
+from .errors import InvalidRequest
+
+MAX_BODY_BYTES = 64 * 1024
+DEFAULT_WAIT_SECONDS = 60.0
+MAX_WAIT_SECONDS = 600.0
+REQUEST_ID_MAX = 128
+
+_REQUEST_ID_RE = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
+_GPU_UUID_RE = re.compile(
+    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)
+_PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
+_BODY_FIELDS = ("count", "request_id", "target", "wait_seconds")
+_POD_FIELDS = ("namespace", "name", "container")
+_FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    """A validated ``POST /v1/attachments``; ``target=None`` means "the caller itself"."""
+
+    count: int
+    target: TargetRef | None
+    wait_seconds: float
+    request_id: RequestId | None
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _describe(value: object) -> str:
+    """A short JSON-ish rendering of a bad value for messages (never echo a whole body)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _clip(name: str) -> str:
+    """A caller-chosen name, short enough to echo in an error's ``field``."""
+    return name if len(name) <= 64 else f"{name[:61]}..."
+
+
+def _as_int(value: object) -> int | None:
+    """``value`` if it is a JSON integer; ``bool`` is an ``int`` in Python, but ``true`` is not."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _NonStandardConstant(ValueError):
+    """json accepts NaN and Infinity by default; JSON (RFC 8259) does not."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonStandardConstant(name)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidRequest(
+                f"field {_describe(key)} appears twice in the request body", field=_clip(key)
+            )
+        result[key] = value
+    return result
+
+
+def _load_json(body: bytes, *, max_body: int) -> object:
+    if len(body) > max_body:
+        raise InvalidRequest(
+            f"request body is {len(body)} bytes; the limit is {max_body}", field="body"
+        )
+    if not body.strip():
+        raise InvalidRequest(
+            "request body is empty", field="body", hint='send a JSON object such as {"count": 1}'
+        )
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"request body is not UTF-8 ({e.reason})", field="body") from e
+    try:
+        return json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_reject_duplicates
+        )
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(
+            f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+            field="body",
+        ) from e
+    except _NonStandardConstant as e:
+        raise InvalidRequest(
+            f"request body contains {e}, which JSON does not allow", field="body"
+        ) from e
+    except ValueError as e:
+        # The only other ValueError: int() refuses more than sys.get_int_max_str_digits() digits.
+        raise InvalidRequest("request body has a number with too many digits", field="body") from e
+    except RecursionError as e:
+        raise InvalidRequest("request body is nested too deeply", field="body") from e
+
+
+def _check_fields(
+    obj: Mapping[str, object], *, allowed: Sequence[str], where: str, prefix: str
+) -> None:
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        names = ", ".join(_describe(name) for name in unknown[:5])
+        raise InvalidRequest(
+            f"unknown field(s) {names} in {where}; allowed: {', '.join(allowed)}",
+            field=f"{prefix}{_clip(unknown[0])}",
+        )
+
+
+def _check_label(value: object, *, subject: str, field: str) -> str:
+    """A namespace or container name; ``subject`` names it in the message."""
+    if isinstance(value, str) and len(value) > DNS1123_LABEL_MAX:
+        raise InvalidRequest(
+            f"{subject} is {len(value)} characters long; the limit is {DNS1123_LABEL_MAX}",
+            field=field,
+        )
+    if not isinstance(value, str) or not is_dns1123_label(value):
+        raise InvalidRequest(
+            f"{subject} must be a DNS-1123 label (lowercase letters, digits and '-', starting "
+            f"and ending with a letter or digit), got {_describe(value)}",
+            field=field,
+        )
+    return value
+
+
+def _check_subdomain(value: object, *, subject: str, field: str) -> str:
+    """A pod name; ``subject`` names it in the message."""
+    if isinstance(value, str) and len(value) > DNS1123_SUBDOMAIN_MAX:
+        raise InvalidRequest(
+            f"{subject} is {len(value)} characters long; the limit is {DNS1123_SUBDOMAIN_MAX}",
+            field=field,
+        )
+    if not isinstance(value, str) or not is_dns1123_subdomain(value):
+        raise InvalidRequest(
+            f"{subject} must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
+            f"each dot-separated part starting and ending with a letter or digit), "
+            f"got {_describe(value)}",
+            field=field,
+        )
+    return value
+
+
+def _check_pid(value: object, *, field: str) -> PidRef:
+    pid = _as_int(value)
+    if pid == 1:
+        raise InvalidRequest(
+            f"{field} 1 is the init process of the agent's pid namespace and can never be a target",
+            field=field,
+            hint="give the pid of the process (e.g. the kernel) that should get the GPU",
+        )
+    if pid is None or not 2 <= pid < PID_MAX_LIMIT:
+        raise InvalidRequest(
+            f"{field} must be a process id, an integer from 2 to {PID_MAX_LIMIT - 1}, "
+            f"got {_describe(value)}",
+            field=field,
+        )
+    return PidRef(pid)
+
+
+def _parse_target(value: object) -> TargetRef:
+    shape = 'target must be {"pod": {"namespace": ..., "name": ...}} or {"pid": N}'
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{shape}, got {_describe(value)}", field="target")
+    _check_fields(value, allowed=("pid", "pod"), where="target", prefix="target.")
+    if len(value) != 1:
+        raise InvalidRequest(
+            f"{shape}: give exactly one of pod or pid, got "
+            f"{'both' if value else 'an empty object'}",
+            field="target",
+        )
+    if "pid" in value:
+        return _check_pid(value["pid"], field="target.pid")
+    pod = value["pod"]
+    if not isinstance(pod, dict):
+        raise InvalidRequest(
+            f'target.pod must be {{"namespace": ..., "name": ..., "container": ...}}, '
+            f"got {_describe(pod)}",
+            field="target.pod",
+        )
+    _check_fields(pod, allowed=_POD_FIELDS, where="target.pod", prefix="target.pod.")
+    for required in ("namespace", "name"):
+        if required not in pod:
+            raise InvalidRequest(
+                f"target.pod.{required} is required (the pod's {required})",
+                field=f"target.pod.{required}",
+            )
+    ns_field, name_field, container_field = (f"target.pod.{member}" for member in _POD_FIELDS)
+    return PodTarget(
+        _check_label(pod["namespace"], subject=ns_field, field=ns_field),
+        _check_subdomain(pod["name"], subject=name_field, field=name_field),
+        _check_label(pod["container"], subject=container_field, field=container_field)
+        if "container" in pod
+        else None,
+    )
+
+
+# --- bodies --------------------------------------------------------------------------------------
+
+
+def parse_attach_request(
+    body: bytes, *, max_count: int, max_body: int = MAX_BODY_BYTES
+) -> AttachRequest:
+    """Parse a ``POST /v1/attachments`` body.
+
+    ``max_count`` is the most GPUs one request may ask for (the agent's setting, at least 1);
+    asking for more than are *free* is not a validation error but ``insufficient_gpus`` later.
+    """
+    if max_count < 1:
+        raise ValueError(f"max_count must be at least 1, got {max_count}")
+    obj = _load_json(body, max_body=max_body)
+    if not isinstance(obj, dict):
+        raise InvalidRequest(
+            f'request body must be a JSON object such as {{"count": 1}}, got {_describe(obj)}',
+            field="body",
+        )
+    _check_fields(obj, allowed=_BODY_FIELDS, where="the request body", prefix="")
+
+    count_rule = f"count must be an integer from 1 to {max_count} (the number of GPUs to attach)"
+    if "count" not in obj:
+        raise InvalidRequest(f"count is required: {count_rule}", field="count")
+    count = _as_int(obj["count"])
+    if count is None or not 1 <= count <= max_count:
+        raise InvalidRequest(f"{count_rule}, got {_describe(obj['count'])}", field="count")
+
+    wait_seconds = DEFAULT_WAIT_SECONDS
+    if "wait_seconds" in obj:
+        wait = obj["wait_seconds"]
+        if (
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or not math.isfinite(wait)
+            or not 0 < wait <= MAX_WAIT_SECONDS
+        ):
+            raise InvalidRequest(
+                "wait_seconds must be a number of seconds greater than 0 and at most "
+                f"{MAX_WAIT_SECONDS:g}, got {_describe(wait)}",
+                field="wait_seconds",
+            )
+        wait_seconds = float(wait)
+
+    request_id = None
+    if "request_id" in obj:
+        request_id = parse_request_id(obj["request_id"])
+
+    target = _parse_target(obj["target"]) if "target" in obj else None
+    return AttachRequest(
+        count=count, target=target, wait_seconds=wait_seconds, request_id=request_id
+    )
+
+
+def parse_request_id(value: object) -> RequestId:
+    """A client's idempotency key: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
+    if not isinstance(value, str) or _REQUEST_ID_RE.fullmatch(value) is None:
+        raise InvalidRequest(
+            f"request_id must be 1 to {REQUEST_ID_MAX} characters from A-Z a-z 0-9 . _ : -, "
+            f"got {_describe(value)}",
+            field="request_id",
+        )
+    return RequestId(value)
+
+
+# --- path and query ------------------------------------------------------------------------------
+
+
+def parse_gpu_uuid(text: str) -> GpuUuid:
+    """A GPU or MIG UUID as NVML writes it: ``GPU-`` or ``MIG-`` and a lowercase-hex UUID.
+
+    The pre-R470 MIG form ``MIG-GPU-<uuid>/<gi>/<ci>`` is not accepted: it contains ``/`` and
+    cannot be a path segment, and drivers since R470 report the plain form.
+    """
+    if _GPU_UUID_RE.fullmatch(text) is None:
+        raise InvalidRequest(
+            f"uuid must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-... with "
+            f"lowercase hex digits (as nvidia-smi -L prints it), got {_describe(text)}",
+            field="uuid",
+        )
+    return GpuUuid(text)
+
+
+def _single(query: Mapping[str, Sequence[bytes]], name: str) -> str | None:
+    values = query.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidRequest(
+            f"query parameter {name} is given {len(values)} times; give it once", field=name
+        )
+    try:
+        return values[0].decode("ascii")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(
+            f"query parameter {name} must be ASCII, got {_describe(values[0])}", field=name
+        ) from e
+
+
+def check_query_names(query: Mapping[str, Sequence[bytes]], *, allowed: Collection[str]) -> None:
+    """Refuse query parameters an endpoint does not know (a typo must not be ignored)."""
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter(s) {', '.join(_describe(name) for name in unknown[:5])}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
+            field=_clip(unknown[0]),
+        )
+
+
+def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None:
+    """``?pod=NS/NAME[&container=C]`` or ``?pid=N``; ``None`` when neither (the caller itself).
+
+    ``query`` is shaped like tornado's ``request.query_arguments``. Other parameters are left
+    alone (``check_query_names`` is the endpoint's job).
+    """
+    pod = _single(query, "pod")
+    pid = _single(query, "pid")
+    container = _single(query, "container")
+    if pod is not None and pid is not None:
+        raise InvalidRequest(
+            "give the target either as pod=NAMESPACE/NAME or as pid=N, not both", field="pid"
+        )
+    if container is not None and pod is None:
+        raise InvalidRequest(
+            "query parameter container needs pod=NAMESPACE/NAME beside it", field="container"
+        )
+    if pid is not None:
+        if _PID_TEXT_RE.fullmatch(pid) is None:
+            raise InvalidRequest(
+                f"query parameter pid must be a process id, an integer from 2 to "
+                f"{PID_MAX_LIMIT - 1} in decimal digits, got {_describe(pid)}",
+                field="pid",
+            )
+        return _check_pid(int(pid), field="pid")
+    if pod is None:
+        return None
+    namespace, slash, name = pod.partition("/")
+    if not slash:
+        raise InvalidRequest(
+            f"query parameter pod must be NAMESPACE/NAME, got {_describe(pod)}", field="pod"
+        )
+    return PodTarget(
+        _check_label(namespace, subject="the namespace in query parameter pod", field="pod"),
+        _check_subdomain(name, subject="the pod name in query parameter pod", field="pod"),
+        None
+        if container is None
+        else _check_label(container, subject="query parameter container", field="container"),
+    )
+
+
+def parse_force(query: Mapping[str, Sequence[bytes]]) -> bool:
+    """``?force=true|false|1|0``; absent means ``False``."""
+    value = _single(query, "force")
+    if value is None:
+        return False
+    if value not in _FORCE_VALUES:
+        raise InvalidRequest(
+            f"query parameter force must be true, false, 1 or 0, got {_describe(value)}",
+            field="force",
+        )
+    return _FORCE_VALUES[value]
