@@ -16,7 +16,6 @@ pids that use the device without a visible fd.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import select
@@ -28,16 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from . import cgroups
+from . import cgroups, procfs
 from .devrules import CharDevice
 
 ExtraHolders = Callable[[CharDevice], Iterable[int]]
 """Another source of pids using a device (e.g. NVML's running processes)."""
 
-_PROC: Final = Path("/proc")
+_PROC: Final = procfs.PROC
 # /proc/<pid>/stat after the ")" that ends comm: field 3 (state) is index 0, so
 # field 22 (starttime, in clock ticks since boot) is index 19.
-_START_TIME_INDEX: Final = 19
 
 
 class BusyError(Exception):
@@ -140,46 +138,29 @@ def holders_among(
             if pid in holders:
                 continue
             try:
-                identity = _identity(pid, proc)
+                identity = procfs.identity(pid, proc=proc)
             except OSError as e:
                 unreadable.append((pid, f"{e.filename}: {e.strerror}"))
                 continue
             if identity is not None:
-                holders[pid] = Holder(pid, identity[0], (), identity[1])
+                holders[pid] = Holder(pid, identity.comm, (), identity.start_time)
     found = tuple(holders[pid] for pid in sorted(holders))
     if unreadable:
         raise ScanError(found, tuple(unreadable))
     return list(found)
 
 
-def _gone(error: OSError) -> bool:
-    """The one error a scan may skip: the process (or one of its fds) went away."""
-    return error.errno in (errno.ENOENT, errno.ESRCH)
-
-
-def _identity(pid: int, proc: Path) -> tuple[str, int] | None:
-    """``(comm, start_time)`` of ``pid``, or None when it has exited."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError as e:
-        if _gone(e):
-            return None
-        raise
-    comm = text[text.find("(") + 1 : text.rfind(")")]
-    return comm, int(text[text.rfind(")") + 2 :].split()[_START_TIME_INDEX])
-
-
 def _inspect(pid: int, rdev: int, proc: Path) -> Holder | None:
     """The process's fds on ``rdev`` (possibly none), or None when it exited or its
     pid was reused while we looked (its identity changed between the two reads)."""
-    before = _identity(pid, proc)
+    before = procfs.identity(pid, proc=proc)
     if before is None:
         return None
     fd_dir = proc / str(pid) / "fd"
     try:
         names = os.listdir(fd_dir)
     except OSError as e:
-        if _gone(e):
+        if procfs.is_gone(e):
             return None
         raise
     fds = []
@@ -187,14 +168,14 @@ def _inspect(pid: int, rdev: int, proc: Path) -> Holder | None:
         try:
             info = os.stat(fd_dir / name)  # follows the fd to the file it has open
         except OSError as e:
-            if _gone(e):
+            if procfs.is_gone(e):
                 continue  # closed since we listed it
             raise
         if stat.S_ISCHR(info.st_mode) and info.st_rdev == rdev:
             fds.append(int(name))
-    if _identity(pid, proc) != before:
+    if procfs.identity(pid, proc=proc) != before:
         return None
-    return Holder(pid, before[0], tuple(sorted(fds)), before[1])
+    return Holder(pid, before.comm, tuple(sorted(fds)), before.start_time)
 
 
 def terminate(
@@ -246,11 +227,11 @@ def _pin(holder: Holder, proc: Path) -> int | None:
     except ProcessLookupError:
         return None
     try:
-        identity = _identity(holder.pid, proc)
+        identity = procfs.identity(holder.pid, proc=proc)
     except OSError:
         os.close(pidfd)
         raise
-    if identity is None or identity[1] != holder.start_time:
+    if identity is None or identity.start_time != holder.start_time:
         os.close(pidfd)
         return None
     return pidfd

@@ -1,0 +1,486 @@
+"""The hot-plug engine: make devices usable by a running container, and take them back.
+
+Boundary: a process id (the container's init, in the pid namespace of ``host_proc``)
+and device nodes. It knows nothing of Kubernetes, Jupyter, GPUs' UUIDs or who owns
+what — the agent decides *which* devices a container may have; this module makes
+the kernel agree, in the right order, and undoes everything when a step fails.
+
+A device is usable inside a container when three things hold, and the engine
+manages all three:
+
+1. the v1 ``devices`` cgroup allows it (hybrid and v1 hosts) — :mod:`.cgroup_v1`;
+2. every eBPF device program on the container's cgroup2 directories allows it
+   (hybrid and v2 hosts) — :mod:`.cgroup_v2`;
+3. a node for it exists in the container's ``/dev`` — :mod:`.devnodes`.
+
+Grant applies them in that order, so the node never appears before access is
+allowed. Revoke checks who holds the device open first (an open fd survives any
+revocation), then removes the node and the permissions, and checks again to close
+the window in which a process could have opened it meanwhile.
+
+The NVIDIA control nodes (``nvidiactl``, ``nvidia-uvm*``) that a container lacks are
+added with the first GPU and left in place on revoke: without a GPU node and its
+cgroup permission they give access to no GPU, and removing them could break a
+container whose runtime put them there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
+from .devnodes import DeviceNode
+from .devrules import RW, CharDevice, DevType
+
+__all__ = [
+    "Container",
+    "DeviceBusyError",
+    "DeviceStatus",
+    "EngineError",
+    "GrantResult",
+    "HotplugEngine",
+    "InjectionError",
+    "RevokeResult",
+    "TargetGoneError",
+]
+
+log = logging.getLogger(__name__)
+
+CRUN_INNER_CGROUP = "container"
+"""crun (and runc with systemd delegation) runs the workload one level below the
+container's cgroup, in ``<scope>/container``; the runtime's device program sits on
+the scope."""
+
+
+class EngineError(Exception):
+    """Base of everything the engine raises; the mechanism's own error is chained."""
+
+
+class TargetGoneError(EngineError):
+    """The target process does not exist (any more), or its pid now names another one."""
+
+
+class InjectionError(EngineError):
+    """A step of a grant or revoke failed; everything done before it was rolled back.
+
+    ``rollback_errors`` lists what could not be undone (empty when the host is back
+    as it was); the agent must treat a non-empty list as "state unknown, reconcile".
+    """
+
+    def __init__(self, message: str, *, rollback_errors: Sequence[str] = ()) -> None:
+        if rollback_errors:
+            message += "; ROLLBACK INCOMPLETE: " + "; ".join(rollback_errors)
+        super().__init__(message)
+        self.rollback_errors = tuple(rollback_errors)
+
+
+class DeviceBusyError(EngineError):
+    """Processes of the container hold a device open and ``force`` was not given."""
+
+    def __init__(self, holders: Sequence[busy.Holder]) -> None:
+        listed = ", ".join(f"{h.comm} (pid {h.pid})" for h in holders)
+        super().__init__(f"device in use by {listed}")
+        self.holders = tuple(holders)
+
+
+@dataclass(frozen=True)
+class Container:
+    """What the engine needs to know about a target, read fresh from the host."""
+
+    pid: int
+    start_time: int
+    cgroups: cgroups.ProcessCgroups
+    v1_scope: Path | None
+    """The v1 directory that gets allows (and all below it); None without v1 devices."""
+    v2_dirs: tuple[Path, ...]
+    """cgroup2 directories from the process's leaf up to the container scope."""
+
+    @property
+    def cgroup_dirs(self) -> tuple[Path, ...]:
+        """Every directory whose processes belong to the container (for busy scans)."""
+        tops = [self.v1_scope, self.v2_dirs[-1] if self.v2_dirs else None]
+        return tuple(dict.fromkeys(d for d in tops if d is not None))
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """How usable one device is inside a container right now."""
+
+    device: CharDevice
+    v1_allowed: bool | None
+    """None when the host has no v1 devices controller."""
+    v2_granted: bool | None
+    """Whether our prefix grants it on every program; None when no program restricts it."""
+    node: bool
+
+    @property
+    def usable(self) -> bool:
+        return self.node and self.v1_allowed is not False and self.v2_granted is not False
+
+    @property
+    def exposed(self) -> bool:
+        """Any trace of access — what a revoke must clean up."""
+        return self.node or bool(self.v1_allowed) or bool(self.v2_granted)
+
+
+@dataclass(frozen=True)
+class GrantResult:
+    """What a grant changed, for the caller's record and log."""
+
+    container: Container
+    devices: tuple[DeviceNode, ...]
+    nodes_created: tuple[str, ...]
+    v1_writes: tuple[cgroup_v1.Write, ...]
+    v2_changes: tuple[cgroup_v2.GrantChange, ...]
+
+
+@dataclass(frozen=True)
+class RevokeResult:
+    """What a revoke changed, including any process it ended (with ``force``)."""
+
+    container: Container
+    devices: tuple[DeviceNode, ...]
+    nodes_removed: tuple[str, ...]
+    v1_writes: tuple[cgroup_v1.Write, ...]
+    v2_changes: tuple[cgroup_v2.GrantChange, ...]
+    terminated: tuple[busy.Termination, ...] = ()
+
+
+@dataclass
+class _Undo:
+    """A stack of compensating actions, run newest first when a step fails."""
+
+    steps: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+
+    def push(self, what: str, action: Callable[[], object]) -> None:
+        self.steps.append((what, action))
+
+    def run(self) -> list[str]:
+        failures = []
+        for what, action in reversed(self.steps):
+            try:
+                action()
+            except Exception as e:  # every failure is reported to the caller, none hidden
+                log.error("rollback step failed: %s: %s", what, e)
+                failures.append(f"{what}: {e}")
+        self.steps.clear()
+        return failures
+
+
+# Errors of the mechanisms that mean "this step failed", as opposed to a bug.
+_STEP_ERRORS = (
+    cgroup_v1.CgroupV1Error,
+    cgroup_v2.CgroupV2Error,
+    devnodes.DevNodeError,
+    cgroups.CgroupError,
+    busy.BusyError,
+    OSError,
+)
+
+
+class HotplugEngine:
+    """Grant and revoke devices in running containers on this host.
+
+    ``host_proc`` is the procfs whose pids targets are given in (``/proc`` on the host;
+    the host's procfs mounted elsewhere when the agent runs in a pod);
+    ``hierarchies`` are the cgroup mounts as seen by us (discovered when None);
+    ``extra_holders`` adds a second source of "who uses this device" (NVML's running
+    processes) to the fd scan; ``control_nodes`` are the NVIDIA control nodes to add
+    with the first GPU (read from the host when None).
+    """
+
+    def __init__(
+        self,
+        *,
+        host_proc: Path = procfs.PROC,
+        hierarchies: cgroups.CgroupHierarchies | None = None,
+        extra_holders: busy.ExtraHolders | None = None,
+        control_nodes: Sequence[DeviceNode] | None = None,
+        terminate_grace: float = 5.0,
+    ) -> None:
+        self.host_proc = host_proc
+        self.hierarchies = hierarchies or cgroups.discover(host_proc=host_proc)
+        self.extra_holders = extra_holders
+        self.control_nodes = (
+            tuple(control_nodes)
+            if control_nodes is not None
+            else tuple(devnodes.nvidia_control_devices(proc_devices=host_proc / "devices"))
+        )
+        self.terminate_grace = terminate_grace
+
+    # ---- inspection ------------------------------------------------------------------
+
+    def inspect(self, pid: int) -> Container:
+        """Read the target's identity and cgroups; :class:`TargetGoneError` if it is gone."""
+        who = procfs.identity(pid, proc=self.host_proc)
+        if who is None:
+            raise TargetGoneError(f"process {pid} does not exist")
+        try:
+            found = cgroups.process_cgroups(
+                pid, hierarchies=self.hierarchies, host_proc=self.host_proc
+            )
+        except cgroups.CgroupNotFoundError as e:
+            raise TargetGoneError(str(e)) from e
+        except cgroups.CgroupError as e:
+            raise EngineError(f"cannot read the cgroups of process {pid}: {e}") from e
+        v2_dirs: tuple[Path, ...] = ()
+        if found.unified is not None and self._confined_v2(found.unified):
+            scope = _container_scope(found.unified)
+            v2_dirs = tuple(cgroups.cgroup_dirs_to_patch_v2(found.unified, scope=scope))
+        v1_scope = None
+        if found.devices_v1 is not None and self._confined_v1(found.devices_v1):
+            v1_scope = _container_scope(found.devices_v1)
+        return Container(pid, who.start_time, found, v1_scope, v2_dirs)
+
+    def _confined_v1(self, directory: Path) -> bool:
+        """Whether the v1 devices controller restricts this cgroup at all.
+
+        The root cgroup, and any cgroup still in deny-list mode (``a *:* rwm`` in its
+        list, as for a privileged container), allow every device: there is nothing to
+        grant there, and a deny written there would hit every process below it — for
+        the root, the whole host. Such a layer is left alone.
+        """
+        mount = self.hierarchies.devices_v1
+        if mount is not None and directory == mount.mount_point:
+            return False
+        rules = cgroup_v1.read_allow_list(directory)
+        return not any(rule.type is DevType.ALL for rule in rules)
+
+    def _confined_v2(self, leaf: Path) -> bool:
+        """Whether the process sits below the cgroup2 root (programs there are the
+        host's, never ours to patch)."""
+        mount = self.hierarchies.unified
+        return mount is None or leaf != mount.mount_point
+
+    def status(self, container: Container, devices: Iterable[DeviceNode]) -> list[DeviceStatus]:
+        """The current state of each device in ``container`` (reconciliation reads this)."""
+        self._check_alive(container)
+        present = {node.name: node.device for node in self._nodes(container)}
+        v2_sets = [cgroup_v2.granted_devices(d) for d in container.v2_dirs if _restricted_v2(d)]
+        statuses = []
+        for node in devices:
+            v1 = (
+                bool(cgroup_v1.allowed(container.v1_scope, node.device) & RW == RW)
+                if container.v1_scope is not None
+                else None
+            )
+            v2 = all(node.device.rule() in s for s in v2_sets) if v2_sets else None
+            node_ok = present.get(node.name) == node.device
+            statuses.append(DeviceStatus(node.device, v1, v2, node_ok))
+        return statuses
+
+    def holders(self, container: Container, device: CharDevice) -> list[busy.Holder]:
+        """Processes of the container that hold ``device`` open."""
+        return busy.find_holders(
+            container.cgroup_dirs, device, proc=self.host_proc, extra_holders=self.extra_holders
+        )
+
+    # ---- grant -----------------------------------------------------------------------
+
+    def grant(self, target: int | Container, devices: Sequence[DeviceNode]) -> GrantResult:
+        """Make ``devices`` usable in the running container, all or nothing.
+
+        Idempotent: what is already granted is left as it is (and not taken back by a
+        rollback). Raises :class:`TargetGoneError` or :class:`InjectionError`; in both
+        cases the host is as it was before the call.
+        """
+        container = self._container(target)
+        wanted = tuple(devices) + self._missing_control_nodes(container)
+        chars = [node.device for node in wanted]
+        undo = _Undo()
+        v1_writes: list[cgroup_v1.Write] = []
+        v2_changes: list[cgroup_v2.GrantChange] = []
+        created: list[str] = []
+        try:
+            if container.v1_scope is not None:
+                scope = container.v1_scope
+                new = [c for c in chars if cgroup_v1.allowed(scope, c) & RW != RW]
+                if new:
+                    undo.push(f"v1 deny {new} on {scope}", lambda: cgroup_v1.revoke(scope, new))
+                    v1_writes += cgroup_v1.grant(scope, new).writes
+                    _log_change("v1 allow", container, new, scope)
+            for directory in container.v2_dirs:
+                rules = {c.rule() for c in chars} - cgroup_v2.granted_devices(directory)
+                if not rules:
+                    continue
+                change = cgroup_v2.grant(directory, rules)
+                if change.changed:
+                    undo.push(
+                        f"v2 revoke on {directory}", partial(cgroup_v2.revoke, directory, rules)
+                    )
+                    v2_changes.append(change)
+                    _log_change("v2 allow", container, sorted(rules, key=str), directory)
+            self._check_alive(container)
+            for node in wanted:
+                if self._create(container, node):
+                    undo.push(f"remove /dev/{node.name}", partial(self._remove, container, node))
+                    created.append(node.name)
+                    _log_change("mknod", container, [node.device], Path("/dev") / node.name)
+        except (*_STEP_ERRORS, TargetGoneError) as e:
+            failures = undo.run()
+            if isinstance(e, TargetGoneError) and not failures:
+                raise
+            raise InjectionError(
+                f"granting {_names(wanted)} to process {container.pid} failed: {e}",
+                rollback_errors=failures,
+            ) from e
+        return GrantResult(container, wanted, tuple(created), tuple(v1_writes), tuple(v2_changes))
+
+    # ---- revoke ----------------------------------------------------------------------
+
+    def revoke(
+        self, target: int | Container, devices: Sequence[DeviceNode], *, force: bool = False
+    ) -> RevokeResult:
+        """Take ``devices`` away from the running container.
+
+        Refuses with :class:`DeviceBusyError` while a process of the container holds one
+        open, unless ``force``: then those processes get SIGTERM, and SIGKILL after the
+        grace period. On any failure the devices are granted again, so the container is
+        left as it was and the caller's record stays true.
+        """
+        container = self._container(target)
+        wanted = tuple(devices)
+        terminated = self._clear_holders(container, wanted, force=force)
+        undo = _Undo()
+        removed: list[str] = []
+        v1_writes: list[cgroup_v1.Write] = []
+        v2_changes: list[cgroup_v2.GrantChange] = []
+        try:
+            for node in wanted:
+                if self._remove(container, node):
+                    undo.push(f"recreate /dev/{node.name}", partial(self._create, container, node))
+                    removed.append(node.name)
+                    _log_change("unlink", container, [node.device], Path("/dev") / node.name)
+            rules = {node.device.rule() for node in wanted}
+            for directory in container.v2_dirs:
+                drop = rules & cgroup_v2.granted_devices(directory)
+                if not drop:
+                    continue
+                change = cgroup_v2.revoke(directory, drop)
+                undo.push(f"v2 re-grant on {directory}", partial(cgroup_v2.grant, directory, drop))
+                v2_changes.append(change)
+                _log_change("v2 revoke", container, sorted(drop, key=str), directory)
+            if container.v1_scope is not None:
+                scope = container.v1_scope
+                chars = [node.device for node in wanted]
+                was = [c for c in chars if cgroup_v1.allowed(scope, c) & RW == RW]
+                v1_writes += cgroup_v1.revoke(scope, chars).writes
+                if was:
+                    undo.push(f"v1 re-allow {was} on {scope}", lambda: cgroup_v1.grant(scope, was))
+                _log_change("v1 deny", container, chars, scope)
+            late = self._holders_of(container, wanted)
+            if late and not force:
+                raise DeviceBusyError(late)
+            if late:
+                terminated += self._terminate(late)
+        except DeviceBusyError:
+            failures = undo.run()
+            if failures:
+                raise InjectionError(
+                    "a process opened the device during revoke", rollback_errors=failures
+                ) from None
+            raise
+        except (*_STEP_ERRORS, TargetGoneError) as e:
+            failures = undo.run()
+            raise InjectionError(
+                f"revoking {_names(wanted)} from process {container.pid} failed: {e}",
+                rollback_errors=failures,
+            ) from e
+        return RevokeResult(
+            container, wanted, tuple(removed), tuple(v1_writes), tuple(v2_changes), terminated
+        )
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _container(self, target: int | Container) -> Container:
+        if isinstance(target, Container):
+            self._check_alive(target)
+            return target
+        return self.inspect(target)
+
+    def _check_alive(self, container: Container) -> None:
+        who = procfs.identity(container.pid, proc=self.host_proc)
+        if who is None or who.start_time != container.start_time:
+            raise TargetGoneError(f"process {container.pid} has exited")
+
+    def _create(self, container: Container, node: DeviceNode) -> bool:
+        return devnodes.ensure_node(
+            container.pid, node.name, node.device, mode=node.mode, proc=self.host_proc
+        )
+
+    def _remove(self, container: Container, node: DeviceNode) -> bool:
+        return devnodes.remove_node(
+            container.pid, node.name, expect=node.device, proc=self.host_proc
+        )
+
+    def _nodes(self, container: Container) -> list[DeviceNode]:
+        try:
+            return devnodes.list_nodes(container.pid, proc=self.host_proc)
+        except devnodes.ContainerGoneError as e:
+            raise TargetGoneError(str(e)) from e
+
+    def _missing_control_nodes(self, container: Container) -> tuple[DeviceNode, ...]:
+        if not self.control_nodes:
+            return ()
+        present = {node.name: node.device for node in self._nodes(container)}
+        return tuple(n for n in self.control_nodes if present.get(n.name) != n.device)
+
+    def _holders_of(self, container: Container, nodes: Sequence[DeviceNode]) -> list[busy.Holder]:
+        found: dict[int, busy.Holder] = {}
+        for node in nodes:
+            for holder in self.holders(container, node.device):
+                found.setdefault(holder.pid, holder)
+        return sorted(found.values(), key=lambda h: h.pid)
+
+    def _clear_holders(
+        self, container: Container, nodes: Sequence[DeviceNode], *, force: bool
+    ) -> tuple[busy.Termination, ...]:
+        try:
+            holding = self._holders_of(container, nodes)
+        except busy.BusyError as e:
+            raise InjectionError(f"cannot tell whether the device is in use: {e}") from e
+        if not holding:
+            return ()
+        if not force:
+            raise DeviceBusyError(holding)
+        return self._terminate(holding)
+
+    def _terminate(self, holders: Sequence[busy.Holder]) -> tuple[busy.Termination, ...]:
+        log.warning(
+            "host change: terminating %s (force)",
+            ", ".join(f"{h.comm}[{h.pid}]" for h in holders),
+        )
+        result = busy.terminate(holders, grace=self.terminate_grace, proc=self.host_proc)
+        if not result.all_gone:
+            raise InjectionError(f"processes {list(result.survivors)} survived SIGKILL")
+        return (result,)
+
+
+def _container_scope(leaf: Path) -> Path:
+    """The container's own cgroup for a process whose cgroup is ``leaf`` (see
+    :data:`CRUN_INNER_CGROUP`)."""
+    return leaf.parent if leaf.name == CRUN_INNER_CGROUP else leaf
+
+
+def _restricted_v2(directory: Path) -> bool:
+    return bool(cgroup_v2.attached_programs(directory))
+
+
+def _names(nodes: Iterable[DeviceNode]) -> str:
+    return ", ".join(f"/dev/{n.name}" for n in nodes)
+
+
+def _log_change(action: str, container: Container, devices: Iterable[object], where: Path) -> None:
+    """Every change to a host is logged, in one greppable shape."""
+    log.info(
+        "host change: %s %s for pid %d at %s",
+        action,
+        " ".join(str(d) for d in devices),
+        container.pid,
+        where,
+        extra={"hotplug_action": action, "pid": container.pid, "path": str(where)},
+    )

@@ -1,0 +1,96 @@
+"""A simulated NVIDIA driver: a fake ``libnvidia-ml.so.1`` that the unmodified ``pynvml`` loads.
+
+Used by the agent's ``--simulate N`` mode, local demos and the tests, on machines with no GPU.
+The pieces, each in its own module:
+
+- ``config``: the simulated GPUs as frozen dataclasses and the versioned file the library
+  reads; rewrite it (atomically) to change utilisation or hot-plug GPUs while processes run.
+- ``build``: compiles ``fakenvml.c`` once into a cache keyed by source and compiler.
+- ``runtime``: the environment for a child process, or a load into this process.
+
+Everything simulated is labelled: generated GPU names end in ``(simulated)`` and
+``is_fake_library`` tells the product to report ``"simulated": true``.
+"""
+
+from __future__ import annotations
+
+from .build import (
+    CACHE_DIR_ENV,
+    COMPILE_FLAGS,
+    LIBRARY_NAME,
+    build_key,
+    default_cache_dir,
+    ensure_fake_nvml,
+    fake_nvml_source,
+    find_compiler,
+)
+from .config import (
+    DEFAULT_CUDA_DRIVER_VERSION,
+    DEFAULT_DRIVER_VERSION,
+    FORMAT_VERSION,
+    H100_SXM,
+    MAX_GPU_MINOR,
+    MAX_GPUS,
+    MAX_PROCESSES,
+    SIMULATED_SUFFIX,
+    FakeNvmlConfig,
+    GpuModel,
+    GpuUuid,
+    SimulatedGpu,
+    SimulatedProcess,
+    default_gpus,
+    parse_config,
+    read_config,
+    render_config,
+    write_config,
+)
+from .errors import FakeNvmlBuildError, FakeNvmlConfigError, FakeNvmlError, FakeNvmlLoadError
+from .runtime import (
+    CONFIG_ENV,
+    DEVICE_FILTER_ENV,
+    INIT_ERROR_ENV,
+    fake_nvml_environ,
+    is_fake_library,
+    last_error,
+    load_in_process,
+)
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "COMPILE_FLAGS",
+    "CONFIG_ENV",
+    "DEFAULT_CUDA_DRIVER_VERSION",
+    "DEFAULT_DRIVER_VERSION",
+    "DEVICE_FILTER_ENV",
+    "FORMAT_VERSION",
+    "H100_SXM",
+    "INIT_ERROR_ENV",
+    "LIBRARY_NAME",
+    "MAX_GPUS",
+    "MAX_GPU_MINOR",
+    "MAX_PROCESSES",
+    "SIMULATED_SUFFIX",
+    "FakeNvmlBuildError",
+    "FakeNvmlConfig",
+    "FakeNvmlConfigError",
+    "FakeNvmlError",
+    "FakeNvmlLoadError",
+    "GpuModel",
+    "GpuUuid",
+    "SimulatedGpu",
+    "SimulatedProcess",
+    "build_key",
+    "default_cache_dir",
+    "default_gpus",
+    "ensure_fake_nvml",
+    "fake_nvml_environ",
+    "fake_nvml_source",
+    "find_compiler",
+    "is_fake_library",
+    "last_error",
+    "load_in_process",
+    "parse_config",
+    "read_config",
+    "render_config",
+    "write_config",
+]
