@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.nvml",
     "tests.fixtures.sandbox",
     "tests.fixtures.jupyter",
+    "tests.fixtures.browser",
 ]
