@@ -366,12 +366,13 @@ class HotplugEngine:
                 _log_change("v2 revoke", container, sorted(drop, key=str), directory)
             if container.v1_scope is not None:
                 scope = container.v1_scope
-                chars = [node.device for node in wanted]
-                was = [c for c in chars if cgroup_v1.allowed(scope, c) & RW == RW]
-                v1_writes += cgroup_v1.revoke(scope, chars).writes
+                # Only what is allowed now: a deny for anything else changes nothing
+                # and could take away a device the runtime gave the container itself.
+                was = [n.device for n in wanted if cgroup_v1.allowed(scope, n.device) & RW]
                 if was:
-                    undo.push(f"v1 re-allow {was} on {scope}", lambda: cgroup_v1.grant(scope, was))
-                _log_change("v1 deny", container, chars, scope)
+                    v1_writes += cgroup_v1.revoke(scope, was).writes
+                    undo.push(f"v1 re-allow {was} on {scope}", partial(cgroup_v1.grant, scope, was))
+                    _log_change("v1 deny", container, was, scope)
             late = self._holders_of(container, wanted)
             if late and not force:
                 raise DeviceBusyError(late)
