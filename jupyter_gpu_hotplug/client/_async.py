@@ -1,0 +1,144 @@
+"""``AsyncAgentClient``: the non-blocking client, for the server extension and the widget.
+
+Boundary: the asyncio transport (one stream per attempt: TCP, TLS or a unix socket) and the
+retry loop's sleep. Requests, answers, retries and errors are ``_core``'s.
+
+Why asyncio streams rather than tornado's ``AsyncHTTPClient`` or a thread running the blocking
+client: tornado's client cannot reach a unix socket without replacing its resolver and still
+leaves connect-time and answer-time failures hard to tell apart (which decides whether a retry
+is safe), and a thread per call cannot be cancelled. Streams run on whichever asyncio loop
+calls them (jupyter_server's tornado loop is one; so is ipykernel's), connect to TCP and unix
+sockets alike, and cancelling the calling task closes the connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TypeVar
+
+from .._structs import GpuUuid
+from ._core import AnyTarget, ApiCall, BaseAgentClient
+from ._core import attach as attach_call
+from ._core import detach as detach_call
+from ._core import detach_all as detach_all_call
+from ._core import health as health_call
+from ._core import list_attachments as list_attachments_call
+from ._core import list_gpus as list_gpus_call
+from ._http import AgentEndpoint, ResponseReader, Stage, TransportFailure, failure_from_os_error
+from .models import Attachment, Gpu, Health
+
+__all__ = ["AsyncAgentClient"]
+
+_CHUNK = 65536
+_T = TypeVar("_T")
+
+
+async def _open(
+    endpoint: AgentEndpoint, *, timeout: float, ssl_context: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connected streams (TLS done for https); ``TransportFailure(CONNECT)`` otherwise."""
+    try:
+        async with asyncio.timeout(timeout):
+            if endpoint.socket_path is not None:
+                return await asyncio.open_unix_connection(endpoint.socket_path)
+            tls = ssl_context if endpoint.scheme == "https" else None
+            return await asyncio.open_connection(
+                endpoint.host,
+                endpoint.port,
+                ssl=tls,
+                server_hostname=endpoint.host if tls is not None else None,
+            )
+    except OSError as error:  # TimeoutError included
+        raise failure_from_os_error(Stage.CONNECT, error, timeout=timeout) from error
+
+
+async def _exchange(
+    endpoint: AgentEndpoint,
+    payload: bytes,
+    *,
+    connect_timeout: float,
+    read_timeout: float,
+    ssl_context: ssl.SSLContext | None,
+) -> bytes:
+    """Send ``payload``, return the answer's bytes (complete, or cut short by the agent)."""
+    reader, writer = await _open(endpoint, timeout=connect_timeout, ssl_context=ssl_context)
+    response = ResponseReader()
+    try:
+        async with asyncio.timeout(read_timeout):
+            writer.write(payload)
+            await writer.drain()
+            while True:
+                chunk = await reader.read(_CHUNK)
+                if not chunk or response.feed(chunk):
+                    break
+    except OSError as error:  # TimeoutError included
+        raise failure_from_os_error(Stage.EXCHANGE, error, timeout=read_timeout) from error
+    finally:
+        # Nothing is left to send, so drop the connection at once: a graceful close would
+        # wait for the agent's TLS close_notify, which a stuck agent never sends.
+        writer.transport.abort()
+    return response.data
+
+
+class AsyncAgentClient(BaseAgentClient):
+    """Talks to the node agent without blocking the event loop; raises only
+    ``AgentClientError``s.
+
+    Holds no connection between calls, so it needs no closing and works on any event loop.
+    """
+
+    async def gpus(self) -> tuple[Gpu, ...]:
+        """Every GPU of the node and who has it (``GET /v1/gpus``)."""
+        return await self._call(list_gpus_call())
+
+    async def attachments(self, target: AnyTarget | None = None) -> tuple[Attachment, ...]:
+        """The GPUs hot-attached to ``target`` (default: the caller itself)."""
+        return await self._call(list_attachments_call(target))
+
+    async def attach(
+        self,
+        count: int = 1,
+        *,
+        target: AnyTarget | None = None,
+        wait_seconds: float | None = None,
+        request_id: str | None = None,
+    ) -> tuple[Attachment, ...]:
+        """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
+
+        ``request_id`` (default: a new one per call) makes repeats idempotent, so the client
+        may retry a lost answer without attaching twice.
+        """
+        return await self._call(
+            attach_call(count, target=target, wait_seconds=wait_seconds, request_id=request_id)
+        )
+
+    async def detach(self, uuid: GpuUuid | str, *, force: bool = False) -> None:
+        """Detach one GPU; ``force`` kills the target's processes that hold it open."""
+        await self._call(detach_call(uuid, force=force))
+
+    async def detach_all(self, *, target: AnyTarget | None = None, force: bool = False) -> None:
+        """Detach every GPU hot-attached to ``target`` (default: the caller itself)."""
+        await self._call(detach_all_call(target=target, force=force))
+
+    async def health(self) -> Health:
+        """Whether the agent process is alive (``GET /healthz``; no token sent)."""
+        return await self._call(health_call())
+
+    async def _call(self, call: ApiCall[_T]) -> _T:
+        core = self._core
+        attempt = 1
+        while True:
+            prepared = core.prepare(call)
+            try:
+                data = await _exchange(
+                    core.endpoint,
+                    prepared.payload,
+                    connect_timeout=core.timeouts.connect,
+                    read_timeout=prepared.read_timeout,
+                    ssl_context=core.ssl_context,
+                )
+                return core.conclude(call, prepared, data)
+            except TransportFailure as failure:
+                await asyncio.sleep(core.after_failure(call, failure, attempt=attempt))
+            attempt += 1

@@ -1,0 +1,142 @@
+"""``AgentClient``: the blocking client, for the ``%gpu`` magic and the command line.
+
+Boundary: the blocking transport (one socket per attempt: TCP, TLS or a unix socket) and the
+retry loop's sleep. Requests, answers, retries and errors are ``_core``'s.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from typing import TypeVar
+
+from .._structs import GpuUuid
+from ._core import AnyTarget, ApiCall, BaseAgentClient
+from ._core import attach as attach_call
+from ._core import detach as detach_call
+from ._core import detach_all as detach_all_call
+from ._core import health as health_call
+from ._core import list_attachments as list_attachments_call
+from ._core import list_gpus as list_gpus_call
+from ._http import AgentEndpoint, ResponseReader, Stage, TransportFailure, failure_from_os_error
+from .models import Attachment, Gpu, Health
+
+__all__ = ["AgentClient"]
+
+_CHUNK = 65536
+_T = TypeVar("_T")
+
+
+def _connect(
+    endpoint: AgentEndpoint, *, timeout: float, ssl_context: ssl.SSLContext | None
+) -> socket.socket:
+    """A connected socket (TLS done for https); ``TransportFailure(CONNECT)`` otherwise."""
+    sock: socket.socket | None = None
+    try:
+        if endpoint.socket_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(endpoint.socket_path)
+        else:
+            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+        if ssl_context is not None and endpoint.scheme == "https":
+            sock = ssl_context.wrap_socket(sock, server_hostname=endpoint.host)
+    except OSError as error:
+        if sock is not None:
+            sock.close()
+        raise failure_from_os_error(Stage.CONNECT, error, timeout=timeout) from error
+    return sock
+
+
+def _exchange(
+    endpoint: AgentEndpoint,
+    payload: bytes,
+    *,
+    connect_timeout: float,
+    read_timeout: float,
+    ssl_context: ssl.SSLContext | None,
+) -> bytes:
+    """Send ``payload``, return the answer's bytes (complete, or cut short by the agent).
+
+    ``read_timeout`` bounds the whole exchange after connecting, not each ``recv``.
+    """
+    with _connect(endpoint, timeout=connect_timeout, ssl_context=ssl_context) as sock:
+        deadline = time.monotonic() + read_timeout
+        reader = ResponseReader()
+        try:
+            sock.settimeout(read_timeout)
+            sock.sendall(payload)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                chunk = sock.recv(_CHUNK)
+                if not chunk or reader.feed(chunk):
+                    break
+        except OSError as error:
+            raise failure_from_os_error(Stage.EXCHANGE, error, timeout=read_timeout) from error
+        return reader.data
+
+
+class AgentClient(BaseAgentClient):
+    """Talks to the node agent, blocking. Every method raises only ``AgentClientError``s.
+
+    Holds no connection between calls, so it needs no closing and may be shared by threads.
+    """
+
+    def gpus(self) -> tuple[Gpu, ...]:
+        """Every GPU of the node and who has it (``GET /v1/gpus``)."""
+        return self._call(list_gpus_call())
+
+    def attachments(self, target: AnyTarget | None = None) -> tuple[Attachment, ...]:
+        """The GPUs hot-attached to ``target`` (default: the caller itself)."""
+        return self._call(list_attachments_call(target))
+
+    def attach(
+        self,
+        count: int = 1,
+        *,
+        target: AnyTarget | None = None,
+        wait_seconds: float | None = None,
+        request_id: str | None = None,
+    ) -> tuple[Attachment, ...]:
+        """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
+
+        ``request_id`` (default: a new one per call) makes repeats idempotent, so the client
+        may retry a lost answer without attaching twice.
+        """
+        return self._call(
+            attach_call(count, target=target, wait_seconds=wait_seconds, request_id=request_id)
+        )
+
+    def detach(self, uuid: GpuUuid | str, *, force: bool = False) -> None:
+        """Detach one GPU; ``force`` kills the target's processes that hold it open."""
+        self._call(detach_call(uuid, force=force))
+
+    def detach_all(self, *, target: AnyTarget | None = None, force: bool = False) -> None:
+        """Detach every GPU hot-attached to ``target`` (default: the caller itself)."""
+        self._call(detach_all_call(target=target, force=force))
+
+    def health(self) -> Health:
+        """Whether the agent process is alive (``GET /healthz``; no token sent)."""
+        return self._call(health_call())
+
+    def _call(self, call: ApiCall[_T]) -> _T:
+        core = self._core
+        attempt = 1
+        while True:
+            prepared = core.prepare(call)
+            try:
+                data = _exchange(
+                    core.endpoint,
+                    prepared.payload,
+                    connect_timeout=core.timeouts.connect,
+                    read_timeout=prepared.read_timeout,
+                    ssl_context=core.ssl_context,
+                )
+                return core.conclude(call, prepared, data)
+            except TransportFailure as failure:
+                time.sleep(core.after_failure(call, failure, attempt=attempt))
+            attempt += 1

@@ -1,0 +1,570 @@
+"""Live GPU state for the notebook side: what every GPU this container can see is doing now.
+
+Boundary: reads NVML (through ``pynvml``), lists the device directory and reads
+``/proc/<pid>/comm``; returns frozen values. It knows nothing of the agent: the server
+extension, the ``%gpu`` magic and the monitor widget all take their metrics from here, so there
+is one place that turns NVML into "uuid, utilisation, memory, temperature, power, processes".
+
+Why it exists, and why it re-initialises NVML: a hot-attached GPU appears as a new
+``/dev/nvidia<minor>`` in the running container, but NVML enumerates devices when it is
+initialised and a long-lived process (a Jupyter server, a kernel) keeps that list forever.
+jupyterlab-nvdashboard has exactly this blind spot. So every ``snapshot()`` first lists the
+device directory (cheap), and when the set of ``nvidia<N>`` nodes differs from the one NVML
+was initialised with, NVML is shut down and initialised again. Nothing is discovered at import
+or construction (STYLE 10): a monitor made before any GPU exists starts working when one
+arrives.
+
+Failures never escape as exceptions: no NVML library, no driver, or a broken NVML yield an
+empty ``Snapshot`` whose ``status`` and ``message`` say why ("no GPU attached: ..."); a GPU
+that fell off the bus is reported with ``lost=True``; a metric the GPU or driver does not offer
+is ``None``. A failed initialisation is retried when the device nodes change or, at the latest,
+after ``retry_interval`` seconds.
+
+NVML keeps one reference-counted initialisation per process. If other code in the process
+(the user's own ``pynvml`` in a kernel) holds an initialisation too, shutting down and
+initialising again here cannot make the driver re-enumerate; the monitor then sees what that
+other holder's view allows.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, NoReturn, Self, TypedDict, TypeVar
+
+import pynvml
+
+from .._structs import GpuUuid
+from .sim.config import SIMULATED_SUFFIX
+from .sim.runtime import is_fake_library
+
+__all__ = [
+    "GpuMonitor",
+    "GpuProcess",
+    "GpuProcessJson",
+    "GpuState",
+    "GpuStateJson",
+    "NvmlStatus",
+    "Snapshot",
+    "SnapshotJson",
+]
+
+_GPU_NODE: Final = re.compile(r"nvidia[0-9]+")
+_MILLIWATTS_PER_WATT: Final = 1000.0
+_T = TypeVar("_T")
+
+# NVML answers that mean "this one value is not available here", not "NVML is broken": the GPU
+# lacks the sensor (NOT_SUPPORTED), the container may not read it (NO_PERMISSION), the driver
+# predates the call (FUNCTION_NOT_FOUND), or no sample exists yet (NO_DATA, e.g. utilisation
+# right after initialisation). Such a value becomes None; every other error is not ignored.
+_VALUE_UNAVAILABLE: Final = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NO_DATA,
+    }
+)
+
+
+class NvmlStatus(enum.StrEnum):
+    """Whether GPUs could be read, and if not, why (for messages and for UI states)."""
+
+    OK = "ok"
+    """At least one GPU is visible."""
+    NO_GPU = "no_gpu"
+    """NVML works and sees no GPU: none attached to this container."""
+    NO_LIBRARY = "no_library"
+    """``libnvidia-ml.so.1`` is not installed in this container."""
+    NO_DRIVER = "no_driver"
+    """The library is there, the kernel driver is not loaded (or not reachable)."""
+    ERROR = "error"
+    """NVML failed in another way; ``Snapshot.message`` has NVML's words."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process using a GPU."""
+
+    pid: int
+    """As NVML reports it: the host's pid when the container has its own pid namespace."""
+    name: str | None
+    """``/proc/<pid>/comm``; ``None`` when that pid is not visible here."""
+    used_memory: int | None
+    """Bytes; ``None`` when NVML cannot say (common inside containers)."""
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU at one moment. Metrics are ``None`` when NVML does not offer them."""
+
+    uuid: GpuUuid | None
+    """``None`` only for a GPU that was lost before this monitor could read its UUID."""
+    index: int
+    """NVML index as seen from this container."""
+    name: str | None
+    minor: int | None
+    """Driver minor: the device is ``/dev/nvidia<minor>``."""
+    utilization_gpu: int | None
+    """Percent of time a kernel was running."""
+    utilization_memory: int | None
+    """Percent of time memory was read or written."""
+    memory_used: int | None
+    """Bytes."""
+    memory_total: int | None
+    """Bytes."""
+    temperature: int | None
+    """Degrees Celsius."""
+    power_draw: float | None
+    """Watts."""
+    power_limit: float | None
+    """Watts (the enforced limit)."""
+    processes: tuple[GpuProcess, ...] | None
+    """Compute and graphics processes; ``None`` when NVML cannot list them."""
+    simulated: bool
+    lost: bool = False
+    """The GPU stopped answering (``GPU_IS_LOST``); its metrics are then all ``None``."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every GPU visible to this process at ``taken_at`` (seconds since the epoch)."""
+
+    gpus: tuple[GpuState, ...]
+    status: NvmlStatus
+    message: str
+    """One line for people: "2 GPUs", "no GPU attached: the NVIDIA driver is not loaded"."""
+    driver_version: str | None
+    cuda_driver_version: str | None
+    """The newest CUDA the driver supports, e.g. ``"12.4"``."""
+    simulated: bool
+    """Read through the simulator's fake NVML."""
+    taken_at: float
+
+    def to_json(self) -> SnapshotJson:
+        """A JSON-ready dict (the server extension's and widget's wire shape)."""
+        return SnapshotJson(
+            gpus=[_gpu_json(gpu) for gpu in self.gpus],
+            status=self.status.value,
+            message=self.message,
+            driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_driver_version,
+            simulated=self.simulated,
+            taken_at=self.taken_at,
+        )
+
+
+class GpuProcessJson(TypedDict):
+    pid: int
+    name: str | None
+    used_memory: int | None
+
+
+class GpuStateJson(TypedDict):
+    uuid: str | None
+    index: int
+    name: str | None
+    minor: int | None
+    utilization_gpu: int | None
+    utilization_memory: int | None
+    memory_used: int | None
+    memory_total: int | None
+    temperature: int | None
+    power_draw: float | None
+    power_limit: float | None
+    processes: list[GpuProcessJson] | None
+    simulated: bool
+    lost: bool
+
+
+class SnapshotJson(TypedDict):
+    gpus: list[GpuStateJson]
+    status: str
+    message: str
+    driver_version: str | None
+    cuda_driver_version: str | None
+    simulated: bool
+    taken_at: float
+
+
+def _gpu_json(gpu: GpuState) -> GpuStateJson:
+    return GpuStateJson(
+        uuid=gpu.uuid,
+        index=gpu.index,
+        name=gpu.name,
+        minor=gpu.minor,
+        utilization_gpu=gpu.utilization_gpu,
+        utilization_memory=gpu.utilization_memory,
+        memory_used=gpu.memory_used,
+        memory_total=gpu.memory_total,
+        temperature=gpu.temperature,
+        power_draw=gpu.power_draw,
+        power_limit=gpu.power_limit,
+        processes=None
+        if gpu.processes is None
+        else [
+            GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory) for p in gpu.processes
+        ],
+        simulated=gpu.simulated,
+        lost=gpu.lost,
+    )
+
+
+# --- reading NVML --------------------------------------------------------------------------------
+
+
+class _GpuLost(Exception):
+    """One GPU answered ``GPU_IS_LOST``."""
+
+
+class _NvmlBroken(Exception):
+    """NVML failed in a way that is not about one value or one GPU; re-initialise."""
+
+    def __init__(self, error: pynvml.NVMLError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _raise_for(error: pynvml.NVMLError) -> NoReturn:
+    if error.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+        raise _GpuLost from error
+    raise _NvmlBroken(error) from error
+
+
+def _value(read: Callable[..., _T], *args: Any) -> _T | None:
+    """``read(*args)``; ``None`` for a value that is not available (``_VALUE_UNAVAILABLE``)."""
+    try:
+        return read(*args)
+    except pynvml.NVMLError as error:
+        if error.value in _VALUE_UNAVAILABLE:
+            return None
+        _raise_for(error)
+
+
+def _text(value: str | bytes) -> str:
+    """pynvml returns ``str`` from current versions and ``bytes`` from old ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class _Device:
+    """What does not change while NVML stays initialised: read once per enumeration."""
+
+    index: int
+    handle: Any
+    """``None`` when the GPU was lost at enumeration."""
+    uuid: GpuUuid | None
+    name: str | None
+    minor: int | None
+
+
+def _required(read: Callable[..., _T], *args: Any) -> _T:
+    """``read(*args)`` for a value the GPU cannot be shown without (its handle, its UUID)."""
+    try:
+        return read(*args)
+    except pynvml.NVMLError as error:
+        _raise_for(error)
+
+
+def _identify(index: int) -> _Device:
+    """The GPU at ``index`` and what does not change about it; ``_GpuLost`` if it is lost."""
+    handle = _required(pynvml.nvmlDeviceGetHandleByIndex, index)
+    uuid = GpuUuid(_text(_required(pynvml.nvmlDeviceGetUUID, handle)))
+    name = _value(pynvml.nvmlDeviceGetName, handle)
+    minor = _value(pynvml.nvmlDeviceGetMinorNumber, handle)
+    return _Device(index, handle, uuid, None if name is None else _text(name), minor)
+
+
+def _lost_state(device: _Device, *, simulated: bool) -> GpuState:
+    return GpuState(
+        uuid=device.uuid,
+        index=device.index,
+        name=device.name,
+        minor=device.minor,
+        utilization_gpu=None,
+        utilization_memory=None,
+        memory_used=None,
+        memory_total=None,
+        temperature=None,
+        power_draw=None,
+        power_limit=None,
+        processes=None,
+        simulated=simulated,
+        lost=True,
+    )
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else milliwatts / _MILLIWATTS_PER_WATT
+
+
+def _cuda_version(encoded: int | None) -> str | None:
+    """NVML encodes CUDA 12.4 as 12040 (``major * 1000 + minor * 10``)."""
+    if encoded is None:
+        return None
+    major, rest = divmod(encoded, 1000)
+    return f"{major}.{rest // 10}"
+
+
+class GpuMonitor:
+    """Takes ``Snapshot``s of the GPUs this process can see; safe to share between threads.
+
+    ``dev_dir``: where the GPU device nodes appear (``/dev``; tests use a temporary directory).
+    ``proc_dir``: where process names are read. ``retry_interval``: seconds between attempts
+    to initialise NVML while it keeps failing and the device nodes do not change. ``clock``:
+    monotonic seconds, for that interval.
+
+    NVML calls block, briefly; async callers run ``snapshot`` in an executor. ``close`` (or
+    leaving a ``with`` block) releases NVML; a later ``snapshot`` initialises it again.
+    """
+
+    def __init__(
+        self,
+        *,
+        dev_dir: Path = Path("/dev"),
+        proc_dir: Path = Path("/proc"),
+        retry_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._dev_dir = dev_dir
+        self._proc_dir = proc_dir
+        self._retry_interval = retry_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._init_count = 0
+        self._nodes: frozenset[str] | None = None
+        """The GPU nodes at the last initialisation attempt."""
+        self._failure: tuple[NvmlStatus, str] | None = None
+        self._failed_at = 0.0
+        self._devices: tuple[_Device, ...] = ()
+        self._stale = True
+        self._driver_version: str | None = None
+        self._cuda_driver_version: str | None = None
+        self._simulated = False
+
+    @property
+    def init_count(self) -> int:
+        """How often NVML was initialised successfully (for diagnostics and tests)."""
+        return self._init_count
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release NVML (this monitor's share of it)."""
+        with self._lock:
+            self._shutdown()
+
+    def snapshot(self) -> Snapshot:
+        """The GPUs now. Never raises for NVML or driver trouble: see ``status``."""
+        with self._lock:
+            nodes = self._gpu_nodes()
+            if self._initialised and nodes != self._nodes:
+                self._shutdown()  # a GPU came or went: only a fresh NVML enumerates it
+            if not self._initialised and not self._initialise(nodes):
+                return self._empty()
+            try:
+                return self._read()
+            except _NvmlBroken as broken:
+                self._shutdown()
+                self._fail(NvmlStatus.ERROR, f"cannot read the GPUs: NVML failed: {broken}")
+                self._failed_at = float("-inf")  # re-initialise on the next snapshot
+                return self._empty()
+
+    # --- initialisation ------------------------------------------------------------------------
+
+    def _gpu_nodes(self) -> frozenset[str]:
+        try:
+            names = os.listdir(self._dev_dir)
+        except OSError:
+            # No device directory (or not readable): no GPU node can be there.
+            return frozenset()
+        return frozenset(name for name in names if _GPU_NODE.fullmatch(name))
+
+    def _initialise(self, nodes: frozenset[str]) -> bool:
+        retry_due = self._clock() - self._failed_at >= self._retry_interval
+        if self._failure is not None and nodes == self._nodes and not retry_due:
+            return False
+        self._nodes = nodes
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            self._fail(*_init_failure(error))
+            return False
+        self._initialised = True
+        self._init_count += 1
+        self._failure = None
+        self._stale = True
+        self._devices = ()
+        self._simulated = is_fake_library(pynvml.nvmlLib)
+        try:
+            version = _value(pynvml.nvmlSystemGetDriverVersion)
+            cuda = _value(pynvml.nvmlSystemGetCudaDriverVersion)
+        except (_NvmlBroken, _GpuLost):
+            # Versions are decoration; the GPUs themselves are read (and judged) next.
+            version = cuda = None
+        self._driver_version = None if version is None else _text(version)
+        self._cuda_driver_version = _cuda_version(cuda)
+        return True
+
+    def _fail(self, status: NvmlStatus, message: str) -> None:
+        self._failure = (status, message)
+        self._failed_at = self._clock()
+
+    def _shutdown(self) -> None:
+        if not self._initialised:
+            return
+        self._initialised = False
+        self._devices = ()
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            # Only fails when NVML is no longer initialised (someone else shut it down too
+            # often); there is nothing left to release then.
+            return
+
+    def _empty(self) -> Snapshot:
+        status, message = self._failure or (NvmlStatus.ERROR, "cannot read the GPUs")
+        return Snapshot(
+            gpus=(),
+            status=status,
+            message=message,
+            driver_version=None,
+            cuda_driver_version=None,
+            simulated=False,
+            taken_at=time.time(),
+        )
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _read(self) -> Snapshot:
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as error:
+            raise _NvmlBroken(error) from error
+        if self._stale or count != len(self._devices):
+            self._enumerate(count)
+        names: dict[int, str | None] = {}  # one /proc read per pid and snapshot
+        gpus = tuple(self._state(device, names) for device in self._devices)
+        lost = sum(gpu.lost for gpu in gpus)
+        if not gpus:
+            status, message = NvmlStatus.NO_GPU, "no GPU attached"
+        else:
+            status = NvmlStatus.OK
+            message = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}"
+            message += f" ({lost} lost)" if lost else ""
+        return Snapshot(
+            gpus=gpus,
+            status=status,
+            message=message,
+            driver_version=self._driver_version,
+            cuda_driver_version=self._cuda_driver_version,
+            simulated=self._simulated,
+            taken_at=time.time(),
+        )
+
+    def _enumerate(self, count: int) -> None:
+        known = {device.index: device for device in self._devices}
+        devices = []
+        for index in range(count):
+            try:
+                devices.append(_identify(index))
+            except _GpuLost:
+                # Keep what was known of the GPU at this index, so a lost GPU keeps its name.
+                previous = known.get(index)
+                if previous is None:
+                    devices.append(_Device(index, None, None, None, None))
+                else:
+                    devices.append(
+                        _Device(index, None, previous.uuid, previous.name, previous.minor)
+                    )
+        self._devices = tuple(devices)
+        self._stale = False
+
+    def _state(self, device: _Device, names: dict[int, str | None]) -> GpuState:
+        simulated = self._simulated or (device.name or "").endswith(SIMULATED_SUFFIX)
+        if device.handle is None:
+            self._stale = True  # look again: it may be back, or another GPU in its place
+            return _lost_state(device, simulated=simulated)
+        handle = device.handle
+        try:
+            memory = _value(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            utilization = _value(pynvml.nvmlDeviceGetUtilizationRates, handle)
+            temperature = _value(
+                pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
+            )
+            power_draw = _value(pynvml.nvmlDeviceGetPowerUsage, handle)
+            power_limit = _value(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            processes = self._processes(handle, names)
+        except _GpuLost:
+            self._stale = True
+            return _lost_state(device, simulated=simulated)
+        return GpuState(
+            uuid=device.uuid,
+            index=device.index,
+            name=device.name,
+            minor=device.minor,
+            utilization_gpu=None if utilization is None else utilization.gpu,
+            utilization_memory=None if utilization is None else utilization.memory,
+            memory_used=None if memory is None else memory.used,
+            memory_total=None if memory is None else memory.total,
+            temperature=temperature,
+            power_draw=_watts(power_draw),
+            power_limit=_watts(power_limit),
+            processes=processes,
+            simulated=simulated,
+        )
+
+    def _processes(
+        self, handle: Any, names: dict[int, str | None]
+    ) -> tuple[GpuProcess, ...] | None:
+        compute = _value(pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        graphics = _value(pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
+        if compute is None and graphics is None:
+            return None
+        found: dict[int, GpuProcess] = {}
+        for info in [*(compute or ()), *(graphics or ())]:
+            if info.pid in found:
+                continue
+            if info.pid not in names:
+                names[info.pid] = self._process_name(info.pid)
+            found[info.pid] = GpuProcess(
+                pid=info.pid, name=names[info.pid], used_memory=info.usedGpuMemory
+            )
+        return tuple(found.values())
+
+    def _process_name(self, pid: int) -> str | None:
+        try:
+            with open(os.path.join(self._proc_dir, str(pid), "comm"), "rb") as comm:
+                return comm.read().decode(errors="replace").strip()
+        except OSError:
+            # The pid belongs to another pid namespace (NVML reports host pids) or has exited.
+            return None
+
+
+def _init_failure(error: pynvml.NVMLError) -> tuple[NvmlStatus, str]:
+    if error.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        return (
+            NvmlStatus.NO_LIBRARY,
+            "no GPU attached: the NVIDIA management library (libnvidia-ml.so.1) is not "
+            "installed in this container",
+        )
+    if error.value == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+        return NvmlStatus.NO_DRIVER, "no GPU attached: the NVIDIA driver is not loaded"
+    return NvmlStatus.ERROR, f"cannot read the GPUs: NVML did not start: {error}"

@@ -1,0 +1,138 @@
+"""Parsing answers into values: the contract's shapes are accepted, anything else is named."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.client.models import (
+    Attachment,
+    Gpu,
+    Health,
+    parse_attachments,
+    parse_gpus,
+    parse_health,
+)
+
+from . import samples
+from .stub_agent import check_against_contract
+
+
+def test_samples_are_contract_answers() -> None:
+    check_against_contract("GET", "/v1/gpus", 200, samples.GPUS)
+    check_against_contract("GET", "/v1/attachments", 200, samples.ATTACHMENTS)
+    check_against_contract("POST", "/v1/attachments", 201, samples.LOCAL_ATTACHMENTS)
+
+
+def test_parse_gpus() -> None:
+    first, second = parse_gpus(samples.GPUS)
+
+    assert first.target == samples.POD
+    assert (second.state, second.target, second.simulated) == ("free", None, True)
+    assert first.raw is samples.GPUS["gpus"][0]
+
+
+def test_parse_attachments() -> None:
+    (attachment,) = parse_attachments(samples.LOCAL_ATTACHMENTS)
+
+    assert attachment.target == PidRef(4242)
+    assert attachment.attached_at == dt.datetime(2025, 1, 2, 2, 4, 5, 250000, tzinfo=dt.UTC)
+    assert attachment.device == "/dev/nvidia4"
+
+
+def test_newer_members_are_ignored() -> None:
+    body: Any = copy.deepcopy(samples.GPUS)
+    body["gpus"][0]["mig_profile"] = "1g.10gb"
+    body["node"] = "gpu-node-7"
+
+    assert parse_gpus(body)[0].uuid == samples.UUID_A
+
+
+def test_values_are_frozen_and_compare_without_raw() -> None:
+    gpu = parse_gpus(samples.GPUS)[0]
+    twin = parse_gpus(copy.deepcopy(samples.GPUS))[0]
+
+    assert gpu == twin
+    with pytest.raises(AttributeError):
+        gpu.name = "other"  # type: ignore[misc]
+
+
+def _broken_gpu(**changes: object) -> dict[str, Any]:
+    body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
+    body["gpus"][1].update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ([], "body must be an object, not list"),
+        ({}, "body.gpus is missing"),
+        ({"gpus": {}}, "body.gpus must be list"),
+        ({"gpus": [7]}, r"gpus\[0\] must be an object"),
+        (_broken_gpu(index=True), r"gpus\[1\].index must be int, not bool"),
+        (_broken_gpu(state="stolen"), r"gpus\[1\].state 'stolen' is not one of"),
+        (_broken_gpu(simulated=1), r"gpus\[1\].simulated must be bool"),
+        (_broken_gpu(target={"pod": "x"}), r"gpus\[1\].target is not a target"),
+        (_broken_gpu(target={"pid": 1}), r"gpus\[1\].target is not a target: pid 1"),
+        (_broken_gpu(target={"pod": {"namespace": "A", "name": "b"}}), "not a DNS-1123 label"),
+    ],
+)
+def test_parse_gpus_refuses(body: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_gpus(body)
+
+
+def _broken_attachment(**changes: object) -> dict[str, Any]:
+    body: dict[str, Any] = copy.deepcopy(dict(samples.ATTACHMENTS))
+    body["attachments"][0].update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (_broken_attachment(holder=3), r"attachments\[0\].holder must be str or null"),
+        (_broken_attachment(attached_at="yesterday"), r"attachments\[0\].attached_at"),
+        (_broken_attachment(attached_at="2025-01-02T03:04:05"), "has no timezone"),
+        (_broken_attachment(target=None), r"attachments\[0\].target must be an object"),
+    ],
+)
+def test_parse_attachments_refuses(body: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_attachments(body)
+
+
+@pytest.mark.parametrize("member", sorted(samples.ATTACHMENTS["attachments"][0]))
+def test_every_attachment_member_is_required(member: str) -> None:
+    body: dict[str, Any] = copy.deepcopy(dict(samples.ATTACHMENTS))
+    del body["attachments"][0][member]
+
+    with pytest.raises(ValueError, match=rf"attachments\[0\].{member} is missing"):
+        parse_attachments(body)
+
+
+@pytest.mark.parametrize("member", sorted(samples.GPUS["gpus"][0]))
+def test_every_gpu_member_is_required(member: str) -> None:
+    body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
+    del body["gpus"][0][member]
+
+    with pytest.raises(ValueError, match=rf"gpus\[0\].{member} is missing"):
+        parse_gpus(body)
+
+
+def test_parse_health() -> None:
+    assert parse_health({"status": "ok"}) == Health("ok")
+    with pytest.raises(ValueError, match=r"body\.status is missing"):
+        parse_health({})
+
+
+def test_from_wire_defaults_name_the_object() -> None:
+    with pytest.raises(ValueError, match=r"^gpu must be an object"):
+        Gpu.from_wire(None)
+    with pytest.raises(ValueError, match=r"^attachment must be an object"):
+        Attachment.from_wire("x")
