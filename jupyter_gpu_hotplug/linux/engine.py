@@ -148,6 +148,8 @@ class RevokeResult:
     v1_writes: tuple[cgroup_v1.Write, ...]
     v2_changes: tuple[cgroup_v2.GrantChange, ...]
     terminated: tuple[busy.Termination, ...] = ()
+    target_gone: bool = False
+    """The target process ended during the call (``force`` can end it)."""
 
 
 @dataclass
@@ -276,7 +278,10 @@ class HotplugEngine:
     def holders(self, container: Container, device: CharDevice) -> list[busy.Holder]:
         """Processes of the container that hold ``device`` open."""
         return busy.find_holders(
-            container.cgroup_dirs, device, proc=self.host_proc, extra_holders=self.extra_holders
+            [d for d in container.cgroup_dirs if d.is_dir()],
+            device,
+            proc=self.host_proc,
+            extra_holders=self.extra_holders,
         )
 
     # ---- grant -----------------------------------------------------------------------
@@ -341,6 +346,10 @@ class HotplugEngine:
         open, unless ``force``: then those processes get SIGTERM, and SIGKILL after the
         grace period. On any failure the devices are granted again, so the container is
         left as it was and the caller's record stays true.
+
+        ``force`` may end the target process itself. The permissions are then still
+        taken from its cgroups (other processes may live on in them); its device nodes
+        went with its mount namespace. ``target_gone`` in the result says so.
         """
         container = self._container(target)
         wanted = tuple(devices)
@@ -349,14 +358,22 @@ class HotplugEngine:
         removed: list[str] = []
         v1_writes: list[cgroup_v1.Write] = []
         v2_changes: list[cgroup_v2.GrantChange] = []
+        gone = not self._alive(container)
         try:
-            for node in wanted:
-                if self._remove(container, node):
-                    undo.push(f"recreate /dev/{node.name}", partial(self._create, container, node))
-                    removed.append(node.name)
-                    _log_change("unlink", container, [node.device], Path("/dev") / node.name)
+            for node in () if gone else wanted:
+                try:
+                    if not self._remove(container, node):
+                        continue
+                except devnodes.ContainerGoneError:
+                    gone = True  # ended by force a moment ago: its /dev is gone too
+                    break
+                undo.push(f"recreate /dev/{node.name}", partial(self._create, container, node))
+                removed.append(node.name)
+                _log_change("unlink", container, [node.device], Path("/dev") / node.name)
             rules = {node.device.rule() for node in wanted}
             for directory in container.v2_dirs:
+                if not directory.is_dir():
+                    continue  # the container's cgroup went away with its last process
                 drop = rules & cgroup_v2.granted_devices(directory)
                 if not drop:
                     continue
@@ -364,8 +381,8 @@ class HotplugEngine:
                 undo.push(f"v2 re-grant on {directory}", partial(cgroup_v2.grant, directory, drop))
                 v2_changes.append(change)
                 _log_change("v2 revoke", container, sorted(drop, key=str), directory)
-            if container.v1_scope is not None:
-                scope = container.v1_scope
+            scope = container.v1_scope
+            if scope is not None and scope.is_dir():
                 # Only what is allowed now: a deny for anything else changes nothing
                 # and could take away a device the runtime gave the container itself.
                 was = [n.device for n in wanted if cgroup_v1.allowed(scope, n.device) & RW]
@@ -392,7 +409,13 @@ class HotplugEngine:
                 rollback_errors=failures,
             ) from e
         return RevokeResult(
-            container, wanted, tuple(removed), tuple(v1_writes), tuple(v2_changes), terminated
+            container,
+            wanted,
+            tuple(removed),
+            tuple(v1_writes),
+            tuple(v2_changes),
+            terminated,
+            target_gone=gone or not self._alive(container),
         )
 
     # ---- helpers ---------------------------------------------------------------------
@@ -403,9 +426,12 @@ class HotplugEngine:
             return target
         return self.inspect(target)
 
-    def _check_alive(self, container: Container) -> None:
+    def _alive(self, container: Container) -> bool:
         who = procfs.identity(container.pid, proc=self.host_proc)
-        if who is None or who.start_time != container.start_time:
+        return who is not None and who.start_time == container.start_time
+
+    def _check_alive(self, container: Container) -> None:
+        if not self._alive(container):
             raise TargetGoneError(f"process {container.pid} has exited")
 
     def _create(self, container: Container, node: DeviceNode) -> bool:

@@ -266,6 +266,26 @@ def test_force_terminates_holders_then_revokes(
     assert busy_box.open("/dev/nvidia7") == "EPERM"
 
 
+def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: SandboxProbe) -> None:
+    """The container's init holds the device: force ends it, and the permissions still go
+    (other processes could live on in its cgroups)."""
+    before = host_state(busy_box)
+    engine.grant(busy_box.pid, [STAND_IN])
+    assert busy_box.hold("/dev/nvidia7") == "OK"
+
+    result = engine.revoke(busy_box.pid, [STAND_IN], force=True)
+
+    assert result.target_gone
+    assert result.terminated[0].exited + result.terminated[0].killed == (busy_box.pid,)
+    cg = busy_box.sandbox.cgroups
+    if cg.v1 is not None:
+        assert (cg.v1 / "devices.list").read_text() == before.v1_list
+    if cg.v2 is not None:
+        (info,) = cgroup_v2.attached_programs(cg.v2)
+        with syscall.prog_get_fd_by_id(syscall.ProgId(info.id)) as fd:
+            assert (syscall.prog_info(fd).xlated,) == before.v2_programs
+
+
 def _is_zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rpartition(")")[2].split()[0] == "Z"
