@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from . import cli_agent
 from ._version import __version__
+from .demo import command as demo_command
 
 PROG = "jupyter gpu-hotplug"
 EXIT_OK = 0
@@ -57,6 +59,9 @@ class Command:
     """Does the work with the parsed arguments and returns the exit code."""
     add_arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
     """Declares the command's own arguments on its sub-parser."""
+    passthrough: bool = False
+    """The command parses its own options (a traitlets application): everything after its
+    name reaches ``run`` untouched as ``args.argv``, ``--help`` included."""
 
 
 def _run_version(args: argparse.Namespace) -> int:
@@ -66,6 +71,31 @@ def _run_version(args: argparse.Namespace) -> int:
 
 COMMANDS: tuple[Command, ...] = (
     Command(name="version", help="print the jupyter-gpu-hotplug version", run=_run_version),
+    Command(name="agent", help=cli_agent.AGENT_HELP, run=cli_agent.run_agent, passthrough=True),
+    Command(
+        name="attach",
+        help=cli_agent.ATTACH_HELP,
+        run=cli_agent.run_attach,
+        add_arguments=cli_agent.add_attach_arguments,
+    ),
+    Command(
+        name="detach",
+        help=cli_agent.DETACH_HELP,
+        run=cli_agent.run_detach,
+        add_arguments=cli_agent.add_detach_arguments,
+    ),
+    Command(
+        name="status",
+        help=cli_agent.STATUS_HELP,
+        run=cli_agent.run_status,
+        add_arguments=cli_agent.add_status_arguments,
+    ),
+    Command(
+        name="demo",
+        help=demo_command.HELP,
+        run=demo_command.run,
+        add_arguments=demo_command.add_arguments,
+    ),
 )
 """Every subcommand, in the order ``--help`` lists them."""
 
@@ -81,8 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", title="commands", metavar="COMMAND", required=True
     )
     for command in COMMANDS:
-        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(sub)
+        if command.passthrough:
+            # NUL never occurs in argv, so no word is taken for an option of this sub-parser.
+            sub = subparsers.add_parser(
+                command.name, help=command.help, add_help=False, prefix_chars="\0"
+            )
+            sub.add_argument("argv", nargs=argparse.REMAINDER)
+        else:
+            sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+            command.add_arguments(sub)
         sub.set_defaults(run=command.run)
     return parser
 

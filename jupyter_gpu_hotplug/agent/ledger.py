@@ -437,6 +437,32 @@ class Ledger:
                 entry = self._entries(conn, "WHERE a.uuid = ?", (uuid,))[0]
             return entry
 
+    def cancel_release(self, uuids: Collection[GpuUuid]) -> list[LedgerEntry]:
+        """``releasing`` → ``granted``: the release did not happen (the GPU turned out to be in
+        use, or the host refused) and the target still has the GPU. Already ``granted``:
+        unchanged.
+
+        Raises ``LedgerStateError`` if any of them is missing or ``reserving``; then none
+        changes.
+        """
+        wanted = sorted(set(uuids))
+        with self._session(write=True) as conn:
+            entries = self._entries(conn, _where_uuid_in(wanted), wanted)
+            found = {entry.gpu.uuid: entry for entry in entries}
+            wrong = [
+                f"{uuid} ({'not attached' if uuid not in found else found[uuid].state})"
+                for uuid in wanted
+                if uuid not in found or found[uuid].state is EntryState.RESERVING
+            ]
+            if wrong:
+                raise LedgerStateError(f"cannot cancel the release of: {', '.join(wrong)}")
+            conn.execute(
+                f"""UPDATE attachments SET state = 'granted', updated_at = ?
+                    {_where_uuid_in(wanted, alias="")} AND state = 'releasing'""",
+                (self._now(), *wanted),
+            )
+            return self._entries(conn, _where_uuid_in(wanted), wanted)
+
     def release(self, uuids: Iterable[GpuUuid]) -> None:
         """Forget these attachments, in any state (also to roll back a reservation).
 

@@ -1,0 +1,125 @@
+"""Shared by the agent benchmarks: start a local agent subprocess, talk to it, read its RSS.
+
+Not a benchmark itself. The agent runs as ``python -m jupyter_gpu_hotplug.agent.app`` with
+simulated GPUs over a temporary state dir, listening on ``127.0.0.1:0``; its port is read back
+from its log. Requests use one persistent HTTP/1.1 connection per client (as a real client
+would), so the figures measure the agent, not TCP handshakes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_SERVING = re.compile(r"serving the agent API on 127\.0\.0\.1:(\d+)")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(samples: list[float]) -> str:
+    """``median X ms  p99 Y ms  (n=N)`` for samples in seconds."""
+    if not samples:
+        return "no samples"
+    return (
+        f"median {statistics.median(samples) * 1000:7.2f} ms   "
+        f"p99 {percentile(samples, 0.99) * 1000:7.2f} ms   (n={len(samples)})"
+    )
+
+
+@dataclass
+class RunningAgent:
+    process: subprocess.Popen[bytes]
+    port: int
+    token: str
+    log_path: Path
+
+    def rss_kib(self) -> int:
+        """Resident set size of the agent process, from ``/proc/<pid>/status``."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS line")
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the agent has used (``/proc/<pid>/stat``)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def client(self) -> Client:
+        return Client(self.port, self.token)
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+def start_agent(state_dir: Path, *, simulate: int, extra: list[str] | None = None) -> RunningAgent:
+    log_path = state_dir.parent / "agent.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyter_gpu_hotplug.agent.app",
+        "--backend=local",
+        f"--simulate={simulate}",
+        f"--state-dir={state_dir}",
+        "--listen=127.0.0.1:0",
+        "--reconcile-interval=0",
+        *(extra or []),
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while True:
+        text = log_path.read_text(errors="replace")
+        if "agent ready" in text:
+            break
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the agent did not start:\n{text}")
+        time.sleep(0.05)
+    match = _SERVING.search(text)
+    if match is None:
+        raise RuntimeError(f"no TCP address in the agent's log:\n{text}")
+    token = (state_dir / "token").read_text().strip()
+    return RunningAgent(process, int(match[1]), token, log_path)
+
+
+class Client:
+    """One persistent connection with the agent token."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self._port = port
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def request(self, method: str, path: str, body: object = None) -> tuple[int, object]:
+        payload = None if body is None else json.dumps(body).encode()
+        try:
+            self._connection.request(method, path, body=payload, headers=self._headers)
+            response = self._connection.getresponse()
+        except (http.client.HTTPException, ConnectionError):
+            # The server may close an idle keep-alive connection: reconnect once.
+            self._connection.close()
+            self._connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=120)
+            self._connection.request(method, path, body=payload, headers=self._headers)
+            response = self._connection.getresponse()
+        data = response.read()
+        return response.status, (json.loads(data) if data else None)
+
+    def close(self) -> None:
+        self._connection.close()

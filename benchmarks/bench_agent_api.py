@@ -1,0 +1,148 @@
+"""Attach and detach latency through the agent's HTTP API, next to the engine's own cost.
+
+Run as root on a host with cgroups:
+
+    .venv/bin/python benchmarks/bench_agent_api.py [--runs 200]
+
+Starts a local agent (``--simulate 8``) as a subprocess and one sandboxed process, then times
+``POST /v1/attachments`` (one GPU) and ``DELETE /v1/attachments/<uuid>`` from a client on one
+persistent connection: the whole path a terminal or notebook client sees (HTTP, auth, target
+resolution, ledger writes with fsync, NVML inventory, the engine). For comparison it times the
+engine's ``grant`` and ``revoke`` of one GPU node on another sandbox in this process, and reads
+the agent's own operation histograms from ``/metrics``. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from _agent import percentile, start_agent, summary
+
+from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
+from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
+from jupyter_gpu_hotplug.linux.engine import HotplugEngine
+from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+
+PARENT = "gpu-hotplug-sandboxes/bench-agent-api"
+
+
+def sandbox() -> Sandbox:
+    return Sandbox.start(
+        SandboxSpec(("sleep", "100000"), cgroup_parent=PARENT, name_prefix="bench")
+    )
+
+
+def http_cycles(runs: int) -> tuple[list[float], list[float], dict[str, float], int]:
+    with tempfile.TemporaryDirectory(prefix="bench-agent-api-") as tmp:
+        agent = start_agent(Path(tmp) / "state", simulate=8)
+        target = sandbox()
+        try:
+            client = agent.client()
+            attach: list[float] = []
+            detach: list[float] = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                status, body = client.request(
+                    "POST", "/v1/attachments", {"count": 1, "target": {"pid": target.pid}}
+                )
+                attach.append(time.perf_counter() - start)
+                assert status == 201, body
+                uuid = body["attachments"][0]["uuid"]  # type: ignore[index]
+                start = time.perf_counter()
+                status, body = client.request("DELETE", f"/v1/attachments/{uuid}")
+                detach.append(time.perf_counter() - start)
+                assert status == 204, body
+            client.close()
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/metrics").read()
+            server_side = _histogram_means(metrics.decode())
+            rss = agent.rss_kib()
+        finally:
+            target.stop()
+            agent.stop()
+    return attach, detach, server_side, rss
+
+
+def _histogram_means(text: str) -> dict[str, float]:
+    means = {}
+    for name in ("attach", "detach"):
+        total = float(re.search(rf"gpu_hotplug_{name}_duration_seconds_sum (\S+)", text)[1])  # type: ignore[index]
+        count = float(re.search(rf"gpu_hotplug_{name}_duration_seconds_count (\S+)", text)[1])  # type: ignore[index]
+        means[name] = total / count
+    return means
+
+
+def engine_cycles(runs: int) -> tuple[list[float], list[float]]:
+    engine = HotplugEngine()
+    target = sandbox()
+    node = [DeviceNode("nvidia0", CharDevice(NVIDIA_MAJOR, 0))]
+    grant: list[float] = []
+    revoke: list[float] = []
+    try:
+        for _ in range(runs):
+            start = time.perf_counter()
+            engine.grant(target.pid, node)
+            grant.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            engine.revoke(target.pid, node)
+            revoke.append(time.perf_counter() - start)
+    finally:
+        target.stop()
+    return grant, revoke
+
+
+def ledger_commits(runs: int) -> list[float]:
+    """One durable ledger transaction (the agent makes two per attach and two per detach)."""
+    from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget
+    from jupyter_gpu_hotplug.agent.ledger import GpuRecord, Ledger
+
+    gpu = GpuRecord(GpuUuid("GPU-00000000-0000-4000-8000-000000000000"), 0, 0, "bench")
+    samples: list[float] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-ledger-") as tmp,
+        Ledger.open(Path(tmp)) as ledger,
+    ):
+        for _ in range(runs):
+            start = time.perf_counter()
+            ledger.reserve(PidTarget(1234, 1), 1, candidates=[gpu])
+            samples.append(time.perf_counter() - start)
+            ledger.release([gpu.uuid])
+        ledger.close()
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+    engine_grant, engine_revoke = engine_cycles(args.runs)
+    attach, detach, server_side, rss = http_cycles(args.runs)
+    commits = ledger_commits(args.runs)
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"one GPU, {args.runs} cycles, simulated GPUs, load {load}")
+    print(f"  engine grant (in process)          {summary(engine_grant)}")
+    print(f"  engine revoke (in process)         {summary(engine_revoke)}")
+    print(f"  ledger commit (WAL, fsync)         {summary(commits)}")
+    print(f"  HTTP POST /v1/attachments          {summary(attach)}")
+    print(f"  HTTP DELETE /v1/attachments/UUID   {summary(detach)}")
+    print(
+        f"  agent's own view (metrics mean)    attach {server_side['attach'] * 1000:.2f} ms, "
+        f"detach {server_side['detach'] * 1000:.2f} ms"
+    )
+    overhead_attach = percentile(attach, 0.5) - percentile(engine_grant, 0.5)
+    overhead_detach = percentile(detach, 0.5) - percentile(engine_revoke, 0.5)
+    print(
+        f"  API overhead over the engine (median): attach +{overhead_attach * 1000:.2f} ms, "
+        f"detach +{overhead_detach * 1000:.2f} ms"
+    )
+    print(f"  agent RSS after the runs           {rss / 1024:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""``jupyter gpu-hotplug agent``: the node agent's configuration and process life.
+
+Why traitlets: the agent is configured like every Jupyter program — a config file
+(``--config=/etc/gpu-hotplug/agent_config.py``, ``c.AgentApp.max_gpus_per_target = 2``) and
+command-line flags (``--listen``, ``--simulate 4``...). Precedence: command line, then config
+file, then defaults. The traits are resolved once into the typed ``AgentSettings`` that the
+rest of the agent uses, and the resolved configuration is logged at start.
+
+The one setting read from the environment is a test hook: ``GPU_HOTPLUG_TEST_PAUSE_AT`` names
+a step at which attach or detach stops for good (see ``checkpoints``), so crash tests can kill
+the agent exactly there. It is logged loudly when set.
+
+Process life: ``start`` runs the agent on a fresh event loop until SIGTERM or SIGINT (graceful
+stop: running operations finish); SIGHUP runs a reconciliation pass at once (for example after
+``systemctl daemon-reload`` re-applied a unit's device list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import grp
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default, observe
+from traitlets.config import Application
+
+from .._version import __version__
+from .checkpoints import STEPS
+from .logs import logging_config
+from .settings import (
+    DEFAULT_SOCKET,
+    DEFAULT_STATE_DIR,
+    NVIDIA_MAJOR,
+    AgentSettings,
+    Backend,
+    LogStyle,
+    SettingsError,
+    TestHooks,
+    parse_listen,
+)
+
+__all__ = ["PAUSE_ENV", "AgentApp", "main"]
+
+PAUSE_ENV: Final = "GPU_HOTPLUG_TEST_PAUSE_AT"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+
+
+class AgentApp(Application):
+    """The node agent (see the module docstring)."""
+
+    name = "jupyter-gpu-hotplug-agent"
+    version = __version__
+    description = (
+        "The jupyter-gpu-hotplug node agent: attaches GPUs to running containers and processes "
+        "on this node. Runs as root."
+    )
+    examples = """
+jupyter gpu-hotplug agent --simulate=4 --state-dir=/tmp/gpu-state --listen=127.0.0.1:8477
+jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:8477
+"""
+
+    # traitlets reads these class attributes; they are never mutated.
+    aliases: dict[str, Any] = {  # noqa: RUF012
+        "listen": "AgentApp.listen",
+        "backend": "AgentApp.backend",
+        "state-dir": "AgentApp.state_dir",
+        "host-proc": "AgentApp.host_proc",
+        "cgroup-root": "AgentApp.cgroup_root",
+        "max-gpus-per-target": "AgentApp.max_gpus_per_target",
+        "device-major": "AgentApp.device_major",
+        "socket-mode": "AgentApp.socket_mode",
+        "socket-group": "AgentApp.socket_group",
+        "simulate": "AgentApp.simulate",
+        "simulation-dir": "AgentApp.simulation_dir",
+        "reconcile-interval": "AgentApp.reconcile_interval",
+        "log-level": "AgentApp.log_level",
+        "log-format": "AgentApp.log_style",
+        "config": "AgentApp.config_file",
+    }
+    flags: dict[str, Any] = {  # noqa: RUF012
+        "show-config-json": (
+            {"AgentApp": {"show_resolved_config": True}},
+            "Print the resolved settings as JSON and exit.",
+        ),
+    }
+
+    listen = List(
+        Unicode(),
+        default_value=[f"unix:{DEFAULT_SOCKET}"],
+        help="""Where to serve the API; repeat for several. HOST:PORT, [IPV6]:PORT, :PORT (all
+        interfaces) or unix:/absolute/path. Callers on a unix socket are identified by their
+        process credentials; over TCP they need the token from <state-dir>/token.""",
+    ).tag(config=True)
+    backend = Enum(
+        [backend.value for backend in Backend],
+        default_value=Backend.LOCAL.value,
+        help="""Where GPU ownership is kept: 'local' (a SQLite ledger in the state dir; targets
+        are processes, {"pid": N}).""",
+    ).tag(config=True)
+    state_dir = Unicode(
+        str(DEFAULT_STATE_DIR),
+        help="Directory of the ledger, the token and the lock (created with mode 0700).",
+    ).tag(config=True)
+    host_proc = Unicode(
+        "/proc", help="The procfs in which target pids are given (the host's)."
+    ).tag(config=True)
+    cgroup_root = Unicode(
+        "",
+        help="""Where the host's / is seen, when cgroup mount points must be rebased (e.g.
+        /host when the host's /sys is mounted at /host/sys). Empty: our own /.""",
+    ).tag(config=True)
+    max_gpus_per_target = Int(
+        8, help="The most GPUs one target may hold (and one request may ask for)."
+    ).tag(config=True)
+    device_major = Int(
+        NVIDIA_MAJOR, help="Character-device major number of GPU nodes (NVIDIA: 195)."
+    ).tag(config=True)
+    socket_mode = Unicode(
+        "0660", help="Permission bits of unix sockets, in octal: who may connect at all."
+    ).tag(config=True)
+    socket_group = Unicode(
+        "", help="Group (name or id) of unix sockets; empty: the agent's own group."
+    ).tag(config=True)
+    simulate = Int(
+        0,
+        help="""Serve this many SIMULATED GPUs (through the fake NVML library) instead of the
+        real driver's; 0: real GPUs.""",
+    ).tag(config=True)
+    simulation_dir = Unicode(
+        "",
+        help="""Where the simulated node's library and config are kept (world-readable);
+        empty: <state-dir>/simulation.""",
+    ).tag(config=True)
+    simulation_interval = Float(
+        2.0, help="Seconds between two moves of the simulated readings (0: never move)."
+    ).tag(config=True)
+    reconcile_interval = Float(
+        10.0,
+        help="Seconds between two reconciliations of the ledger with the host (0: start-up only).",
+    ).tag(config=True)
+    force_grace = Float(
+        5.0, help="Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."
+    ).tag(config=True)
+    log_style = Enum(
+        [style.value for style in LogStyle],
+        default_value=LogStyle.TEXT.value,
+        help="Log output: 'text' for people, 'json' (one object per line) for log shippers.",
+    ).tag(config=True)
+    config_file = Unicode(
+        "", help="A Python config file (c.AgentApp.<setting> = ...); the command line wins."
+    ).tag(config=True)
+    show_resolved_config = Bool(False, help="Print the resolved settings as JSON and exit.").tag(
+        config=True
+    )
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    def get_default_logging_config(self) -> dict[str, Any]:
+        level = self.log_level
+        if not isinstance(level, int | str):
+            raise TypeError(f"log_level {level!r} is neither a number nor a name")
+        return logging_config(level=level, style=LogStyle(self.log_style))
+
+    @observe("log_style")
+    def _log_style_changed(self, change: Any) -> None:
+        self._configure_logging()
+
+    def initialize(self, argv: Sequence[str] | None = None) -> None:
+        self.parse_command_line(list(argv) if argv is not None else None)
+        if self.config_file:
+            command_line = copy.deepcopy(self.config)
+            path = Path(self.config_file)
+            self.load_config_file(path.name, path=str(path.parent))
+            self.update_config(command_line)
+
+    def resolved_settings(self) -> AgentSettings:
+        """The traits as ``AgentSettings``; ``SettingsError`` says which one is wrong."""
+        try:
+            mode = int(self.socket_mode, 8)
+        except ValueError as e:
+            raise SettingsError(f"socket_mode {self.socket_mode!r} is not an octal mode") from e
+        pause_at = os.environ.get(PAUSE_ENV) or None
+        if pause_at is not None and pause_at not in STEPS:
+            raise SettingsError(f"{PAUSE_ENV}={pause_at!r}: the steps are {', '.join(STEPS)}")
+        return AgentSettings(
+            listen=tuple(parse_listen(text) for text in self.listen),
+            state_dir=Path(self.state_dir),
+            backend=Backend(self.backend),
+            host_proc=Path(self.host_proc),
+            cgroup_root=Path(self.cgroup_root) if self.cgroup_root else None,
+            max_gpus_per_target=self.max_gpus_per_target,
+            device_major=self.device_major,
+            socket_mode=mode,
+            socket_group=_group_id(self.socket_group) if self.socket_group else None,
+            simulate=self.simulate,
+            simulation_dir=Path(self.simulation_dir) if self.simulation_dir else None,
+            simulation_interval=self.simulation_interval,
+            reconcile_interval=self.reconcile_interval,
+            force_grace=self.force_grace,
+            hooks=TestHooks(pause_at=pause_at),
+        )
+
+    def start(self) -> None:
+        try:
+            settings = self.resolved_settings()
+        except SettingsError as e:
+            self.log.critical("invalid configuration: %s", e)
+            raise SystemExit(EXIT_FAILED) from e
+        if self.show_resolved_config:
+            print(json.dumps(settings.describe(), indent=2, sort_keys=True))
+            return
+        code = asyncio.run(_serve(settings, self.log))
+        if code != EXIT_OK:
+            raise SystemExit(code)
+
+
+def _group_id(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError as e:
+        raise SettingsError(f"socket_group {text!r}: no such group") from e
+
+
+async def _serve(settings: AgentSettings, log: logging.Logger | logging.LoggerAdapter[Any]) -> int:
+    """Run the agent until SIGTERM/SIGINT; the exit code."""
+    from .runtime import Agent
+    from .server import ListenError
+
+    log.info("resolved configuration: %s", json.dumps(settings.describe(), sort_keys=True))
+    if settings.hooks.pause_at is not None:
+        log.warning(
+            "TEST HOOK %s=%s is set: operations stop there", PAUSE_ENV, settings.hooks.pause_at
+        )
+    try:
+        agent = await asyncio.to_thread(Agent.create, settings)
+    except Exception as e:
+        # Anything from a locked state dir to a missing compiler for --simulate: say what.
+        log.critical("cannot start: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+        return EXIT_FAILED
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(agent.reconcile_now()))
+    try:
+        await agent.start()
+    except ListenError as e:
+        log.critical("cannot start: %s", e)
+        await agent.stop()
+        return EXIT_FAILED
+    log.info(
+        "agent ready (pid %d)%s", os.getpid(), " with SIMULATED GPUs" if settings.simulated else ""
+    )
+    await stop.wait()
+    await agent.stop()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    app = AgentApp()
+    try:
+        app.initialize(argv)
+        app.start()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_FAILED
+    finally:
+        # A later AgentApp in this process (tests) must configure logging afresh.
+        app.close_handlers()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""The agent API's tornado handlers: thin, uniform, and the only place errors become HTTP.
+
+Why the shape: every request goes through ``ApiHandler``. It refuses a body above the limit
+before reading it (from ``Content-Length``, or as chunks arrive); each protected verb starts by
+authenticating the caller (bearer token or unix-socket peer credentials), so an unsupported
+method is a 405 for anyone; and ``write_error`` turns an ``AgentError`` into its status and JSON
+body — and anything else into a JSON 500 ``internal_error`` carrying a request id, logged with
+its traceback (a 5xx is a bug, and the id finds it in the log). Each verb then parses its input
+with ``validation``, calls one ``AgentService`` method and writes the result with an explicit
+status (201 for POST, 204 for DELETE). No logic lives here; the service never sees tornado.
+
+The routes and statuses served here are exactly those of ``openapi.json``; tests check it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ClassVar, Final
+
+from tornado import httputil, iostream, web
+
+from .._structs import ErrorBody
+from .auth import Authenticator, Caller, PeerCredentials
+from .errors import (
+    AgentError,
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    Unauthenticated,
+)
+from .metrics import CONTENT_TYPE, AgentMetrics
+from .service import AgentService
+from .validation import (
+    MAX_BODY_BYTES,
+    check_query_names,
+    parse_attach_request,
+    parse_force,
+    parse_gpu_uuid,
+    parse_target_query,
+)
+
+__all__ = [
+    "ATTACHMENTS_URL",
+    "ATTACHMENT_URL",
+    "GPUS_URL",
+    "HEALTH_URL",
+    "METRICS_URL",
+    "OPENAPI_URL",
+    "ApiContext",
+    "default_handlers",
+    "peer_credentials",
+]
+
+log = logging.getLogger(__name__)
+
+HEALTH_URL: Final = r"/healthz"
+METRICS_URL: Final = r"/metrics"
+OPENAPI_URL: Final = r"/v1/openapi\.json"
+GPUS_URL: Final = r"/v1/gpus"
+ATTACHMENTS_URL: Final = r"/v1/attachments"
+ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
+
+_JSON: Final = "application/json"
+_TARGET_QUERY: Final = ("pod", "container", "pid")
+_UCRED: Final = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    """What the handlers reach through ``self.settings["gpu_hotplug"]``."""
+
+    service: AgentService
+    authenticator: Authenticator
+    metrics: AgentMetrics
+    openapi: bytes
+    max_count: int
+    """The most GPUs one request may ask for."""
+    health: Callable[[], str | None]
+    """The cached liveness verdict: None when healthy, else why not."""
+
+
+def peer_credentials(sock: socket.socket | None) -> PeerCredentials | None:
+    """The process at the other end of a unix socket; None for TCP."""
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    pid, uid, gid = _UCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    )
+    return PeerCredentials(pid=pid, uid=uid, gid=gid)
+
+
+@web.stream_request_body
+class ApiHandler(web.RequestHandler):
+    """Base of every agent route (see the module docstring)."""
+
+    route: ClassVar[str] = "unknown"
+    """The route as it appears in metrics labels (never the raw path: its cardinality)."""
+
+    caller: Caller | None = None
+    _request_id: str | None = None
+
+    @property
+    def context(self) -> ApiContext:
+        context: ApiContext = self.settings["gpu_hotplug"]
+        return context
+
+    @property
+    def request_id(self) -> str:
+        if self._request_id is None:
+            self._request_id = uuid.uuid4().hex[:16]
+        return self._request_id
+
+    def initialize(self) -> None:
+        self._body = bytearray()
+        self._body_too_large = False
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Request-Id", self.request_id)
+
+    def compute_etag(self) -> None:
+        return None
+
+    # --- request -------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        # Only what must happen before the body arrives: a body that is too big is refused
+        # without reading it. Everything else waits for the whole request, so a client is
+        # never answered (and disconnected) while it is still sending a normal body.
+        length = self.request.headers.get("Content-Length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            self._body_too_large = True
+            raise self._too_large()
+
+    def authenticate(self) -> Caller:
+        """The caller, from the bearer token or the unix socket's peer; first in every
+        protected verb, so that an unsupported method is a 405 for anyone."""
+        if self.caller is None:
+            self.caller = self.context.authenticator.authenticate(
+                authorization=self.request.headers.get("Authorization"),
+                peer=peer_credentials(_socket_of(self.request)),
+            )
+        return self.caller
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._body_too_large:
+            return
+        if len(self._body) + len(chunk) > MAX_BODY_BYTES:
+            self._body_too_large = True
+            self._body.clear()
+            return
+        self._body.extend(chunk)
+
+    @property
+    def body(self) -> bytes:
+        """The request body, whole; refused if it grew past the limit (chunked uploads)."""
+        if self._body_too_large:
+            raise self._too_large()
+        return bytes(self._body)
+
+    @staticmethod
+    def _too_large() -> InvalidRequest:
+        return InvalidRequest(
+            f"the request body is larger than {MAX_BODY_BYTES} bytes", field="body"
+        )
+
+    def query(self, *allowed: str) -> dict[str, list[bytes]]:
+        """The query arguments, refusing names the route does not know."""
+        arguments = self.request.query_arguments
+        check_query_names(arguments, allowed=allowed)
+        return arguments
+
+    # --- response ------------------------------------------------------------------------------
+
+    def reply(self, body: object, *, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(body, separators=(",", ":")))
+
+    def reply_empty(self) -> None:
+        self.set_status(204)
+        self.clear_header("Content-Type")
+        self.finish()
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        body: ErrorBody
+        if isinstance(error, AgentError):
+            status, body = error.status, error.to_body()
+        elif isinstance(error, web.HTTPError) and error.status_code < 500:
+            status, body = error.status_code, self._protocol_error(error.status_code)
+        else:
+            failure = InternalError(request_id=self.request_id)
+            status, body = failure.status, failure.to_body()
+        self.set_status(status)
+        self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
+        self.finish(json.dumps(body, separators=(",", ":")))
+
+    def _protocol_error(self, status: int) -> ErrorBody:
+        """Errors tornado raises itself (an unsupported method, a bad request line)."""
+        if status == 405:
+            message = f"method {self.request.method} is not allowed on {self.request.path}"
+        else:
+            message = f"the request was refused with HTTP status {status}"
+        return InvalidRequest(message).to_body()
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(value, AgentError):
+            # Refused identities are worth an audit line; other refusals are routine (the
+            # access log has their status, the caller has the message).
+            audit = isinstance(value, Unauthenticated | Forbidden)
+            log.log(
+                logging.INFO if audit else logging.DEBUG,
+                "%s %s -> %d %s: %s",
+                self.request.method,
+                self.request.path,
+                value.status,
+                value.code,
+                value.message,
+                extra={"request_id": self.request_id},
+            )
+        elif isinstance(value, web.HTTPError) and value.status_code < 500:
+            log.info("%s %s -> %d", self.request.method, self.request.path, value.status_code)
+        else:
+            log.error(
+                "internal error in %s %s (request id %s)",
+                self.request.method,
+                self.request.path,
+                self.request_id,
+                exc_info=(typ, value, tb) if typ is not None and value is not None else True,
+                extra={"request_id": self.request_id},
+            )
+
+    def on_finish(self) -> None:
+        self.context.metrics.http_requests.labels(
+            method=self.request.method or "", route=self.route, status=str(self.get_status())
+        ).inc()
+
+
+def _socket_of(request: httputil.HTTPServerRequest) -> socket.socket | None:
+    stream = getattr(request.connection, "stream", None)
+    if isinstance(stream, iostream.IOStream):
+        sock: socket.socket = stream.socket
+        return sock
+    return None
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+
+class HealthHandler(ApiHandler):
+    route = "/healthz"
+
+    def get(self) -> None:
+        problem = self.context.health()
+        if problem is not None:
+            raise InternalError(request_id=self.request_id, hint=f"health check: {problem}")
+        self.reply({"status": "ok"})
+
+
+class MetricsHandler(ApiHandler):
+    route = "/metrics"
+
+    async def get(self) -> None:
+        await self.context.service.refresh_gpu_metrics()
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.finish(self.context.metrics.render())
+
+
+class OpenApiHandler(ApiHandler):
+    route = "/v1/openapi.json"
+
+    def get(self) -> None:
+        self.finish(self.context.openapi)
+
+
+class GpusHandler(ApiHandler):
+    route = "/v1/gpus"
+
+    async def get(self) -> None:
+        self.authenticate()
+        self.reply(await self.context.service.gpus())
+
+
+class AttachmentsHandler(ApiHandler):
+    route = "/v1/attachments"
+
+    async def get(self) -> None:
+        caller = self.authenticate()
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        self.reply(await self.context.service.attachments(caller, target))
+
+    async def post(self) -> None:
+        caller = self.authenticate()
+        self.query()
+        request = parse_attach_request(self.body, max_count=self.context.max_count)
+        result = await self.context.service.attach(caller, request)
+        if result["attachments"]:
+            target = result["attachments"][0]["target"]
+            if "pid" in target:
+                self.set_header("Location", f"/v1/attachments?pid={target['pid']}")
+        self.reply(result, status=201)
+
+    async def delete(self) -> None:
+        caller = self.authenticate()
+        arguments = self.query(*_TARGET_QUERY, "force")
+        target = parse_target_query(arguments)
+        force = parse_force(arguments)
+        await self.context.service.detach_all(caller, target, force=force)
+        self.reply_empty()
+
+
+class AttachmentHandler(ApiHandler):
+    route = "/v1/attachments/{uuid}"
+
+    async def delete(self, raw_uuid: str) -> None:
+        caller = self.authenticate()
+        gpu = parse_gpu_uuid(raw_uuid)
+        force = parse_force(self.query("force"))
+        await self.context.service.detach(caller, gpu, force=force)
+        self.reply_empty()
+
+
+class UnknownRouteHandler(ApiHandler):
+    """Every other path: a JSON 404 (without authentication: probing paths tells nothing)."""
+
+    route = "unknown"
+
+    def _not_found(self, *args: str) -> None:
+        raise NotFound("route", self.request.path, hint="the API is described in /v1/openapi.json")
+
+    get = post = put = patch = delete = head = options = _not_found
+
+
+default_handlers: list[tuple[str, type[ApiHandler]]] = [
+    (HEALTH_URL, HealthHandler),
+    (METRICS_URL, MetricsHandler),
+    (OPENAPI_URL, OpenApiHandler),
+    (GPUS_URL, GpusHandler),
+    (ATTACHMENTS_URL, AttachmentsHandler),
+    (ATTACHMENT_URL, AttachmentHandler),
+]
+"""Every route of the API, in the order of ``openapi.json``."""

@@ -1,0 +1,193 @@
+"""The seam between the agent's orchestration and the host: make GPUs usable in a target.
+
+Why a Protocol here: the service decides *which* devices a target gets and keeps the books;
+how the kernel is made to agree (device cgroups, eBPF, device nodes) is the hot-plug engine's
+business (``linux/engine.py``). The service talks only to ``Injector`` and sees only this
+module's errors, so it is unit-tested against an in-memory fake and never imports the Linux
+mechanics; ``EngineInjector`` is the one adapter that does.
+
+Targets are ``PidTarget`` values (pid *and* start time): every call first checks that the pid
+still names the same process, so a GPU can never be granted to a newcomer that inherited a
+dead target's pid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._structs import PidTarget
+from ..linux import busy, cgroup_v1, cgroup_v2, cgroups, devnodes
+from ..linux.devnodes import DeviceNode
+from ..linux.devrules import CharDevice
+from ..linux.engine import (
+    Container,
+    DeviceBusyError,
+    EngineError,
+    HotplugEngine,
+    InjectionError,
+    TargetGoneError,
+)
+
+__all__ = [
+    "DeviceInUse",
+    "DeviceState",
+    "EngineInjector",
+    "HolderInfo",
+    "InjectionFailed",
+    "Injector",
+    "InjectorError",
+    "TargetGone",
+    "gpu_node",
+]
+
+
+class InjectorError(Exception):
+    """Base of what an ``Injector`` raises."""
+
+
+class TargetGone(InjectorError):
+    """The target process has exited, or its pid now names another process."""
+
+
+class DeviceInUse(InjectorError):
+    """Processes of the target hold a device open and ``force`` was not given.
+
+    Nothing was changed: the devices are still usable by the target.
+    """
+
+    def __init__(self, holders: Sequence[HolderInfo]) -> None:
+        listed = ", ".join(f"{h.command} (pid {h.pid})" for h in holders)
+        super().__init__(f"device in use by {listed}")
+        self.holders = tuple(holders)
+
+
+class InjectionFailed(InjectorError):
+    """A step failed. ``clean``: everything begun was undone and the target is as it was;
+    otherwise its state is unknown and must be reconciled."""
+
+    def __init__(self, message: str, *, clean: bool) -> None:
+        super().__init__(message)
+        self.clean = clean
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """A process that keeps a device busy."""
+
+    pid: int
+    command: str
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """How far one device reaches into a target right now."""
+
+    device: CharDevice
+    usable: bool
+    """Node present and every device controller allows it: the target can open it."""
+    exposed: bool
+    """Any trace of access (node or permission): what a revoke must clean up."""
+
+
+def gpu_node(minor: int, *, major: int) -> DeviceNode:
+    """The node of GPU ``minor``: ``/dev/nvidia<minor>``, char ``major:minor``."""
+    return DeviceNode(f"nvidia{minor}", CharDevice(major, minor))
+
+
+class Injector(Protocol):
+    """Grants and revokes device nodes in running targets. Calls block; run them in a thread."""
+
+    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+        """Make ``devices`` usable in ``target``, all or nothing (idempotent)."""
+
+    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+        """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
+        ends the holders). On failure the target keeps what it had."""
+
+    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+        """The state of each of ``devices`` in ``target``, in the order given."""
+
+    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+        """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
+
+
+# The failures of the mechanisms below the engine that a read (status, holders) can meet;
+# the engine wraps them itself in grant and revoke.
+_HOST_ERRORS = (
+    EngineError,
+    cgroup_v1.CgroupV1Error,
+    cgroup_v2.CgroupV2Error,
+    devnodes.DevNodeError,
+    cgroups.CgroupError,
+    busy.BusyError,
+    OSError,
+)
+
+
+class EngineInjector:
+    """``Injector`` over the hot-plug engine of ``linux/engine.py``."""
+
+    def __init__(self, engine: HotplugEngine) -> None:
+        self._engine = engine
+
+    def _container(self, target: PidTarget) -> Container:
+        try:
+            container = self._engine.inspect(target.pid)
+        except TargetGoneError as e:
+            raise TargetGone(f"{target} has exited") from e
+        except _HOST_ERRORS as e:
+            raise InjectionFailed(f"cannot inspect {target}: {e}", clean=True) from e
+        if container.start_time != target.start_time:
+            raise TargetGone(f"{target} has exited (its pid now names another process)")
+        return container
+
+    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+        container = self._container(target)
+        try:
+            self._engine.grant(container, devices)
+        except TargetGoneError as e:
+            raise TargetGone(f"{target} exited during the grant") from e
+        except InjectionError as e:
+            raise InjectionFailed(str(e), clean=not e.rollback_errors) from e
+        except EngineError as e:
+            raise InjectionFailed(str(e), clean=True) from e
+
+    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+        container = self._container(target)
+        try:
+            self._engine.revoke(container, devices, force=force)
+        except DeviceBusyError as e:
+            raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
+        except TargetGoneError as e:
+            raise TargetGone(f"{target} exited during the revoke") from e
+        except InjectionError as e:
+            raise InjectionFailed(str(e), clean=not e.rollback_errors) from e
+        except EngineError as e:
+            raise InjectionFailed(str(e), clean=True) from e
+
+    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+        container = self._container(target)
+        try:
+            states = self._engine.status(container, devices)
+        except TargetGoneError as e:
+            raise TargetGone(f"{target} has exited") from e
+        except devnodes.ContainerGoneError as e:
+            raise TargetGone(f"{target} has exited") from e
+        except _HOST_ERRORS as e:
+            raise InjectionFailed(f"cannot read the devices of {target}: {e}", clean=True) from e
+        return [DeviceState(s.device, usable=s.usable, exposed=s.exposed) for s in states]
+
+    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+        container = self._container(target)
+        found: dict[int, HolderInfo] = {}
+        try:
+            for node in devices:
+                for holder in self._engine.holders(container, node.device):
+                    found.setdefault(holder.pid, HolderInfo(holder.pid, holder.comm))
+        except _HOST_ERRORS as e:
+            raise InjectionFailed(
+                f"cannot tell whether the GPU is in use in {target}: {e}", clean=True
+            ) from e
+        return [found[pid] for pid in sorted(found)]

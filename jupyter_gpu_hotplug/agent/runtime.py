@@ -1,0 +1,284 @@
+"""The running agent: its components wired together, started and stopped in order.
+
+Why it exists: the application (``app.py``) deals with configuration; this module deals with
+life. ``Agent.create`` builds the real components from ``AgentSettings`` (ledger, token, the
+simulated NVML when asked, inventory, engine, resolver, service, reconciler, server);
+``start`` reconciles the ledger with the host *before* serving, then serves and runs the
+background loops (reconciliation, simulated readings, the cached health probe); ``stop``
+stops accepting, lets running operations finish, and closes everything in reverse order.
+
+Tests build an ``Agent`` from fakes through the same constructor, so the wiring they exercise
+is the wiring that runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._structs import GpuUuid
+from . import openapi_document
+from .auth import Authenticator, Authorizer, load_or_create_token
+from .books import Books
+from .checkpoints import Checkpoints
+from .handlers import ApiContext
+from .injector import EngineInjector, Injector
+from .inventory import Inventory, NvmlInventory
+from .ledger import Ledger
+from .metrics import AgentMetrics
+from .reconcile import Reconciler
+from .resolver import ProcResolver, Resolver
+from .server import AgentServer, make_application
+from .service import AgentService, ServiceConfig
+from .settings import AgentSettings
+from .simulate import Simulation
+from .workers import Workers
+
+__all__ = ["Agent", "Components", "HealthProbe"]
+
+log = logging.getLogger(__name__)
+
+_WORKERS = 8
+_HEALTH_INTERVAL = 5.0
+_DRAIN_TIMEOUT = 30.0
+
+
+class HealthProbe:
+    """The cached liveness verdict of ``/healthz``: a cheap ledger read every few seconds.
+
+    Cached (as kopf's probes are) so that a liveness check never queues behind slow work and a
+    burst of probes costs nothing; a verdict older than three intervals means the probe itself
+    is stuck, which is reported too.
+    """
+
+    def __init__(
+        self,
+        check: Callable[[], Coroutine[Any, Any, None]],
+        *,
+        interval: float = _HEALTH_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._check = check
+        self._interval = interval
+        self._clock = clock
+        self._problem: str | None = "not probed yet"
+        self._at = clock()
+
+    def verdict(self) -> str | None:
+        """None when healthy, else what is wrong."""
+        if self._clock() - self._at > 3 * self._interval:
+            return f"no health probe for {self._clock() - self._at:.0f} s"
+        return self._problem
+
+    async def probe(self) -> None:
+        try:
+            await self._check()
+        except Exception as e:
+            if self._problem is None:
+                log.error("health probe failed: %s", e)
+            self._problem = f"{type(e).__name__}: {e}"
+        else:
+            self._problem = None
+        self._at = self._clock()
+
+    async def run_forever(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(self._interval)
+
+
+@dataclass
+class Components:
+    """The parts of an agent; ``Agent.create`` makes the real ones, tests pass fakes."""
+
+    settings: AgentSettings
+    ledger: Ledger
+    inventory: Inventory
+    injector: Injector
+    resolver: Resolver
+    token: str
+    simulation: Simulation | None = None
+    metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    """Called in reverse order when the agent stops (after the ledger closes: first)."""
+
+
+class Agent:
+    """One running agent (see the module docstring)."""
+
+    def __init__(self, components: Components) -> None:
+        self.components = components
+        settings = components.settings
+        self.settings = settings
+        self.metrics = components.metrics
+        self._workers = Workers(host_threads=_WORKERS)
+        self.books = Books(components.ledger, self._workers)
+        self.service = AgentService(
+            books=self.books,
+            inventory=components.inventory,
+            injector=components.injector,
+            resolver=components.resolver,
+            authorizer=Authorizer(components.resolver),
+            metrics=self.metrics,
+            workers=self._workers,
+            config=ServiceConfig(
+                max_gpus_per_target=settings.max_gpus_per_target,
+                device_major=settings.device_major,
+                simulated=settings.simulated,
+            ),
+            checkpoints=Checkpoints(
+                pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
+            ),
+        )
+        self.reconciler = Reconciler(
+            books=self.books,
+            inventory=components.inventory,
+            injector=components.injector,
+            resolver=components.resolver,
+            locks=self.service.locks,
+            metrics=self.metrics,
+            workers=self._workers,
+            device_major=settings.device_major,
+        )
+        self.health = HealthProbe(self._health_check)
+        self.server = AgentServer(
+            make_application(
+                ApiContext(
+                    service=self.service,
+                    authenticator=Authenticator(components.token, token_path=settings.token_path),
+                    metrics=self.metrics,
+                    openapi=openapi_document(),
+                    max_count=settings.max_gpus_per_target,
+                    health=self.health.verdict,
+                )
+            )
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.simulated.set(1 if settings.simulated else 0)
+
+    @classmethod
+    def create(cls, settings: AgentSettings) -> Agent:
+        """The real components for ``settings``; everything opened is closed on failure."""
+        from ..linux import cgroups
+        from ..linux.engine import HotplugEngine
+
+        closers: list[Callable[[], None]] = []
+        try:
+            settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ledger = Ledger.open(settings.state_dir)
+            closers.append(ledger.close)
+            token = load_or_create_token(settings.token_path)
+            simulation = None
+            if settings.simulated:
+                simulation = Simulation.prepare(
+                    settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
+                )
+                simulation.load_in_process()
+            inventory = NvmlInventory()
+            closers.append(inventory.close)
+            hierarchies = cgroups.discover(
+                host_proc=settings.host_proc, rebase=settings.cgroup_root
+            )
+            log.info("device cgroups: %s layout", hierarchies.layout)
+            major = settings.device_major
+
+            def nvml_holders(device: Any) -> list[int]:
+                return inventory.running_pids(device.minor) if device.major == major else []
+
+            engine = HotplugEngine(
+                host_proc=settings.host_proc,
+                hierarchies=hierarchies,
+                extra_holders=nvml_holders,
+                terminate_grace=settings.force_grace,
+            )
+            resolver = ProcResolver(
+                host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
+            )
+        except BaseException:
+            for close in reversed(closers):
+                close()
+            raise
+        return cls(
+            Components(
+                settings=settings,
+                ledger=ledger,
+                inventory=inventory,
+                injector=EngineInjector(engine),
+                resolver=resolver,
+                token=token,
+                simulation=simulation,
+                closers=closers,
+            )
+        )
+
+    async def _health_check(self) -> None:
+        """The ledger answers (behind whatever is queued for it)."""
+        await self.books.check()
+
+    async def start(self) -> None:
+        """Reconcile, then serve and run the background loops."""
+        await self.books.load()
+        report = await self.reconciler.run_once()
+        log.info(
+            "start-up reconciliation: %s",
+            dict(report.actions) if report.changed else "ledger and host agree",
+        )
+        for failure in report.failures:
+            log.error("start-up reconciliation could not fix: %s", failure)
+        await self.service.refresh_gpu_metrics()
+        settings = self.settings
+        self.server.start(
+            settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
+        )
+        await self.health.probe()
+        self._spawn(self.health.run_forever())
+        if settings.reconcile_interval > 0:
+            self._spawn(self.reconciler.run_forever(settings.reconcile_interval))
+        simulation = self.components.simulation
+        if simulation is not None and settings.simulation_interval > 0:
+            self._spawn(
+                simulation.animate(
+                    interval=settings.simulation_interval, attached=self._attached_uuids
+                )
+            )
+
+    def _attached_uuids(self) -> list[GpuUuid]:
+        return [entry.gpu.uuid for entry in self.books.attachments()]
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coroutine))
+
+    async def reconcile_now(self) -> None:
+        """One reconciliation pass outside the schedule (SIGHUP); a failure is logged."""
+        try:
+            report = await self.reconciler.run_once()
+        except Exception:
+            log.exception("reconciliation on request failed")
+            return
+        log.info("reconciliation on request: %s", dict(report.actions) or "nothing to do")
+
+    async def stop(self) -> None:
+        """Stop serving, let running operations finish, close everything."""
+        log.info("stopping: no new connections; waiting for operations in flight")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.server.stop_listening()
+        try:
+            await asyncio.wait_for(self.service.wait_idle(), _DRAIN_TIMEOUT)
+        except TimeoutError:
+            log.error("operations still running after %.0f s; stopping anyway", _DRAIN_TIMEOUT)
+        await self.server.close_connections()
+        self._workers.shutdown()
+        for close in reversed(self.components.closers):
+            close()
+        log.info("stopped")

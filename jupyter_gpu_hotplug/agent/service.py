@@ -1,0 +1,517 @@
+"""Orchestration of local mode: attach, detach and the views of GPUs and attachments.
+
+Why it exists: an attach touches three things that can each fail — the ledger (who owns what),
+the host (device cgroups and nodes, through the ``Injector``) and NVML (which GPUs exist) — and
+the product's promise is that a GPU is never usable by a target without a ledger entry, never
+held by two targets, and never lost from the pool. This module orders the steps so that each
+durable write comes *before* the host change it announces, rolls back everything on a failure,
+and leaves what it cannot undo in a state the reconciler finishes.
+
+Attach: resolve and authorize the target → per-target lock → ``reserve`` (ledger ``reserving``)
+→ ``grant`` → ``mark_granted``. Detach: resolve and authorize → lock → ``begin_release``
+(``releasing``) → ``revoke`` (refused while processes hold the GPU, unless ``force``) →
+``release``; a refused revoke is undone with ``cancel_release``.
+
+Concurrency: one operation at a time per target; a second one on the same target is answered
+409 ``busy`` at once (retryable) rather than queued, so a client never waits behind an operation
+it cannot see, while one that meets the reconciler waits the few milliseconds it takes (see
+``locks``); operations on different targets run in parallel. Blocking work runs in threads,
+never on the event loop: the ledger's writes in its own thread, ``/proc``, NVML and the engine
+in a pool (see ``workers``); reads of the ledger come from its in-memory copy (``books``).
+
+Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
+attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .._structs import (
+    Attachment,
+    AttachmentList,
+    GpuInfo,
+    GpuList,
+    GpuUuid,
+    PidTarget,
+    PodTarget,
+    ProcessInfo,
+    Target,
+    TargetRef,
+    format_timestamp,
+)
+from ..linux.devnodes import DeviceNode
+from .auth import Authorizer, Caller
+from .books import Books
+from .checkpoints import Checkpoints
+from .errors import (
+    AgentError,
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    TargetNotReady,
+)
+from .injector import (
+    DeviceInUse,
+    HolderInfo,
+    InjectionFailed,
+    Injector,
+    InjectorError,
+    TargetGone,
+    gpu_node,
+)
+from .inventory import Inventory, InventorySnapshot
+from .ledger import EntryState, GpuRecord, LedgerEntry
+from .locks import TargetLocks
+from .metrics import AgentMetrics
+from .resolver import ResolvedTarget, Resolver
+from .validation import AttachRequest
+from .workers import Workers
+
+__all__ = ["AgentService", "ServiceConfig", "attachment_of"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL_TARGET_HINT = 'in local mode a target is a process: {"pid": N}'
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The settings the service itself needs."""
+
+    max_gpus_per_target: int
+    device_major: int
+    simulated: bool = False
+    """Only for log lines: every change is labelled SIMULATED when the GPUs are."""
+
+
+@dataclass
+class _Measure:
+    """What an operation reports about itself for its metrics."""
+
+    gpus: int = 1
+    """How many GPUs it concerned (detach counts per GPU)."""
+
+
+def attachment_of(entry: LedgerEntry) -> Attachment:
+    """The wire form of a ledger entry."""
+    moment = entry.granted_at or entry.created_at
+    return Attachment(
+        uuid=entry.gpu.uuid,
+        index=entry.gpu.index,
+        minor=entry.gpu.minor,
+        name=entry.gpu.name,
+        device=f"/dev/nvidia{entry.gpu.minor}",
+        target=entry.target.to_wire(),
+        holder=None,
+        attached_at=format_timestamp(moment),
+    )
+
+
+def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
+    return [ProcessInfo(pid=h.pid, command=h.command) for h in holders]
+
+
+def _pid_target(target: Target) -> PidTarget:
+    """Local mode records only process targets; anything else is a corrupt ledger."""
+    if not isinstance(target, PidTarget):
+        raise TypeError(f"local mode cannot act on {target}")
+    return target
+
+
+class AgentService:
+    """Attach and detach for local mode; every public method is a coroutine for the API."""
+
+    def __init__(
+        self,
+        *,
+        books: Books,
+        inventory: Inventory,
+        injector: Injector,
+        resolver: Resolver,
+        authorizer: Authorizer,
+        metrics: AgentMetrics,
+        workers: Workers,
+        config: ServiceConfig,
+        locks: TargetLocks | None = None,
+        checkpoints: Checkpoints | None = None,
+    ) -> None:
+        self._books = books
+        self._inventory = inventory
+        self._injector = injector
+        self._resolver = resolver
+        self._authorizer = authorizer
+        self._metrics = metrics
+        self._workers = workers
+        self._config = config
+        self.locks = locks or TargetLocks()
+        self._checkpoints = checkpoints or Checkpoints()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Count an attach or detach as in flight (metric, and ``wait_idle`` for shutdown)."""
+        self._in_flight += 1
+        self._idle.clear()
+        self._metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self._metrics.in_flight.dec()
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no attach or detach is running (new ones may start later)."""
+        await self._idle.wait()
+
+    @contextlib.contextmanager
+    def _measured(self, kind: Literal["attach", "detach"]) -> Iterator[_Measure]:
+        """One attach or detach: in flight while it runs, then counted by result and timed."""
+        measure = _Measure()
+        started = time.monotonic()
+        result = "internal_error"
+        counter, histogram = (
+            (self._metrics.attach_total, self._metrics.attach_duration)
+            if kind == "attach"
+            else (self._metrics.detach_total, self._metrics.detach_duration)
+        )
+        with self._operation():
+            try:
+                yield measure
+                result = "success"
+            except AgentError as e:
+                result = e.code
+                raise
+            finally:
+                counter.labels(result=result).inc(measure.gpus)
+                histogram.observe(time.monotonic() - started)
+
+    def _node(self, gpu: GpuRecord) -> DeviceNode:
+        return gpu_node(gpu.minor, major=self._config.device_major)
+
+    @property
+    def _label(self) -> str:
+        return " (SIMULATED)" if self._config.simulated else ""
+
+    # --- targets ---------------------------------------------------------------------------------
+
+    async def _target(self, caller: Caller, ref: TargetRef | None) -> ResolvedTarget:
+        """The target a request means, resolved and authorized for ``caller``."""
+        if isinstance(ref, PodTarget):
+            raise InvalidRequest(
+                f"this agent runs the local backend and cannot act on {ref}",
+                field="target",
+                hint=_LOCAL_TARGET_HINT,
+            )
+        if ref is None:
+            if caller.peer is None:
+                raise InvalidRequest(
+                    "over TCP the agent cannot tell who 'the caller itself' is; name the target",
+                    field="target",
+                    hint=_LOCAL_TARGET_HINT,
+                )
+            pid = caller.peer.pid
+            return await self._workers.host(
+                self._resolved_for, caller, lambda: self._resolver.representative(pid)
+            )
+        return await self._workers.host(
+            self._resolved_for, caller, lambda: self._resolver.resolve(ref)
+        )
+
+    def _resolved_for(
+        self, caller: Caller, resolve: Callable[[], ResolvedTarget]
+    ) -> ResolvedTarget:
+        """Resolve, then authorize (both read ``/proc``: one trip to the thread pool)."""
+        resolved = resolve()
+        self._authorizer.check(caller, resolved)
+        return resolved
+
+    # --- views -----------------------------------------------------------------------------------
+
+    async def gpus(self) -> GpuList:
+        """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target."""
+        snapshot = await self._workers.host(self._inventory.snapshot)
+        entries = self._books.attachments()
+        owners = {entry.gpu.uuid: entry for entry in entries}
+        self._count_gpus(snapshot, entries)
+        return GpuList(
+            gpus=[
+                GpuInfo(
+                    uuid=gpu.uuid,
+                    index=gpu.index,
+                    minor=gpu.minor,
+                    name=gpu.name,
+                    memory_total=gpu.memory_total,
+                    state="attached" if gpu.uuid in owners else "free",
+                    target=owners[gpu.uuid].target.to_wire() if gpu.uuid in owners else None,
+                    simulated=gpu.simulated,
+                )
+                for gpu in snapshot.gpus
+            ]
+        )
+
+    async def refresh_gpu_metrics(self) -> None:
+        """Re-read inventory and ledger into ``gpu_hotplug_gpus`` (before each scrape: exact
+        when read, free between scrapes)."""
+        snapshot = await self._workers.host(self._inventory.snapshot)
+        entries = self._books.attachments()
+        self._count_gpus(snapshot, entries)
+
+    def _count_gpus(self, snapshot: InventorySnapshot, entries: Sequence[LedgerEntry]) -> None:
+        owned = {entry.gpu.uuid for entry in entries}
+        attached = sum(1 for gpu in snapshot.gpus if gpu.uuid in owned)
+        self._metrics.set_gpu_counts(
+            {
+                "free": len(snapshot.gpus) - attached,
+                "attached": attached,
+                "lost": len(snapshot.lost),
+            }
+        )
+
+    async def attachments(self, caller: Caller, ref: TargetRef | None) -> AttachmentList:
+        """The target's attachments (granted, or being released: still usable)."""
+        resolved = await self._target(caller, ref)
+        entries = self._books.attachments(resolved.target)
+        return AttachmentList(
+            attachments=[
+                attachment_of(entry) for entry in entries if entry.state is not EntryState.RESERVING
+            ]
+        )
+
+    # --- attach ----------------------------------------------------------------------------------
+
+    async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
+        """Attach ``request.count`` GPUs to the request's target (201 body)."""
+        with self._measured("attach"):
+            resolved = await self._target(caller, request.target)
+            async with self.locks.operation(resolved.target):
+                return await self._attach_locked(resolved.target, request)
+
+    async def _attach_locked(self, target: PidTarget, request: AttachRequest) -> AttachmentList:
+        existing = self._books.attachments(target)
+        if request.request_id is not None:
+            earlier = [entry for entry in existing if entry.request_id == request.request_id]
+            if earlier:
+                return self._repeat(target, request, earlier)
+        snapshot = await self._workers.host(self._inventory.snapshot)
+        total = len(snapshot.gpus) + len(snapshot.lost)
+        if 0 < total < request.count:
+            raise InvalidRequest(
+                f"count {request.count} is more than this node's {total} GPU(s)",
+                field="count",
+                hint="GET /v1/gpus lists the node's GPUs",
+            )
+        limit = self._config.max_gpus_per_target
+        if len(existing) + request.count > limit:
+            raise Forbidden.over_gpu_limit(
+                limit=limit, attached=len(existing), requested=request.count
+            )
+        candidates = [GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in snapshot.gpus]
+        free = len(self._books.free(candidates))
+        if free < request.count:
+            # The ledger would say the same; asking it would queue behind other commits.
+            raise InsufficientGpus(free=free, requested=request.count)
+        entries = await self._books.reserve(
+            target,
+            request.count,
+            candidates=candidates,
+            request_id=request.request_id,
+        )
+        await self._checkpoints.reach("after_reserve")
+        uuids = [entry.gpu.uuid for entry in entries]
+        nodes = [self._node(entry.gpu) for entry in entries]
+        try:
+            await self._workers.host(self._injector.grant, target, nodes)
+        except InjectorError as e:
+            await self._undo_reservation(target, uuids, nodes, clean=_is_clean(e))
+            raise _attach_error(target, e) from e
+        except BaseException:
+            await self._undo_reservation(target, uuids, nodes, clean=False)
+            raise
+        await self._checkpoints.reach("after_grant")
+        try:
+            granted = await self._books.mark_granted(uuids)
+        except BaseException:
+            await self._undo_reservation(target, uuids, nodes, clean=False)
+            raise
+        await self._checkpoints.reach("after_mark_granted")
+        log.info(
+            "attached %s to %s%s",
+            ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
+            target,
+            self._label,
+        )
+        return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+
+    def _repeat(
+        self, target: PidTarget, request: AttachRequest, earlier: list[LedgerEntry]
+    ) -> AttachmentList:
+        """The answer to a retried request: the first one's attachments."""
+        if len(earlier) != request.count:
+            raise InvalidRequest(
+                f"request_id {request.request_id!r} was already used by this target for "
+                f"{len(earlier)} GPU(s), not {request.count}",
+                field="request_id",
+                hint="use a new request_id for a new request",
+            )
+        if any(entry.state is EntryState.RESERVING for entry in earlier):
+            # Left by a crash and not yet reconciled: neither done nor undone.
+            raise Busy.operation_in_progress(str(target))
+        log.info(
+            "request %s for %s repeated: returning its attachments", request.request_id, target
+        )
+        return AttachmentList(attachments=[attachment_of(entry) for entry in earlier])
+
+    async def _undo_reservation(
+        self, target: PidTarget, uuids: list[GpuUuid], nodes: list[DeviceNode], *, clean: bool
+    ) -> None:
+        """Roll an attach back after its grant failed or was not recorded.
+
+        ``clean``: the host is known to be as before, so only the reservation goes. Otherwise
+        the devices are revoked first; if even that fails the reservation stays, still
+        ``reserving``, for the reconciler: releasing it would leave a GPU usable by a target
+        that the ledger does not know holds it.
+        """
+        if not clean:
+            try:
+                await self._workers.host(self._injector.revoke, target, nodes, force=False)
+            except TargetGone:
+                log.info("%s exited during the attach; nothing left to revoke", target)
+            except InjectorError as e:
+                log.error(
+                    "attach of %s to %s failed and its grant could not be undone (%s); the "
+                    "reservation stays for the reconciler",
+                    ", ".join(uuids),
+                    target,
+                    e,
+                )
+                return
+        await self._books.release(uuids)
+
+    # --- detach ----------------------------------------------------------------------------------
+
+    async def detach(self, caller: Caller, uuid: GpuUuid, *, force: bool) -> None:
+        """Detach one GPU from whichever target has it (the caller must be allowed to act on
+        that target)."""
+        with self._measured("detach"):
+            entry = self._books.get(uuid)
+            if entry is None:
+                raise NotFound("attachment", uuid)
+            target = _pid_target(entry.target)
+            resolved = await self._workers.host(self._resolver.lookup, target)
+            if resolved is None:
+                await self._detach_gone(caller, target, [entry])
+                return
+            await self._workers.host(self._authorizer.check, caller, resolved)
+            async with self.locks.operation(target):
+                await self._detach_locked(target, [entry], force=force)
+
+    async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
+        """Detach every GPU of the target (nothing attached: nothing to do)."""
+        with self._measured("detach") as measure:
+            resolved = await self._target(caller, ref)
+            async with self.locks.operation(resolved.target):
+                entries = self._books.attachments(resolved.target)
+                measure.gpus = len(entries)
+                if entries:
+                    await self._detach_locked(resolved.target, entries, force=force)
+
+    async def _detach_gone(
+        self, caller: Caller, target: PidTarget, entries: list[LedgerEntry]
+    ) -> None:
+        """The target process has exited: its GPUs only need to leave the ledger."""
+        if not caller.has_token:
+            raise Forbidden(
+                f"{target} has exited, so no caller can show it is theirs",
+                hint="the agent releases the GPUs of exited processes by itself shortly",
+            )
+        async with self.locks.operation(target):
+            await self._books.release([entry.gpu.uuid for entry in entries])
+        log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
+
+    async def _detach_locked(
+        self, target: PidTarget, entries: Sequence[LedgerEntry], *, force: bool
+    ) -> None:
+        uuids = [entry.gpu.uuid for entry in entries]
+        if any(entry.state is EntryState.RESERVING for entry in entries):
+            raise Busy.operation_in_progress(str(target))
+        nodes = [self._node(entry.gpu) for entry in entries]
+        for uuid in uuids:
+            await self._books.begin_release(uuid)
+        await self._checkpoints.reach("after_begin_release")
+        try:
+            await self._workers.host(self._injector.revoke, target, nodes, force=force)
+        except TargetGone:
+            log.info("%s exited during the detach; releasing its record", target)
+        except DeviceInUse as e:
+            await self._books.cancel_release(uuids)
+            raise _busy(uuids, e.holders) from e
+        except InjectionFailed as e:
+            if e.clean:
+                await self._books.cancel_release(uuids)
+                raise TargetNotReady(
+                    f"the GPU could not be taken from {target}: {e}",
+                    hint="the GPU is still attached; try again, and see the agent's log",
+                    retryable=False,
+                ) from e
+            raise TargetNotReady(
+                f"taking the GPU from {target} failed half-way: {e}",
+                hint="the agent finishes the release by itself; see its log",
+                retryable=True,
+            ) from e
+        await self._checkpoints.reach("after_revoke")
+        await self._books.release(uuids)
+        log.info(
+            "detached %s from %s%s%s",
+            ", ".join(uuids),
+            target,
+            " (forced)" if force else "",
+            self._label,
+        )
+
+
+def _is_clean(error: InjectorError) -> bool:
+    """Whether a failed grant left the host as it was."""
+    if isinstance(error, InjectionFailed):
+        return error.clean
+    return isinstance(error, TargetGone)
+
+
+def _attach_error(target: PidTarget, error: InjectorError) -> AgentError:
+    if isinstance(error, TargetGone):
+        return NotFound(
+            "process",
+            str(target.pid),
+            hint="the process exited during the attach; nothing was left behind",
+        )
+    return TargetNotReady(
+        f"the GPU could not be made usable in {target}: {error}",
+        hint="nothing was left attached; check that the target is a running container with a "
+        "normal /dev, and see the agent's log",
+        retryable=False,
+    )
+
+
+def _busy(uuids: Sequence[GpuUuid], holders: Sequence[HolderInfo]) -> Busy:
+    if len(uuids) == 1:
+        return Busy.gpu_in_use(uuids[0], _processes(holders))
+    listing = ", ".join(f"{h.pid} ({h.command})" for h in holders)
+    return Busy(
+        f"GPUs {', '.join(uuids)} are in use by process(es) {listing}",
+        processes=_processes(holders),
+        hint="stop them (e.g. shut down the kernel using the GPU) or detach with force=true, "
+        "which kills them",
+        retryable=False,
+    )

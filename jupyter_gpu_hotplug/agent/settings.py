@@ -1,0 +1,186 @@
+"""The agent's resolved settings: one typed, frozen value that every component is built from.
+
+Why it exists: configuration arrives through traitlets (``AgentApp``: command line, then config
+file), but nothing below the application should know about traitlets, environment variables or
+files. ``app.py`` resolves the traits once into an ``AgentSettings`` and logs it; the server, the
+service and the reconciler receive only the parts they need. Parsing of the one structured
+option (``--listen``) lives here too, so it is tested without starting anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TypeAlias
+
+DEFAULT_STATE_DIR: Final = Path("/var/lib/gpu-hotplug")
+DEFAULT_SOCKET: Final = Path("/run/gpu-hotplug/agent.sock")
+NVIDIA_MAJOR: Final = 195
+TOKEN_FILE: Final = "token"
+
+# A unix socket path must fit sockaddr_un.sun_path (108 bytes with the NUL).
+_SUN_PATH_MAX: Final = 107
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]{1,5})")
+
+
+class SettingsError(ValueError):
+    """A setting's value cannot work; the message names the setting and what it accepts."""
+
+
+class Backend(enum.StrEnum):
+    """Where GPU ownership is kept and how targets are named.
+
+    Only ``local`` exists in this build: a SQLite ledger and ``{"pid": N}`` targets.
+    """
+
+    LOCAL = "local"
+
+
+class LogStyle(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+@dataclass(frozen=True)
+class TcpAddress:
+    """``HOST:PORT``; an empty host listens on every interface, port 0 picks a free port."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class UnixAddress:
+    """``unix:/path``: a unix socket, where callers are identified by their credentials."""
+
+    path: Path
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}"
+
+
+ListenAddress: TypeAlias = TcpAddress | UnixAddress
+
+
+def parse_listen(text: str) -> ListenAddress:
+    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` (all interfaces) or ``unix:/absolute/path``."""
+    if text.startswith("unix:"):
+        path = Path(text.removeprefix("unix:"))
+        if not path.is_absolute():
+            raise SettingsError(f"listen address {text!r}: a unix socket path must be absolute")
+        if len(str(path).encode()) > _SUN_PATH_MAX:
+            raise SettingsError(
+                f"listen address {text!r}: unix socket paths are limited to {_SUN_PATH_MAX} bytes"
+            )
+        return UnixAddress(path)
+    match = _HOST_PORT.fullmatch(text)
+    if match is None:
+        raise SettingsError(
+            f"listen address {text!r}: expected HOST:PORT, [IPV6]:PORT, :PORT or unix:/path"
+        )
+    port = int(match["port"])
+    if port > 65535:
+        raise SettingsError(f"listen address {text!r}: port {port} is above 65535")
+    return TcpAddress(match["v6"] if match["v6"] is not None else match["host"], port)
+
+
+@dataclass(frozen=True)
+class TestHooks:
+    """Hooks for the crash-safety tests; both unset in production."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    pause_at: str | None = None
+    """The named step (``after_reserve``, ``after_grant``, ...) at which an operation stops:
+    the agent writes ``<state_dir>/paused-at-<step>`` and the operation never continues, so a
+    test can ``kill -9`` the agent exactly there."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Everything the agent needs to run, resolved and checked (see ``AgentApp`` for help)."""
+
+    listen: tuple[ListenAddress, ...]
+    """Where the API is served; at least one address."""
+    state_dir: Path
+    """Ledger, token, lock and simulation files live here (created 0700)."""
+    backend: Backend = Backend.LOCAL
+    host_proc: Path = Path("/proc")
+    """The procfs in which target pids are given (the host's)."""
+    cgroup_root: Path | None = None
+    """Where the host's ``/`` is seen, for cgroup mount points (``None``: our own root)."""
+    max_gpus_per_target: int = 8
+    """The most GPUs one target may hold, and one request may ask for."""
+    device_major: int = NVIDIA_MAJOR
+    """Character-device major of GPU nodes (NVIDIA's is 195)."""
+    socket_mode: int = 0o660
+    """Permission bits of unix sockets (who may connect at all)."""
+    socket_group: int | None = None
+    """Group id given to unix sockets (``None``: the agent's group)."""
+    simulate: int = 0
+    """Number of simulated GPUs (0: read the real driver)."""
+    simulation_dir: Path | None = None
+    """Where the simulated node's library and config live (``None``: ``<state_dir>/simulation``);
+    world-readable, because sandboxed kernels of other users load them too."""
+    simulation_interval: float = 2.0
+    """Seconds between two moves of simulated utilisation, temperature and power."""
+    reconcile_interval: float = 10.0
+    """Seconds between two reconciliations of the ledger with the host (0: start-up only)."""
+    force_grace: float = 5.0
+    """Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."""
+    hooks: TestHooks = field(default_factory=TestHooks)
+
+    def __post_init__(self) -> None:
+        if not self.listen:
+            raise SettingsError("listen: give at least one address to serve the API on")
+        if len(set(self.listen)) != len(self.listen):
+            raise SettingsError("listen: the same address is given twice")
+        if not self.state_dir.is_absolute():
+            raise SettingsError(f"state_dir {self.state_dir} must be an absolute path")
+        if not 1 <= self.max_gpus_per_target <= 255:
+            raise SettingsError(
+                f"max_gpus_per_target must be from 1 to 255, got {self.max_gpus_per_target}"
+            )
+        if not 0 < self.device_major < 2**12:
+            raise SettingsError(f"device_major {self.device_major} is not a device major number")
+        if not 0 <= self.socket_mode <= 0o777:
+            raise SettingsError(f"socket_mode {self.socket_mode:#o} is not a permission mode")
+        if not 0 <= self.simulate <= 64:
+            raise SettingsError(f"simulate must be from 0 to 64 GPUs, got {self.simulate}")
+        for name in ("simulation_interval", "reconcile_interval", "force_grace"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must not be negative")
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / TOKEN_FILE
+
+    @property
+    def simulated(self) -> bool:
+        return self.simulate > 0
+
+    def describe(self) -> dict[str, object]:
+        """The settings as plain values, for the start-up log line (no secrets in here)."""
+        return {
+            "listen": [str(address) for address in self.listen],
+            "backend": str(self.backend),
+            "state_dir": str(self.state_dir),
+            "host_proc": str(self.host_proc),
+            "cgroup_root": None if self.cgroup_root is None else str(self.cgroup_root),
+            "max_gpus_per_target": self.max_gpus_per_target,
+            "device_major": self.device_major,
+            "socket_mode": f"{self.socket_mode:#o}",
+            "socket_group": self.socket_group,
+            "simulate": self.simulate,
+            "simulation_dir": None if self.simulation_dir is None else str(self.simulation_dir),
+            "simulation_interval": self.simulation_interval,
+            "reconcile_interval": self.reconcile_interval,
+            "force_grace": self.force_grace,
+            "test_pause_at": self.hooks.pause_at,
+        }

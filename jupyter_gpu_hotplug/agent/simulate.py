@@ -1,0 +1,150 @@
+"""``--simulate N``: the agent's GPUs come from the fake NVML of ``nvml.sim``, and they move.
+
+Why it exists: the demo, the end-to-end tests and development machines have no GPU, yet the
+agent must run its real code paths (pynvml, the inventory, the engine with NVIDIA's major 195).
+This module prepares a simulated node before NVML is first initialised — builds the fake
+``libnvidia-ml.so.1`` if needed, writes the config with ``default_gpus(N)`` (stable UUIDs,
+minors ``0..N-1``) and makes the fake the NVML of this process — and then keeps it alive: a
+periodic task moves utilisation, memory use, temperature and power, busier on attached GPUs,
+so monitors in the notebooks show something happening. Every line it logs says SIMULATED.
+
+Processes that should see the simulated GPUs (kernels in sandboxes) get ``environ()``: the
+library path, the config, and the device filter that hides GPUs whose ``/dev/nvidia<minor>``
+they lack, like NVML inside a container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._structs import GpuUuid
+from ..nvml.sim import (
+    CONFIG_ENV,
+    FakeNvmlConfig,
+    SimulatedGpu,
+    default_gpus,
+    ensure_fake_nvml,
+    fake_nvml_environ,
+    load_in_process,
+    read_config,
+    write_config,
+)
+
+__all__ = ["CONFIG_NAME", "Simulation", "drift"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "fake-nvml.conf"
+_CACHE_NAME = "build"
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """A prepared simulated node: where its library and config are."""
+
+    library_dir: Path
+    config_path: Path
+    count: int
+
+    @classmethod
+    def prepare(
+        cls,
+        directory: Path,
+        count: int,
+        *,
+        cache_dir: Path | None = None,
+        node: str = "simulated-node",
+    ) -> Simulation:
+        """Build the fake NVML (once), write ``count`` idle GPUs to ``directory``'s config.
+
+        The directory is made world-readable (0755): processes of other users must load the
+        library and read the config. Raises ``nvml.sim.FakeNvmlError`` subclasses.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o755)
+        library_dir = ensure_fake_nvml(cache_dir or directory / _CACHE_NAME)
+        config_path = directory / CONFIG_NAME
+        write_config(config_path, FakeNvmlConfig(gpus=default_gpus(count, node=node)))
+        log.warning(
+            "SIMULATED: %d simulated GPU(s), no hardware behind them (config %s)",
+            count,
+            config_path,
+        )
+        return cls(library_dir=library_dir, config_path=config_path, count=count)
+
+    def load_in_process(self) -> None:
+        """Make the fake this process's NVML; call before pynvml's first ``nvmlInit``.
+
+        The library reads its config from the environment at ``nvmlInit``, so this sets
+        ``FAKE_NVML_CONFIG`` for this process (its children inherit it).
+        """
+        os.environ[CONFIG_ENV] = str(self.config_path)
+        load_in_process(self.library_dir)
+
+    def environ(
+        self, *, device_filter: Path | None = Path("/dev"), base: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The environment of a process that should see the simulated GPUs it has nodes for."""
+        return fake_nvml_environ(
+            self.library_dir, self.config_path, device_filter=device_filter, base=base
+        )
+
+    async def animate(
+        self,
+        *,
+        interval: float,
+        attached: Callable[[], Collection[GpuUuid]],
+        rng: random.Random | None = None,
+    ) -> None:
+        """Move the simulated readings every ``interval`` seconds until cancelled.
+
+        ``attached`` is called on the event loop: it must be a quick, non-blocking read.
+        """
+        rng = rng or random.Random()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                busy = set(attached())
+                config = await asyncio.to_thread(read_config, self.config_path)
+                moved = dataclasses.replace(
+                    config, gpus=tuple(drift(gpu, gpu.uuid in busy, rng) for gpu in config.gpus)
+                )
+                await asyncio.to_thread(write_config, self.config_path, moved)
+            except Exception:
+                log.exception("SIMULATED: moving the simulated readings failed; trying again")
+
+
+def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, high: int) -> int:
+    """One bounded random step from ``value`` in the direction of ``goal``."""
+    pull = (goal - value) // 3
+    return max(low, min(high, value + pull + rng.randint(-step, step)))
+
+
+def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
+    """The next readings of one simulated GPU: a busy (attached) GPU works, a free one idles."""
+    utilization = _toward(
+        gpu.utilization_gpu, rng.randint(55, 98) if busy else 0, rng, step=6, low=0, high=100
+    )
+    memory_goal = gpu.memory_total * (rng.randint(20, 70) if busy else 0) // 100
+    memory_used = max(0, min(gpu.memory_total, (gpu.memory_used * 3 + memory_goal) // 4))
+    temperature = _toward(
+        gpu.temperature, 35 + utilization * 45 // 100, rng, step=1, low=25, high=95
+    )
+    idle_power = gpu.power_limit // 10
+    power_goal = idle_power + (gpu.power_limit - idle_power) * utilization // 100
+    power = max(0, min(gpu.power_limit or power_goal, (gpu.power_usage + power_goal) // 2))
+    return dataclasses.replace(
+        gpu,
+        utilization_gpu=utilization,
+        utilization_memory=min(100, utilization * 2 // 3),
+        memory_used=memory_used,
+        temperature=temperature,
+        power_usage=power,
+    )

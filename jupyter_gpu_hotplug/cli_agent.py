@@ -1,0 +1,248 @@
+"""``jupyter gpu-hotplug agent|attach|detach|status``: the node agent and its terminal clients.
+
+``agent`` runs the node agent (``agent/app.py``); its options are traitlets flags
+(``--listen``, ``--simulate``...; ``jupyter gpu-hotplug agent --help-all`` lists them), handed
+over untouched. ``attach``, ``detach`` and ``status`` talk to a running agent through the shared
+``AgentClient`` — over the unix socket (default ``unix:/run/gpu-hotplug/agent.sock``: a process
+acts on its own container without a token) or over TCP with the agent's token — and print for
+people, or JSON with ``--json``.
+
+Where the agent is: ``--agent-url``, else ``$GPU_HOTPLUG_AGENT_URL``, else the default socket.
+The token: ``--token-file``, else ``$GPU_HOTPLUG_TOKEN_PATH``, else the local agent's
+``/var/lib/gpu-hotplug/token`` when this user can read it, else none.
+
+This module is imported for ``--help``, so everything heavy is imported inside the commands.
+Exit codes: 0 done, 1 the agent refused or could not be reached (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from ._structs import PidRef
+    from .client import AgentClient, Attachment, Gpu
+
+__all__ = [
+    "AGENT_HELP",
+    "ATTACH_HELP",
+    "DETACH_HELP",
+    "STATUS_HELP",
+    "add_attach_arguments",
+    "add_detach_arguments",
+    "add_status_arguments",
+    "run_agent",
+    "run_attach",
+    "run_detach",
+    "run_status",
+]
+
+AGENT_HELP: Final = "run the node agent (as root; --help-all lists its options)"
+ATTACH_HELP: Final = "attach GPUs to this container (or to --pid)"
+DETACH_HELP: Final = "detach one GPU by UUID, or all of them"
+STATUS_HELP: Final = "show the node's GPUs and this container's attachments"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+LOCAL_TOKEN: Final = Path("/var/lib/gpu-hotplug/token")
+_CUDA_NOTE: Final = (
+    "note: processes that initialised CUDA before the attach keep their old device list; "
+    "start a new process (or restart the kernel) to use the GPU"
+)
+
+
+# --- agent -------------------------------------------------------------------------------------
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from .agent.app import main
+
+    argv: list[str] = args.argv
+    return main(argv)
+
+
+# --- arguments of the clients ------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--agent-url",
+        metavar="URL",
+        help="the agent: unix:/path or http://host:port (default: $GPU_HOTPLUG_AGENT_URL, "
+        "else unix:/run/gpu-hotplug/agent.sock)",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        type=Path,
+        help="file with the agent's bearer token (default: $GPU_HOTPLUG_TOKEN_PATH, else "
+        f"{LOCAL_TOKEN} if readable); needed over TCP and to act on other containers",
+    )
+    parser.add_argument(
+        "--pid",
+        type=int,
+        help="act on this process's container instead of your own (needs the token)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("count", nargs="?", type=int, default=1, help="how many GPUs (default: 1)")
+    parser.add_argument(
+        "--request-id", help="makes a retried attach idempotent (default: a fresh id)"
+    )
+    _common(parser)
+
+
+def add_detach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "what", nargs="?", default="all", metavar="UUID|all", help="a GPU's UUID, or all"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="kill the processes that hold the GPU open instead of refusing",
+    )
+    _common(parser)
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+
+
+# --- the clients -------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> AgentClient:
+    from .client import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_PATH_ENV, AgentClient
+
+    url = args.agent_url or os.environ.get(AGENT_URL_ENV) or DEFAULT_AGENT_URL
+    token_path: Path | None = args.token_file
+    if token_path is None and os.environ.get(TOKEN_PATH_ENV):
+        token_path = Path(os.environ[TOKEN_PATH_ENV])
+    if token_path is None and os.access(LOCAL_TOKEN, os.R_OK):
+        token_path = LOCAL_TOKEN
+    return AgentClient(url, token_path=token_path)
+
+
+def _target(args: argparse.Namespace) -> PidRef | None:
+    from ._structs import PidRef
+
+    return None if args.pid is None else PidRef(args.pid)
+
+
+def _fail(args: argparse.Namespace, error: Exception) -> int:
+    from .client import AgentError
+
+    message = getattr(error, "message", str(error))
+    if args.json:
+        body: dict[str, object] = {"error": getattr(error, "code", "") or "client_error"}
+        body["message"] = message
+        if isinstance(error, AgentError):
+            body.update(error.extra)
+        print(json.dumps(body), file=sys.stderr)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _attachment_line(attachment: Attachment) -> str:
+    return f"{attachment.uuid}  {attachment.device:<14} {attachment.name}  (to {attachment.target})"
+
+
+def run_attach(args: argparse.Namespace) -> int:
+    from .client import AgentClientError
+
+    if args.count < 1:
+        print("error: the count must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        attached = _client(args).attach(
+            args.count, target=_target(args), request_id=args.request_id
+        )
+    except AgentClientError as error:
+        return _fail(args, error)
+    if args.json:
+        print(json.dumps({"attachments": [a.raw for a in attached]}, indent=2))
+        return EXIT_OK
+    print(f"attached {len(attached)} GPU{'s' if len(attached) != 1 else ''}:")
+    for attachment in attached:
+        print(f"  {_attachment_line(attachment)}")
+    print(_CUDA_NOTE)
+    return EXIT_OK
+
+
+def run_detach(args: argparse.Namespace) -> int:
+    from .client import AgentClientError
+
+    client = _client(args)
+    try:
+        if args.what == "all":
+            client.detach_all(target=_target(args), force=args.force)
+        else:
+            client.detach(args.what, force=args.force)
+    except AgentClientError as error:
+        return _fail(args, error)
+    if args.json:
+        print(json.dumps({"detached": args.what}))
+    else:
+        print("detached all GPUs" if args.what == "all" else f"detached {args.what}")
+    return EXIT_OK
+
+
+def _gpu_line(gpu: Gpu) -> str:
+    owner = "" if gpu.target is None else f" -> {gpu.target}"
+    simulated = " [simulated]" if gpu.simulated and "simulated" not in gpu.name else ""
+    memory = f"{gpu.memory_total / 2**30:.0f} GiB"
+    return (
+        f"{gpu.index:>2}  {gpu.device:<14} {gpu.uuid}  {gpu.name}{simulated}  {memory:>8}  "
+        f"{gpu.state}{owner}"
+    )
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from .client import AgentClientError, Forbidden, InvalidRequest, NotFound
+
+    client = _client(args)
+    try:
+        gpus = client.gpus()
+    except AgentClientError as error:
+        return _fail(args, error)
+    attachments: Sequence[Attachment] | None
+    note = None
+    try:
+        attachments = client.attachments(_target(args))
+    except (Forbidden, InvalidRequest, NotFound) as error:
+        # e.g. over TCP without --pid, or from the host rather than a container
+        attachments, note = None, error.message
+    except AgentClientError as error:
+        return _fail(args, error)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "gpus": [gpu.raw for gpu in gpus],
+                    "attachments": None if attachments is None else [a.raw for a in attachments],
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    print(f"GPUs of this node ({len(gpus)}):" if gpus else "this node has no GPUs")
+    for gpu in gpus:
+        print(f"  {_gpu_line(gpu)}")
+    if attachments is None:
+        print(f"attachments: not shown ({note})")
+    elif not attachments:
+        print("attached here: none")
+    else:
+        print(f"attached here ({len(attachments)}):")
+        for attachment in attachments:
+            print(f"  {_attachment_line(attachment)}")
+    return EXIT_OK

@@ -1,0 +1,139 @@
+"""The agent as a real subprocess (``python -m jupyter_gpu_hotplug.agent.app``), for end-to-end
+tests and benchmarks: started, waited for, talked to, killed.
+
+The TCP port is chosen by the agent (``127.0.0.1:0``) and read back from its log, so parallel
+runs never race for a port. The log (stderr) goes to a file that is shown when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
+
+from .api_harness import ApiClient
+
+READY_TIMEOUT = 60.0
+_SERVING = re.compile(r"serving the agent API on (\S+):(\d+)\s*$", re.MULTILINE)
+_READY = "agent ready"
+
+
+class AgentDied(AssertionError):
+    """The agent exited (or never became ready); its log is in the message."""
+
+
+@dataclass
+class AgentProcess:
+    """One agent subprocess over ``state_dir``; ``start`` it again after a kill."""
+
+    state_dir: Path
+    simulate: int = 4
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    tcp: ApiClient | None = None
+    starts: int = 0
+
+    @property
+    def socket_path(self) -> Path:
+        return self.state_dir.parent / f"{self.state_dir.name}.sock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir.parent / f"{self.state_dir.name}.log"
+
+    @property
+    def token(self) -> str:
+        return (self.state_dir / "token").read_text().strip()
+
+    @property
+    def unix(self) -> ApiClient:
+        return ApiClient(UnixAddress(self.socket_path))
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise AgentDied("the agent is not running")
+        return self.process.pid
+
+    def start(self, *, env: Mapping[str, str] | None = None) -> AgentProcess:
+        """Start the agent and wait until it serves; ``env`` adds to ``self.env``."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("the agent is already running")
+        self.starts += 1
+        argv = [
+            sys.executable,
+            "-m",
+            "jupyter_gpu_hotplug.agent.app",
+            "--backend=local",
+            f"--simulate={self.simulate}",
+            f"--state-dir={self.state_dir}",
+            "--listen=127.0.0.1:0",
+            f"--listen=unix:{self.socket_path}",
+            *self.extra_args,
+        ]
+        environ = {**os.environ, **self.env, **(env or {})}
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts}: {' '.join(argv)}\n".encode())
+            log.flush()
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environ
+            )
+        self._wait_ready(offset)
+        self.tcp = ApiClient(self._tcp_address(offset), self.token)
+        return self
+
+    def _wait_ready(self, offset: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while _READY not in self._log_since(offset):
+            if self.process is not None and self.process.poll() is not None:
+                raise AgentDied(f"the agent exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AgentDied(f"the agent was not ready in {READY_TIMEOUT} s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def _log_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def _tcp_address(self, offset: int) -> TcpAddress:
+        matches = _SERVING.findall(self._log_since(offset))
+        host, port = next((h, p) for h, p in reversed(matches) if not h.startswith("unix"))
+        return TcpAddress(host, int(port))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill9(self) -> None:
+        """``kill -9``: no cleanup of any kind, as in a crash."""
+        process = self.process
+        if process is None:
+            return
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        self.process = None
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the graceful stop."""
+        process = self.process
+        if process is None:
+            return 0
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+            raise AgentDied(f"the agent ignored SIGTERM:\n{self.log()}") from None
+        self.process = None
+        return code

@@ -1,0 +1,157 @@
+"""``jupyter gpu-hotplug agent|attach|detach|status`` against a served agent (over fakes).
+
+The terminal commands go through the shared ``AgentClient``; here they talk to a real tornado
+agent on a unix socket (as a process in a container would, no token) and over TCP with the
+token file. ``agent`` itself is run as a subprocess: it configures the process's logging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
+from jupyter_gpu_hotplug.cli import main
+
+from .api_harness import TOKEN, ServedAgent, self_in
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def unix_url(served: ServedAgent) -> str:
+    address = served.unix.address
+    assert isinstance(address, UnixAddress)
+    served.host.spawn(100, "kernel-a")  # older than this process: the container's "itself"
+    self_in(served, "kernel-a")
+    return f"unix:{address.path}"
+
+
+@pytest.fixture(autouse=True)
+def no_agent_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GPU_HOTPLUG_AGENT_URL", "GPU_HOTPLUG_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_attach_status_detach_on_the_unix_socket(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["attach", "2", "--agent-url", unix_url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("attached 2 GPUs:")
+    assert "/dev/nvidia0" in out and "/dev/nvidia1" in out
+    assert "start a new process" in out
+
+    assert main(["status", "--agent-url", unix_url]) == 0
+    out = capsys.readouterr().out
+    assert "GPUs of this node (4):" in out
+    assert out.count("attached -> process 100") == 2
+    assert "attached here (2):" in out
+
+    uuid = served.ledger.attachments()[0].gpu.uuid
+    assert main(["detach", uuid, "--agent-url", unix_url]) == 0
+    assert capsys.readouterr().out == f"detached {uuid}\n"
+    assert main(["detach", "--agent-url", unix_url]) == 0
+    assert served.ledger.attachments() == []
+
+
+def test_json_output(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["attach", "--json", "--agent-url", unix_url, "--request-id", "cli-1"]) == 0
+    attached = json.loads(capsys.readouterr().out)
+    assert attached["attachments"][0]["target"] == {"pid": 100}
+
+    assert main(["status", "--json", "--agent-url", unix_url]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [g["state"] for g in status["gpus"]] == ["attached", "free", "free", "free"]
+    assert status["attachments"] == attached["attachments"]
+
+
+def test_tcp_with_token_file_and_pid(
+    served: ServedAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = served.tcp.address
+    assert isinstance(address, TcpAddress)
+    url = f"http://{address.host}:{address.port}"
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    served.host.spawn(200, "kernel-b")
+
+    assert main(["attach", "--agent-url", url, "--token-file", str(token), "--pid", "200"]) == 0
+    assert "(to process 200)" in capsys.readouterr().out
+
+    # Without --pid over TCP the agent cannot tell who "you" are: GPUs are still shown.
+    assert main(["status", "--agent-url", url, "--token-file", str(token)]) == 0
+    out = capsys.readouterr().out
+    assert "attached -> process 200" in out
+    assert "attachments: not shown" in out
+
+
+def test_errors_exit_1_with_the_agents_message(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["attach", "5", "--agent-url", unix_url]) == 1
+    assert "more than this node's 4 GPU(s)" in capsys.readouterr().err
+
+    assert main(["attach", "--json", "--agent-url", unix_url, "--pid", "100"]) == 0
+    capsys.readouterr()
+    served.host.spawn(300, "kernel-c")
+    assert main(["attach", "--json", "--agent-url", unix_url, "--pid", "300"]) == 1
+    refusal = json.loads(capsys.readouterr().err)
+    assert refusal["error"] == "forbidden"
+
+
+def test_unreachable_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--agent-url", f"unix:{tmp_path / 'nobody.sock'}"]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jupyter_gpu_hotplug.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "GPU_HOTPLUG_TEST_PAUSE_AT": ""},
+    )
+
+
+def test_agent_options_pass_through_to_the_application(tmp_path: Path) -> None:
+    done = _run_cli(
+        "agent",
+        "--show-config-json",
+        "--simulate=2",
+        "--listen=127.0.0.1:0",
+        f"--listen=unix:{tmp_path / 'agent.sock'}",
+        f"--state-dir={tmp_path / 'state'}",
+        "--log-format=json",
+    )
+
+    assert done.returncode == 0, done.stderr
+    settings = json.loads(done.stdout)
+    assert settings["listen"] == ["127.0.0.1:0", f"unix:{tmp_path / 'agent.sock'}"]
+    assert settings["simulate"] == 2
+
+
+def test_agent_refuses_a_bad_setting(tmp_path: Path) -> None:
+    done = _run_cli("agent", "--listen=nowhere", "--log-format=json")
+
+    assert done.returncode == 1
+    (line,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert line["level"] == "CRITICAL"
+    assert "listen address 'nowhere'" in line["message"]
+
+
+def test_agent_help_is_the_applications(tmp_path: Path) -> None:
+    done = _run_cli("agent", "--help")
+
+    assert done.returncode == 0
+    assert "--simulate" in done.stdout and "--listen" in done.stdout

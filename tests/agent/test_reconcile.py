@@ -1,0 +1,185 @@
+"""Reconciliation: every state a crash or the host can leave is brought back to agreement.
+
+The states are made the way they arise — by the ledger's own transitions and the fake host —
+and each rule of ``reconcile.py`` is checked on its own, then the pass as a whole.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.agent.ledger import EntryState, GpuRecord
+from jupyter_gpu_hotplug.agent.validation import AttachRequest
+from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
+
+from .fakes import FakeProcess
+from .service_harness import ADMIN, Harness
+
+
+def records(harness: Harness) -> list[GpuRecord]:
+    return [GpuRecord(g.uuid, g.index, g.minor, g.name) for g in harness.inventory.gpus]
+
+
+def node(minor: int) -> DeviceNode:
+    return DeviceNode(f"nvidia{minor}", CharDevice(195, minor))
+
+
+async def reserve(harness: Harness, process: FakeProcess, *, granted: bool) -> GpuRecord:
+    """A reservation as an attach leaves it when the agent dies right after ``reserve``
+    (``granted=False``) or right after the host grant (``granted=True``), as the restarted
+    agent reads it."""
+    (entry,) = harness.ledger.reserve(process.target, 1, candidates=records(harness))
+    if granted:
+        harness.injector.grant(process.target, [node(entry.gpu.minor)])
+    await harness.books.load()
+    return entry.gpu
+
+
+async def begin_release(harness: Harness, gpu: GpuRecord) -> None:
+    """A detach cut short after its ledger step, as the restarted agent reads it."""
+    harness.ledger.begin_release(gpu.uuid)
+    await harness.books.load()
+
+
+async def attach(harness: Harness, process: FakeProcess) -> GpuRecord:
+    result = await harness.service.attach(ADMIN, AttachRequest(1, PidRef(process.pid), 60.0, None))
+    (entry,) = harness.ledger.attachments(process.target)
+    assert entry.gpu.uuid == result["attachments"][0]["uuid"]
+    return entry.gpu
+
+
+@pytest.mark.parametrize("granted", [False, True], ids=["before-grant", "after-grant"])
+async def test_interrupted_attach_is_rolled_back(harness: Harness, granted: bool) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await reserve(harness, kernel, granted=granted)
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"rolled_back_attach": [gpu.uuid]}
+    assert harness.ledger.attachments() == []
+    assert harness.injector.usable(kernel.target) == set()
+    assert harness.sample("gpu_hotplug_reconcile_actions_total", action="rolled_back_attach") == 1
+
+
+async def test_interrupted_attach_in_use_is_finished(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await reserve(harness, kernel, granted=True)
+    harness.injector.hold(kernel, gpu.minor, pid=101)
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"finished_attach": [gpu.uuid]}
+    (entry,) = harness.ledger.attachments()
+    assert entry.state is EntryState.GRANTED
+
+
+@pytest.mark.parametrize("revoked", [False, True], ids=["before-revoke", "after-revoke"])
+async def test_interrupted_detach_is_finished(harness: Harness, revoked: bool) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    await begin_release(harness, gpu)
+    if revoked:
+        harness.injector.revoke(kernel.target, [node(gpu.minor)], force=False)
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"finished_detach": [gpu.uuid]}
+    assert harness.ledger.attachments() == []
+    assert harness.injector.usable(kernel.target) == set()
+
+
+async def test_interrupted_detach_in_use_is_cancelled(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    await begin_release(harness, gpu)
+    harness.injector.hold(kernel, gpu.minor, pid=101)
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"cancelled_release": [gpu.uuid]}
+    (entry,) = harness.ledger.attachments()
+    assert entry.state is EntryState.GRANTED
+    assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
+
+
+async def test_lost_grant_is_granted_again(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    harness.injector.granted.clear()  # e.g. systemd re-applied the unit's device list
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"regranted": [gpu.uuid]}
+    assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
+
+
+async def test_exited_target_is_released(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    harness.host.kill(100)
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"released_gone": [gpu.uuid]}
+    assert harness.ledger.attachments() == []
+
+
+async def test_reused_pid_is_another_process(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    harness.host.kill(100)
+    newcomer = harness.host.spawn(100, "kernel-z")
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"released_gone": [gpu.uuid]}
+    assert harness.injector.usable(newcomer.target) == set()
+
+
+async def test_unrecorded_access_is_revoked(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    mine = await attach(harness, kernel)
+    harness.injector.granted[kernel.container].add(CharDevice(195, 3))
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"revoked_unrecorded": [harness.inventory.gpus[3].uuid]}
+    assert harness.injector.usable(kernel.target) == {CharDevice(195, mine.minor)}
+
+
+async def test_two_targets_in_one_container_keep_their_own(harness: Harness) -> None:
+    first = harness.host.spawn(100, "kernel-a")
+    second = harness.host.spawn(101, "kernel-a")
+    gpus = [await attach(harness, first), await attach(harness, second)]
+
+    report = await harness.reconciler.run_once()
+
+    assert not report.changed
+    assert harness.injector.usable(first.target) == {CharDevice(195, g.minor) for g in gpus}
+
+
+async def test_agreement_changes_nothing(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    await attach(harness, kernel)
+    calls = len(harness.injector.calls)
+
+    report = await harness.reconciler.run_once()
+
+    assert not report.changed
+    assert report.failures == []
+    assert len(harness.injector.calls) == calls
+
+
+async def test_targets_with_an_operation_in_flight_are_skipped(harness: Harness) -> None:
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await reserve(harness, kernel, granted=True)
+
+    async with harness.service.locks.operation(kernel.target):
+        report = await harness.reconciler.run_once()
+
+    assert report.skipped_busy == [kernel.target.key]
+    assert not report.changed
+    (entry,) = harness.ledger.attachments()
+    assert (entry.gpu, entry.state) == (gpu, EntryState.RESERVING)

@@ -1,0 +1,132 @@
+"""Local mode's resolver over a procfs and cgroup mounts laid out in ``tmp_path``.
+
+The resolver reads ``/proc/<pid>/stat``, ``/proc/<pid>/cgroup`` and ``cgroup.procs``; here they
+are files written by the test, so every case — a container, the host, the agent itself, crun's
+inner ``container`` leaf, a reused pid — is built exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import PidRef, PidTarget
+from jupyter_gpu_hotplug.agent.errors import Forbidden, NotFound
+from jupyter_gpu_hotplug.agent.resolver import ContainerId, ProcResolver
+from jupyter_gpu_hotplug.linux.cgroups import CgroupHierarchies, CgroupMount
+
+AGENT = 10
+
+
+@dataclass
+class FakeProc:
+    root: Path
+    devices: Path
+    unified: Path
+
+    def add(self, pid: int, cgroup: str, *, start: int = 100, comm: str = "python") -> None:
+        directory = self.root / str(pid)
+        directory.mkdir(exist_ok=True)
+        fields = ["S", *(["0"] * 18), str(start), "0"]
+        (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+        (directory / "cgroup").write_text(
+            f"9:name=systemd:/\n5:devices:{cgroup}\n4:memory:/\n0::{cgroup}\n"
+        )
+        for mount in (self.devices, self.unified):
+            cgroup_dir = mount / cgroup.lstrip("/")
+            cgroup_dir.mkdir(parents=True, exist_ok=True)
+            procs = cgroup_dir / "cgroup.procs"
+            old = procs.read_text() if procs.exists() else ""
+            procs.write_text(old + f"{pid}\n")
+
+    def remove(self, pid: int) -> None:
+        for name in ("stat", "cgroup"):
+            (self.root / str(pid) / name).unlink()
+        (self.root / str(pid)).rmdir()
+
+    def resolver(self) -> ProcResolver:
+        hierarchies = CgroupHierarchies(
+            devices_v1=CgroupMount(self.devices, PurePosixPath("/")),
+            unified=CgroupMount(self.unified, PurePosixPath("/")),
+        )
+        return ProcResolver(host_proc=self.root, hierarchies=hierarchies, agent_pid=AGENT)
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> FakeProc:
+    fake = FakeProc(tmp_path / "proc", tmp_path / "devices", tmp_path / "unified")
+    fake.root.mkdir()
+    fake.add(AGENT, "/system.slice/gpu-hotplug.service")
+    fake.add(1, "/")
+    fake.add(11, "/system.slice/gpu-hotplug.service", comm="child-of-agent")
+    fake.add(20, "/")
+    fake.add(30, "/kubepods/pod-a/ctr-1", start=500)
+    fake.add(31, "/kubepods/pod-a/ctr-1", start=600)
+    fake.add(40, "/machine.slice/libpod-abc.scope/container", start=700)
+    return fake
+
+
+def test_container_target_resolves_with_its_start_time(proc: FakeProc) -> None:
+    resolved = proc.resolver().resolve(PidRef(31))
+
+    assert resolved.target == PidTarget(31, 600)
+    assert resolved.container == ContainerId("/kubepods/pod-a/ctr-1", "/kubepods/pod-a/ctr-1")
+
+
+def test_crun_inner_cgroup_is_folded_into_the_scope(proc: FakeProc) -> None:
+    resolved = proc.resolver().resolve(PidRef(40))
+
+    assert resolved.container.unified == "/machine.slice/libpod-abc.scope"
+
+
+@pytest.mark.parametrize(
+    ("pid", "reason"),
+    [
+        (AGENT, "agent itself"),
+        (11, "agent's own cgroup"),
+        (20, "root cgroup"),
+    ],
+)
+def test_not_containers_are_refused(proc: FakeProc, pid: int, reason: str) -> None:
+    with pytest.raises(Forbidden, match=reason):
+        proc.resolver().resolve(PidRef(pid))
+
+
+def test_missing_process_is_not_found(proc: FakeProc) -> None:
+    with pytest.raises(NotFound) as caught:
+        proc.resolver().resolve(PidRef(99))
+
+    assert (caught.value.resource, caught.value.name) == ("process", "99")
+
+
+def test_lookup_tells_a_reused_pid_apart(proc: FakeProc) -> None:
+    resolver = proc.resolver()
+    target = resolver.resolve(PidRef(30)).target
+
+    assert resolver.lookup(target) is not None
+    proc.remove(30)
+    assert resolver.lookup(target) is None
+    proc.add(30, "/kubepods/pod-b/ctr-9", start=900)
+    assert resolver.lookup(target) is None
+
+
+def test_representative_is_the_containers_oldest_process(proc: FakeProc) -> None:
+    resolver = proc.resolver()
+
+    assert resolver.representative(31).target == PidTarget(30, 500)
+    with pytest.raises(Forbidden, match="root cgroup"):
+        resolver.representative(20)
+    with pytest.raises(NotFound):
+        resolver.representative(99)
+
+
+def test_container_of_any_process(proc: FakeProc) -> None:
+    resolver = proc.resolver()
+
+    assert resolver.container_of(1) == ContainerId("/", "/")
+    assert resolver.container_of(99) is None
+    assert resolver.agent_container == ContainerId(
+        "/system.slice/gpu-hotplug.service", "/system.slice/gpu-hotplug.service"
+    )

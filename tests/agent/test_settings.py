@@ -1,0 +1,153 @@
+"""The agent's settings (listen addresses, checks), its log formats and its named steps.
+
+``AgentApp`` itself is exercised as a process (``test_cli_agent``): building one configures the
+process's logging, which must not leak into other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug.agent.checkpoints import STEPS, Checkpoints
+from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
+from jupyter_gpu_hotplug.agent.settings import (
+    AgentSettings,
+    SettingsError,
+    TcpAddress,
+    UnixAddress,
+    parse_listen,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8477", TcpAddress("127.0.0.1", 8477)),
+        (":8477", TcpAddress("", 8477)),
+        ("localhost:0", TcpAddress("localhost", 0)),
+        ("[::1]:8477", TcpAddress("::1", 8477)),
+        ("unix:/run/gpu-hotplug/agent.sock", UnixAddress(Path("/run/gpu-hotplug/agent.sock"))),
+    ],
+)
+def test_listen_addresses(text: str, expected: object) -> None:
+    assert parse_listen(text) == expected
+    assert str(expected) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "8477",
+        "host",
+        "host:port",
+        "host:70000",
+        "unix:relative.sock",
+        "unix:/" + "x" * 120,
+        "::1:80",
+    ],
+)
+def test_bad_listen_addresses(text: str) -> None:
+    with pytest.raises(SettingsError, match="listen address"):
+        parse_listen(text)
+
+
+def settings(**changes: object) -> AgentSettings:
+    values: dict[str, object] = {
+        "listen": (TcpAddress("127.0.0.1", 0),),
+        "state_dir": Path("/var/lib/gpu-hotplug"),
+    }
+    values.update(changes)
+    return AgentSettings(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"listen": ()}, "at least one address"),
+        ({"listen": (TcpAddress("", 1), TcpAddress("", 1))}, "twice"),
+        ({"state_dir": Path("relative")}, "absolute"),
+        ({"max_gpus_per_target": 0}, "max_gpus_per_target"),
+        ({"device_major": 0}, "device_major"),
+        ({"socket_mode": 0o1000}, "socket_mode"),
+        ({"simulate": 65}, "simulate"),
+        ({"reconcile_interval": -1.0}, "reconcile_interval"),
+    ],
+)
+def test_settings_are_checked(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        settings(**changes)
+
+
+def test_settings_describe_themselves_without_secrets() -> None:
+    described = settings(simulate=4).describe()
+
+    assert described["listen"] == ["127.0.0.1:0"]
+    assert described["simulate"] == 4
+    assert json.loads(json.dumps(described)) == described
+    assert not any("token" in key and key != "test_pause_at" for key in described)
+    assert settings().token_path == Path("/var/lib/gpu-hotplug/token")
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    record = logging.LogRecord(
+        "jupyter_gpu_hotplug.agent", logging.INFO, __file__, 1, "hi %s", ("x",), None
+    )
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_json_log_lines_carry_the_extras() -> None:
+    line = json.loads(JsonFormatter().format(_record(request_id="abc", pid=7)))
+
+    assert line["message"] == "hi x"
+    assert (line["level"], line["logger"]) == ("INFO", "jupyter_gpu_hotplug.agent")
+    assert (line["request_id"], line["pid"]) == ("abc", 7)
+    assert line["time"].endswith("+00:00")
+
+
+def test_json_log_lines_carry_the_traceback() -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), None)
+        record.exc_info = sys.exc_info()
+    line = json.loads(JsonFormatter().format(record))
+
+    assert "RuntimeError: boom" in line["exception"]
+
+
+def test_text_log_lines_end_with_the_extras() -> None:
+    text = TextFormatter().format(_record(request_id="abc"))
+
+    assert text.endswith("jupyter_gpu_hotplug.agent: hi x [request_id=abc]")
+
+
+def test_checkpoints_know_their_steps(tmp_path: Path) -> None:
+    assert set(STEPS) == {
+        "after_reserve",
+        "after_grant",
+        "after_mark_granted",
+        "after_begin_release",
+        "after_revoke",
+    }
+    with pytest.raises(ValueError, match="unknown step"):
+        Checkpoints(pause_at="after_lunch", marker_dir=tmp_path)
+    with pytest.raises(ValueError, match="marker"):
+        Checkpoints(pause_at="after_grant")
+
+
+async def test_checkpoints_pass_by_default(tmp_path: Path) -> None:
+    checkpoints = Checkpoints(pause_at="after_grant", marker_dir=tmp_path)
+
+    await checkpoints.reach("after_reserve")
+    await Checkpoints().reach("after_grant")
+
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="unknown step"):
+        await checkpoints.reach("after_lunch")
