@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.sandbox",
     "tests.fixtures.jupyter",
     "tests.fixtures.browser",
+    "tests.fixtures.agent",
 ]

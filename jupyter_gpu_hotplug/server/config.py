@@ -16,15 +16,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from traitlets import Float, TraitError, Unicode, default, validate
+from traitlets import Enum, Float, Int, TraitError, Type, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-AGENT_URL_ENV = "GPU_HOTPLUG_AGENT_URL"
-"""Set by the spawner to the node agent's URL."""
-TOKEN_PATH_ENV = "GPU_HOTPLUG_TOKEN_PATH"
-"""Set by the spawner to the projected service-account token's path."""
-DEFAULT_AGENT_URL = "unix:/run/gpu-hotplug/agent.sock"
-"""The local-mode agent's socket (see DESIGN §3, local mode)."""
+from ..client import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_PATH_ENV, AsyncAgentClient
+from .targets import KernelSandboxes, ProvisionerSandboxes
+
+MODE_ENV = "GPU_HOTPLUG_MODE"
+"""``local`` or ``kubernetes``; overrides the guess from the environment."""
+KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
+"""Set by the kubelet in every pod: its presence means the server runs in Kubernetes."""
+MODES = ("local", "kubernetes")
 
 
 class GPUHotplug(LoggingConfigurable):
@@ -54,6 +56,68 @@ class GPUHotplug(LoggingConfigurable):
         this bounds the plain round trip.""",
     ).tag(config=True)
 
+    mode = Enum(
+        MODES,
+        help=f"""Where attached GPUs go. ``local``: to one kernel's sandbox (requests name
+        the kernel; kernels run under the sandbox kernel provisioner, as in ``jupyter
+        gpu-hotplug demo``). ``kubernetes``: to this notebook's pod, which the agent
+        identifies from the pod's token (every kernel of the pod shares its GPUs).
+
+        Defaults to the environment variable ``{MODE_ENV}``, else ``kubernetes`` inside a
+        pod (``{KUBERNETES_ENV}`` is set), else ``local``.""",
+    ).tag(config=True)
+
+    metrics_interval = Float(
+        1.0,
+        help="""Seconds between two ``metrics`` events of the live stream (and between two
+        ``waiting`` events of an attach in flight). Each event reads NVML and asks the agent
+        twice, so very small values cost CPU in this server and in the agent.""",
+    ).tag(config=True)
+
+    max_gpus_per_request = Int(
+        8,
+        help="""The most GPUs one attach request may ask for; larger requests are refused
+        with 400 before the agent is asked. The agent applies its own per-target limit too.""",
+    ).tag(config=True)
+
+    agent_client_class = Type(
+        default_value=AsyncAgentClient,
+        klass=AsyncAgentClient,
+        help="""The agent client class (a subclass of ``AsyncAgentClient``), constructed with
+        the agent URL, the token path and the request timeout.""",
+    ).tag(config=True)
+
+    kernel_sandboxes_class = Type(
+        default_value=ProvisionerSandboxes,
+        klass=KernelSandboxes,
+        help="""How a kernel id becomes the pid of the kernel's sandbox in local mode (a
+        subclass of ``KernelSandboxes``). The default asks the kernel's provisioner for its
+        ``sandbox_pid``, which the sandbox kernel provisioner offers.""",
+    ).tag(config=True)
+
+    @default("mode")
+    def _mode_default(self) -> str:
+        chosen = os.environ.get(MODE_ENV)
+        if chosen:
+            return chosen
+        return "kubernetes" if os.environ.get(KUBERNETES_ENV) else "local"
+
+    @validate("metrics_interval")
+    def _validate_metrics_interval(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not 0 < value <= 3600:
+            raise TraitError(
+                f"GPUHotplug.metrics_interval must be from 0 to 3600 seconds (not 0), got {value!r}"
+            )
+        return value
+
+    @validate("max_gpus_per_request")
+    def _validate_max_gpus(self, proposal: dict[str, Any]) -> int:
+        value = int(proposal["value"])
+        if not 1 <= value <= 255:
+            raise TraitError(f"GPUHotplug.max_gpus_per_request must be 1 to 255, got {value}")
+        return value
+
     @default("agent_url")
     def _agent_url_default(self) -> str:
         # An empty variable means "not set": spawners template it and may leave it blank.
@@ -73,6 +137,9 @@ class GPUHotplug(LoggingConfigurable):
     def describe(self) -> str:
         """One log-friendly line with the resolved values, for start-up logs and bug reports."""
         return (
-            f"agent_url={self.agent_url!r} token_path={self.token_path or '(none)'!r} "
-            f"request_timeout={self.request_timeout:g}s"
+            f"mode={self.mode} agent_url={self.agent_url!r} "
+            f"token_path={self.token_path or '(none)'!r} "
+            f"request_timeout={self.request_timeout:g}s "
+            f"metrics_interval={self.metrics_interval:g}s "
+            f"max_gpus_per_request={self.max_gpus_per_request}"
         )

@@ -7,8 +7,8 @@ from jupyter_server.serverapp import ServerApp
 from traitlets import TraitError
 from traitlets.config import Config
 
+from jupyter_gpu_hotplug.client import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_PATH_ENV
 from jupyter_gpu_hotplug.server import GPUHotplug, GPUHotplugApp
-from jupyter_gpu_hotplug.server.config import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_PATH_ENV
 
 
 @pytest.fixture

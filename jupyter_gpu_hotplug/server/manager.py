@@ -1,0 +1,288 @@
+"""The server extension's logic: whose GPUs, asked of the agent, joined with live metrics.
+
+Boundary: everything between a parsed request and its JSON answer — choosing the target
+(local mode: the kernel's sandbox; Kubernetes: this pod, which the agent knows from the
+token), calling the agent through ``AsyncAgentClient``, reading NVML off the event loop,
+publishing attach progress, and the streams' life. It raises only ``errors.HotplugError``
+and the client's ``AgentClientError``s; turning those into HTTP is the handlers' business.
+
+Why a manager: handlers stay a few lines each (parse, call, answer), the way
+jupyter_server's services are written, and the same operations serve the REST API and the
+live stream, so both always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+from .._structs import PidRef, RequestId
+from ..client import AsyncAgentClient, Attachment
+from ..nvml.state import GpuMonitor, Snapshot
+from .errors import (
+    GpuNotAttached,
+    KernelIdRequired,
+    KernelNotFound,
+    ShuttingDown,
+    error_reply,
+    internal_error_reply,
+)
+from .models import (
+    AttachJson,
+    GpusJson,
+    Mode,
+    ProgressJson,
+    ProgressState,
+    attachment_json,
+    gpus_json,
+)
+from .stream import EventHub, Subscription
+from .targets import KernelSandboxes
+from .validation import AttachRequest, DetachRequest, KernelId
+
+__all__ = ["HotplugManager"]
+
+STREAM_CLOSE_TIMEOUT: Final = 5.0
+"""Seconds the server's shutdown waits for open streams to end."""
+
+
+async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel what is still running of ``tasks``, wait until it has ended, and mark the
+    failures of the others as seen: the caller has already raised the one that matters."""
+    present = [task for task in tasks if task is not None]
+    pending = [task for task in present if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for task in present:
+        if not task.cancelled():
+            task.exception()
+
+
+class _Progress:
+    """The progress events of one attach."""
+
+    def __init__(
+        self,
+        hub: EventHub,
+        *,
+        request_id: RequestId,
+        kernel_id: KernelId | None,
+        count: int,
+        scope: str | None,
+    ) -> None:
+        self._hub = hub
+        self._request_id = request_id
+        self._kernel_id = kernel_id
+        self._count = count
+        self._scope = scope
+        self._started = time.monotonic()
+
+    def publish(self, state: ProgressState, **details: object) -> None:
+        progress = ProgressJson(
+            request_id=self._request_id,
+            kernel_id=self._kernel_id,
+            state=state,
+            count=self._count,
+            elapsed=round(time.monotonic() - self._started, 3),
+        )
+        progress.update(details)  # type: ignore[typeddict-item]
+        self._hub.publish(progress, scope=self._scope)
+
+
+class HotplugManager:
+    """The operations behind the REST API (see the module docstring).
+
+    ``client``: the agent. ``sandboxes``: kernel id → sandbox pid (local mode). ``monitor``:
+    this process's NVML view; its blocking calls run in a thread of their own. ``interval``:
+    seconds between two ``metrics`` events of a stream, and between two ``waiting`` events of
+    an attach in flight. ``max_count``: the most GPUs one request may ask for.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: AsyncAgentClient,
+        sandboxes: KernelSandboxes,
+        monitor: GpuMonitor,
+        mode: Mode,
+        interval: float,
+        max_count: int,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self.client = client
+        self.sandboxes = sandboxes
+        self.mode: Mode = mode
+        self.interval = interval
+        self.max_count = max_count
+        self._monitor = monitor
+        self._log = log
+        self._nvml = ThreadPoolExecutor(1, thread_name_prefix="gpu-hotplug-nvml")
+        self._hub = EventHub()
+        self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
+        self._closed = False
+
+    @property
+    def subscriptions(self) -> frozenset[Subscription]:
+        """The streams open now."""
+        return self._hub.subscriptions
+
+    # --- targets -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShuttingDown()
+
+    def _target(self, kernel_id: KernelId | None) -> PidRef | None:
+        """The agent's target: the kernel's sandbox (local) or ``None``, meaning the caller
+        itself — this pod (Kubernetes), or no kernel named (local: node counts only)."""
+        if self.mode == "kubernetes" or kernel_id is None:
+            return None
+        return PidRef(self.sandboxes.pid_of(kernel_id))
+
+    def _required_target(self, kernel_id: KernelId | None, operation: str) -> PidRef | None:
+        if self.mode == "local" and kernel_id is None:
+            raise KernelIdRequired(operation)
+        return self._target(kernel_id)
+
+    def _scope(self, kernel_id: KernelId | None) -> str | None:
+        """Whose streams see an attach's progress: the kernel's (local), or all (Kubernetes,
+        where every kernel of the pod shares its GPUs)."""
+        return kernel_id if self.mode == "local" else None
+
+    # --- reading -------------------------------------------------------------------------------
+
+    async def _snapshot(self) -> Snapshot:
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._nvml, self._monitor.snapshot)
+
+    async def gpus(self, kernel_id: KernelId | None) -> GpusJson:
+        """The target's GPUs with live metrics, and the node's free and total counts."""
+        self._check_open()
+        target = self._target(kernel_id)
+        # The three reads run concurrently; the first failure cancels the others.
+        node = asyncio.ensure_future(self.client.gpus())
+        attached = (
+            None
+            if self.mode == "local" and target is None
+            else asyncio.ensure_future(self.client.attachments(target))
+        )
+        snapshot = asyncio.ensure_future(self._snapshot())
+        try:
+            view = gpus_json(
+                mode=self.mode,
+                kernel_id=kernel_id,
+                attachments=() if attached is None else await attached,
+                node=await node,
+                snapshot=await snapshot,
+            )
+        finally:
+            await _settle(node, attached, snapshot)
+        return view
+
+    # --- attach and detach ---------------------------------------------------------------------
+
+    async def attach(self, request: AttachRequest) -> AttachJson:
+        """Attach ``request.count`` GPUs, publishing progress while the agent works."""
+        self._check_open()
+        target = self._required_target(request.kernel_id, "attach a GPU")
+        request_id = request.request_id or RequestId(uuid.uuid4().hex)
+        progress = _Progress(
+            self._hub,
+            request_id=request_id,
+            kernel_id=request.kernel_id,
+            count=request.count,
+            scope=self._scope(request.kernel_id),
+        )
+        progress.publish("started")
+        call = asyncio.create_task(
+            self.client.attach(
+                request.count,
+                target=target,
+                wait_seconds=request.wait_seconds,
+                request_id=request_id,
+            )
+        )
+        self._calls.add(call)
+        try:
+            while not (await asyncio.wait({call}, timeout=self.interval))[0]:
+                progress.publish("waiting")
+            if call.cancelled():
+                raise ShuttingDown()
+            attachments = call.result()
+        except BaseException as error:
+            reply = error_reply(error) or internal_error_reply()
+            progress.publish("failed", error={**reply.body, "status": reply.status})
+            raise
+        finally:
+            self._calls.discard(call)
+            if not call.done():
+                call.cancel()
+        wire = [attachment_json(attachment) for attachment in attachments]
+        progress.publish("attached", attachments=wire)
+        self._log.info(
+            "attached %s to %s",
+            ", ".join(f"{a.uuid} ({a.device})" for a in attachments),
+            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
+        )
+        return AttachJson(request_id=request_id, kernel_id=request.kernel_id, attachments=wire)
+
+    async def detach(self, request: DetachRequest) -> None:
+        """Detach one GPU of the target, or all of them."""
+        self._check_open()
+        target = self._required_target(request.kernel_id, "detach a GPU")
+        if request.uuid is None:
+            await self.client.detach_all(target=target, force=request.force)
+        else:
+            if target is not None and request.kernel_id is not None:
+                # The server may act on any process through the agent's token: make sure the
+                # GPU is this kernel's before taking it away.
+                attached = await self.client.attachments(target)
+                if request.uuid not in {attachment.uuid for attachment in attached}:
+                    raise GpuNotAttached(request.uuid, kernel_id=request.kernel_id)
+            await self.client.detach(request.uuid, force=request.force)
+        self._log.info(
+            "detached %s from %s%s",
+            "all GPUs" if request.uuid is None else request.uuid,
+            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
+            " (forced)" if request.force else "",
+        )
+
+    # --- streams -------------------------------------------------------------------------------
+
+    def subscribe(self, kernel_id: KernelId | None) -> Subscription:
+        """Open a stream for ``kernel_id`` (checked now: an unknown kernel fails here, before
+        the stream starts). The caller must ``unsubscribe`` it when done."""
+        self._check_open()
+        self._target(kernel_id)
+        subscription = Subscription(
+            scope=self._scope(kernel_id),
+            view=lambda: self.gpus(kernel_id),
+            interval=self.interval,
+            ends_stream=(KernelNotFound, ShuttingDown),
+        )
+        self._hub.add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self._hub.remove(subscription)
+
+    # --- life ----------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop: end every stream, abandon attaches in flight, release NVML. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for call in self._calls:
+            call.cancel()
+        await self._hub.close(timeout=STREAM_CLOSE_TIMEOUT)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._nvml, self._monitor.close)
+        self._nvml.shutdown(wait=True)

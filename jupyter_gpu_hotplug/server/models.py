@@ -1,0 +1,191 @@
+"""The JSON the REST API and the stream answer with, and how it is built from the agent's
+answers and the local NVML snapshot.
+
+Boundary: pure functions from typed values (``client.Attachment``, ``client.Gpu``,
+``nvml.state.Snapshot``) to ``TypedDict`` payloads. No I/O.
+
+Why it exists: the JupyterLab extension mirrors these shapes in TypeScript interfaces, so they
+are written down once, here, as exact types; the handlers and the stream only serialise them.
+The agent says *which* GPUs a target has and how many are free; NVML, read in this process,
+says what each of them is doing. They are joined by UUID: a GPU the local NVML cannot see
+(the driver's view in this container is not ready yet, or there is no NVML here) is still
+listed, with ``metrics: null``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, TypedDict
+
+from .._structs import Attachment as AttachmentWire
+from .._structs import GpuUuid, format_timestamp
+from ..client import Attachment, Gpu
+from ..nvml.state import GpuProcessJson, GpuState, Snapshot
+
+__all__ = [
+    "AttachJson",
+    "AttachedGpuJson",
+    "GpusJson",
+    "MetricsJson",
+    "Mode",
+    "NvmlJson",
+    "ProgressJson",
+    "ProgressState",
+    "attachment_json",
+    "gpus_json",
+]
+
+Mode = Literal["local", "kubernetes"]
+"""``local``: GPUs go to one kernel's sandbox; ``kubernetes``: to this notebook's pod."""
+
+ProgressState = Literal["started", "waiting", "attached", "failed"]
+
+
+class MetricsJson(TypedDict):
+    """What one GPU is doing now, as this server's NVML sees it (``None``: not offered)."""
+
+    utilization_gpu: int | None
+    utilization_memory: int | None
+    memory_used: int | None
+    memory_total: int | None
+    temperature: int | None
+    power_draw: float | None
+    power_limit: float | None
+    processes: list[GpuProcessJson] | None
+    lost: bool
+
+
+class AttachedGpuJson(AttachmentWire):
+    """An attachment (the agent's shape) with its live ``metrics``."""
+
+    metrics: MetricsJson | None
+
+
+class NvmlJson(TypedDict):
+    """Whether this server could read GPUs through NVML, and if not, why."""
+
+    status: str
+    message: str
+    driver_version: str | None
+    cuda_driver_version: str | None
+
+
+class GpusJson(TypedDict):
+    """``GET gpus`` and every ``metrics`` event of the stream."""
+
+    mode: Mode
+    kernel_id: str | None
+    """The kernel asked about; ``None``: no kernel named (local mode: then ``attached`` is
+    empty and only the node's counts are given)."""
+    attached: list[AttachedGpuJson]
+    free: int
+    """GPUs of the node that nobody holds: what an attach may get now."""
+    total: int
+    """GPUs of the node."""
+    simulated: bool
+    """The node's GPUs are simulated (``--simulate``): no hardware behind them."""
+    nvml: NvmlJson
+    taken_at: float
+    """Seconds since the epoch when the metrics were read."""
+
+
+class AttachJson(TypedDict):
+    """The ``201`` answer of ``POST attach``."""
+
+    request_id: str
+    kernel_id: str | None
+    attachments: list[AttachmentWire]
+
+
+class _ProgressRequired(TypedDict):
+    request_id: str
+    kernel_id: str | None
+    state: ProgressState
+    count: int
+    elapsed: float
+    """Seconds since the attach started."""
+
+
+class ProgressJson(_ProgressRequired, total=False):
+    """A ``progress`` event: ``attachments`` when ``attached``, ``error`` when ``failed``
+    (the same body an HTTP error has)."""
+
+    attachments: list[AttachmentWire]
+    error: dict[str, object]
+
+
+def attachment_json(attachment: Attachment) -> AttachmentWire:
+    """The agent's attachment shape, rebuilt from the checked value (unknown members of a newer
+    agent are not passed on: the browser gets this API's shape, not the agent's)."""
+    return AttachmentWire(
+        uuid=attachment.uuid,
+        index=attachment.index,
+        minor=attachment.minor,
+        name=attachment.name,
+        device=attachment.device,
+        target=attachment.target.to_wire(),
+        holder=attachment.holder,
+        attached_at=format_timestamp(attachment.attached_at),
+    )
+
+
+def _metrics(gpu: GpuState) -> MetricsJson:
+    return MetricsJson(
+        utilization_gpu=gpu.utilization_gpu,
+        utilization_memory=gpu.utilization_memory,
+        memory_used=gpu.memory_used,
+        memory_total=gpu.memory_total,
+        temperature=gpu.temperature,
+        power_draw=gpu.power_draw,
+        power_limit=gpu.power_limit,
+        processes=None
+        if gpu.processes is None
+        else [
+            GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory) for p in gpu.processes
+        ],
+        lost=gpu.lost,
+    )
+
+
+def _attached(attachment: Attachment, seen: Mapping[GpuUuid, GpuState]) -> AttachedGpuJson:
+    wire = attachment_json(attachment)
+    found = seen.get(attachment.uuid)
+    return AttachedGpuJson(
+        uuid=wire["uuid"],
+        index=wire["index"],
+        minor=wire["minor"],
+        name=wire["name"],
+        device=wire["device"],
+        target=wire["target"],
+        holder=wire["holder"],
+        attached_at=wire["attached_at"],
+        metrics=None if found is None else _metrics(found),
+    )
+
+
+def gpus_json(
+    *,
+    mode: Mode,
+    kernel_id: str | None,
+    attachments: Iterable[Attachment],
+    node: Sequence[Gpu],
+    snapshot: Snapshot,
+) -> GpusJson:
+    """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
+    NVML sees here (``snapshot``)."""
+    seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
+    return GpusJson(
+        mode=mode,
+        kernel_id=kernel_id,
+        attached=[_attached(attachment, seen) for attachment in attachments],
+        free=sum(1 for gpu in node if gpu.state == "free"),
+        total=len(node),
+        simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
+        nvml=NvmlJson(
+            status=snapshot.status.value,
+            message=snapshot.message,
+            driver_version=snapshot.driver_version,
+            cuda_driver_version=snapshot.cuda_driver_version,
+        ),
+        taken_at=snapshot.taken_at,
+    )

@@ -1,0 +1,65 @@
+"""Which process is a kernel's sandbox: local mode's answer to "attach to *this* notebook".
+
+Boundary: from a kernel id to the pid the agent targets (``{"pid": N}``), through the
+server's kernel manager. Nothing here talks to the agent or knows about GPUs.
+
+Why a seam of its own: in local mode every kernel runs in its own sandbox, started by the
+sandbox kernel provisioner, and that provisioner says which process the sandbox is
+(``sandbox_pid``). The server extension must not import the provisioner (it sits on host
+mechanics the notebook side never touches), so it asks the running kernel's provisioner by
+duck typing. ``KernelSandboxes`` is a ``Type`` trait (``c.GPUHotplug.kernel_sandboxes_class``)
+so that another kernel manager — or a test that maps kernel ids to prepared sandboxes
+without starting kernels — can answer instead.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from .errors import KernelNotFound, KernelNotRunning, KernelNotSandboxed
+from .validation import KernelId
+
+__all__ = ["KernelSandboxes", "ProvisionerSandboxes"]
+
+
+class KernelSandboxes(abc.ABC):
+    """Maps a kernel id to the pid of the kernel's sandbox (the agent's target).
+
+    Constructed once per server with the server's kernel manager.
+    """
+
+    def __init__(self, *, kernel_manager: Any) -> None:
+        self.kernel_manager = kernel_manager
+
+    @abc.abstractmethod
+    def pid_of(self, kernel_id: KernelId) -> int:
+        """The sandbox's pid. Raises ``KernelNotFound`` (no such kernel),
+        ``KernelNotSandboxed`` (it runs without a sandbox) or ``KernelNotRunning``
+        (it has no process now: starting, restarting, stopping)."""
+
+
+_NO_SANDBOX = object()
+
+
+class ProvisionerSandboxes(KernelSandboxes):
+    """Asks the kernel's provisioner: a sandboxing one exposes ``sandbox_pid``."""
+
+    def pid_of(self, kernel_id: KernelId) -> int:
+        try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+        except KeyError as error:
+            raise KernelNotFound(kernel_id) from error
+        provisioner = getattr(kernel, "provisioner", None)
+        if provisioner is None:
+            # jupyter_client drops the provisioner while a kernel is down (between a shutdown
+            # and the next start).
+            raise KernelNotRunning(kernel_id)
+        pid = getattr(provisioner, "sandbox_pid", _NO_SANDBOX)
+        if pid is _NO_SANDBOX:
+            raise KernelNotSandboxed(kernel_id)
+        if pid is None:
+            raise KernelNotRunning(kernel_id)
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise TypeError(f"the provisioner of kernel {kernel_id} gave sandbox_pid={pid!r}")
+        return pid

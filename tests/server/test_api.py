@@ -1,0 +1,422 @@
+"""The REST API end to end: a real jupyter_server with the extension, a real local agent
+subprocess with simulated GPUs, and (as root) probe sandboxes standing in for kernels.
+
+Kernels are mapped to probe sandboxes through the ``kernel_sandboxes_class`` seam
+(``RegisteredSandboxes``), so attach really injects a GPU into a running sandbox and the probe
+reports what the process inside sees: the node exists and opening it gives ``ENXIO`` (the
+cgroup allows it, no driver is behind it) after an attach; ``ENOENT`` after a detach.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jupyter_server.serverapp import ServerApp
+from traitlets.config import Config
+
+from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
+from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
+from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
+from tests.fixtures.agent import LocalAgent, free_tcp_port
+from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.requirements import needs_root
+from tests.fixtures.sandbox import (
+    SandboxFactory,
+    SandboxProbe,
+    process_running,
+    process_start_time,
+)
+
+from .api_support import BrokenClient, Fetch, RegisteredSandboxes, call, sandboxes_of
+
+GPU0 = "/dev/nvidia0"
+
+
+@pytest.fixture
+def agent_url(local_agent: LocalAgent) -> str:
+    return local_agent.tcp_url
+
+
+@pytest.fixture
+def token_path(local_agent: LocalAgent) -> Path | None:
+    return local_agent.token_path
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:
+    """Local mode against the test's agent, kernels mapped by ``RegisteredSandboxes``."""
+    settings = jp_server_config.GPUHotplug
+    settings.agent_url = agent_url
+    settings.token_path = "" if token_path is None else str(token_path)
+    settings.mode = "local"
+    settings.metrics_interval = 0.1
+    settings.kernel_sandboxes_class = RegisteredSandboxes
+    return jp_server_config
+
+
+@pytest.fixture
+def server_nvml(
+    fake_nvml: FakeNvml, local_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
+) -> FakeNvml:
+    """This process's NVML reads the agent's simulated node, as a demo's server does."""
+    monkeypatch.setenv(CONFIG_ENV, str(local_agent.simulation_config))
+    return fake_nvml
+
+
+@pytest.fixture
+def kernel(jp_serverapp: ServerApp, sandbox: SandboxProbe) -> str:
+    """A kernel id mapped to a probe sandbox."""
+    return sandboxes_of(jp_serverapp).register("kernel-a", sandbox.pid)
+
+
+# --- without root: the node view and every error the agent or the input can cause -------------
+
+
+@pytest.mark.parametrize("jp_base_url", ["/", "/user/al%20ice/"])
+async def test_node_view_without_a_kernel(
+    jp_fetch: Fetch, local_agent: LocalAgent, jp_base_url: str
+) -> None:
+    reply = await call(jp_fetch, "GET", "gpus")
+
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("application/json")
+    view = reply.json()
+    assert (view["mode"], view["kernel_id"], view["attached"]) == ("local", None, [])
+    assert (view["free"], view["total"], view["simulated"]) == (2, 2, True)
+    assert set(view["nvml"]) == {"status", "message", "driver_version", "cuda_driver_version"}
+
+
+BAD_INPUT = [
+    pytest.param("attach", b"", "body", "must be a JSON object", id="attach-empty"),
+    pytest.param("attach", b"{", "body", "not valid JSON", id="attach-not-json"),
+    pytest.param("attach", b"[1]", "body", "must be a JSON object", id="attach-array"),
+    pytest.param("attach", b"{}", "count", "count is required", id="count-missing"),
+    pytest.param("attach", b'{"count": 0}', "count", "from 1 to 8", id="count-zero"),
+    pytest.param("attach", b'{"count": 9}', "count", "from 1 to 8", id="count-too-large"),
+    pytest.param("attach", b'{"count": true}', "count", "whole number", id="count-bool"),
+    pytest.param("attach", b'{"count": 1.5}', "count", "whole number", id="count-float"),
+    pytest.param("attach", b'{"count": "1"}', "count", "whole number", id="count-string"),
+    pytest.param("attach", b'{"count": 1, "cnt": 2}', "cnt", "unknown member", id="unknown"),
+    pytest.param(
+        "attach", b'{"count": 1, "wait_seconds": 0}', "wait_seconds", "greater than 0", id="w0"
+    ),
+    pytest.param(
+        "attach", b'{"count": 1, "wait_seconds": 601}', "wait_seconds", "at most 600", id="w601"
+    ),
+    pytest.param("attach", b'{"count": 1, "request_id": "a b"}', "request_id", "letters", id="rid"),
+    pytest.param(
+        "attach", b'{"count": 1, "kernel_id": "../x"}', "kernel_id", "kernel's id", id="kid"
+    ),
+    pytest.param("attach", b'{"count": 1}', "kernel_id", "name the kernel", id="no-kernel"),
+    pytest.param("detach", b"{}", "uuid", "uuid is required", id="uuid-missing"),
+    pytest.param("detach", b'{"uuid": "GPU-1"}', "uuid", "GPU UUID like", id="uuid-bad"),
+    pytest.param("detach", b'{"uuid": 7}', "uuid", "GPU UUID like", id="uuid-number"),
+    pytest.param(
+        "detach", b'{"uuid": "all", "force": "yes"}', "force", "true or false", id="force"
+    ),
+    pytest.param("detach", b'{"uuid": "all", "x": 1}', "x", "unknown member", id="unknown"),
+    pytest.param("detach", b'{"uuid": "all"}', "kernel_id", "name the kernel", id="no-kernel"),
+]
+
+
+class TestRefusedBeforeAskingTheAgent:
+    """Bad input and unknown kernels are answered without the agent: none runs here (it
+    would answer 503 if it were asked)."""
+
+    @pytest.fixture
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{free_tcp_port()}"
+
+    @pytest.fixture
+    def token_path(self) -> None:
+        return None
+
+    @pytest.mark.parametrize(("route", "body", "field", "words"), BAD_INPUT)
+    async def test_bad_input_is_400_naming_the_field(
+        self, jp_fetch: Fetch, route: str, body: bytes, field: str, words: str
+    ) -> None:
+        reply = await call(jp_fetch, "POST", route, raw=body)
+
+        assert reply.status == 400
+        error = reply.json()
+        assert (error["error"], error["field"], error["reason"]) == (
+            "invalid_request",
+            field,
+            "Bad Request",
+        )
+        assert words in error["message"]
+        assert "traceback" not in error
+
+    @pytest.mark.parametrize(
+        "params",
+        [{"kernel": "k"}, {"kernel_id": ""}, {"kernel_id": "a/b"}],
+        ids=["unknown-parameter", "empty", "slash"],
+    )
+    async def test_bad_query_is_400(self, jp_fetch: Fetch, params: dict[str, str]) -> None:
+        for route in ("gpus", "stream"):
+            reply = await call(jp_fetch, "GET", route, params=params)
+
+            assert (reply.status, reply.json()["error"]) == (400, "invalid_request")
+
+    async def test_unregistered_kernel_is_404(self, jp_fetch: Fetch) -> None:
+        listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": "nope"})
+        attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": "nope"})
+        detached = await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": "nope"})
+
+        for reply in (listed, attached, detached):
+            assert reply.status == 404
+            assert reply.json()["error"] == "not_found"
+            assert reply.json()["message"] == KernelNotFound("nope").message
+
+    async def test_kernel_without_sandbox_is_422(
+        self, jp_fetch: Fetch, jp_serverapp: ServerApp
+    ) -> None:
+        sandboxes_of(jp_serverapp).register("plain", None)
+
+        reply = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": "plain"})
+
+        assert reply.status == 422
+        assert reply.json()["error"] == "target_not_ready"
+        assert "does not run in a GPU sandbox" in reply.json()["message"]
+
+
+async def test_the_agents_own_errors_keep_its_status_and_words(
+    jp_fetch: Fetch, jp_serverapp: ServerApp, local_agent: LocalAgent
+) -> None:
+    # The test process itself is no container: the agent refuses it with its own 403.
+    kernel_id = sandboxes_of(jp_serverapp).register("host", local_agent.pid)
+
+    reply = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel_id})
+
+    assert reply.status == 403
+    error = reply.json()
+    assert error["error"] == "forbidden"
+    assert "is the GPU hot-plug agent itself" in error["message"]
+
+
+class TestAgentDown:
+    @pytest.fixture
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{free_tcp_port()}"
+
+    @pytest.fixture
+    def token_path(self) -> None:
+        return None
+
+    async def test_every_operation_is_503_saying_there_is_no_agent(
+        self, jp_fetch: Fetch, jp_serverapp: ServerApp
+    ) -> None:
+        kernel_id = sandboxes_of(jp_serverapp).register("k", 4242)
+
+        replies = [
+            await call(jp_fetch, "GET", "gpus"),
+            await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel_id}),
+            await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel_id}),
+            await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": kernel_id}),
+        ]
+
+        for reply in replies:
+            assert reply.status == 503
+            error = reply.json()
+            assert (error["error"], error["retryable"]) == ("agent_unavailable", True)
+            assert error["message"].startswith("No GPU agent on this node")
+
+
+class TestWrongToken:
+    @pytest.fixture
+    def token_path(self, tmp_path: Path) -> Path:
+        path = tmp_path / "wrong-token"
+        path.write_text("not-the-agents-token\n")
+        return path
+
+    async def test_agent_401_is_passed_on(self, jp_fetch: Fetch) -> None:
+        reply = await call(jp_fetch, "GET", "gpus")
+
+        assert reply.status == 401
+        error = reply.json()
+        assert error["error"] == "unauthenticated"
+        assert "not this agent's token" in error["message"]
+
+
+class TestUnexpectedFailure:
+    @pytest.fixture
+    def jp_server_config(self, jp_server_config: Config) -> Config:
+        jp_server_config.GPUHotplug.agent_client_class = BrokenClient
+        return jp_server_config
+
+    async def test_is_a_json_500_without_details(
+        self, jp_fetch: Fetch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        reply = await call(jp_fetch, "GET", "gpus")
+
+        assert reply.status == 500
+        assert reply.json() == {
+            "error": "internal_error",
+            "message": "the GPU hot-plug extension failed unexpectedly; the Jupyter server's "
+            "log has the details",
+            "reason": "Internal Server Error",
+            "retryable": False,
+        }
+        assert "a bug in the client" in caplog.text
+
+
+def test_provisioner_sandboxes_read_the_kernels_provisioner() -> None:
+    class Provisioner:
+        def __init__(self, pid: int | None) -> None:
+            self.sandbox_pid = pid
+
+    class Kernel:
+        def __init__(self, provisioner: object | None) -> None:
+            self.provisioner = provisioner
+
+    kernels = {
+        "boxed": Kernel(Provisioner(1234)),
+        "starting": Kernel(Provisioner(None)),
+        "plain": Kernel(object()),
+        "down": Kernel(None),
+    }
+
+    class KernelManager:
+        def get_kernel(self, kernel_id: str) -> Kernel:
+            return kernels[kernel_id]
+
+    sandboxes = ProvisionerSandboxes(kernel_manager=KernelManager())
+
+    assert sandboxes.pid_of("boxed") == 1234  # type: ignore[arg-type]
+    for kernel_id, code in [
+        ("starting", "target_not_ready"),
+        ("plain", "target_not_ready"),
+        ("down", "target_not_ready"),
+        ("missing", "not_found"),
+    ]:
+        with pytest.raises(HotplugError) as caught:
+            sandboxes.pid_of(kernel_id)  # type: ignore[arg-type]
+        assert caught.value.code == code, kernel_id
+
+
+# --- as root: GPUs really attached to sandboxes ------------------------------------------------
+
+
+@needs_root
+async def test_attach_list_detach(
+    jp_fetch: Fetch,
+    jp_base_url: str,
+    local_agent: LocalAgent,
+    server_nvml: FakeNvml,
+    sandbox: SandboxProbe,
+    kernel: str,
+) -> None:
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+
+    assert attached.status == 201
+    assert attached.headers["Location"] == f"{jp_base_url}gpu-hotplug/api/gpus?kernel_id={kernel}"
+    body = attached.json()
+    assert body["kernel_id"] == kernel and len(body["request_id"]) == 32
+    (attachment,) = body["attachments"]
+    assert (attachment["device"], attachment["target"]) == (GPU0, {"pid": sandbox.pid})
+    assert attachment["holder"] is None
+    assert sandbox.stat(GPU0).rdev == (195, 0)
+    assert sandbox.open(GPU0) == "ENXIO"  # allowed by the cgroup; no driver behind it
+
+    local_agent.update_gpu(attachment["uuid"], utilization_gpu=42, temperature=61)
+    listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})
+
+    assert listed.status == 200
+    view = listed.json()
+    assert (view["kernel_id"], view["free"], view["total"]) == (kernel, 1, 2)
+    (gpu,) = view["attached"]
+    assert {k: v for k, v in gpu.items() if k != "metrics"} == attachment
+    assert gpu["metrics"]["utilization_gpu"] == 42
+    assert gpu["metrics"]["temperature"] == 61
+    assert gpu["metrics"]["lost"] is False
+    assert view["nvml"]["status"] == "ok"
+
+    detached = await call(
+        jp_fetch, "POST", "detach", {"uuid": attachment["uuid"], "kernel_id": kernel}
+    )
+
+    assert (detached.status, detached.body) == (204, b"")
+    assert sandbox.stat(GPU0).result == "ENOENT"
+    after = await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})
+    assert (after.json()["attached"], after.json()["free"]) == ([], 2)
+
+
+@needs_root
+async def test_detach_all_and_idempotent_attach(
+    jp_fetch: Fetch, sandbox: SandboxProbe, kernel: str
+) -> None:
+    first = await call(
+        jp_fetch, "POST", "attach", {"count": 2, "kernel_id": kernel, "request_id": "r-1"}
+    )
+    repeated = await call(
+        jp_fetch, "POST", "attach", {"count": 2, "kernel_id": kernel, "request_id": "r-1"}
+    )
+
+    assert (first.status, repeated.status) == (201, 201)
+    assert repeated.json()["attachments"] == first.json()["attachments"]
+    assert {"nvidia0", "nvidia1"} <= set(sandbox.listdir("/dev"))
+
+    detached = await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": kernel})
+
+    assert detached.status == 204
+    assert not {"nvidia0", "nvidia1"} & set(sandbox.listdir("/dev"))
+
+
+@needs_root
+async def test_a_gpu_of_another_kernel_cannot_be_detached(
+    jp_fetch: Fetch, jp_serverapp: ServerApp, sandbox_factory: SandboxFactory, kernel: str
+) -> None:
+    other = sandboxes_of(jp_serverapp).register("kernel-b", sandbox_factory().pid)
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+    uuid = attached.json()["attachments"][0]["uuid"]
+
+    reply = await call(jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": other})
+
+    assert reply.status == 404
+    assert reply.json()["message"] == f"GPU {uuid} is not attached to kernel {other}"
+    still = await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})
+    assert [gpu["uuid"] for gpu in still.json()["attached"]] == [uuid]
+
+
+@needs_root
+async def test_busy_gpu_is_409_until_forced(
+    jp_fetch: Fetch, local_agent: LocalAgent, sandbox: SandboxProbe, kernel: str
+) -> None:
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+    uuid = attached.json()["attachments"][0]["uuid"]
+    # A process in the sandbox uses the GPU. Without a driver no process can open the node,
+    # so NVML's process list (the agent's other witness, filled here through the simulated
+    # node) says so.
+    worker = sandbox.spawn(["/bin/sleep", "600"])
+    started = process_start_time(worker)
+    assert started is not None
+    local_agent.update_gpu(uuid, processes=(SimulatedProcess(pid=worker, used_memory=None),))
+
+    busy = await call(jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": kernel})
+
+    assert busy.status == 409
+    error = busy.json()
+    assert error["error"] == "busy"
+    assert error["processes"] == [{"pid": worker, "command": "sleep"}]
+    assert sandbox.stat(GPU0).rdev == (195, 0)
+
+    forced = await call(
+        jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": kernel, "force": True}
+    )
+
+    assert forced.status == 204
+    assert sandbox.stat(GPU0).result == "ENOENT"
+    assert not process_running(worker, started)
+
+
+@needs_root
+async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel: str) -> None:
+    await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+
+    reply = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": kernel})
+
+    assert reply.status == 409
+    error = reply.json()
+    assert (error["error"], error["free"], error["requested"]) == ("insufficient_gpus", 1, 2)
+    assert error["retryable"] is True

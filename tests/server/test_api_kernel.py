@@ -1,0 +1,123 @@
+"""The REST API with real Jupyter kernels: one in a sandbox (the sandbox kernel provisioner)
+and one plain, against a real local agent. Nothing stands in for the kernel-to-sandbox
+mapping here: the extension asks the kernel's provisioner itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from jupyter_client.provisioning.factory import KernelProvisionerFactory
+from jupyter_server.serverapp import ServerApp
+from traitlets.config import Config
+
+from jupyter_gpu_hotplug.kernel.provisioner import SandboxedKernelProvisioner, sandboxed_kernelspec
+from tests.fixtures.agent import LocalAgent
+from tests.fixtures.requirements import needs_root
+from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
+
+from .api_support import Fetch, call
+
+pytestmark = [*needs_root, pytest.mark.slow]
+
+BOXED = "gpu-boxed"
+
+
+@pytest.fixture
+def provisioner_factory() -> Iterator[None]:
+    """A fresh provisioner factory: it reads its configuration only when first created."""
+    KernelProvisionerFactory.clear_instance()
+    yield
+    KernelProvisionerFactory.clear_instance()
+
+
+@pytest.fixture
+def jp_server_config(
+    jp_server_config: Config,
+    local_agent: LocalAgent,
+    jp_kernel_dir: Path,
+    sandbox_session: SandboxSession,
+    provisioner_factory: None,
+) -> Config:
+    """Local mode against the agent; kernels of the ``gpu-boxed`` kernelspec are sandboxed
+    (below this run's cgroup parent, so the session's leftover check covers them)."""
+    settings = jp_server_config.GPUHotplug
+    settings.agent_url = local_agent.tcp_url
+    settings.token_path = str(local_agent.token_path)
+    settings.mode = "local"
+    spec = sandboxed_kernelspec(
+        config={"name_prefix": NAME_PREFIX, "cgroup_parent": sandbox_session.cgroup_parent}
+    )
+    (jp_kernel_dir / BOXED).mkdir(parents=True)
+    (jp_kernel_dir / BOXED / "kernel.json").write_text(json.dumps(spec))
+    return jp_server_config
+
+
+StartKernel = Callable[[str], Awaitable[str]]
+
+
+@pytest.fixture
+async def start_kernel(jp_serverapp: ServerApp, jp_fetch: Fetch) -> AsyncIterator[StartKernel]:
+    """Start kernels through the REST API; every one is shut down at the end."""
+    started: list[str] = []
+
+    async def start(name: str) -> str:
+        response = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
+        kernel_id: str = json.loads(response.body)["id"]
+        started.append(kernel_id)
+        return kernel_id
+
+    try:
+        yield start
+    finally:
+        manager = jp_serverapp.kernel_manager
+        for kernel_id in started:
+            if kernel_id in manager:
+                await manager.shutdown_kernel(kernel_id, now=True)  # type: ignore[no-untyped-call]
+
+
+def _device_in(pid: int, name: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of ``/dev/<name>`` as process ``pid`` sees it (its mount namespace)."""
+    try:
+        info = os.stat(f"/proc/{pid}/root/dev/{name}")
+    except FileNotFoundError:
+        return None
+    assert stat.S_ISCHR(info.st_mode)
+    return os.major(info.st_rdev), os.minor(info.st_rdev)
+
+
+async def test_attach_to_a_sandboxed_kernel_and_refuse_a_plain_one(
+    jp_fetch: Fetch, jp_serverapp: ServerApp, start_kernel: StartKernel
+) -> None:
+    boxed = await start_kernel(BOXED)
+    plain = await start_kernel("python3")
+    provisioner = jp_serverapp.kernel_manager.get_kernel(boxed).provisioner
+    assert isinstance(provisioner, SandboxedKernelProvisioner)
+    pid = provisioner.sandbox_pid
+    assert pid is not None
+
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": boxed})
+
+    assert attached.status == 201
+    (attachment,) = attached.json()["attachments"]
+    assert attachment["target"] == {"pid": pid}
+    assert _device_in(pid, "nvidia0") == (195, 0)
+    assert not Path("/dev/nvidia0").exists()  # the server's own /dev is untouched
+    listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": boxed})
+    assert [gpu["uuid"] for gpu in listed.json()["attached"]] == [attachment["uuid"]]
+
+    refused = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": plain})
+
+    assert refused.status == 422
+    assert refused.json()["error"] == "target_not_ready"
+    assert f"kernel {plain} does not run in a GPU sandbox" in refused.json()["message"]
+
+    detached = await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": boxed})
+
+    assert detached.status == 204
+    assert _device_in(pid, "nvidia0") is None

@@ -1,0 +1,144 @@
+"""Kubernetes mode: the target is the notebook's pod, named by the agent from the pod's token.
+
+No local agent can play a Kubernetes agent, so these tests use the client tests' stub agent
+(``tests.client.stub_agent``: a real HTTP server answering contract-checked canned answers)
+and look at what the extension sent it. The stub can also hang an attach, which shows the
+``waiting`` progress events and an attach that fails after them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jupyter_server.serverapp import ServerApp
+from traitlets.config import Config
+
+from tests.client.samples import ATTACHMENTS, GPUS, UUID_A
+from tests.client.stub_agent import StubAgent, running_stub
+
+from .api_support import (
+    Fetch,
+    SseClient,
+    call,
+    eventually,
+    manager_of,
+    progress_states,
+    stream_path,
+)
+
+TOKEN = "pod-token.abc"
+
+
+@pytest.fixture
+def stub() -> Iterator[StubAgent]:
+    directory = Path(tempfile.mkdtemp(prefix="gh-stub-", dir="/tmp"))
+    try:
+        with running_stub(directory / "agent.sock") as agent:
+            agent.respond("GET", "/v1/gpus", 200, GPUS)
+            agent.respond("GET", "/v1/attachments", 200, ATTACHMENTS)
+            yield agent
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config: Config, stub: StubAgent, tmp_path: Path) -> Config:
+    token_path = tmp_path / "token"
+    token_path.write_text(TOKEN)
+    settings = jp_server_config.GPUHotplug
+    settings.agent_url = stub.tcp_url
+    settings.token_path = str(token_path)
+    settings.mode = "kubernetes"
+    settings.metrics_interval = 0.05
+    settings.request_timeout = 0.5
+    return jp_server_config
+
+
+async def test_every_operation_targets_the_pod_itself(jp_fetch: Fetch, stub: StubAgent) -> None:
+    stub.respond("POST", "/v1/attachments", 201, ATTACHMENTS)
+    stub.respond("DELETE", "/v1/attachments/{uuid}", 204)
+    stub.respond("DELETE", "/v1/attachments", 204)
+
+    listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": "any-kernel"})
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": "k"})
+    one = await call(jp_fetch, "POST", "detach", {"uuid": UUID_A, "kernel_id": "k"})
+    every = await call(jp_fetch, "POST", "detach", {"uuid": "all"})
+
+    view = listed.json()
+    assert (view["mode"], view["kernel_id"], view["free"], view["total"]) == (
+        "kubernetes",
+        "any-kernel",
+        1,
+        2,
+    )
+    assert view["simulated"] is True
+    (gpu,) = view["attached"]
+    assert gpu == {**ATTACHMENTS["attachments"][0], "metrics": None}
+    assert attached.status == 201
+    assert attached.json()["attachments"] == ATTACHMENTS["attachments"]
+    assert (one.status, every.status) == (204, 204)
+    sent = [(r.method, r.path, r.query) for r in stub.requests]
+    # No target anywhere: the agent acts on the caller, the pod the token belongs to.
+    # (The two reads of GET gpus run concurrently, in either order.)
+    assert sorted(sent[:2]) == [("GET", "/v1/attachments", {}), ("GET", "/v1/gpus", {})]
+    assert sent[2:] == [
+        ("POST", "/v1/attachments", {}),
+        ("DELETE", f"/v1/attachments/{UUID_A}", {}),
+        ("DELETE", "/v1/attachments", {}),
+    ]
+    (post,) = [r for r in stub.requests if r.method == "POST"]
+    assert post.json() == {"count": 1, "request_id": attached.json()["request_id"]}
+    assert {r.headers["Authorization"] for r in stub.requests} == {f"Bearer {TOKEN}"}
+
+
+async def test_waiting_progress_then_failure_reaches_every_stream(
+    jp_serverapp: ServerApp,
+    http_server: object,
+    jp_http_port: int,
+    jp_fetch: Fetch,
+    stub: StubAgent,
+) -> None:
+    stub.hang("POST", "/v1/attachments")
+    token = jp_serverapp.identity_provider.token
+    path = stream_path(jp_serverapp.base_url)
+    early = await SseClient.connect(jp_http_port, path, token=token)
+
+    attach = asyncio.create_task(
+        call(
+            jp_fetch,
+            "POST",
+            "attach",
+            {"count": 1, "wait_seconds": 0.5, "request_id": "slow-1"},
+        )
+    )
+    before = await early.events_until(
+        lambda e: e.kind == "progress" and e.data["state"] == "waiting"
+    )
+    # A stream opened while the attach is in flight learns of it at once.
+    late = await SseClient.connect(jp_http_port, path, token=token)
+    replayed = await late.events_until(lambda e: e.kind == "progress")
+    reply = await attach
+
+    assert reply.status == 504
+    error = reply.json()
+    assert (error["error"], error["retryable"]) == ("agent_timeout", True)
+    assert "did not answer the request to attach 1 GPU" in error["message"]
+    assert replayed[-1].data["request_id"] == "slow-1"
+    assert replayed[-1].data["state"] in ("started", "waiting")
+    for stream, seen in ((early, before), (late, replayed)):
+        rest = await stream.events_until(
+            lambda e: e.kind == "progress" and e.data["state"] == "failed"
+        )
+        states = progress_states([*seen, *rest], "slow-1")
+        assert states[-1] == "failed" and set(states[:-1]) <= {"started", "waiting"}
+        failed = rest[-1].data
+        assert (failed["error"]["status"], failed["error"]["error"]) == (504, "agent_timeout")
+        assert failed["error"]["message"] == error["message"]
+        await stream.close()
+    assert progress_states(before, "slow-1")[:2] == ["started", "waiting"]
+    await eventually(lambda: not manager_of(jp_serverapp).subscriptions, "no subscription")

@@ -1,0 +1,206 @@
+"""``GET gpu-hotplug/api/stream``: server-sent events of metrics and attach progress.
+
+A real server and a real local agent; the stream is read over a plain socket
+(``SseClient``) so each test decides when the client leaves, and then checks that the
+server-side reader (the request's task) has ended and no subscription is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from jupyter_server.serverapp import ServerApp
+from traitlets.config import Config
+
+from tests.fixtures.agent import LocalAgent, free_tcp_port
+from tests.fixtures.requirements import needs_root
+from tests.fixtures.sandbox import SandboxProbe
+
+from .api_support import (
+    Fetch,
+    RegisteredSandboxes,
+    SseClient,
+    call,
+    eventually,
+    manager_of,
+    progress_states,
+    sandboxes_of,
+    stream_path,
+)
+
+
+@pytest.fixture
+def agent_url(local_agent: LocalAgent) -> str:
+    return local_agent.tcp_url
+
+
+@pytest.fixture
+def token_path(local_agent: LocalAgent) -> Path | None:
+    return local_agent.token_path
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:
+    settings = jp_server_config.GPUHotplug
+    settings.agent_url = agent_url
+    settings.token_path = "" if token_path is None else str(token_path)
+    settings.mode = "local"
+    settings.metrics_interval = 0.05
+    settings.kernel_sandboxes_class = RegisteredSandboxes
+    return jp_server_config
+
+
+@dataclass(frozen=True)
+class Served:
+    """The test server as a client of the stream needs it."""
+
+    app: ServerApp
+    port: int
+
+    async def connect(self, kernel_id: str | None = None) -> SseClient:
+        return await SseClient.connect(
+            self.port,
+            stream_path(self.app.base_url, kernel_id),
+            token=self.app.identity_provider.token,
+        )
+
+
+@pytest.fixture
+def served(jp_serverapp: ServerApp, http_server: object, jp_http_port: int) -> Served:
+    """The server listening (``http_server``) on ``jp_http_port``."""
+    return Served(jp_serverapp, jp_http_port)
+
+
+async def _open(served: Served, kernel_id: str | None = None) -> SseClient:
+    client = await served.connect(kernel_id)
+    assert client.status == 200
+    assert client.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert client.headers["cache-control"] == "no-cache, no-store"
+    return client
+
+
+async def test_metrics_arrive_and_disconnect_ends_the_server_side(served: Served) -> None:
+    manager = manager_of(served.app)
+    client = await _open(served)
+
+    first, second = await client.next_event(), await client.next_event()
+
+    for event in (first, second):
+        assert event is not None and event.kind == "metrics"
+        assert (event.data["free"], event.data["total"], event.data["attached"]) == (2, 2, [])
+    (subscription,) = manager.subscriptions
+    assert subscription.task is not None and not subscription.task.done()
+
+    await client.close()
+
+    await eventually(lambda: not manager.subscriptions, "the subscription is gone")
+    await eventually(subscription.task.done, "the stream's task has ended")
+    assert subscription.task.exception() is None
+
+
+async def test_server_shutdown_ends_open_streams(served: Served, jp_fetch: Fetch) -> None:
+    manager = manager_of(served.app)
+    clients = [await _open(served) for _ in range(2)]
+    for client in clients:
+        assert (await client.next_event()) is not None
+    subscriptions = manager.subscriptions
+
+    await manager.close()  # what the extension does when the server stops
+
+    assert manager.subscriptions == frozenset()
+    for client in clients:
+        await client.body()  # the server ended the response: the read reaches the end
+        await client.close()
+    tasks = [subscription.task for subscription in subscriptions]
+    await eventually(lambda: all(t is not None and t.done() for t in tasks), "the tasks end")
+    late = await call(jp_fetch, "GET", "gpus")
+    assert (late.status, late.json()["error"]) == (503, "shutting_down")
+
+
+async def test_unknown_kernel_is_404_before_any_event(served: Served) -> None:
+    client = await served.connect("nope")
+
+    assert client.status == 404
+    assert client.headers["content-type"].startswith("application/json")
+    assert b'"error": "not_found"' in await client.body()
+    await client.close()
+    assert manager_of(served.app).subscriptions == frozenset()
+
+
+async def test_stream_ends_when_its_kernel_goes_away(
+    served: Served, local_agent: LocalAgent
+) -> None:
+    sandboxes = sandboxes_of(served.app)
+    # The agent refuses its own pid as a target: metrics for this kernel are error events.
+    kernel_id = sandboxes.register("k", local_agent.pid)
+    client = await _open(served, kernel_id)
+    refused = await client.next_event()
+    assert refused is not None and refused.kind == "error"
+    assert (refused.data["status"], refused.data["error"]) == (403, "forbidden")
+
+    del sandboxes.pids[kernel_id]
+    events = await client.events_until(lambda e: e.data.get("error") == "not_found")
+
+    assert events[-1].data["status"] == 404
+    assert await client.next_event() is None  # the server ended the stream
+    await client.close()
+    await eventually(lambda: not manager_of(served.app).subscriptions, "no subscription")
+
+
+class TestAgentDown:
+    @pytest.fixture
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{free_tcp_port()}"
+
+    @pytest.fixture
+    def token_path(self) -> None:
+        return None
+
+    async def test_errors_are_events_and_the_stream_goes_on(self, served: Served) -> None:
+        client = await _open(served)
+
+        first, second = await client.next_event(), await client.next_event()
+
+        for event in (first, second):
+            assert event is not None and event.kind == "error"
+            assert (event.data["status"], event.data["error"]) == (503, "agent_unavailable")
+            assert event.data["message"].startswith("No GPU agent on this node")
+        await client.close()
+
+
+@needs_root
+async def test_progress_of_an_attach_then_metrics_show_the_gpu(
+    served: Served,
+    jp_fetch: Fetch,
+    sandbox: SandboxProbe,
+) -> None:
+    kernel_id = sandboxes_of(served.app).register("kernel-a", sandbox.pid)
+    other = sandboxes_of(served.app).register("kernel-b", sandbox.pid)
+    client = await _open(served, kernel_id)
+    elsewhere = await _open(served, other)
+
+    reply = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel_id, "request_id": "req-1"}
+    )
+    assert reply.status == 201
+
+    events = await client.events_until(
+        lambda e: e.kind == "progress" and e.data["state"] in ("attached", "failed")
+    )
+    states = progress_states(events, "req-1")
+    assert states[0] == "started" and states[-1] == "attached"
+    assert set(states[1:-1]) <= {"waiting"}
+    done = events[-1].data
+    assert (done["kernel_id"], done["count"]) == (kernel_id, 1)
+    assert done["attachments"] == reply.json()["attachments"]
+    shown = await client.events_until(lambda e: e.kind == "metrics" and e.data["attached"])
+    assert shown[-1].data["attached"][0]["uuid"] == done["attachments"][0]["uuid"]
+
+    # Another kernel's stream gets that kernel's metrics but not this attach's progress.
+    seen = [await elsewhere.next_event() for _ in range(3)]
+    assert all(event is not None and event.kind == "metrics" for event in seen)
+    for stream in (client, elsewhere):
+        await stream.close()
+    await eventually(lambda: not manager_of(served.app).subscriptions, "no subscription")

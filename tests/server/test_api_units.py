@@ -1,0 +1,313 @@
+"""The REST API's pure parts: input parsing, the one error mapping, and the stream machinery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from tornado import web
+
+from jupyter_gpu_hotplug._structs import GpuUuid
+from jupyter_gpu_hotplug.client import (
+    AgentConnectionLost,
+    AgentProtocolError,
+    AgentUnavailable,
+    Busy,
+    ClientConfigError,
+    InsufficientGpus,
+    Unauthenticated,
+)
+from jupyter_gpu_hotplug.server.errors import (
+    GpuNotAttached,
+    InvalidInput,
+    KernelIdRequired,
+    KernelNotFound,
+    KernelNotRunning,
+    KernelNotSandboxed,
+    ShuttingDown,
+    error_reply,
+    internal_error_reply,
+)
+from jupyter_gpu_hotplug.server.models import GpusJson, NvmlJson, ProgressJson
+from jupyter_gpu_hotplug.server.stream import EventHub, StreamEvent, Subscription
+from jupyter_gpu_hotplug.server.validation import (
+    AttachRequest,
+    DetachRequest,
+    parse_attach,
+    parse_detach,
+    parse_kernel_query,
+)
+
+UUID = GpuUuid("GPU-0123abcd-4567-89ef-0123-456789abcdef")
+
+# --- input ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"count": 1}', AttachRequest(count=1)),
+        (
+            b'{"count": 8, "kernel_id": "k-1", "wait_seconds": 30, "request_id": "a:b.c_d-1"}',
+            AttachRequest(count=8, kernel_id="k-1", wait_seconds=30.0, request_id="a:b.c_d-1"),  # type: ignore[arg-type]
+        ),
+        (b'{"count": 2, "kernel_id": null}', AttachRequest(count=2)),
+        (b'{"count": 1, "wait_seconds": 0.5}', AttachRequest(count=1, wait_seconds=0.5)),
+    ],
+)
+def test_attach_bodies_accepted(body: bytes, expected: AttachRequest) -> None:
+    assert parse_attach(body, max_count=8) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"uuid": "all"}', DetachRequest(uuid=None)),
+        (
+            f'{{"uuid": "{UUID}", "force": true, "kernel_id": "k"}}'.encode(),
+            DetachRequest(uuid=UUID, force=True, kernel_id="k"),  # type: ignore[arg-type]
+        ),
+    ],
+)
+def test_detach_bodies_accepted(body: bytes, expected: DetachRequest) -> None:
+    assert parse_detach(body) == expected
+
+
+def test_count_limit_follows_the_setting() -> None:
+    assert parse_attach(b'{"count": 3}', max_count=3).count == 3
+    with pytest.raises(InvalidInput, match="from 1 to 2"):
+        parse_attach(b'{"count": 3}', max_count=2)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"count": NaN}', b'{"count": 1, "wait_seconds": Infinity}', b'{"count": 1e400}'],
+)
+def test_non_finite_numbers_are_refused(body: bytes) -> None:
+    with pytest.raises(InvalidInput):
+        parse_attach(body, max_count=8)
+
+
+def test_oversized_body_is_refused_unparsed() -> None:
+    with pytest.raises(InvalidInput, match="larger than") as caught:
+        parse_attach(b" " * 20_000 + b'{"count": 1}', max_count=8)
+    assert caught.value.field == "body"
+
+
+def test_kernel_query() -> None:
+    assert parse_kernel_query({}) is None
+    assert parse_kernel_query({"kernel_id": [b"abc-1"]}) == "abc-1"
+    with pytest.raises(InvalidInput, match="at most once"):
+        parse_kernel_query({"kernel_id": [b"a", b"b"]})
+    with pytest.raises(InvalidInput, match="must be text"):
+        parse_kernel_query({"kernel_id": [b"\xff"]})
+
+
+# --- the one error mapping -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code", "retryable"),
+    [
+        (InvalidInput("x", field="count"), 400, "invalid_request", False),
+        (KernelIdRequired("attach a GPU"), 400, "invalid_request", False),
+        (KernelNotFound("k"), 404, "not_found", False),
+        (GpuNotAttached(UUID, kernel_id="k"), 404, "not_found", False),
+        (KernelNotSandboxed("k"), 422, "target_not_ready", False),
+        (KernelNotRunning("k"), 422, "target_not_ready", True),
+        (ShuttingDown(), 503, "shutting_down", False),
+        (AgentUnavailable(agent_url="unix:/x", reason="no socket"), 503, "agent_unavailable", True),
+        (
+            AgentConnectionLost(
+                agent_url="u", operation="o", reason="r", timed_out=True, attempts=3
+            ),
+            504,
+            "agent_timeout",
+            True,
+        ),
+        (
+            AgentConnectionLost(
+                agent_url="u", operation="o", reason="r", timed_out=False, attempts=1
+            ),
+            502,
+            "agent_connection_lost",
+            True,
+        ),
+        (
+            AgentProtocolError(agent_url="u", operation="o", detail="d"),
+            502,
+            "agent_protocol_error",
+            False,
+        ),
+        (ClientConfigError("bad URL"), 500, "server_misconfigured", False),
+        (
+            Unauthenticated("who?", status=401, code="unauthenticated"),
+            401,
+            "unauthenticated",
+            False,
+        ),
+    ],
+)
+def test_error_statuses_and_codes(
+    error: Exception, status: int, code: str, retryable: bool
+) -> None:
+    reply = error_reply(error)
+
+    assert reply is not None
+    assert (reply.status, reply.body["error"], reply.body["retryable"]) == (status, code, retryable)
+    assert isinstance(reply.body["message"], str) and reply.body["message"]
+    assert isinstance(reply.body["reason"], str) and reply.body["reason"]
+    json.dumps(reply.body)  # every body is JSON
+
+
+def test_agent_errors_keep_the_agents_words_and_extras() -> None:
+    error = InsufficientGpus(
+        "only 1 GPU is free, 2 requested",
+        status=409,
+        code="insufficient_gpus",
+        retryable=True,
+        extra={"free": 1, "requested": 2, "message": "an extra may not replace the envelope"},
+    )
+
+    reply = error_reply(error)
+
+    assert reply is not None
+    assert reply.status == 409
+    assert reply.body == {
+        "error": "insufficient_gpus",
+        "message": "only 1 GPU is free, 2 requested",
+        "reason": "Conflict",
+        "retryable": True,
+        "free": 1,
+        "requested": 2,
+    }
+
+
+def test_busy_lists_the_processes() -> None:
+    error = Busy(
+        "in use",
+        status=409,
+        code="busy",
+        extra={"uuid": UUID, "processes": [{"pid": 7, "command": "python"}]},
+    )
+
+    reply = error_reply(error)
+
+    assert reply is not None
+    assert reply.body["processes"] == [{"pid": 7, "command": "python"}]
+
+
+@pytest.mark.parametrize(
+    "error", [RuntimeError("a bug"), web.HTTPError(403), KeyError("x")], ids=str
+)
+def test_other_exceptions_are_not_ours_to_describe(error: Exception) -> None:
+    assert error_reply(error) is None
+
+
+def test_a_bug_is_described_without_details() -> None:
+    reply = internal_error_reply()
+
+    assert (reply.status, reply.body["error"], reply.body["retryable"]) == (
+        500,
+        "internal_error",
+        False,
+    )
+    assert "log" in str(reply.body["message"])
+
+
+# --- the stream machinery ------------------------------------------------------------------------
+
+
+def test_events_are_one_json_line_each() -> None:
+    event = StreamEvent("error", {"message": "two\nlines"})
+
+    assert event.encode() == b'event: error\ndata: {"message":"two\\nlines"}\n\n'
+
+
+def _progress(request_id: str, state: str) -> ProgressJson:
+    return ProgressJson(
+        request_id=request_id,
+        kernel_id=None,
+        state=state,  # type: ignore[typeddict-item]
+        count=1,
+        elapsed=0.0,
+    )
+
+
+async def _never() -> GpusJson:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _empty_view() -> GpusJson:
+    return GpusJson(
+        mode="local",
+        kernel_id=None,
+        attached=[],
+        free=0,
+        total=0,
+        simulated=False,
+        nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
+        taken_at=0.0,
+    )
+
+
+async def test_close_cancels_a_metrics_read_in_flight() -> None:
+    reads: list[asyncio.Task[object]] = []
+
+    async def slow_view() -> GpusJson:
+        task = asyncio.current_task()
+        assert task is not None
+        reads.append(task)
+        return await _never()
+
+    subscription = Subscription(scope=None, view=slow_view, interval=1.0)
+    reader = asyncio.create_task(subscription.next())
+    while not reads:
+        await asyncio.sleep(0)
+
+    subscription.close()
+
+    assert await reader is None
+    (read,) = reads
+    assert read.cancelled()
+    assert subscription.task is reader
+
+
+async def _drain(hub: EventHub, subscription: Subscription) -> list[str]:
+    """Read like the stream handler does; the states of the progress events seen."""
+    states = []
+    while (event := await subscription.next()) is not None:
+        if event.kind == "progress":
+            states.append(str(event.data["state"]))
+    hub.remove(subscription)
+    return states
+
+
+async def test_hub_routes_progress_by_scope_and_replays_what_is_in_flight() -> None:
+    hub = EventHub()
+    mine, theirs, everyone = (
+        Subscription(scope=scope, view=_empty_view, interval=3600) for scope in ("k1", "k2", None)
+    )
+    for subscription in (mine, theirs, everyone):
+        hub.add(subscription)
+
+    hub.publish(_progress("r1", "started"), scope="k1")
+    late = Subscription(scope="k1", view=_empty_view, interval=3600)
+    hub.add(late)
+    hub.publish(_progress("r1", "attached"), scope="k1")
+    after = Subscription(scope=None, view=_empty_view, interval=3600)
+    hub.add(after)
+    readers = [asyncio.create_task(_drain(hub, s)) for s in (mine, theirs, everyone, late, after)]
+
+    await hub.close(timeout=60)
+
+    assert hub.subscriptions == frozenset()
+    assert [await reader for reader in readers] == [
+        ["started", "attached"],
+        [],
+        ["started", "attached"],
+        ["started", "attached"],
+        [],  # a finished attach is not replayed
+    ]
