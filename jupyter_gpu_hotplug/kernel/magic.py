@@ -1,33 +1,212 @@
 """The ``%gpu`` line magic: the notebook user's typed way to ask for GPUs.
 
 It exists so a user can attach and release GPUs from code cells, next to the toolbar. Like every
-frontend here it stays thin: it parses the line, calls into the library and prints; bad input
-raises IPython's ``UsageError``, which the notebook shows as one line without a traceback.
+frontend here it stays thin: it parses the line, calls ``AgentClient`` (the agent), ``GpuMonitor``
+(what this kernel sees) and ``cuda`` (whether this kernel can still see a new GPU), and prints.
 
 Subcommands are values in ``SUBCOMMANDS`` — a name, a one-line help, how to declare arguments and
-what to run — so adding ``attach``, ``detach``, ``status`` or ``list`` means adding one entry.
-Parsing uses argparse with ``add_help=False`` and an ``error()`` that raises ``UsageError``:
-argparse's default is to print and ``sys.exit``, which must never happen inside a kernel.
+what to run — so adding one means adding one entry. Parsing uses argparse with ``add_help=False``
+and an ``error()`` that raises ``UsageError``: argparse's default is to print and ``sys.exit``,
+which must never happen inside a kernel.
+
+What the user sees when something goes wrong:
+
+- bad input: IPython's ``UsageError`` (one line, no traceback), saying what is expected;
+- the agent refuses or cannot be reached: ``GpuCommandError`` carrying the client error's
+  ``message`` (written for people); IPython shows exceptions that define ``_render_traceback_``
+  as that text alone, and the cell counts as failed, so "Run all" stops before training on CPU.
+
+Long waits: an attach may wait up to ``--wait`` seconds for GPUs. The blocking client call then
+runs in a worker thread while the kernel's own thread keeps one progress line up to date — in
+place in a notebook (a display updated by id), with ``\\r`` on a terminal, as a single line when
+output is not a terminal. Output only ever comes from the kernel's thread.
+
+Bare ``%gpu`` shows the live monitor widget in a notebook and its text form elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import itertools
+import os
+import re
 import shlex
+import stat
+import sys
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from .._version import __version__
+from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
+from ..nvml.state import GpuMonitor
+from . import render
+from .cuda import CudaState, advice, cuda_initialised
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-MAGIC_NAME = "gpu"
-PROG = f"%{MAGIC_NAME}"
+__all__ = [
+    "MAGIC_NAME",
+    "PROG",
+    "SUBCOMMANDS",
+    "GPUMagics",
+    "GpuCommandError",
+    "MagicContext",
+    "Progress",
+    "Subcommand",
+    "register",
+    "run_line",
+]
+
+MAGIC_NAME: Final = "gpu"
+PROG: Final = f"%{MAGIC_NAME}"
+
+MAX_WAIT_SECONDS: Final = 600.0
+"""The agent contract's upper bound for ``wait_seconds`` (``AttachRequest`` in openapi.json)."""
+MIN_INTERVAL: Final = 0.1
+MAX_INTERVAL: Final = 3600.0
+PROGRESS_AFTER: Final = 0.5
+"""Seconds an operation may take before a progress line appears (quick ones show none)."""
+PROGRESS_TICK: Final = 0.25
+"""Seconds between two updates of the progress line."""
+
+_SPINNER: Final = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+_FULL_UUID: Final = re.compile(
+    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)
+_UUID_START: Final = re.compile(r"(?:GPU|MIG)-[0-9a-f][0-9a-f-]{0,35}")
+_DIGITS: Final = re.compile(r"[0-9]{1,6}")
+_NVIDIA_MAJOR: Final = 195
+_T = TypeVar("_T")
+
+
+class GpuCommandError(Exception):
+    """A ``%gpu`` command failed for a reason the user should read (the agent said no, or
+    cannot be reached). Shown as ``message`` alone: no traceback, because it is no bug."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython calls this instead of formatting a traceback (terminal and ipykernel)."""
+        return self.message.splitlines()
+
+
+class Progress(Protocol):
+    """Where a long operation reports that it is still waiting."""
+
+    def update(self, label: str, elapsed: float) -> None:
+        """Still waiting after ``elapsed`` seconds (called every ``PROGRESS_TICK``)."""
+
+    def finish(self, summary: str) -> None:
+        """The wait is over; ``summary`` replaces the progress line."""
+
+
+class DisplayProgress:
+    """A progress line in a notebook: one display, updated in place by its id."""
+
+    def __init__(self) -> None:
+        self._display_id = f"gpu-hotplug-progress-{uuid.uuid4().hex}"
+        self._shown = False
+        self._frames = itertools.cycle(_SPINNER)
+
+    def update(self, label: str, elapsed: float) -> None:
+        self._show(f"{next(self._frames)} {label}… {elapsed:.0f} s")
+
+    def finish(self, summary: str) -> None:
+        self._show(summary)
+
+    def _show(self, text: str) -> None:
+        _display({"text/plain": text}, display_id=self._display_id, update=self._shown)
+        self._shown = True
+
+
+def _display(data: dict[str, str], *, display_id: str | None = None, update: bool = False) -> None:
+    """Publish raw mime ``data`` (IPython's ``display`` is untyped; this is its one caller)."""
+    from IPython.display import display
+
+    display(data, raw=True, display_id=display_id, update=update)  # type: ignore[no-untyped-call]
+
+
+class TerminalProgress:
+    """A progress line on a terminal (rewritten with ``\\r``), or one line when not a tty."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._frames = itertools.cycle(_SPINNER)
+        self._width = 0
+        self._announced = False
+
+    @property
+    def stream(self) -> IO[str]:
+        # Looked up late: IPython and pytest replace sys.stdout after this object is made.
+        return self._stream or sys.stdout
+
+    def update(self, label: str, elapsed: float) -> None:
+        stream = self.stream
+        if stream.isatty():
+            self._rewrite(f"{next(self._frames)} {label}… {elapsed:.0f} s")
+        elif not self._announced:
+            print(f"{label}…", file=stream, flush=True)
+        self._announced = True
+
+    def finish(self, summary: str) -> None:
+        if self.stream.isatty() and self._announced:
+            self._rewrite(summary)
+            print(file=self.stream, flush=True)
+
+    def _rewrite(self, text: str) -> None:
+        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.flush()
+        self._width = len(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MagicContext:
+    """What the subcommands work with; ``GPUMagics`` makes one per shell, tests their own."""
+
+    shell: InteractiveShell | None = None
+    client: Callable[[], AgentClient] = AgentClient.from_environment
+    """Made per command, so a changed environment (agent URL, token path) applies at once."""
+    monitor: Callable[[], GpuMonitor] = GpuMonitor
+    """A fresh monitor per command, closed after use: holding NVML open between commands
+    would freeze this kernel's own NVML device list (see ``nvml.state``)."""
+    cuda: Callable[[], CudaState] = cuda_initialised
+    progress: Callable[[], Progress] | None = None
+    """``None``: a display in a notebook, the terminal otherwise."""
+    progress_after: float = PROGRESS_AFTER
+    progress_tick: float = PROGRESS_TICK
+
+    @property
+    def in_kernel(self) -> bool:
+        """Whether this runs in a Jupyter kernel (which has a frontend) rather than a terminal."""
+        return getattr(self.shell, "kernel", None) is not None
+
+    def new_progress(self) -> Progress:
+        if self.progress is not None:
+            return self.progress()
+        return DisplayProgress() if self.in_kernel else TerminalProgress()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Subcommand:
+    """One ``%gpu <name> ...`` subcommand."""
+
+    name: str
+    help: str
+    """One line, shown in ``%gpu help``."""
+    run: Callable[[argparse.Namespace, MagicContext], None]
+    """Does the work and prints the result; the parsed arguments come in."""
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    """Declares the subcommand's own arguments on its sub-parser (none: no arguments)."""
 
 
 class _MagicArgumentParser(argparse.ArgumentParser):
@@ -40,28 +219,66 @@ class _MagicArgumentParser(argparse.ArgumentParser):
         )
 
 
-def _no_arguments(parser: argparse.ArgumentParser) -> None:
-    """For subcommands that take no arguments: argparse then rejects any extra word."""
+# --- argument types (argparse turns their ArgumentTypeError into a usage error) -------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class Subcommand:
-    """One ``%gpu <name> ...`` subcommand."""
-
-    name: str
-    help: str
-    """One line, shown in ``%gpu help``."""
-    run: Callable[[argparse.Namespace], None]
-    """Does the work and prints the result; the parsed arguments come in."""
-    add_arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
-    """Declares the subcommand's own arguments on its sub-parser."""
+def positive_count(text: str) -> int:
+    """``N`` of ``attach``: a positive whole number, in plain digits."""
+    if _DIGITS.fullmatch(text) is None or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"N must be a positive whole number of GPUs (1, 2, ...), got {text!r}"
+        )
+    return int(text)
 
 
-def _print_version(args: argparse.Namespace) -> None:
+def _seconds(text: str, *, what: str, low: float, high: float, low_inclusive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    above_low = value >= low if low_inclusive else value > low
+    if not (above_low and value <= high):  # also refuses nan and inf
+        bound = f"at least {low:g}" if low_inclusive else f"more than {low:g}"
+        raise argparse.ArgumentTypeError(
+            f"{what} must be a number of seconds, {bound} and at most {high:g}, got {text!r}"
+        )
+    return value
+
+
+def wait_seconds(text: str) -> float:
+    """``--wait S`` of ``attach``: how long the agent may wait for GPUs."""
+    return _seconds(text, what="--wait", low=0.0, high=MAX_WAIT_SECONDS, low_inclusive=False)
+
+
+def refresh_interval(text: str) -> float:
+    """``--interval S`` of ``monitor``: seconds between two refreshes."""
+    return _seconds(
+        text, what="--interval", low=MIN_INTERVAL, high=MAX_INTERVAL, low_inclusive=True
+    )
+
+
+def gpu_selector(text: str) -> str:
+    """``detach``'s argument: ``all``, a GPU/MIG UUID, or the unique beginning of one."""
+    if text.lower() == "all":
+        return "all"
+    kind, dash, rest = text.partition("-")
+    normalised = f"{kind.upper()}{dash}{rest.lower()}"
+    if _UUID_START.fullmatch(normalised) is None:
+        raise argparse.ArgumentTypeError(
+            "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as "
+            f"'{PROG} status' shows) or the beginning of one, got {text!r}"
+        )
+    return normalised
+
+
+# --- subcommands --------------------------------------------------------------------------
+
+
+def _print_version(args: argparse.Namespace, context: MagicContext) -> None:
     print(f"jupyter-gpu-hotplug {__version__}")
 
 
-def _print_help(args: argparse.Namespace) -> None:
+def _print_help(args: argparse.Namespace, context: MagicContext) -> None:
     parser, subparsers = _build_parsers()
     topic = vars(args).get("topic")
     print((parser if topic is None else subparsers[topic]).format_help().rstrip())
@@ -77,7 +294,278 @@ def _add_help_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _plural(count: int, word: str = "GPU") -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicContext) -> _T:
+    """``call()`` in a worker thread while this thread keeps a progress line up to date.
+
+    The worker only makes the blocking request; everything shown is shown from here.
+    """
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-hotplug-magic")
+    started = time.monotonic()
+    progress: Progress | None = None
+    outcome = "failed"
+    try:
+        future = pool.submit(call)
+        timeout = context.progress_after
+        while True:
+            try:
+                result = future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                progress = progress or context.new_progress()
+                progress.update(label, time.monotonic() - started)
+                timeout = context.progress_tick
+                continue
+            outcome = "done"
+            return result
+    except KeyboardInterrupt as interrupt:
+        outcome = "interrupted"
+        raise GpuCommandError(
+            f"Interrupted: stopped waiting. The agent may still finish; run '{PROG} status' "
+            "to see what this kernel has."
+        ) from interrupt
+    finally:
+        # Never wait for the worker here: after an interrupt it may still be blocked.
+        pool.shutdown(wait=False)
+        if progress is not None:
+            progress.finish(f"{label}: {outcome} after {time.monotonic() - started:.1f} s")
+
+
+def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "count",
+        nargs="?",
+        type=positive_count,
+        default=1,
+        metavar="N",
+        help="how many GPUs to attach (default 1)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=wait_seconds,
+        default=None,
+        metavar="S",
+        help=f"how long the agent may wait for the GPUs (default 60 s, at most "
+        f"{MAX_WAIT_SECONDS:g})",
+    )
+
+
+def _attach(args: argparse.Namespace, context: MagicContext) -> None:
+    count: int = args.count
+    client = context.client()
+    limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
+    try:
+        attachments = _wait_with_progress(
+            lambda: client.attach(count, wait_seconds=args.wait),
+            label=f"Attaching {_plural(count)}{limit}",
+            context=context,
+        )
+    except InsufficientGpus as error:
+        raise GpuCommandError(
+            f"{error.message}\n'{PROG} list' shows the node's GPUs and who holds them."
+        ) from error
+    print(f"Attached {_plural(len(attachments))} to this kernel:")
+    print("\n".join(render.attachment_lines(attachments)))
+    print(advice(context.cuda(), attached=len(attachments)))
+
+
+def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "gpu",
+        nargs="?",
+        type=gpu_selector,
+        default=None,
+        metavar="UUID|all",
+        help="the GPU to release (its UUID or a unique beginning of it), or 'all'; "
+        "may be left out when exactly one GPU is attached",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="kill the processes of this kernel's container that use the GPU (this kernel "
+        "too, if it does), then release it",
+    )
+
+
+def _choose(selector: str | None, attachments: Sequence[Attachment]) -> list[Attachment]:
+    """The attachments ``selector`` names (``None``: the only one; ``all``: every one)."""
+    if selector == "all":
+        return list(attachments)
+    if selector is None:
+        if len(attachments) > 1:
+            listing = "\n".join(render.attachment_lines(attachments))
+            raise UsageError(
+                f"{PROG} detach: {len(attachments)} GPUs are attached; name one UUID or 'all':\n"
+                f"{listing}"
+            )
+        return list(attachments)
+    chosen = [a for a in attachments if a.uuid.startswith(selector)]
+    if len(chosen) == 1:
+        return chosen
+    if _FULL_UUID.fullmatch(selector) is not None:
+        # Not attached here as far as we know: let the agent answer (it has the last word).
+        return []
+    which = "none" if not chosen else f"{len(chosen)}"
+    listing = "\n".join(render.attachment_lines(attachments)) or "  (no GPU is attached)"
+    raise UsageError(
+        f"{PROG} detach: {selector!r} matches {which} of the GPUs attached to this kernel:\n"
+        f"{listing}"
+    )
+
+
+def holds_device(minor: int, *, fd_dir: str = "/proc/self/fd") -> bool:
+    """Whether this process has ``/dev/nvidia<minor>`` (c 195:minor) open."""
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            info = os.stat(os.path.join(fd_dir, fd))
+        except OSError:
+            continue  # Closed since listing (the listing's own fd is one).
+        if (
+            stat.S_ISCHR(info.st_mode)
+            and os.major(info.st_rdev) == _NVIDIA_MAJOR
+            and os.minor(info.st_rdev) == minor
+        ):
+            return True
+    return False
+
+
+def _force_notice(chosen: Sequence[Attachment]) -> str:
+    names = ", ".join(a.uuid for a in chosen) or "the GPU"
+    notice = (
+        f"--force: processes of this kernel's container that use {names} will be stopped "
+        "(SIGTERM, then SIGKILL) before the release."
+    )
+    if any(holds_device(a.minor) for a in chosen):
+        notice += (
+            " This kernel itself has the GPU open, so it will be killed too; "
+            "the notebook then shows the kernel as dead or restarting."
+        )
+    return notice
+
+
+def _detach(args: argparse.Namespace, context: MagicContext) -> None:
+    client = context.client()
+    selector: str | None = args.gpu
+    attachments = client.attachments()
+    chosen = _choose(selector, attachments)
+    if selector is not None and selector != "all" and not chosen:
+        uuids = [selector]  # a full UUID the agent did not list for us: it decides
+    else:
+        uuids = [a.uuid for a in chosen]
+    if not uuids:
+        print("No GPU is attached to this kernel; nothing to release.")
+        return
+    if args.force:
+        print(_force_notice(chosen))
+    try:
+        if selector == "all":
+            client.detach_all(force=args.force)
+        else:
+            for gpu_uuid in uuids:
+                client.detach(gpu_uuid, force=args.force)
+    except Busy as error:
+        hint = ""
+        if error.processes and not args.force:
+            gpu = error.uuid or uuids[0]
+            hint = f"\nTo stop them and release the GPU: {PROG} detach {gpu} --force"
+        raise GpuCommandError(f"{error.message}{hint}") from error
+    print(f"Released {_plural(len(uuids))}: {', '.join(uuids)}")
+
+
+def _cuda_line(state: CudaState) -> str:
+    if state.initialised:
+        return (
+            f"CUDA: already initialised in this kernel ({'; '.join(state.evidence)}). GPUs "
+            "attached from now on are seen by new processes only."
+        )
+    return "CUDA: not started in this kernel; GPUs you attach now are usable here."
+
+
+def _status_lines(context: MagicContext) -> list[str]:
+    client = context.client()
+    try:
+        attachments = client.attachments()
+    except AgentClientError as error:
+        lines = [f"GPU agent ({client.agent_url}): {error.message}"]
+    else:
+        lines = [
+            f"GPU agent ({client.agent_url}): {_plural(len(attachments))} attached to this kernel",
+            *render.attachment_lines(attachments),
+        ]
+    with context.monitor() as monitor:
+        lines.extend(render.snapshot_lines(monitor.snapshot()))
+    lines.append(_cuda_line(context.cuda()))
+    return lines
+
+
+def _status(args: argparse.Namespace, context: MagicContext) -> None:
+    print("\n".join(_status_lines(context)))
+
+
+def _list(args: argparse.Namespace, context: MagicContext) -> None:
+    client = context.client()
+    gpus = client.gpus()
+    free = sum(gpu.state == "free" for gpu in gpus)
+    simulated = " (SIMULATED)" if any(gpu.simulated for gpu in gpus) else ""
+    print(f"GPUs on this node{simulated}: {free} free of {len(gpus)}")
+    if gpus:
+        print("\n".join(render.node_gpu_lines(gpus, own_pid=os.getpid())))
+
+
+def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--interval",
+        type=refresh_interval,
+        default=1.0,
+        metavar="S",
+        help=f"seconds between refreshes (default 1; {MIN_INTERVAL:g} to {MAX_INTERVAL:g})",
+    )
+
+
+def _monitor(args: argparse.Namespace, context: MagicContext) -> None:
+    if not context.in_kernel:
+        print("\n".join(_status_lines(context)))
+        print(f"(The live monitor needs a notebook; '{PROG}' there shows it.)")
+        return
+    from IPython.display import display
+
+    from .widget import GpuMonitorWidget
+
+    widget = GpuMonitorWidget(interval=args.interval, cuda_state=context.cuda)
+    display(widget)  # type: ignore[no-untyped-call]
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        name="attach",
+        help="attach N GPUs (default 1) to this kernel",
+        run=_attach,
+        add_arguments=_add_attach_arguments,
+    ),
+    Subcommand(
+        name="detach",
+        help="release a GPU of this kernel (by UUID), or all",
+        run=_detach,
+        add_arguments=_add_detach_arguments,
+    ),
+    Subcommand(
+        name="status",
+        help="this kernel's GPUs, their load, and what CUDA can see",
+        run=_status,
+    ),
+    Subcommand(name="list", help="every GPU of this node and who holds it", run=_list),
+    Subcommand(
+        name="monitor",
+        help="the live GPU monitor (what the magic alone shows)",
+        run=_monitor,
+        add_arguments=_add_monitor_arguments,
+    ),
     Subcommand(name="version", help="print the jupyter-gpu-hotplug version", run=_print_version),
     Subcommand(
         name="help",
@@ -96,7 +584,8 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
     """
     parser = _MagicArgumentParser(
         prog=PROG,
-        description="Attach and release GPUs in this running notebook.",
+        description="Attach and release GPUs in this running notebook. "
+        f"'{PROG}' alone shows the live monitor.",
         add_help=False,
     )
     parser.add_argument("-h", "--help", action="store_true", help="print this help (as 'help')")
@@ -107,38 +596,64 @@ def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argume
         sub = subparsers.add_parser(
             command.name, help=command.help, description=command.help, add_help=False
         )
-        command.add_arguments(sub)
+        if command.add_arguments is not None:
+            command.add_arguments(sub)
         by_name[command.name] = sub
     return parser, by_name
 
 
-def run_line(line: str) -> None:
-    """Parse and run one ``%gpu`` line; kept apart from the Magics class so it is easy to test."""
+def parse_line(line: str) -> tuple[Subcommand, argparse.Namespace]:
+    """The subcommand a ``%gpu`` line asks for, and its arguments; ``UsageError`` if bad."""
     try:
         words: Sequence[str] = shlex.split(line)
     except ValueError as e:
         raise UsageError(f"{PROG}: cannot split {line!r} into words: {e}") from e
-    parser, _ = _build_parsers()
+    parser, subparsers = _build_parsers()
     args = parser.parse_args(words)
     if args.version:
         name = "version"
-    elif args.help or args.subcommand is None:
+    elif args.help:
         name = "help"
+    elif args.subcommand is None:
+        name = "monitor"
+        args = subparsers[name].parse_args([], namespace=args)
     else:
         name = args.subcommand
-    {command.name: command for command in SUBCOMMANDS}[name].run(args)
+    return {command.name: command for command in SUBCOMMANDS}[name], args
+
+
+def run_line(line: str, context: MagicContext | None = None) -> None:
+    """Parse and run one ``%gpu`` line; kept apart from the Magics class so it is easy to test.
+
+    ``AgentClientError``s become ``GpuCommandError`` with the client's message for people.
+    """
+    command, args = parse_line(line)
+    try:
+        command.run(args, context or MagicContext())
+    except AgentClientError as error:
+        raise GpuCommandError(error.message) from error
 
 
 @magics_class
 class GPUMagics(Magics):
-    """Holds the ``%gpu`` magic; IPython instantiates it once per shell."""
+    """Holds the ``%gpu`` magic; IPython instantiates it once per shell.
+
+    ``context`` replaces the collaborators (tests); by default the agent comes from the
+    environment the spawner set (``GPU_HOTPLUG_AGENT_URL``, ``GPU_HOTPLUG_TOKEN_PATH``).
+    """
+
+    def __init__(
+        self, shell: InteractiveShell | None = None, *, context: MagicContext | None = None
+    ) -> None:
+        super().__init__(shell)
+        self.context = context or MagicContext(shell=shell)
 
     @line_magic
     def gpu(self, line: str) -> None:
         """Attach and release GPUs in this running notebook; ``%gpu help`` lists subcommands."""
-        run_line(line)
+        run_line(line, self.context)
 
 
 def register(ipython: InteractiveShell) -> None:
     """Register ``%gpu`` with ``ipython`` (called by ``%load_ext jupyter_gpu_hotplug``)."""
-    ipython.register_magics(GPUMagics)
+    ipython.register_magics(GPUMagics(ipython))

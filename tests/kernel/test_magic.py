@@ -26,7 +26,7 @@ def test_version(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], li
     assert _run(shell, line, capsys) == f"jupyter-gpu-hotplug {__version__}\n"
 
 
-@pytest.mark.parametrize("line", ["help", "--help", "-h", ""])
+@pytest.mark.parametrize("line", ["help", "--help", "-h"])
 def test_help_lists_every_subcommand(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str
 ) -> None:

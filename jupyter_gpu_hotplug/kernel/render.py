@@ -1,0 +1,249 @@
+"""How GPUs look to a person: plain text for ``%gpu`` and terminals, HTML bits for the widget.
+
+Boundary: pure functions from values (``nvml.state.Snapshot``, the client's ``Attachment`` and
+``Gpu``) to strings. No I/O, no IPython, no ipywidgets — so both frontends in the kernel share
+one wording and one set of units, and it is tested without a kernel.
+
+Everything that reaches HTML goes through ``html.escape``: process names come from
+``/proc/<pid>/comm``, which any process may set to anything, markup included.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Final
+
+from .._structs import PidRef
+from ..client import Attachment, Gpu
+from ..nvml.state import GpuProcess, GpuState, Snapshot
+
+__all__ = [
+    "CSS",
+    "attachment_lines",
+    "badge_html",
+    "bar_html",
+    "gpu_row_html",
+    "gpu_summary",
+    "human_bytes",
+    "memory_level",
+    "node_gpu_lines",
+    "percent",
+    "process_table_html",
+    "snapshot_lines",
+    "usage_ratio",
+]
+
+_UNITS: Final = ("B", "KiB", "MiB", "GiB", "TiB")
+_MEMORY_WARNING: Final = 75.0
+_MEMORY_DANGER: Final = 90.0
+_MISSING: Final = "n/a"
+
+CSS: Final = """
+<style>
+.gpuhp-root { color: var(--jp-ui-font-color1, inherit); font-family: var(--jp-ui-font-family,
+  inherit); font-size: var(--jp-ui-font-size1, 13px); }
+.gpuhp-badge { display: inline-block; padding: 0 6px; margin-left: 6px; border-radius: 8px;
+  font-size: var(--jp-ui-font-size0, 11px); font-weight: 600; line-height: 18px;
+  color: var(--jp-ui-inverse-font-color1, #fff); background: var(--jp-warn-color1, #f57c00); }
+.gpuhp-muted { color: var(--jp-ui-font-color2, #757575); }
+.gpuhp-error { color: var(--jp-error-color1, #d32f2f); white-space: pre-wrap; }
+.gpuhp-ok { color: var(--jp-success-color1, #388e3c); white-space: pre-wrap; }
+.gpuhp-warn { color: var(--jp-warn-color0, #e65100); white-space: pre-wrap; }
+.gpuhp-table { border-collapse: collapse; margin: 2px 0 6px 0;
+  font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 12px); }
+.gpuhp-table th { text-align: left; font-weight: 600; color: var(--jp-ui-font-color2, #757575);
+  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0); padding: 1px 12px 1px 0; }
+.gpuhp-table td { padding: 1px 12px 1px 0; color: var(--jp-content-font-color1, inherit); }
+.gpuhp-row { border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 4px;
+  padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent); }
+.gpuhp-metrics { display: grid; grid-template-columns: max-content 220px max-content;
+  gap: 2px 8px; align-items: center; margin: 4px 0; }
+.gpuhp-bar { display: block; height: 10px; border-radius: 3px; overflow: hidden;
+  background: var(--jp-layout-color3, #bdbdbd); }
+.gpuhp-fill { display: block; height: 100%; background: var(--jp-brand-color1, #1976d2); }
+.gpuhp-fill.gpuhp-warning { background: var(--jp-warn-color1, #f57c00); }
+.gpuhp-fill.gpuhp-danger { background: var(--jp-error-color1, #d32f2f); }
+</style>
+"""
+"""Class rules for every HTML piece below. Colours are JupyterLab's theme variables (with
+fallbacks for other frontends), so the widget reads well in light and dark themes alike."""
+
+
+def human_bytes(value: int | None) -> str:
+    """``1073741824`` → ``"1.0 GiB"``; ``None`` → ``"n/a"``."""
+    if value is None:
+        return _MISSING
+    amount = float(value)
+    unit = 0
+    while amount >= 1024 and unit < len(_UNITS) - 1:
+        amount /= 1024
+        unit += 1
+    return f"{value} B" if unit == 0 else f"{amount:.1f} {_UNITS[unit]}"
+
+
+def usage_ratio(used: int | None, total: int | None) -> float | None:
+    """Memory in use as a percentage, or ``None`` when NVML does not say."""
+    if used is None or not total:
+        return None
+    return 100.0 * used / total
+
+
+def percent(value: int | None) -> str:
+    return _MISSING if value is None else f"{value} %"
+
+
+def _number(value: float | None, unit: str, *, digits: int = 0) -> str:
+    return _MISSING if value is None else f"{value:.{digits}f} {unit}"
+
+
+def _power(gpu: GpuState) -> str:
+    if gpu.power_draw is None:
+        return _MISSING
+    limit = "" if gpu.power_limit is None else f" / {gpu.power_limit:.0f} W"
+    return f"{gpu.power_draw:.0f} W{limit}"
+
+
+def gpu_summary(gpu: GpuState) -> str:
+    """One line per GPU: index, name, utilisation, memory, temperature and power."""
+    if gpu.lost:
+        return f"[{gpu.index}] {gpu.name or 'GPU'}  {gpu.uuid or ''}  LOST (stopped answering)"
+    memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    return (
+        f"[{gpu.index}] {gpu.name or 'GPU'}  util {_number(gpu.utilization_gpu, '%')}  "
+        f"memory {memory}  temp {_number(gpu.temperature, '°C')}  power {_power(gpu)}"
+    )
+
+
+def _process_line(process: GpuProcess) -> str:
+    name = process.name or "(not visible here)"
+    return f"{process.pid} {name} ({human_bytes(process.used_memory)})"
+
+
+def snapshot_lines(snapshot: Snapshot) -> list[str]:
+    """What this process sees through NVML, as text lines (first line: the summary)."""
+    simulated = ", SIMULATED" if snapshot.simulated else ""
+    lines = [f"This kernel sees (NVML): {snapshot.message}{simulated}"]
+    for gpu in snapshot.gpus:
+        lines.append(f"  {gpu_summary(gpu)}")
+        if gpu.uuid is not None:
+            lines.append(f"      {gpu.uuid}")
+        if gpu.processes:
+            lines.append("      processes: " + ", ".join(map(_process_line, gpu.processes)))
+    return lines
+
+
+def _local_time(moment: datetime) -> str:
+    return moment.astimezone().strftime("%H:%M:%S")
+
+
+def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
+    """One line per hot-attached GPU."""
+    return [
+        f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}"
+        for a in attachments
+    ]
+
+
+def _holder(gpu: Gpu, *, own_pid: int) -> str:
+    target = gpu.target
+    if target is None:
+        return ""
+    if isinstance(target, PidRef) and target.pid == own_pid:
+        return "this kernel"
+    return str(target)
+
+
+def node_gpu_lines(gpus: Iterable[Gpu], *, own_pid: int) -> list[str]:
+    """The node's GPUs as a table: index, UUID, name, memory, state and who has it."""
+    rows = [("IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD BY")]
+    rows.extend(
+        (
+            str(gpu.index),
+            gpu.uuid,
+            gpu.name,
+            human_bytes(gpu.memory_total),
+            gpu.state,
+            _holder(gpu, own_pid=own_pid),
+        )
+        for gpu in gpus
+    )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return ["  " + _join_padded(row, widths) for row in rows]
+
+
+def _join_padded(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+
+
+# --- HTML pieces for the widget -------------------------------------------------------------
+
+
+def badge_html(text: str) -> str:
+    return f'<span class="gpuhp-badge">{html.escape(text)}</span>'
+
+
+def memory_level(ratio: float | None) -> str:
+    """The memory bar's colour: ``""`` (the theme's), then ``warning`` and ``danger``."""
+    if ratio is not None and ratio >= _MEMORY_DANGER:
+        return "danger"
+    if ratio is not None and ratio >= _MEMORY_WARNING:
+        return "warning"
+    return ""
+
+
+def bar_html(percent: float | None, *, label: str, level: str = "") -> str:
+    """A horizontal bar filled to ``percent`` (0 when unknown), for screen readers too."""
+    filled = min(100.0, max(0.0, percent or 0.0))
+    extra = f" gpuhp-{level}" if level else ""
+    now = "" if percent is None else f' aria-valuenow="{filled:.0f}"'
+    return (
+        f'<span class="gpuhp-bar" role="progressbar" aria-label="{html.escape(label)}" '
+        f'aria-valuemin="0" aria-valuemax="100"{now}>'
+        f'<span class="gpuhp-fill{extra}" style="width: {filled:.1f}%"></span></span>'
+    )
+
+
+def gpu_row_html(gpu: GpuState) -> str:
+    """Everything one GPU shows, as one HTML piece (one model, one message per change):
+    title, utilisation and memory bars, temperature and power, and its processes."""
+    title = (
+        f"<div><b>[{gpu.index}] {html.escape(gpu.name or 'GPU')}</b> "
+        f'<span class="gpuhp-muted">{html.escape(gpu.uuid or "")}</span></div>'
+    )
+    if gpu.lost:
+        return title + '<div class="gpuhp-error">lost: the GPU stopped answering</div>'
+    ratio = usage_ratio(gpu.memory_used, gpu.memory_total)
+    memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    sensors = f"{_number(gpu.temperature, '°C')} · power {_power(gpu)}"
+    metrics = (
+        '<div class="gpuhp-metrics">'
+        '<span class="gpuhp-muted">GPU</span>'
+        + bar_html(gpu.utilization_gpu, label="GPU utilisation")
+        + f"<span>{html.escape(percent(gpu.utilization_gpu))}</span>"
+        '<span class="gpuhp-muted">memory</span>'
+        + bar_html(ratio, label="GPU memory in use", level=memory_level(ratio))
+        + f"<span>{html.escape(memory)}</span>"
+        '<span class="gpuhp-muted">sensors</span>'
+        f'<span style="grid-column: span 2">{html.escape(sensors)}</span>'
+        "</div>"
+    )
+    return title + metrics + process_table_html(gpu.processes)
+
+
+def process_table_html(processes: tuple[GpuProcess, ...] | None) -> str:
+    """The processes on one GPU as a small table (pid, name, memory)."""
+    if processes is None:
+        return '<span class="gpuhp-muted">processes: not available</span>'
+    if not processes:
+        return '<span class="gpuhp-muted">no processes</span>'
+    rows = "".join(
+        f"<tr><td>{process.pid}</td><td>{html.escape(process.name or '(not visible here)')}</td>"
+        f"<td>{html.escape(human_bytes(process.used_memory))}</td></tr>"
+        for process in processes
+    )
+    return (
+        '<table class="gpuhp-table"><tr><th>PID</th><th>PROCESS</th><th>GPU MEMORY</th></tr>'
+        f"{rows}</table>"
+    )

@@ -1,0 +1,656 @@
+"""``%gpu attach|detach|status|list|monitor``: parsing, output and errors, in a real IPython shell.
+
+Most tests give the magic a fake agent client (``FakeAgent``) and read what it prints; the last
+ones talk to a real local-mode agent process. From the test process an attach is refused (pytest
+is no container: the agent will not grant a GPU to a root-cgroup process) — which is itself the
+friendly-error path. Attaching for real, to a kernel in a sandbox, is ``test_kernel_e2e``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_gpu_hotplug.client import (
+    AgentClient,
+    AgentUnavailable,
+    Attachment,
+    Busy,
+    Gpu,
+    InsufficientGpus,
+)
+from jupyter_gpu_hotplug.kernel.cuda import CudaState
+from jupyter_gpu_hotplug.kernel.magic import (
+    GpuCommandError,
+    GPUMagics,
+    MagicContext,
+    TerminalProgress,
+    holds_device,
+    parse_line,
+)
+from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
+from jupyter_gpu_hotplug.nvml.state import GpuMonitor
+from tests.fixtures.agent import LocalAgent, local_agent, local_agent_factory
+from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.requirements import needs_root
+
+# Fixtures of the agent plugin, for as long as tests/conftest.py does not load it.
+__all__ = ["local_agent", "local_agent_factory"]
+
+UUID_A = "GPU-a4bd620b-df27-5b18-a4aa-19cb70a40624"
+UUID_B = "GPU-0661fecd-d4d8-5592-9b31-d7fa74e84f1a"
+UUID_C = "GPU-a4bd0000-0000-4000-8000-000000000000"
+IDLE = CudaState(initialised=False, evidence=())
+STARTED = CudaState(initialised=True, evidence=("torch has initialised CUDA",))
+WAIT_S = 30.0
+"""Upper bound for a thread to reach a point on a loaded shared machine; never asserted."""
+
+
+def attachment(uuid: str, minor: int) -> Attachment:
+    return Attachment.from_wire(
+        {
+            "uuid": uuid,
+            "index": minor,
+            "minor": minor,
+            "name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "device": f"/dev/nvidia{minor}",
+            "target": {"pid": os.getpid()},
+            "holder": None,
+            "attached_at": "2026-01-01T12:00:00Z",
+        }
+    )
+
+
+def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
+    return Gpu.from_wire(
+        {
+            "uuid": uuid,
+            "index": index,
+            "minor": index,
+            "name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "memory_total": 80 * 2**30,
+            "state": state,
+            "target": None if pid is None else {"pid": pid},
+            "simulated": True,
+        }
+    )
+
+
+class FakeAgent:
+    """Stands in for ``AgentClient``: records calls, answers from ``attached``/``errors``."""
+
+    agent_url = "unix:/fake/agent.sock"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.attached: list[Attachment] = []
+        self.node: list[Gpu] = []
+        self.errors: dict[str, Exception] = {}
+        self.attach_started = threading.Event()
+        self.release = threading.Event()
+        """Cleared: ``attach`` blocks until it is set."""
+        self.release.set()
+
+    def _maybe_fail(self, method: str) -> None:
+        if method in self.errors:
+            raise self.errors[method]
+
+    def attach(self, count: int = 1, **kwargs: Any) -> tuple[Attachment, ...]:
+        self.calls.append(("attach", count, kwargs.get("wait_seconds")))
+        self.attach_started.set()
+        if not self.release.wait(WAIT_S):
+            raise AssertionError("the test never released the attach")
+        self._maybe_fail("attach")
+        new = [attachment(UUID_A, 0)][:count]
+        self.attached.extend(new)
+        return tuple(new)
+
+    def attachments(self, target: Any = None) -> tuple[Attachment, ...]:
+        self.calls.append(("attachments",))
+        self._maybe_fail("attachments")
+        return tuple(self.attached)
+
+    def detach(self, uuid: str, *, force: bool = False) -> None:
+        self.calls.append(("detach", uuid, force))
+        self._maybe_fail("detach")
+
+    def detach_all(self, *, target: Any = None, force: bool = False) -> None:
+        self.calls.append(("detach_all", force))
+        self._maybe_fail("detach_all")
+
+    def gpus(self) -> tuple[Gpu, ...]:
+        self.calls.append(("gpus",))
+        self._maybe_fail("gpus")
+        return tuple(self.node)
+
+
+class RecordingProgress:
+    """A ``Progress`` that remembers what it was told."""
+
+    def __init__(self, on_update: Callable[[], None] | None = None) -> None:
+        self.updates: list[tuple[str, float]] = []
+        self.summaries: list[str] = []
+        self._on_update = on_update
+
+    def update(self, label: str, elapsed: float) -> None:
+        self.updates.append((label, elapsed))
+        if self._on_update is not None:
+            self._on_update()
+
+    def finish(self, summary: str) -> None:
+        self.summaries.append(summary)
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    fake = FakeAgent()
+    yield fake
+    fake.release.set()  # never leave a worker thread blocked
+
+
+@pytest.fixture
+def cuda() -> list[CudaState]:
+    return [IDLE]
+
+
+@pytest.fixture
+def progress() -> list[RecordingProgress]:
+    return []
+
+
+@pytest.fixture
+def context(
+    ipython_shell: InteractiveShell,
+    agent: FakeAgent,
+    cuda: list[CudaState],
+    progress: list[RecordingProgress],
+) -> MagicContext:
+    def new_progress() -> RecordingProgress:
+        progress.append(RecordingProgress())
+        return progress[-1]
+
+    return MagicContext(
+        shell=ipython_shell,
+        client=lambda: cast(AgentClient, agent),
+        cuda=lambda: cuda[-1],
+        progress=new_progress,
+    )
+
+
+@pytest.fixture
+def shell(ipython_shell: InteractiveShell, context: MagicContext) -> InteractiveShell:
+    ipython_shell.register_magics(GPUMagics(ipython_shell, context=context))
+    return ipython_shell
+
+
+def run(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixture[str]) -> str:
+    shell.run_line_magic("gpu", line)
+    return capsys.readouterr().out
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "name", "expected"),
+    [
+        ("attach", "attach", {"count": 1, "wait": None}),
+        ("attach 3", "attach", {"count": 3, "wait": None}),
+        ("attach 2 --wait 30", "attach", {"count": 2, "wait": 30.0}),
+        ("attach --wait=0.5", "attach", {"count": 1, "wait": 0.5}),
+        ("attach --wait 600", "attach", {"count": 1, "wait": 600.0}),
+        ("detach", "detach", {"gpu": None, "force": False}),
+        ("detach all --force", "detach", {"gpu": "all", "force": True}),
+        ("detach ALL", "detach", {"gpu": "all", "force": False}),
+        (f"detach {UUID_A}", "detach", {"gpu": UUID_A}),
+        ("detach gpu-A4BD620B", "detach", {"gpu": "GPU-a4bd620b"}),
+        ("detach --force MIG-0abc", "detach", {"gpu": "MIG-0abc", "force": True}),
+        ("status", "status", {}),
+        ("list", "list", {}),
+        ("", "monitor", {"interval": 1.0}),
+        ("monitor --interval 2.5", "monitor", {"interval": 2.5}),
+        ("--version", "version", {}),
+        ("-h", "help", {}),
+    ],
+)
+def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
+    command, args = parse_line(line)
+
+    assert command.name == name
+    assert {key: getattr(args, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("attach 0", "N must be a positive whole number of GPUs (1, 2, ...), got '0'"),
+        ("attach -1", "N must be a positive whole number"),
+        ("attach two", "got 'two'"),
+        ("attach 1.5", "got '1.5'"),
+        ("attach \u0661", "N must be a positive whole number"),  # an Arabic-Indic 1
+        ("attach 1 2", "unrecognized arguments: 2"),
+        ("attach --wait 0", "--wait must be a number of seconds, more than 0 and at most 600"),
+        ("attach --wait 601", "at most 600, got '601'"),
+        ("attach --wait nan", "got 'nan'"),
+        ("attach --wait inf", "got 'inf'"),
+        ("attach --wait", "expected one argument"),
+        ("detach foo", "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
+        ("detach GPU-zz", "got 'GPU-zz'"),
+        ("detach all extra", "unrecognized arguments: extra"),
+        ("monitor --interval 0", "--interval must be a number of seconds, at least 0.1"),
+        ("status extra", "unrecognized arguments: extra"),
+        ("list --force", "unrecognized arguments: --force"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(line: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_line(line)
+
+    assert message in str(caught.value)
+    assert "Run '%gpu help'" in str(caught.value)
+
+
+# --- attach -------------------------------------------------------------------------------
+
+
+def test_attach_says_gpu_ready(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run(shell, "attach", capsys)
+
+    assert agent.calls == [("attach", 1, None)]
+    assert out.splitlines()[0] == "Attached 1 GPU to this kernel:"
+    assert f"{UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0" in out
+    assert "GPU ready: CUDA has not started in this kernel" in out
+    assert "already initialised" not in out
+
+
+def test_attach_after_cuda_started_says_what_to_do(
+    shell: InteractiveShell,
+    cuda: list[CudaState],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cuda.append(STARTED)
+
+    out = run(shell, "attach 1 --wait 5", capsys)
+
+    assert "CUDA is already initialised in this kernel (torch has initialised CUDA)" in out
+    assert "THIS kernel will not see the new GPU" in out
+    assert "!python train.py" in out
+    assert "GPU ready" not in out
+
+
+def test_attach_passes_the_wait(shell: InteractiveShell, agent: FakeAgent) -> None:
+    shell.run_line_magic("gpu", "attach --wait 12.5")
+
+    assert agent.calls == [("attach", 1, 12.5)]
+
+
+def test_slow_attach_shows_progress(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    progress: list[RecordingProgress],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.release.clear()
+    shown = RecordingProgress(on_update=agent.release.set)  # the agent answers once shown
+    shell.register_magics(
+        GPUMagics(
+            shell, context=dataclasses.replace(context, progress=lambda: shown, progress_after=0.0)
+        )
+    )
+
+    out = run(shell, "attach 2 --wait 60", capsys)
+
+    assert shown.updates
+    assert shown.updates[0][0] == "Attaching 2 GPUs (waiting up to 60 s)"
+    assert len(shown.summaries) == 1
+    assert shown.summaries[0].startswith("Attaching 2 GPUs (waiting up to 60 s): done after ")
+    assert "Attached 1 GPU" in out
+    assert progress == [], "the context's own progress factory was replaced"
+
+
+def test_interrupting_the_wait_is_reported_not_raised(
+    shell: InteractiveShell, agent: FakeAgent, context: MagicContext
+) -> None:
+    agent.release.clear()
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    shown = RecordingProgress(on_update=interrupt)  # Ctrl-C while the line is shown
+    shell.register_magics(
+        GPUMagics(
+            shell, context=dataclasses.replace(context, progress=lambda: shown, progress_after=0.0)
+        )
+    )
+
+    with pytest.raises(GpuCommandError, match="Interrupted: stopped waiting"):
+        shell.run_line_magic("gpu", "attach")
+    assert shown.summaries[0].startswith("Attaching 1 GPU: interrupted after")
+
+
+def test_quick_attach_shows_no_progress(
+    shell: InteractiveShell, progress: list[RecordingProgress]
+) -> None:
+    shell.run_line_magic("gpu", "attach")
+
+    assert progress == []
+
+
+def test_insufficient_gpus_points_to_list(shell: InteractiveShell, agent: FakeAgent) -> None:
+    agent.errors["attach"] = InsufficientGpus(
+        "2 GPU(s) requested but 1 free on this node; ask for fewer",
+        status=409,
+        code="insufficient_gpus",
+        extra={"free": 1, "requested": 2},
+    )
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", "attach 2")
+
+    assert caught.value.message == (
+        "2 GPU(s) requested but 1 free on this node; ask for fewer\n"
+        "'%gpu list' shows the node's GPUs and who holds them."
+    )
+
+
+def test_agent_errors_show_the_message_without_traceback(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.errors["gpus"] = AgentUnavailable(agent_url=agent.agent_url, reason="No such file")
+
+    result = shell.run_cell("%gpu list")  # type: ignore[no-untyped-call]
+
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert isinstance(result.error_in_exec, GpuCommandError)
+    assert "No GPU agent on this node" in shown
+    assert "Traceback" not in shown
+    assert "GpuCommandError" not in shown
+
+
+# --- detach -------------------------------------------------------------------------------
+
+
+def test_detach_the_only_gpu(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    out = run(shell, "detach", capsys)
+
+    assert ("detach", UUID_A, False) in agent.calls
+    assert out == f"Released 1 GPU: {UUID_A}\n"
+
+
+def test_detach_with_nothing_attached(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run(shell, "detach all", capsys)
+
+    assert out == "No GPU is attached to this kernel; nothing to release.\n"
+    assert agent.calls == [("attachments",)]
+
+
+def test_detach_without_argument_when_several_are_attached(
+    shell: InteractiveShell, agent: FakeAgent
+) -> None:
+    agent.attached = [attachment(UUID_A, 0), attachment(UUID_B, 1)]
+
+    with pytest.raises(UsageError, match="2 GPUs are attached; name one UUID or 'all'") as caught:
+        shell.run_line_magic("gpu", "detach")
+
+    assert UUID_A in str(caught.value) and UUID_B in str(caught.value)
+    assert [call for call in agent.calls if call[0] == "detach"] == []
+
+
+def test_detach_by_unique_beginning(shell: InteractiveShell, agent: FakeAgent) -> None:
+    agent.attached = [attachment(UUID_A, 0), attachment(UUID_B, 1)]
+
+    shell.run_line_magic("gpu", "detach GPU-0661")
+
+    assert ("detach", UUID_B, False) in agent.calls
+
+
+@pytest.mark.parametrize(
+    ("selector", "matches"), [("GPU-a4bd", "matches 2 of"), ("GPU-ffff", "matches none of")]
+)
+def test_detach_by_unclear_beginning(
+    shell: InteractiveShell, agent: FakeAgent, selector: str, matches: str
+) -> None:
+    agent.attached = [attachment(UUID_A, 0), attachment(UUID_C, 2)]
+
+    with pytest.raises(UsageError, match=matches):
+        shell.run_line_magic("gpu", f"detach {selector}")
+
+
+def test_detach_unknown_full_uuid_lets_the_agent_decide(
+    shell: InteractiveShell, agent: FakeAgent
+) -> None:
+    shell.run_line_magic("gpu", f"detach {UUID_B}")
+
+    assert ("detach", UUID_B, False) in agent.calls
+
+
+def test_detach_all(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0), attachment(UUID_B, 1)]
+
+    out = run(shell, "detach all", capsys)
+
+    assert ("detach_all", False) in agent.calls
+    assert out == f"Released 2 GPUs: {UUID_A}, {UUID_B}\n"
+
+
+def test_force_says_what_it_will_do(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    out = run(shell, f"detach {UUID_A} --force", capsys)
+
+    assert out.splitlines()[0] == (
+        f"--force: processes of this kernel's container that use {UUID_A} will be stopped "
+        "(SIGTERM, then SIGKILL) before the release."
+    )
+    assert ("detach", UUID_A, True) in agent.calls
+
+
+def test_busy_gpu_suggests_force(shell: InteractiveShell, agent: FakeAgent) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    agent.errors["detach"] = Busy(
+        f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
+        status=409,
+        code="busy",
+        extra={"processes": [{"pid": 42, "command": "python"}], "uuid": UUID_A},
+    )
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", "detach")
+
+    assert caught.value.message.splitlines() == [
+        f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
+        f"To stop them and release the GPU: %gpu detach {UUID_A} --force",
+    ]
+
+
+def test_holds_device_ignores_other_devices(tmp_path: Path) -> None:
+    fds = tmp_path / "fd"
+    fds.mkdir()
+    (fds / "0").symlink_to("/dev/null")
+    (fds / "1").symlink_to(tmp_path / "gone")
+
+    assert not holds_device(0, fd_dir=str(fds))
+    assert not holds_device(0, fd_dir=str(tmp_path / "no-such-dir"))
+
+
+@needs_root
+def test_holds_device_sees_an_open_gpu_node(tmp_path: Path) -> None:
+    node = tmp_path / "nvidia3"
+    os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, 3))
+    fds = tmp_path / "fd"
+    fds.mkdir()
+    (fds / "7").symlink_to(node)  # what /proc/self/fd/7 is while nvidia3 is open
+
+    assert holds_device(3, fd_dir=str(fds))
+    assert not holds_device(4, fd_dir=str(fds))
+
+
+# --- status, list, monitor ----------------------------------------------------------------
+
+
+def test_status(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    fake_nvml: FakeNvml,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    shell.register_magics(
+        GPUMagics(
+            shell,
+            context=dataclasses.replace(context, monitor=lambda: GpuMonitor(dev_dir=tmp_path)),
+        )
+    )
+
+    lines = run(shell, "status", capsys).splitlines()
+
+    assert lines[0] == "GPU agent (unix:/fake/agent.sock): 1 GPU attached to this kernel"
+    assert lines[1].startswith(f"  {UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0")
+    assert lines[2] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
+    assert lines[3].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
+    assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
+
+
+def test_status_without_agent_still_shows_this_kernel(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    cuda: list[CudaState],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.errors["attachments"] = AgentUnavailable(agent_url=agent.agent_url, reason="refused")
+    cuda.append(STARTED)
+
+    lines = run(shell, "status", capsys).splitlines()
+
+    assert lines[0].startswith("GPU agent (unix:/fake/agent.sock): No GPU agent on this node")
+    assert any(line.startswith("This kernel sees (NVML): ") for line in lines)
+    assert lines[-1].startswith("CUDA: already initialised in this kernel (torch has")
+
+
+def test_list(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.node = [
+        node_gpu(UUID_A, 0, state="attached", pid=os.getpid()),
+        node_gpu(UUID_B, 1, state="free"),
+    ]
+
+    lines = run(shell, "list", capsys).splitlines()
+
+    assert lines[0] == "GPUs on this node (SIMULATED): 1 free of 2"
+    assert lines[1].split() == ["IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD", "BY"]
+    assert lines[2].split()[:2] == ["0", UUID_A]
+    assert lines[2].endswith("attached  this kernel")
+    assert lines[3].endswith("free")
+
+
+def test_bare_magic_outside_a_notebook_prints_the_monitor_as_text(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run(shell, "", capsys)
+
+    assert "This kernel sees (NVML):" in out
+    assert out.endswith("(The live monitor needs a notebook; '%gpu' there shows it.)\n")
+
+
+# --- terminal progress --------------------------------------------------------------------
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_progress_rewrites_one_line() -> None:
+    stream = _Tty()
+    progress = TerminalProgress(stream)
+
+    progress.update("Attaching 1 GPU", 1.2)
+    progress.update("Attaching 1 GPU", 2.4)
+    progress.finish("Attaching 1 GPU: done after 2.5 s")
+
+    assert stream.getvalue() == (
+        "\r⠋ Attaching 1 GPU… 1 s\r⠙ Attaching 1 GPU… 2 s\rAttaching 1 GPU: done after 2.5 s\n"
+    )
+
+
+def test_progress_into_a_file_is_one_line() -> None:
+    stream = io.StringIO()
+    progress = TerminalProgress(stream)
+
+    progress.update("Attaching 1 GPU", 1.0)
+    progress.update("Attaching 1 GPU", 2.0)
+    progress.finish("Attaching 1 GPU: done after 2.1 s")
+
+    assert stream.getvalue() == "Attaching 1 GPU…\n"
+
+
+# --- against a real local agent -----------------------------------------------------------
+
+
+@pytest.fixture
+def agent_shell(
+    ipython_shell: InteractiveShell, local_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
+) -> InteractiveShell:
+    monkeypatch.setenv("GPU_HOTPLUG_AGENT_URL", local_agent.unix_url)
+    monkeypatch.delenv("GPU_HOTPLUG_TOKEN_PATH", raising=False)
+    ipython_shell.run_line_magic("load_ext", "jupyter_gpu_hotplug")
+    return ipython_shell
+
+
+def test_list_from_a_real_agent(
+    agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = run(agent_shell, "list", capsys).splitlines()
+
+    assert lines[0] == "GPUs on this node (SIMULATED): 2 free of 2"
+    listed = {line.split()[1] for line in lines[2:]}
+    assert listed == {gpu.uuid for gpu in local_agent.gpus()}
+
+
+def test_a_real_agent_refuses_a_process_outside_any_container(
+    agent_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = agent_shell.run_cell("%gpu attach 1")  # type: ignore[no-untyped-call]
+
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert isinstance(result.error_in_exec, GpuCommandError)
+    assert "is not in a container" in shown
+    assert "Traceback" not in shown
+
+
+def test_status_from_a_real_agent(
+    agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run(agent_shell, "status", capsys)
+
+    assert out.startswith(f"GPU agent ({local_agent.unix_url}): ")
+    assert "\nThis kernel sees (NVML): " in out
+    assert "\nCUDA: " in out
