@@ -1,0 +1,42 @@
+"""The demo directory and the starter notebook copied into it."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from jupyter_gpu_hotplug.demo.layout import STARTER_NOTEBOOK, DemoLayout, starter_notebook_text
+
+
+def test_prepare_makes_the_directories_the_demo_writes(tmp_path: Path) -> None:
+    layout = DemoLayout(tmp_path / "demo")
+    layout.prepare()
+    assert layout.notebooks.is_dir()
+    assert stat.S_IMODE(layout.lab_dir.stat().st_mode) == 0o700, "it holds the token"
+    layout.prepare()  # A kept --state-dir is prepared again on the next run.
+
+
+def test_the_starter_is_copied_once_and_an_edited_one_is_kept(tmp_path: Path) -> None:
+    layout = DemoLayout(tmp_path)
+    layout.prepare()
+    starter = layout.install_starter()
+    assert starter == tmp_path / "notebooks" / STARTER_NOTEBOOK
+    assert starter.read_text() == starter_notebook_text()
+    starter.write_text("{}")
+    layout.install_starter()
+    assert starter.read_text() == "{}"
+
+
+def test_remove_deletes_the_whole_run(tmp_path: Path) -> None:
+    layout = DemoLayout(tmp_path / "demo")
+    layout.prepare()
+    layout.install_starter()
+    layout.remove()
+    assert not layout.root.exists()
+
+
+def test_the_agent_socket_and_token_live_in_the_run_directory() -> None:
+    layout = DemoLayout(Path("/tmp/d"))
+    assert layout.agent_url == "unix:/tmp/d/agent.sock"
+    assert layout.agent_token == Path("/tmp/d/agent/token")
+    assert layout.simulation_config.parent == Path("/tmp/d/simulation")
