@@ -411,6 +411,27 @@ async def test_busy_gpu_is_409_until_forced(
 
 
 @needs_root
+async def test_forced_detach_that_ends_the_kernel_itself_releases_the_gpu(
+    jp_fetch: Fetch, local_agent: LocalAgent, sandbox: SandboxProbe, kernel: str
+) -> None:
+    """The kernel process itself uses the GPU: force ends it, and the GPU is still freed."""
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+    uuid = attached.json()["attachments"][0]["uuid"]
+    started = process_start_time(sandbox.pid)
+    assert started is not None
+    local_agent.update_gpu(uuid, processes=(SimulatedProcess(pid=sandbox.pid, used_memory=None),))
+
+    forced = await call(
+        jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": kernel, "force": True}
+    )
+
+    assert forced.status == 204
+    assert not process_running(sandbox.pid, started)
+    gpus = await call(jp_fetch, "GET", "gpus")
+    assert gpus.json()["free"] == gpus.json()["total"]
+
+
+@needs_root
 async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel: str) -> None:
     await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
 
