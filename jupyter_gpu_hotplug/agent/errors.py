@@ -67,6 +67,17 @@ class InvalidRequest(AgentError):
         )
         self.field = field
 
+    @classmethod
+    def request_id_reused(cls, request_id: str, *, used: int, requested: int) -> InvalidRequest:
+        """An attach repeats a ``request_id`` of this target but asks for another count: it is
+        neither a retry (which must be identical) nor a new request."""
+        return cls(
+            f"request_id {request_id!r} was already used by this target for {used} GPU(s), "
+            f"not {requested}",
+            field="request_id",
+            hint="use a new request_id for a new request",
+        )
+
 
 class Unauthenticated(AgentError):
     """401: no credentials, or credentials the agent does not accept."""
@@ -106,7 +117,7 @@ class NotFound(AgentError):
 
     status = 404
     code = "not_found"
-    default_hint = "check the name; GET /v1/attachments and GET /v1/gpus list what exists"
+    default_hint = "check the name; the status command lists the GPUs and what is attached"
     default_retryable = False
 
     def __init__(self, resource: str, name: str, *, hint: str | None = None) -> None:
@@ -151,11 +162,18 @@ class Busy(AgentError):
     @classmethod
     def gpu_in_use(cls, uuid: GpuUuid, processes: Sequence[ProcessInfo]) -> Busy:
         """Detach without force while processes of the target hold the device open."""
+        return cls.gpus_in_use([uuid], processes)
+
+    @classmethod
+    def gpus_in_use(cls, uuids: Sequence[GpuUuid], processes: Sequence[ProcessInfo]) -> Busy:
+        """``gpu_in_use`` for a detach of several GPUs at once (then no single ``uuid``)."""
         listing = ", ".join(f"{p['pid']} ({p['command']})" for p in processes)
+        one = len(uuids) == 1
+        subject = f"GPU {uuids[0]} is" if one else f"GPUs {', '.join(uuids)} are"
         return cls(
-            f"GPU {uuid} is in use by process(es) {listing}",
+            f"{subject} in use by process(es) {listing}",
             processes=processes,
-            uuid=uuid,
+            uuid=uuids[0] if one else None,
             hint="stop them (e.g. shut down the kernel using the GPU) or detach with force=true, "
             "which kills them",
             retryable=False,

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._structs import PidTarget
-from ..linux import busy, cgroup_v1, cgroup_v2, cgroups, devnodes
+from ..linux import devnodes
 from ..linux.devnodes import DeviceNode
 from ..linux.devrules import CharDevice
 from ..linux.engine import (
+    STEP_ERRORS,
     Container,
     DeviceBusyError,
     EngineError,
@@ -113,17 +114,9 @@ class Injector(Protocol):
         """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
 
 
-# The failures of the mechanisms below the engine that a read (status, holders) can meet;
-# the engine wraps them itself in grant and revoke.
-_HOST_ERRORS = (
-    EngineError,
-    cgroup_v1.CgroupV1Error,
-    cgroup_v2.CgroupV2Error,
-    devnodes.DevNodeError,
-    cgroups.CgroupError,
-    busy.BusyError,
-    OSError,
-)
+# What a read (inspect, status, holders) can meet: the engine's own errors and those of the
+# mechanisms below it, which the engine wraps only in grant and revoke.
+_HOST_ERRORS = (EngineError, *STEP_ERRORS)
 
 
 class EngineInjector:
@@ -147,12 +140,8 @@ class EngineInjector:
         container = self._container(target)
         try:
             self._engine.grant(container, devices)
-        except TargetGoneError as e:
-            raise TargetGone(f"{target} exited during the grant") from e
-        except InjectionError as e:
-            raise InjectionFailed(str(e), clean=not e.rollback_errors) from e
         except EngineError as e:
-            raise InjectionFailed(str(e), clean=True) from e
+            raise _change_failed(target, "grant", e) from e
 
     def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
         container = self._container(target)
@@ -160,20 +149,14 @@ class EngineInjector:
             self._engine.revoke(container, devices, force=force)
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
-        except TargetGoneError as e:
-            raise TargetGone(f"{target} exited during the revoke") from e
-        except InjectionError as e:
-            raise InjectionFailed(str(e), clean=not e.rollback_errors) from e
         except EngineError as e:
-            raise InjectionFailed(str(e), clean=True) from e
+            raise _change_failed(target, "revoke", e) from e
 
     def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         container = self._container(target)
         try:
             states = self._engine.status(container, devices)
-        except TargetGoneError as e:
-            raise TargetGone(f"{target} has exited") from e
-        except devnodes.ContainerGoneError as e:
+        except (TargetGoneError, devnodes.ContainerGoneError) as e:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:
             raise InjectionFailed(f"cannot read the devices of {target}: {e}", clean=True) from e
@@ -191,3 +174,12 @@ class EngineInjector:
                 f"cannot tell whether the GPU is in use in {target}: {e}", clean=True
             ) from e
         return [found[pid] for pid in sorted(found)]
+
+
+def _change_failed(target: PidTarget, operation: str, error: EngineError) -> InjectorError:
+    """A failed grant or revoke as the service needs it: whether the host is as before."""
+    if isinstance(error, TargetGoneError):
+        return TargetGone(f"{target} exited during the {operation}")
+    if isinstance(error, InjectionError):
+        return InjectionFailed(str(error), clean=not error.rollback_errors)
+    return InjectionFailed(str(error), clean=True)

@@ -369,11 +369,8 @@ class Ledger:
                     conn, "WHERE a.target_key = ? AND a.request_id = ?", (key, request_id)
                 )
                 if earlier and len(earlier) != count:
-                    raise InvalidRequest(
-                        f"request_id {request_id!r} was already used by this target for "
-                        f"{len(earlier)} GPU(s), not {count}",
-                        field="request_id",
-                        hint="use a new request_id for a new request",
+                    raise InvalidRequest.request_id_reused(
+                        request_id, used=len(earlier), requested=count
                     )
                 if earlier:
                     return earlier

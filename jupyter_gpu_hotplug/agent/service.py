@@ -42,6 +42,7 @@ from .._structs import (
     PidTarget,
     PodTarget,
     ProcessInfo,
+    RequestId,
     Target,
     TargetRef,
     format_timestamp,
@@ -304,14 +305,14 @@ class AgentService:
         if request.request_id is not None:
             earlier = [entry for entry in existing if entry.request_id == request.request_id]
             if earlier:
-                return self._repeat(target, request, earlier)
+                return self._repeat(target, request.request_id, request.count, earlier)
         snapshot = await self._workers.host(self._inventory.snapshot)
         total = len(snapshot.gpus) + len(snapshot.lost)
         if 0 < total < request.count:
             raise InvalidRequest(
                 f"count {request.count} is more than this node's {total} GPU(s)",
                 field="count",
-                hint="GET /v1/gpus lists the node's GPUs",
+                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
             )
         limit = self._config.max_gpus_per_target
         if len(existing) + request.count > limit:
@@ -356,22 +357,15 @@ class AgentService:
         return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
 
     def _repeat(
-        self, target: PidTarget, request: AttachRequest, earlier: list[LedgerEntry]
+        self, target: PidTarget, request_id: RequestId, count: int, earlier: list[LedgerEntry]
     ) -> AttachmentList:
         """The answer to a retried request: the first one's attachments."""
-        if len(earlier) != request.count:
-            raise InvalidRequest(
-                f"request_id {request.request_id!r} was already used by this target for "
-                f"{len(earlier)} GPU(s), not {request.count}",
-                field="request_id",
-                hint="use a new request_id for a new request",
-            )
+        if len(earlier) != count:
+            raise InvalidRequest.request_id_reused(request_id, used=len(earlier), requested=count)
         if any(entry.state is EntryState.RESERVING for entry in earlier):
             # Left by a crash and not yet reconciled: neither done nor undone.
             raise Busy.operation_in_progress(str(target))
-        log.info(
-            "request %s for %s repeated: returning its attachments", request.request_id, target
-        )
+        log.info("request %s for %s repeated: returning its attachments", request_id, target)
         return AttachmentList(attachments=[attachment_of(entry) for entry in earlier])
 
     async def _undo_reservation(
@@ -457,7 +451,7 @@ class AgentService:
             log.info("%s exited during the detach; releasing its record", target)
         except DeviceInUse as e:
             await self._books.cancel_release(uuids)
-            raise _busy(uuids, e.holders) from e
+            raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
         except InjectionFailed as e:
             if e.clean:
                 await self._books.cancel_release(uuids)
@@ -500,18 +494,5 @@ def _attach_error(target: PidTarget, error: InjectorError) -> AgentError:
         f"the GPU could not be made usable in {target}: {error}",
         hint="nothing was left attached; check that the target is a running container with a "
         "normal /dev, and see the agent's log",
-        retryable=False,
-    )
-
-
-def _busy(uuids: Sequence[GpuUuid], holders: Sequence[HolderInfo]) -> Busy:
-    if len(uuids) == 1:
-        return Busy.gpu_in_use(uuids[0], _processes(holders))
-    listing = ", ".join(f"{h.pid} ({h.command})" for h in holders)
-    return Busy(
-        f"GPUs {', '.join(uuids)} are in use by process(es) {listing}",
-        processes=_processes(holders),
-        hint="stop them (e.g. shut down the kernel using the GPU) or detach with force=true, "
-        "which kills them",
         retryable=False,
     )

@@ -37,6 +37,7 @@ from .devnodes import DeviceNode
 from .devrules import RW, CharDevice, DevType
 
 __all__ = [
+    "STEP_ERRORS",
     "Container",
     "DeviceBusyError",
     "DeviceStatus",
@@ -173,8 +174,7 @@ class _Undo:
         return failures
 
 
-# Errors of the mechanisms that mean "this step failed", as opposed to a bug.
-_STEP_ERRORS = (
+STEP_ERRORS = (
     cgroup_v1.CgroupV1Error,
     cgroup_v2.CgroupV2Error,
     devnodes.DevNodeError,
@@ -182,6 +182,9 @@ _STEP_ERRORS = (
     busy.BusyError,
     OSError,
 )
+"""Errors of the mechanisms below the engine that mean "this step failed", as opposed to a
+bug; the engine wraps them in grant and revoke, and a caller of its reads meets them as they
+are."""
 
 
 class HotplugEngine:
@@ -325,7 +328,7 @@ class HotplugEngine:
                     undo.push(f"remove /dev/{node.name}", partial(self._remove, container, node))
                     created.append(node.name)
                     _log_change("mknod", container, [node.device], Path("/dev") / node.name)
-        except (*_STEP_ERRORS, TargetGoneError) as e:
+        except (*STEP_ERRORS, TargetGoneError) as e:
             failures = undo.run()
             if isinstance(e, TargetGoneError) and not failures:
                 raise
@@ -402,7 +405,7 @@ class HotplugEngine:
                     "a process opened the device during revoke", rollback_errors=failures
                 ) from None
             raise
-        except (*_STEP_ERRORS, TargetGoneError) as e:
+        except (*STEP_ERRORS, TargetGoneError) as e:
             failures = undo.run()
             raise InjectionError(
                 f"revoking {_names(wanted)} from process {container.pid} failed: {e}",

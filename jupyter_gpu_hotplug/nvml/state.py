@@ -46,6 +46,7 @@ from .sim.config import SIMULATED_SUFFIX
 from .sim.runtime import is_fake_library
 
 __all__ = [
+    "GpuMetricsJson",
     "GpuMonitor",
     "GpuProcess",
     "GpuProcessJson",
@@ -132,6 +133,37 @@ class GpuState:
     lost: bool = False
     """The GPU stopped answering (``GPU_IS_LOST``); its metrics are then all ``None``."""
 
+    def metrics_json(self) -> GpuMetricsJson:
+        """What the GPU is doing, without who it is: the server extension joins this to the
+        agent's attachment (which says who it is) by UUID."""
+        return GpuMetricsJson(
+            utilization_gpu=self.utilization_gpu,
+            utilization_memory=self.utilization_memory,
+            memory_used=self.memory_used,
+            memory_total=self.memory_total,
+            temperature=self.temperature,
+            power_draw=self.power_draw,
+            power_limit=self.power_limit,
+            processes=None
+            if self.processes is None
+            else [
+                GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory)
+                for p in self.processes
+            ],
+            lost=self.lost,
+        )
+
+    def to_json(self) -> GpuStateJson:
+        """A JSON-ready dict: the metrics and who the GPU is."""
+        return GpuStateJson(
+            uuid=self.uuid,
+            index=self.index,
+            name=self.name,
+            minor=self.minor,
+            **self.metrics_json(),
+            simulated=self.simulated,
+        )
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -149,9 +181,10 @@ class Snapshot:
     taken_at: float
 
     def to_json(self) -> SnapshotJson:
-        """A JSON-ready dict (the server extension's and widget's wire shape)."""
+        """A JSON-ready dict, for diagnostics and tests (the server extension sends
+        :meth:`GpuState.metrics_json` per attached GPU instead)."""
         return SnapshotJson(
-            gpus=[_gpu_json(gpu) for gpu in self.gpus],
+            gpus=[gpu.to_json() for gpu in self.gpus],
             status=self.status.value,
             message=self.message,
             driver_version=self.driver_version,
@@ -167,11 +200,9 @@ class GpuProcessJson(TypedDict):
     used_memory: int | None
 
 
-class GpuStateJson(TypedDict):
-    uuid: str | None
-    index: int
-    name: str | None
-    minor: int | None
+class GpuMetricsJson(TypedDict):
+    """What one GPU is doing now (``None``: not offered): a ``GpuState`` less who the GPU is."""
+
     utilization_gpu: int | None
     utilization_memory: int | None
     memory_used: int | None
@@ -180,8 +211,15 @@ class GpuStateJson(TypedDict):
     power_draw: float | None
     power_limit: float | None
     processes: list[GpuProcessJson] | None
-    simulated: bool
     lost: bool
+
+
+class GpuStateJson(GpuMetricsJson):
+    uuid: str | None
+    index: int
+    name: str | None
+    minor: int | None
+    simulated: bool
 
 
 class SnapshotJson(TypedDict):
@@ -192,29 +230,6 @@ class SnapshotJson(TypedDict):
     cuda_driver_version: str | None
     simulated: bool
     taken_at: float
-
-
-def _gpu_json(gpu: GpuState) -> GpuStateJson:
-    return GpuStateJson(
-        uuid=gpu.uuid,
-        index=gpu.index,
-        name=gpu.name,
-        minor=gpu.minor,
-        utilization_gpu=gpu.utilization_gpu,
-        utilization_memory=gpu.utilization_memory,
-        memory_used=gpu.memory_used,
-        memory_total=gpu.memory_total,
-        temperature=gpu.temperature,
-        power_draw=gpu.power_draw,
-        power_limit=gpu.power_limit,
-        processes=None
-        if gpu.processes is None
-        else [
-            GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory) for p in gpu.processes
-        ],
-        simulated=gpu.simulated,
-        lost=gpu.lost,
-    )
 
 
 # --- reading NVML --------------------------------------------------------------------------------

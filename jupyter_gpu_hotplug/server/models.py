@@ -20,7 +20,7 @@ from typing import Literal, TypedDict
 from .._structs import Attachment as AttachmentWire
 from .._structs import GpuUuid, format_timestamp
 from ..client import Attachment, Gpu
-from ..nvml.state import GpuProcessJson, GpuState, Snapshot
+from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 
 __all__ = [
     "AttachJson",
@@ -41,18 +41,8 @@ Mode = Literal["local", "kubernetes"]
 ProgressState = Literal["started", "waiting", "attached", "failed"]
 
 
-class MetricsJson(TypedDict):
-    """What one GPU is doing now, as this server's NVML sees it (``None``: not offered)."""
-
-    utilization_gpu: int | None
-    utilization_memory: int | None
-    memory_used: int | None
-    memory_total: int | None
-    temperature: int | None
-    power_draw: float | None
-    power_limit: float | None
-    processes: list[GpuProcessJson] | None
-    lost: bool
+MetricsJson = GpuMetricsJson
+"""What one GPU is doing now, as this server's NVML sees it: the NVML layer's own shape."""
 
 
 class AttachedGpuJson(AttachmentWire):
@@ -129,37 +119,11 @@ def attachment_json(attachment: Attachment) -> AttachmentWire:
     )
 
 
-def _metrics(gpu: GpuState) -> MetricsJson:
-    return MetricsJson(
-        utilization_gpu=gpu.utilization_gpu,
-        utilization_memory=gpu.utilization_memory,
-        memory_used=gpu.memory_used,
-        memory_total=gpu.memory_total,
-        temperature=gpu.temperature,
-        power_draw=gpu.power_draw,
-        power_limit=gpu.power_limit,
-        processes=None
-        if gpu.processes is None
-        else [
-            GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory) for p in gpu.processes
-        ],
-        lost=gpu.lost,
-    )
-
-
 def _attached(attachment: Attachment, seen: Mapping[GpuUuid, GpuState]) -> AttachedGpuJson:
-    wire = attachment_json(attachment)
     found = seen.get(attachment.uuid)
     return AttachedGpuJson(
-        uuid=wire["uuid"],
-        index=wire["index"],
-        minor=wire["minor"],
-        name=wire["name"],
-        device=wire["device"],
-        target=wire["target"],
-        holder=wire["holder"],
-        attached_at=wire["attached_at"],
-        metrics=None if found is None else _metrics(found),
+        **attachment_json(attachment),
+        metrics=None if found is None else found.metrics_json(),
     )
 
 
