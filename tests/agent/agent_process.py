@@ -1,5 +1,6 @@
-"""The agent as a real subprocess (``python -m jupyter_gpu_hotplug.agent.app``), for end-to-end
-tests and benchmarks: started, waited for, talked to, killed.
+"""The agent as a real subprocess (``python -m jupyter_gpu_hotplug.agent.app``), for the
+agent's end-to-end tests: started, waited for, talked to, killed, and started again over the
+same state (which ``tests.fixtures.agent``'s one-shot agents do not do).
 
 The TCP port is chosen by the agent (``127.0.0.1:0``) and read back from its log, so parallel
 runs never race for a port. The log (stderr) goes to a file that is shown when a test fails.
@@ -11,13 +12,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
+from tests.fixtures.agent import agent_argv, terminate
 
 from .api_harness import ApiClient
 
@@ -69,17 +70,12 @@ class AgentProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the agent is already running")
         self.starts += 1
-        argv = [
-            sys.executable,
-            "-m",
-            "jupyter_gpu_hotplug.agent.app",
-            "--backend=local",
-            f"--simulate={self.simulate}",
-            f"--state-dir={self.state_dir}",
-            "--listen=127.0.0.1:0",
-            f"--listen=unix:{self.socket_path}",
-            *self.extra_args,
-        ]
+        argv = agent_argv(
+            simulate=self.simulate,
+            state_dir=self.state_dir,
+            listen=["127.0.0.1:0", f"unix:{self.socket_path}"],
+            args=self.extra_args,
+        )
         environ = {**os.environ, **self.env, **(env or {})}
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts}: {' '.join(argv)}\n".encode())
@@ -128,12 +124,7 @@ class AgentProcess:
         process = self.process
         if process is None:
             return 0
-        process.send_signal(signal.SIGTERM)
-        try:
-            code = process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
-            raise AgentDied(f"the agent ignored SIGTERM:\n{self.log()}") from None
+        if not terminate(process):
+            raise AgentDied(f"the agent ignored SIGTERM:\n{self.log()}")
         self.process = None
-        return code
+        return process.returncode

@@ -40,6 +40,16 @@ METHODS = {"get", "put", "post", "delete", "patch", "head", "options"}
 ALL_CODES: set[_structs.ErrorCode] = set(get_args(_structs.ErrorCode))
 
 # The error codes each operation can answer with (DESIGN §3, §4).
+DETACH_ERRORS: set[_structs.ErrorCode] = {
+    "invalid_request",
+    "unauthenticated",
+    "forbidden",
+    "not_found",
+    "busy",
+    "target_not_ready",
+    "timeout",
+    "internal_error",
+}
 EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("get", "/healthz"): {"internal_error"},
     ("get", "/metrics"): {"internal_error"},
@@ -53,26 +63,8 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
         "internal_error",
     },
     ("post", "/v1/attachments"): ALL_CODES,
-    ("delete", "/v1/attachments"): {
-        "invalid_request",
-        "unauthenticated",
-        "forbidden",
-        "not_found",
-        "busy",
-        "target_not_ready",
-        "timeout",
-        "internal_error",
-    },
-    ("delete", "/v1/attachments/{uuid}"): {
-        "invalid_request",
-        "unauthenticated",
-        "forbidden",
-        "not_found",
-        "busy",
-        "target_not_ready",
-        "timeout",
-        "internal_error",
-    },
+    ("delete", "/v1/attachments"): DETACH_ERRORS,
+    ("delete", "/v1/attachments/{uuid}"): DETACH_ERRORS,
 }
 UNAUTHENTICATED_PATHS = {"/healthz", "/metrics", "/v1/openapi.json"}
 

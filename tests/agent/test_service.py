@@ -8,7 +8,6 @@ time; retries with a ``request_id`` do not attach twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from jupyter_gpu_hotplug.agent.resolver import ContainerId
 from jupyter_gpu_hotplug.agent.validation import AttachRequest
 from jupyter_gpu_hotplug.agent.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from tests.fixtures.waiting import eventually
 
 from .fakes import Gate, clean_failure, unclean_failure
 from .service_harness import ADMIN, Harness, build, peer
@@ -41,15 +41,6 @@ def request(count: int = 1, pid: int | None = None, request_id: str | None = Non
         wait_seconds=60.0,
         request_id=None if request_id is None else RequestId(request_id),
     )
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``condition`` on the event loop (other tasks run meanwhile) until it holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{condition} did not hold within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 def gpu(minor: int) -> CharDevice:
@@ -413,7 +404,7 @@ async def test_pause_hook_stops_an_attach_at_its_step(tmp_path: Path, workers: W
     try:
         kernel = harness.host.spawn(100, "kernel-a")
         attach = asyncio.create_task(harness.service.attach(ADMIN, request(1, pid=100)))
-        await wait_until(marker_path(tmp_path, "after_grant").exists)
+        await eventually(marker_path(tmp_path, "after_grant").exists, "the attach pauses")
         assert not attach.done()
 
         (entry,) = harness.ledger.attachments()

@@ -31,6 +31,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from jupyter_gpu_hotplug.agent import openapi_document
+from tests.fixtures.agent import Listening
 
 DOC: Final[dict[str, Any]] = json.loads(openapi_document())
 _BASE: Final = "urn:gpu-hotplug-agent-openapi"
@@ -184,7 +185,7 @@ class _Handler(tornado.web.RequestHandler):
         await self._serve()
 
 
-class StubAgent:
+class StubAgent(Listening):
     """Answers like the agent on TCP (``tcp_url``), a unix socket (``unix_url``) and, given a
     certificate, on TLS (``https_url``)."""
 
@@ -200,14 +201,6 @@ class StubAgent:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="stub-agent", daemon=True)
         self.port = 0
-
-    @property
-    def tcp_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def unix_url(self) -> str:
-        return f"unix:{self.socket_path}"
 
     @property
     def https_url(self) -> str:

@@ -1,8 +1,10 @@
-"""Fixtures for the demo's end-to-end tests: demos started as subprocesses, always cleaned up."""
+"""Fixtures for the demo's tests: demos started as subprocesses (always cleaned up), and a
+port already in use."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,3 +59,12 @@ def demo_factory(tmp_path: Path) -> Iterator[DemoFactory]:
         yield factory
     finally:
         factory.close()
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that a socket listens on for the duration of the test."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]

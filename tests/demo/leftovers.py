@@ -10,7 +10,6 @@ code under test to report on itself. A process is known by its pid *and* start t
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import sqlite3
@@ -22,9 +21,9 @@ from jupyter_gpu_hotplug.demo.labconfig import SANDBOX_NAME_PREFIX
 from jupyter_gpu_hotplug.kernel.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 from jupyter_gpu_hotplug.linux import cgroups, procfs
 from jupyter_gpu_hotplug.linux.bpf import syscall
-from jupyter_gpu_hotplug.linux.bpf.syscall import BpfError, ProgId
+from jupyter_gpu_hotplug.linux.bpf.syscall import ProgId
 
-from ..fixtures.sandbox import process_running
+from ..fixtures.host_state import process_running, stat_fields
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,9 @@ def _parents() -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        parents[int(entry.name)] = int(fields[1])
+        fields = stat_fields(int(entry.name))
+        if fields is not None:
+            parents[int(entry.name)] = int(fields[1])
     return parents
 
 
@@ -128,17 +125,6 @@ def device_programs(directories: list[Path]) -> set[ProgId]:
         with syscall.Fd(os.open(directory, os.O_RDONLY | os.O_DIRECTORY)) as fd:
             ids |= set(syscall.prog_query(fd).prog_ids)
     return ids
-
-
-def program_loaded(prog_id: ProgId) -> bool:
-    """Whether a BPF program with this id is still loaded anywhere in the kernel."""
-    try:
-        syscall.prog_get_fd_by_id(prog_id).close()
-    except BpfError as error:
-        if error.errno == errno.ENOENT:
-            return False
-        raise
-    return True
 
 
 def processes_mentioning(text: str) -> list[Proc]:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +29,6 @@ os.setegid({NOBODY})
 os.seteuid({NOBODY})
 sys.exit(cli.main(sys.argv[1:]))
 """
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        yield server.getsockname()[1]
 
 
 def parse(*argv: str) -> DemoOptions:

@@ -27,6 +27,7 @@ import pytest
 from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.client import Gpu
 
+from ..fixtures.host_state import bpf_program_loaded
 from ..fixtures.requirements import needs_root
 from . import leftovers
 from .conftest import DemoFactory
@@ -170,7 +171,7 @@ def test_demo_hot_plugs_gpus_into_running_kernels_and_leaves_nothing_behind(
     assert leftovers.processes_mentioning(str(demo.layout.root)) == []
     assert leftovers.demo_sandboxes() == []
     assert leftovers.all_sandbox_cgroups() == sandbox_cgroups_before
-    assert [p for p in programs if leftovers.program_loaded(p)] == []
+    assert [p for p in programs if bpf_program_loaded(p)] == []
     assert leftovers.mountinfo() == mounts_before
     ledger = leftovers.read_ledger(demo.layout.agent_state)
     assert ledger.attachments == []

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +13,6 @@ from jupyter_gpu_hotplug.demo.errors import DemoUnavailable
 from jupyter_gpu_hotplug.demo.options import DemoOptions
 
 from ..fixtures.agent import free_tcp_port
-
-
-@pytest.fixture
-def listening_port() -> Iterator[int]:
-    """A port of 127.0.0.1 that a socket listens on for the duration of the test."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        yield server.getsockname()[1]
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
@@ -58,10 +47,10 @@ def test_the_hint_names_this_installations_jupyter() -> None:
     assert str(jupyter) in hint
 
 
-def test_a_busy_port_is_named_with_a_free_alternative(listening_port: int) -> None:
+def test_a_busy_port_is_named_with_a_free_alternative(busy_port: int) -> None:
     with pytest.raises(DemoUnavailable) as caught:
-        preflight.check_port("127.0.0.1", listening_port)
-    assert f"Port {listening_port} on 127.0.0.1 is already in use" in caught.value.reason
+        preflight.check_port("127.0.0.1", busy_port)
+    assert f"Port {busy_port} on 127.0.0.1 is already in use" in caught.value.reason
     assert "--port" in caught.value.hint
 
 
@@ -114,8 +103,8 @@ def test_missing_jupyterlab_is_named_with_the_install_command(
     assert "pip install jupyterlab" in caught.value.hint
 
 
-def test_checks_run_in_the_order_a_user_fixes_them(listening_port: int) -> None:
-    options = DemoOptions(port=listening_port)
+def test_checks_run_in_the_order_a_user_fixes_them(busy_port: int) -> None:
+    options = DemoOptions(port=busy_port)
     with pytest.raises(DemoUnavailable, match="needs Linux"):
         preflight.preflight(options, socket_path=None, platform="darwin", euid=1000)
     with pytest.raises(DemoUnavailable, match="must run as root"):

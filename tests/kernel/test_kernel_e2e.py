@@ -25,14 +25,11 @@ from jupyter_client.manager import AsyncKernelManager, start_new_async_kernel
 
 from jupyter_gpu_hotplug.kernel.provisioner import sandboxed_kernelspec, write_sandboxed_kernelspec
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV, SimulatedProcess
-from tests.fixtures.agent import LocalAgent, local_agent, local_agent_factory
+from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
 
 from .cuda_stand_in import build_stand_in
-
-# Fixtures of the agent plugin, for as long as tests/conftest.py does not load it.
-__all__ = ["local_agent", "local_agent_factory"]
 
 pytestmark = [*needs_root, pytest.mark.slow]
 

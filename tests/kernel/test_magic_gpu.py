@@ -40,35 +40,17 @@ from jupyter_gpu_hotplug.kernel.magic import (
 )
 from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
-from tests.fixtures.agent import LocalAgent, local_agent, local_agent_factory
+from tests.fixtures.agent import LocalAgent
 from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 
-# Fixtures of the agent plugin, for as long as tests/conftest.py does not load it.
-__all__ = ["local_agent", "local_agent_factory"]
+from .samples import STARTED, attachment
 
 UUID_A = "GPU-a4bd620b-df27-5b18-a4aa-19cb70a40624"
 UUID_B = "GPU-0661fecd-d4d8-5592-9b31-d7fa74e84f1a"
 UUID_C = "GPU-a4bd0000-0000-4000-8000-000000000000"
-IDLE = CudaState(initialised=False, evidence=())
-STARTED = CudaState(initialised=True, evidence=("torch has initialised CUDA",))
 WAIT_S = 30.0
 """Upper bound for a thread to reach a point on a loaded shared machine; never asserted."""
-
-
-def attachment(uuid: str, minor: int) -> Attachment:
-    return Attachment.from_wire(
-        {
-            "uuid": uuid,
-            "index": minor,
-            "minor": minor,
-            "name": "NVIDIA H100 80GB HBM3 (simulated)",
-            "device": f"/dev/nvidia{minor}",
-            "target": {"pid": os.getpid()},
-            "holder": None,
-            "attached_at": "2026-01-01T12:00:00Z",
-        }
-    )
 
 
 def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
@@ -159,11 +141,6 @@ def agent() -> Iterator[FakeAgent]:
 
 
 @pytest.fixture
-def cuda() -> list[CudaState]:
-    return [IDLE]
-
-
-@pytest.fixture
 def progress() -> list[RecordingProgress]:
     return []
 
@@ -196,6 +173,17 @@ def shell(ipython_shell: InteractiveShell, context: MagicContext) -> Interactive
 def run(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixture[str]) -> str:
     shell.run_line_magic("gpu", line)
     return capsys.readouterr().out
+
+
+def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``%gpu line`` as a cell that fails with a friendly message; what the user sees."""
+    result = shell.run_cell(f"%gpu {line}")  # type: ignore[no-untyped-call]
+
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert isinstance(result.error_in_exec, GpuCommandError)
+    assert "Traceback" not in shown
+    return shown
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -371,13 +359,9 @@ def test_agent_errors_show_the_message_without_traceback(
 ) -> None:
     agent.errors["gpus"] = AgentUnavailable(agent_url=agent.agent_url, reason="No such file")
 
-    result = shell.run_cell("%gpu list")  # type: ignore[no-untyped-call]
+    shown = run_refused(shell, "list", capsys)
 
-    captured = capsys.readouterr()
-    shown = captured.out + captured.err
-    assert isinstance(result.error_in_exec, GpuCommandError)
     assert "No GPU agent on this node" in shown
-    assert "Traceback" not in shown
     assert "GpuCommandError" not in shown
 
 
@@ -637,13 +621,7 @@ def test_list_from_a_real_agent(
 def test_a_real_agent_refuses_a_process_outside_any_container(
     agent_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    result = agent_shell.run_cell("%gpu attach 1")  # type: ignore[no-untyped-call]
-
-    captured = capsys.readouterr()
-    shown = captured.out + captured.err
-    assert isinstance(result.error_in_exec, GpuCommandError)
-    assert "is not in a container" in shown
-    assert "Traceback" not in shown
+    assert "is not in a container" in run_refused(agent_shell, "attach 1", capsys)
 
 
 def test_status_from_a_real_agent(

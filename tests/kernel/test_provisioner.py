@@ -9,13 +9,11 @@ the kernels' ``pynvml`` loads the fake NVML, which shows a GPU only where its no
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +49,16 @@ from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
+from tests.fixtures.host_state import (
+    bpf_program_loaded,
+    mount_namespaces_in_use,
+    process_running,
+    process_start_time,
+)
 from tests.fixtures.nvml import FakeNvmlNode
 from tests.fixtures.requirements import needs_root
-from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession, process_running, process_start_time
+from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
+from tests.fixtures.waiting import eventually
 
 DEADLINE_S = 60.0
 """Upper bound for a kernel to start or answer on a loaded shared machine; never asserted."""
@@ -91,16 +96,6 @@ def _gpu_count():
     finally:
         pynvml.nvmlShutdown()
 """
-
-
-async def _eventually(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` (asynchronous kernel-side clean-up) until true or fail after
-    :data:`DEADLINE_S`."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.05)
 
 
 # ---- pure parts (no root) ----------------------------------------------------------------
@@ -334,25 +329,6 @@ def _expected_cgroups(sandbox: Sandbox) -> dict[str, str]:
     return expected
 
 
-def _program_gone(prog_id: syscall.ProgId) -> bool:
-    try:
-        syscall.prog_get_fd_by_id(prog_id).close()
-    except syscall.BpfError as e:
-        return e.errno == errno.ENOENT
-    return False
-
-
-def _mount_namespace_in_use(inode: int) -> bool:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}/ns/mnt").st_ino == inode:
-                    return True
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue  # Exited while we looked, or a zombie (no namespaces left).
-    return False
-
-
 @dataclass(frozen=True)
 class Remains:
     """What a sandbox could leave behind, recorded while it runs."""
@@ -385,12 +361,15 @@ class Remains:
         # The kernel frees a cgroup's programs and a namespace asynchronously.
         if self.program is not None:
             program = self.program
-            await _eventually(lambda: _program_gone(program), f"BPF program {program} is freed")
+            await eventually(
+                lambda: not bpf_program_loaded(program), f"BPF program {program} is freed"
+            )
         if self.mount_ns not in {sandbox.mount_ns for sandbox in live}:
             # A namespace's inode number is reused once it is freed: a live sandbox having
             # it proves the old one is gone.
-            await _eventually(
-                lambda: not _mount_namespace_in_use(self.mount_ns), "the mount namespace is gone"
+            await eventually(
+                lambda: self.mount_ns not in mount_namespaces_in_use(),
+                "the mount namespace is gone",
             )
 
 
@@ -477,7 +456,7 @@ class TestSandboxedKernels:
         old = Remains.of(kernel.sandbox)
 
         os.kill(old_pid, signal.SIGKILL)  # The restarter notices and restarts the kernel.
-        await _eventually(
+        await eventually(
             lambda: kernel.provisioner.sandbox_pid not in (None, old_pid),
             "the kernel runs again",
         )

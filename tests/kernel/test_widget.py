@@ -11,8 +11,6 @@ import asyncio
 import dataclasses
 import os
 import re
-import stat
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -25,40 +23,15 @@ from jupyter_gpu_hotplug.client import AgentUnavailable, AsyncAgentClient, Attac
 from jupyter_gpu_hotplug.kernel import render
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.widget import TASK_PREFIX, GpuMonitorWidget
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor, GpuProcess
-from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
+from tests.fixtures.waiting import eventually
 
-DEADLINE_S = 30.0
-"""Upper bound for a condition to come true on a loaded shared machine; never asserted."""
+from .samples import STARTED, attachment
+
 INTERVAL = 0.1
-IDLE = CudaState(initialised=False, evidence=())
-STARTED = CudaState(initialised=True, evidence=("torch has initialised CUDA",))
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.01)
-
-
-def attachment(uuid: str, minor: int) -> Attachment:
-    return Attachment.from_wire(
-        {
-            "uuid": uuid,
-            "index": minor,
-            "minor": minor,
-            "name": "NVIDIA H100 80GB HBM3 (simulated)",
-            "device": f"/dev/nvidia{minor}",
-            "target": {"pid": os.getpid()},
-            "holder": None,
-            "attached_at": "2026-01-01T00:00:00Z",
-        }
-    )
 
 
 class FakeAgent:
@@ -93,13 +66,6 @@ class FakeAgent:
 
 
 @pytest.fixture
-def dev(tmp_path: Path) -> Path:
-    directory = tmp_path / "dev"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def monitor(fake_nvml: FakeNvml, dev: Path) -> Iterator[GpuMonitor]:
     with GpuMonitor(dev_dir=dev) as gpu_monitor:
         yield gpu_monitor
@@ -108,12 +74,6 @@ def monitor(fake_nvml: FakeNvml, dev: Path) -> Iterator[GpuMonitor]:
 @pytest.fixture
 def agent() -> FakeAgent:
     return FakeAgent()
-
-
-@pytest.fixture
-def cuda() -> list[CudaState]:
-    """What the widget's CUDA check answers (the last item)."""
-    return [IDLE]
 
 
 def _widget_tasks() -> set[asyncio.Task[Any]]:
@@ -263,9 +223,9 @@ async def test_hot_attached_device_node_adds_a_row(
     assert widget.rows == {}
     gpu = fake_nvml.gpus[1]
 
-    os.mknod(dev / f"nvidia{gpu.minor}", 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, gpu.minor))
+    node = add_gpu_node(dev, gpu.minor)
     await eventually(lambda: list(widget.rows) == [gpu.uuid], "the attached GPU is shown")
-    (dev / f"nvidia{gpu.minor}").unlink()
+    node.unlink()
     await eventually(lambda: widget.rows == {}, "the detached GPU is gone")
 
 

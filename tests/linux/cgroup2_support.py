@@ -1,7 +1,8 @@
-"""Helpers for tests that need a real cgroup2 hierarchy and a process to put in it.
+"""Helpers for tests that need a real cgroup2 hierarchy (the process to put in it is
+``tests.linux.probes.Probe``).
 
-Plain functions and classes, not fixtures: each test module wraps them in its
-own fixtures so that cleanup order stays visible where it matters.
+Plain functions, not fixtures: each test module wraps them in its own fixtures so that
+cleanup order stays visible where it matters.
 """
 
 from __future__ import annotations
@@ -9,22 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-
-_CHILD_SCRIPT = r"""
-import os, sys
-for line in sys.stdin:
-    try:
-        os.close(os.open(line.rstrip("\n"), os.O_RDONLY))
-    except OSError as error:
-        print(error.errno, flush=True)
-    else:
-        print(0, flush=True)
-"""
 
 
 def _unescape_mountinfo(field: str) -> str:
@@ -68,38 +56,3 @@ def temporary_cgroup(mount: Path) -> Iterator[Path]:
                 with contextlib.suppress(ProcessLookupError):
                     (home / "cgroup.procs").write_text(pid)
             os.rmdir(directory)
-
-
-class Child:
-    """A process we control over a pipe: it opens paths and reports 0 or the errno."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD_SCRIPT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def move_to(self, cgroup: Path) -> None:
-        (cgroup / "cgroup.procs").write_text(str(self.pid))
-
-    def open_errno(self, path: str | Path) -> int:
-        """0 when the child could open ``path`` read-only, else the errno it got."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(f"{path}\n")
-        self.process.stdin.flush()
-        answer = self.process.stdout.readline()
-        assert answer, f"child {self.pid} died (exit status {self.process.poll()})"
-        return int(answer)
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        self.process.stdout.close()

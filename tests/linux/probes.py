@@ -1,10 +1,10 @@
 """Test helpers for the host mechanics: a controllable child process and scratch v1 cgroups.
 
-A :class:`Probe` is a small Python child driven over a pipe: it opens paths on
-request and answers ``OK`` or the errno name, so a test can watch a *running*
-process gain and lose access (ENXIO = the cgroup allowed a ``c 195:N`` node that
-has no driver here, EPERM = the cgroup denied it). It names itself ``h4probe``
-so tests can check the command name other code reports.
+A :class:`Probe` is the test suite's probe program (:mod:`tests.fixtures.sandbox_probe`) run
+as a plain child of the test, outside any sandbox: the test moves it between cgroups itself
+and asks it to open paths, so it can watch a *running* process gain and lose access (ENXIO =
+the cgroup allowed a ``c 195:N`` node that has no driver here, EPERM = the cgroup denied it).
+It names itself ``PROBE_COMM`` so tests can check the command name other code reports.
 """
 
 from __future__ import annotations
@@ -15,78 +15,33 @@ import stat
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from jupyter_gpu_hotplug.linux import cgroups
+from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
+from tests.fixtures.probe_client import PROBE_SCRIPT, ProbeClient
 
 PROBE_COMM = "h4probe"
 
-_CHILD = r"""
-import ctypes, errno, os, signal, sys
-ctypes.CDLL(None).prctl(15, b"@COMM@", 0, 0, 0)  # PR_SET_NAME
-held = []
-print("READY", flush=True)
-for line in sys.stdin:
-    command, *args = line.split()
-    try:
-        if command == "open":
-            os.close(os.open(args[0], os.O_RDWR))
-            reply = "OK"
-        elif command == "hold":
-            held.append(os.open(args[0], os.O_RDONLY))
-            reply = "OK " + str(held[-1])
-        elif command == "ignore-term":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            reply = "OK"
-        else:
-            reply = "ERR unknown command"
-    except OSError as e:
-        reply = "ERR " + errno.errorcode[e.errno]
-    print(reply, flush=True)
-""".replace("@COMM@", PROBE_COMM)
 
-
-class Probe:
-    """A running child process that opens device nodes when asked."""
+class Probe(ProbeClient):
+    """A running child process that opens and holds device nodes when asked."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-u", "-c", _CHILD],
+            [sys.executable, "-I", "-S", str(PROBE_SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
         )
-        ready = self._readline()
-        if ready != "READY":
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            super().__init__(self.process.pid, stdin=self.process.stdin, stdout=self.process.stdout)
+            if (named := self.set_name(PROBE_COMM)) != "OK":
+                raise RuntimeError(f"the probe could not rename itself: {named}")
+        except BaseException:
             self.close()
-            raise RuntimeError(f"probe failed to start: {ready!r}")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _readline(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline().strip()
-
-    def ask(self, command: str) -> str:
-        assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self._readline()
-
-    def open(self, path: Path) -> str:
-        """``OK`` if the node opened read-write, else the errno name (``EPERM``, ``ENXIO``)."""
-        reply = self.ask(f"open {path}")
-        return reply.removeprefix("ERR ")
-
-    def hold(self, path: Path) -> int:
-        """Open ``path`` read-only and keep it open; returns the child's fd number."""
-        reply = self.ask(f"hold {path}")
-        if not reply.startswith("OK "):
-            raise RuntimeError(f"probe could not hold {path}: {reply}")
-        return int(reply.split()[1])
+            raise
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -130,11 +85,11 @@ def move_into(cgroup_dir: Path, pid: int) -> None:
     (cgroup_dir / "cgroup.procs").write_text(str(pid))
 
 
-def make_nodes(directory: Path, minors: range, major: int = 195) -> dict[int, Path]:
-    """Char device nodes ``nvidia<minor>`` in ``directory`` for a probe to open."""
+def make_nodes(directory: Path, minors: Iterable[int]) -> dict[int, Path]:
+    """Char device nodes ``nvidia<minor>`` (``c 195:<minor>``) in ``directory`` for a probe."""
     nodes = {}
     for minor in minors:
         path = directory / f"nvidia{minor}"
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
         nodes[minor] = path
     return nodes

@@ -32,7 +32,7 @@ def reaped_pid() -> int:
 def test_holder_reported_with_pid_comm_and_fd() -> None:
     with probe() as child:
         assert busy.holders_among([child.pid], ZERO) == []
-        fd = child.hold(ZERO_PATH)
+        fd = child.hold_fd(ZERO_PATH)
         [holder] = busy.holders_among([child.pid, reaped_pid()], ZERO)
         assert (holder.pid, holder.comm, holder.fds) == (child.pid, PROBE_COMM, (fd,))
         assert busy.holders_among([child.pid], CharDevice(1, 3)) == []
@@ -53,7 +53,7 @@ def test_extra_source_counts_only_the_scanned_pids() -> None:
 
 def test_terminate_ends_a_holder_with_sigterm() -> None:
     with probe() as child:
-        child.hold(ZERO_PATH)
+        child.hold_fd(ZERO_PATH)
         holders = busy.holders_among([child.pid], ZERO)
         result = busy.terminate(holders, grace=60.0)
         assert result == busy.Termination(exited=(child.pid,), killed=(), survivors=(), vanished=())
@@ -63,8 +63,8 @@ def test_terminate_ends_a_holder_with_sigterm() -> None:
 
 def test_terminate_kills_a_holder_that_ignores_sigterm() -> None:
     with probe() as child:
-        child.hold(ZERO_PATH)
-        assert child.ask("ignore-term") == "OK"
+        child.hold_fd(ZERO_PATH)
+        assert child.ignore_term() == "OK"
         holders = busy.holders_among([child.pid], ZERO)
         result = busy.terminate(holders, grace=0.2, kill_wait=60.0)
         assert (result.exited, result.killed, result.survivors) == ((), (child.pid,), ())
@@ -78,7 +78,7 @@ def test_terminate_never_signals_a_different_process_with_the_pid() -> None:
         gone = Holder(reaped_pid(), "gone", (), 0)
         result = busy.terminate([impostor, gone])
         assert result.vanished == tuple(sorted((child.pid, gone.pid)))
-        assert child.ask("ignore-term") == "OK"  # still alive and answering
+        assert child.ignore_term() == "OK"  # still alive and answering
 
 
 class TestAsRoot:
@@ -90,14 +90,14 @@ class TestAsRoot:
             leaf = top / "container"
             leaf.mkdir()
             move_into(leaf, inside.pid)
-            fd = inside.hold(ZERO_PATH)
-            outside.hold(ZERO_PATH)
+            fd = inside.hold_fd(ZERO_PATH)
+            outside.hold_fd(ZERO_PATH)
             holders = busy.find_holders([top], ZERO)
             assert [(h.pid, h.comm, h.fds) for h in holders] == [(inside.pid, PROBE_COMM, (fd,))]
 
     def test_uninspectable_process_is_reported_not_skipped(self) -> None:
         with probe() as child:
-            fd = child.hold(ZERO_PATH)
+            fd = child.hold_fd(ZERO_PATH)
             read, write = os.pipe()
             scanner = os.fork()
             if scanner == 0:  # a scan without the right to look at a root process's fds

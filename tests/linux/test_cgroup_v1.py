@@ -243,20 +243,20 @@ class TestKernel:
     pytestmark = needs_cgroup_v1_devices
 
     def test_set_policy_confines_a_running_process(self, confined: Setup) -> None:
-        assert confined.child.open(Path("/dev/null")) == "OK"
-        assert confined.child.open(confined.nodes[3]) == "EPERM"
+        assert confined.child.open(Path("/dev/null"), "rw") == "OK"
+        assert confined.child.open(confined.nodes[3], "rw") == "EPERM"
         listed = cgroup_v1.read_allow_list(confined.top)
         assert set(listed) == set(v1_allow_list(CONTAINER_DEFAULTS))
 
     def test_grant_then_revoke_on_the_same_running_process(self, confined: Setup) -> None:
         change = cgroup_v1.grant(confined.top, [GPU3])
         assert change.writes == (Write(confined.top / "devices.allow", "c 195:3 rw"),)
-        assert confined.child.open(confined.nodes[3]) == "ENXIO"
-        assert confined.child.open(confined.nodes[2]) == "EPERM"
+        assert confined.child.open(confined.nodes[3], "rw") == "ENXIO"
+        assert confined.child.open(confined.nodes[2], "rw") == "EPERM"
         assert cgroup_v1.allowed(confined.top, GPU3) & RW == RW
 
         cgroup_v1.revoke(confined.top, [GPU3])
-        assert confined.child.open(confined.nodes[3]) == "EPERM"
+        assert confined.child.open(confined.nodes[3], "rw") == "EPERM"
         assert cgroup_v1.allowed(confined.top, GPU3) & RW == Access.NONE
 
     def test_allows_do_not_propagate_denies_do(self, confined: Setup) -> None:
@@ -265,7 +265,7 @@ class TestKernel:
         move_into(leaf, confined.child.pid)
 
         cgroup_v1.grant(confined.top, [GPU3], recursive=False)
-        assert confined.child.open(confined.nodes[3]) == "EPERM"
+        assert confined.child.open(confined.nodes[3], "rw") == "EPERM"
 
         change = cgroup_v1.grant(confined.top, [GPU3])
         assert [w.path.parent for w in change.writes] == [
@@ -273,10 +273,10 @@ class TestKernel:
             confined.top / "scope",
             leaf,
         ]
-        assert confined.child.open(confined.nodes[3]) == "ENXIO"
+        assert confined.child.open(confined.nodes[3], "rw") == "ENXIO"
 
         cgroup_v1.revoke(confined.top, [GPU3])
-        assert confined.child.open(confined.nodes[3]) == "EPERM"
+        assert confined.child.open(confined.nodes[3], "rw") == "EPERM"
         assert cgroup_v1.allowed(leaf, GPU3) & RW == Access.NONE
 
     def test_wildcard_makes_revoke_a_detected_no_op(self, tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ class TestKernel:
             with pytest.raises(WildcardAllowError, match="c 195:\\* rwm") as caught:
                 cgroup_v1.revoke(top, [GPU3])
             assert caught.value.done == (Write(top / "devices.deny", "c 195:3 rwm"),)
-            assert child.open(nodes[3]) == "ENXIO"  # the kernel really did nothing
+            assert child.open(nodes[3], "rw") == "ENXIO"  # the kernel really did nothing
 
     def test_unconfined_cgroup_cannot_be_revoked(self) -> None:
         with scratch_v1_cgroup() as top, pytest.raises(WildcardAllowError, match="a \\*:\\* rwm"):

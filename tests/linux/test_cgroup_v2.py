@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -30,7 +29,8 @@ from jupyter_gpu_hotplug.linux.devrules import (
     char_device,
 )
 from tests.fixtures.requirements import needs_cgroup2
-from tests.linux.cgroup2_support import Child, cgroup2_mount, temporary_cgroup
+from tests.linux.cgroup2_support import cgroup2_mount, temporary_cgroup
+from tests.linux.probes import Probe, make_nodes, move_into, probe
 
 pytestmark = needs_cgroup2
 
@@ -56,12 +56,9 @@ def cgroup() -> Iterator[Path]:
 
 
 @pytest.fixture
-def child() -> Iterator[Child]:
-    process = Child()
-    try:
+def child() -> Iterator[Probe]:
+    with probe() as process:
         yield process
-    finally:
-        process.stop()
 
 
 def xlated(prog_id: ProgId) -> bytes:
@@ -73,34 +70,34 @@ def attached_ids(cgroup: Path) -> tuple[ProgId, ...]:
     return tuple(program.id for program in cgroup_v2.attached_programs(cgroup))
 
 
-def assert_allowed_exactly(child: Child, granted: set[DeviceRule]) -> None:
-    opened = {device for device, path in PATHS.items() if child.open_errno(path) == 0}
+def assert_allowed_exactly(child: Probe, granted: set[DeviceRule]) -> None:
+    opened = {device for device, path in PATHS.items() if child.open(path) == "OK"}
     assert opened == granted
-    denied = {child.open_errno(path) for device, path in PATHS.items() if device not in granted}
-    assert denied <= {errno.EPERM}
+    denied = {child.open(path) for device, path in PATHS.items() if device not in granted}
+    assert denied <= {"EPERM"}
 
 
-def confined(cgroup: Path, child: Child, rules: Sequence[DeviceRule] = ONLY_NULL) -> ProgId:
+def confined(cgroup: Path, child: Probe, rules: Sequence[DeviceRule] = ONLY_NULL) -> ProgId:
     prog_id = cgroup_v2.attach_device_program(cgroup, rules)
-    child.move_to(cgroup)
+    move_into(cgroup, child.pid)
     return prog_id
 
 
 # ---- the basic cycle -------------------------------------------------------------------------
 
 
-def test_grant_then_revoke_restores_the_original(cgroup: Path, child: Child) -> None:
+def test_grant_then_revoke_restores_the_original(cgroup: Path, child: Probe) -> None:
     prog_id = confined(cgroup, child)
     original = xlated(prog_id)
     assert original == build_device_program(ONLY_NULL)
-    assert child.open_errno("/dev/null") == 0
-    assert child.open_errno("/dev/zero") == errno.EPERM
+    assert child.open("/dev/null") == "OK"
+    assert child.open("/dev/zero") == "EPERM"
 
     granted = cgroup_v2.grant(cgroup, [ZERO])
     assert granted.restricted and granted.changed
     assert granted.old_ids == (prog_id,)
     assert attached_ids(cgroup) == granted.new_ids
-    assert child.open_errno("/dev/zero") == 0  # the same running process
+    assert child.open("/dev/zero") == "OK"  # the same running process
     assert cgroup_v2.granted_devices(cgroup) == {ZERO}
     [program] = cgroup_v2.attached_programs(cgroup)
     assert program.granted == {ZERO}
@@ -109,23 +106,23 @@ def test_grant_then_revoke_restores_the_original(cgroup: Path, child: Child) -> 
 
     revoked = cgroup_v2.revoke(cgroup, [ZERO])
     assert revoked.old_ids == granted.new_ids
-    assert child.open_errno("/dev/zero") == errno.EPERM
-    assert child.open_errno("/dev/null") == 0
+    assert child.open("/dev/zero") == "EPERM"
+    assert child.open("/dev/null") == "OK"
     [current] = attached_ids(cgroup)
     assert xlated(current) == original
     assert cgroup_v2.granted_devices(cgroup) == frozenset()
 
 
-def test_grant_twice_changes_nothing_the_second_time(cgroup: Path, child: Child) -> None:
+def test_grant_twice_changes_nothing_the_second_time(cgroup: Path, child: Probe) -> None:
     confined(cgroup, child)
     first = cgroup_v2.grant(cgroup, [ZERO])
     second = cgroup_v2.grant(cgroup, [ZERO])
     assert not second.changed and second.restricted
     assert attached_ids(cgroup) == first.new_ids
-    assert child.open_errno("/dev/zero") == 0
+    assert child.open("/dev/zero") == "OK"
 
 
-def test_revoking_what_was_never_granted_changes_nothing(cgroup: Path, child: Child) -> None:
+def test_revoking_what_was_never_granted_changes_nothing(cgroup: Path, child: Probe) -> None:
     prog_id = confined(cgroup, child)
     change = cgroup_v2.revoke(cgroup, [ZERO])
     assert not change.changed
@@ -172,7 +169,7 @@ Step = tuple[str, list[DeviceRule]]
     ],
 )
 def test_sequences_leave_exactly_the_expected_set(
-    cgroup: Path, child: Child, steps: list[Step]
+    cgroup: Path, child: Probe, steps: list[Step]
 ) -> None:
     prog_id = confined(cgroup, child)
     original = xlated(prog_id)
@@ -194,7 +191,7 @@ def test_sequences_leave_exactly_the_expected_set(
 # ---- several programs, several levels ---------------------------------------------------------
 
 
-def test_two_programs_at_one_level_are_both_patched(cgroup: Path, child: Child) -> None:
+def test_two_programs_at_one_level_are_both_patched(cgroup: Path, child: Probe) -> None:
     first = confined(cgroup, child, [NULL, ZERO, FULL])
     second = cgroup_v2.attach_device_program(cgroup, [NULL, ZERO, RANDOM])
     originals = {first: xlated(first), second: xlated(second)}
@@ -215,7 +212,7 @@ def test_two_programs_at_one_level_are_both_patched(cgroup: Path, child: Child) 
     assert_allowed_exactly(child, {ZERO})
 
 
-def test_granted_devices_is_what_every_program_grants(cgroup: Path, child: Child) -> None:
+def test_granted_devices_is_what_every_program_grants(cgroup: Path, child: Probe) -> None:
     confined(cgroup, child)
     cgroup_v2.grant(cgroup, [ZERO, FULL])
     cgroup_v2.attach_device_program(cgroup, ONLY_NULL)  # e.g. the runtime added one
@@ -226,11 +223,11 @@ def test_granted_devices_is_what_every_program_grants(cgroup: Path, child: Child
     assert_allowed_exactly(child, {ZERO})
 
 
-def test_program_on_the_parent_governs_a_nested_cgroup(cgroup: Path, child: Child) -> None:
+def test_program_on_the_parent_governs_a_nested_cgroup(cgroup: Path, child: Probe) -> None:
     cgroup_v2.attach_device_program(cgroup, ONLY_NULL)
     leaf = cgroup / "container"
     leaf.mkdir()
-    child.move_to(leaf)
+    move_into(leaf, child.pid)
     assert_allowed_exactly(child, set())
 
     nothing_here = cgroup_v2.grant(leaf, [ZERO])
@@ -243,8 +240,8 @@ def test_program_on_the_parent_governs_a_nested_cgroup(cgroup: Path, child: Chil
     assert_allowed_exactly(child, set())
 
 
-def test_directory_without_programs(cgroup: Path, child: Child) -> None:
-    child.move_to(cgroup)
+def test_directory_without_programs(cgroup: Path, child: Probe) -> None:
+    move_into(cgroup, child.pid)
     change = cgroup_v2.grant(cgroup, [ZERO])
     assert change == GrantChange(cgroup, frozenset({ZERO}), swaps=(), restricted=False)
     assert cgroup_v2.attached_programs(cgroup) == []
@@ -266,7 +263,7 @@ def replace_behind_our_back(cgroup: Path, prog_id: ProgId) -> ProgId:
         return syscall.prog_info(fresh).id
 
 
-def test_regrant_after_someone_else_replaced_the_program(cgroup: Path, child: Child) -> None:
+def test_regrant_after_someone_else_replaced_the_program(cgroup: Path, child: Probe) -> None:
     confined(cgroup, child)
     [ours] = cgroup_v2.grant(cgroup, [ZERO]).new_ids
     theirs = replace_behind_our_back(cgroup, ours)
@@ -279,7 +276,7 @@ def test_regrant_after_someone_else_replaced_the_program(cgroup: Path, child: Ch
 
 
 def test_losing_a_race_starts_over(
-    cgroup: Path, child: Child, monkeypatch: pytest.MonkeyPatch
+    cgroup: Path, child: Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = confined(cgroup, child)
     raced: list[ProgId] = []
@@ -299,14 +296,14 @@ def test_losing_a_race_starts_over(
     assert_allowed_exactly(child, {ZERO})
 
 
-def test_exclusive_attachment_is_replaced_in_place(cgroup: Path, child: Child) -> None:
+def test_exclusive_attachment_is_replaced_in_place(cgroup: Path, child: Probe) -> None:
     # Some runtimes attach without ALLOW_MULTI; such a cgroup holds a single program.
     with (
         Fd(os.open(cgroup, os.O_RDONLY)) as cgroup_fd,
         syscall.prog_load(build_device_program(ONLY_NULL), name="exclusive") as program,
     ):
         syscall.prog_attach(cgroup_fd, program, flags=AttachFlags.NONE)
-        child.move_to(cgroup)
+        move_into(cgroup, child.pid)
         assert cgroup_v2.grant(cgroup, [ZERO]).changed
         assert_allowed_exactly(child, {ZERO})
         assert syscall.prog_query(cgroup_fd).attach_flags == AttachFlags.NONE
@@ -318,7 +315,7 @@ def test_exclusive_attachment_is_replaced_in_place(cgroup: Path, child: Child) -
 
 
 def test_failed_second_swap_is_rolled_back(
-    cgroup: Path, child: Child, monkeypatch: pytest.MonkeyPatch
+    cgroup: Path, child: Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = confined(cgroup, child)
     second = cgroup_v2.attach_device_program(cgroup, ONLY_NULL)
@@ -412,7 +409,7 @@ def test_unreadable_program_is_named_not_skipped(
 
 
 def test_verification_catches_an_unexpected_program_list(
-    cgroup: Path, child: Child, monkeypatch: pytest.MonkeyPatch
+    cgroup: Path, child: Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prog_id = confined(cgroup, child)
     real_query = syscall.prog_query
@@ -450,7 +447,7 @@ def test_paths_that_are_not_cgroup2_directories(cgroup: Path, tmp_path: Path) ->
         cgroup_v2.revoke(cgroup / "exited", [ZERO])
 
 
-def test_detach_our_program(cgroup: Path, child: Child) -> None:
+def test_detach_our_program(cgroup: Path, child: Probe) -> None:
     prog_id = confined(cgroup, child)
     assert cgroup_v2.detach_program(cgroup, prog_id)
     assert attached_ids(cgroup) == ()
@@ -465,24 +462,19 @@ def test_detach_our_program(cgroup: Path, child: Child) -> None:
 def nvidia_nodes(tmp_path: Path) -> dict[int, Path]:
     if os.statvfs(tmp_path).f_flag & os.ST_NODEV:
         pytest.skip(f"{tmp_path} is mounted nodev: device nodes there cannot be opened")
-    nodes = {}
-    for minor in (0, 1, NVIDIACTL_MINOR):
-        path = tmp_path / f"nvidia{minor}"
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
-        nodes[minor] = path
-    return nodes
+    return make_nodes(tmp_path, (0, 1, NVIDIACTL_MINOR))
 
 
 def test_nvidia_node_allowed_gives_enxio_denied_gives_eperm(
-    cgroup: Path, child: Child, nvidia_nodes: dict[int, Path]
+    cgroup: Path, child: Probe, nvidia_nodes: dict[int, Path]
 ) -> None:
     confined(cgroup, child)
-    assert {child.open_errno(node) for node in nvidia_nodes.values()} == {errno.EPERM}
+    assert {child.open(node) for node in nvidia_nodes.values()} == {"EPERM"}
 
     cgroup_v2.grant(cgroup, [char_device(NVIDIA_MAJOR, 0)])
-    assert child.open_errno(nvidia_nodes[0]) == errno.ENXIO
-    assert child.open_errno(nvidia_nodes[1]) == errno.EPERM
-    assert child.open_errno(nvidia_nodes[NVIDIACTL_MINOR]) == errno.EPERM
+    assert child.open(nvidia_nodes[0]) == "ENXIO"
+    assert child.open(nvidia_nodes[1]) == "EPERM"
+    assert child.open(nvidia_nodes[NVIDIACTL_MINOR]) == "EPERM"
 
     cgroup_v2.revoke(cgroup, [char_device(NVIDIA_MAJOR, 0)])
-    assert child.open_errno(nvidia_nodes[0]) == errno.EPERM
+    assert child.open(nvidia_nodes[0]) == "EPERM"

@@ -32,6 +32,7 @@ from jupyter_gpu_hotplug.linux.engine import (
     TargetGoneError,
 )
 from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
+from tests.fixtures.host_state import process_state
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
@@ -222,7 +223,7 @@ def spawn_holder(box: SandboxProbe, mode: str) -> int:
     pid = box.spawn([sys.executable, "-I", "-S", "-c", HOLDER_SCRIPT, mode])
     deadline = time.monotonic() + 30
     while not holds_stand_in(pid):
-        if time.monotonic() > deadline or _is_zombie(pid):
+        if time.monotonic() > deadline or process_state(pid) in ("Z", None):
             raise AssertionError(f"holder {pid} never opened the device")
         time.sleep(0.01)
     return pid
@@ -260,7 +261,7 @@ def test_force_terminates_holders_then_revokes(
     (termination,) = result.terminated
     ended = termination.exited if mode == "polite" else termination.killed
     assert ended == (holder,)
-    assert not Path(f"/proc/{holder}/fd").exists() or _is_zombie(holder)
+    assert not Path(f"/proc/{holder}/fd").exists() or process_state(holder) == "Z"
     assert busy_box.open("/dev/nvidia7") == "ENOENT"
     assert busy_box.mknod("/dev/nvidia7", 1, 8) == "OK"
     assert busy_box.open("/dev/nvidia7") == "EPERM"
@@ -284,11 +285,6 @@ def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: Sandbo
         (info,) = cgroup_v2.attached_programs(cg.v2)
         with syscall.prog_get_fd_by_id(syscall.ProgId(info.id)) as fd:
             assert (syscall.prog_info(fd).xlated,) == before.v2_programs
-
-
-def _is_zombie(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rpartition(")")[2].split()[0] == "Z"
 
 
 # ---- failure injection -------------------------------------------------------------------

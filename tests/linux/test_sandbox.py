@@ -19,7 +19,6 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from jupyter_gpu_hotplug.linux import cgroups, devnodes
-from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode, nvidia_control_devices
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
@@ -39,15 +38,15 @@ from jupyter_gpu_hotplug.linux.sandbox import (
     effective_rules,
     host_backends,
 )
-from tests.fixtures.requirements import needs_cgroup2, needs_cgroup_v1_devices, needs_root
-from tests.fixtures.sandbox import (
-    SandboxFactory,
-    SandboxProbe,
-    SandboxSession,
-    StatResult,
+from tests.fixtures.host_state import (
+    bpf_program_loaded,
+    mount_namespaces_in_use,
     process_running,
     process_start_time,
 )
+from tests.fixtures.probe_client import StatResult
+from tests.fixtures.requirements import needs_cgroup2, needs_cgroup_v1_devices, needs_root
+from tests.fixtures.sandbox import SandboxFactory, SandboxProbe, SandboxSession
 
 V1 = frozenset({Backend.V1})
 V2 = frozenset({Backend.V2})
@@ -84,25 +83,6 @@ def _open_result(path: Path) -> str:
     except OSError as e:
         return errno.errorcode[e.errno or 0]
     return "OK"
-
-
-def _program_gone(prog_id: syscall.ProgId) -> bool:
-    try:
-        syscall.prog_get_fd_by_id(prog_id).close()
-    except syscall.BpfError as e:
-        return e.errno == errno.ENOENT
-    return False
-
-
-def _mount_namespaces_in_use() -> set[int]:
-    inodes = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                inodes.add(os.stat(f"/proc/{entry}/ns/mnt").st_ino)
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue  # Exited while we looked, or a zombie (no namespaces left).
-    return inodes
 
 
 # ---- pure parts (no root) ----------------------------------------------------------------
@@ -256,9 +236,9 @@ class TestConfinement:
         )
         assert not any(directory.exists() for directory in dirs)
         if program is not None:
-            assert _eventually(lambda: _program_gone(program))
+            assert _eventually(lambda: not bpf_program_loaded(program))
         assert Path("/proc/self/mountinfo").read_text() == mounts_before
-        assert _eventually(lambda: sandbox.mount_ns not in _mount_namespaces_in_use())
+        assert _eventually(lambda: sandbox.mount_ns not in mount_namespaces_in_use())
 
 
 @needs_root

@@ -19,14 +19,10 @@ import pytest
 
 from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.sim import default_gpus
-from tests.fixtures.nvml import FakeNvml, FakeNvmlNode
+from tests.fixtures.nvml import FakeNvml, FakeNvmlNode, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
 pytestmark = needs_root
-
-
-def attach(dev: Path, minor: int) -> None:
-    os.mknod(dev / f"nvidia{minor}", 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
 
 
 def visible_uuids() -> list[str]:
@@ -34,14 +30,6 @@ def visible_uuids() -> list[str]:
         pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
         for i in range(pynvml.nvmlDeviceGetCount())
     ]
-
-
-@pytest.fixture
-def dev(tmp_path: Path) -> Path:
-    """An empty stand-in for a container's ``/dev`` (removed with ``tmp_path``)."""
-    directory = tmp_path / "dev"
-    directory.mkdir()
-    return directory
 
 
 @pytest.fixture
@@ -54,7 +42,7 @@ def filtered(fake_nvml: FakeNvml, dev: Path) -> FakeNvml:
 
 def test_only_gpus_with_a_node_are_visible(filtered: FakeNvml, dev: Path) -> None:
     first, second, _ = filtered.gpus
-    attach(dev, second.minor)
+    add_gpu_node(dev, second.minor)
     pynvml.nvmlInit()
     try:
         assert visible_uuids() == [second.uuid]
@@ -74,8 +62,8 @@ def test_attach_and_detach_are_seen_without_reinit(filtered: FakeNvml, dev: Path
     pynvml.nvmlInit()
     try:
         assert pynvml.nvmlDeviceGetCount() == 0
-        attach(dev, third.minor)
-        attach(dev, first.minor)
+        add_gpu_node(dev, third.minor)
+        add_gpu_node(dev, first.minor)
         assert visible_uuids() == [first.uuid, third.uuid], "NVML order, not attach order"
         held = pynvml.nvmlDeviceGetHandleByUUID(third.uuid)
         (dev / f"nvidia{third.minor}").unlink()
@@ -109,7 +97,7 @@ def test_child_process_sees_only_attached_gpus(
     fake_nvml_node: FakeNvmlNode, dev: Path, tmp_path: Path
 ) -> None:
     fake_nvml_node.write(default_gpus(3))
-    attach(dev, 2)
+    add_gpu_node(dev, 2)
     script = (
         "import json, pynvml\n"
         "pynvml.nvmlInit()\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -22,15 +21,13 @@ import pynvml
 import pytest
 
 from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
-    SimulatedGpu,
     SimulatedProcess,
     default_gpus,
 )
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor, GpuProcess, GpuState, NvmlStatus
-from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
 _NVML_ERROR_UNINITIALIZED = 1
@@ -46,14 +43,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def dev(tmp_path: Path) -> Path:
-    """An empty stand-in for the container's ``/dev``."""
-    directory = tmp_path / "dev"
-    directory.mkdir()
-    return directory
 
 
 @pytest.fixture
@@ -98,24 +87,6 @@ def busy_node() -> FakeNvmlConfig:
     )
 
 
-def expected_state(gpu: SimulatedGpu, index: int, processes: tuple[GpuProcess, ...]) -> GpuState:
-    return GpuState(
-        uuid=gpu.uuid,
-        index=index,
-        name=gpu.name,
-        minor=gpu.minor,
-        utilization_gpu=gpu.utilization_gpu,
-        utilization_memory=gpu.utilization_memory,
-        memory_used=gpu.memory_used,
-        memory_total=gpu.memory_total,
-        temperature=gpu.temperature,
-        power_draw=gpu.power_usage / 1000,
-        power_limit=gpu.power_limit / 1000,
-        processes=processes,
-        simulated=True,
-    )
-
-
 def test_snapshot_matches_the_simulated_node(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
     config = busy_node()
     fake_nvml.write(config)
@@ -125,15 +96,39 @@ def test_snapshot_matches_the_simulated_node(fake_nvml: FakeNvml, monitor: GpuMo
 
     first, second = config.gpus
     assert snapshot.gpus == (
-        expected_state(
-            first,
-            0,
-            (
+        GpuState(
+            uuid=first.uuid,
+            index=0,
+            name="NVIDIA H100 80GB HBM3 (simulated)",
+            minor=0,
+            utilization_gpu=87,
+            utilization_memory=41,
+            memory_used=12 * 2**30,
+            memory_total=81559 * 2**20,
+            temperature=64,
+            power_draw=512.345,  # NVML's milliwatts, in watts
+            power_limit=700.0,
+            processes=(
                 GpuProcess(os.getpid(), own_name, 10 * 2**30),
                 GpuProcess(PID_MAX_LIMIT, None, None),  # no process can have it: no name
             ),
+            simulated=True,
         ),
-        expected_state(second, 1, ()),
+        GpuState(
+            uuid=second.uuid,
+            index=1,
+            name="NVIDIA H100 80GB HBM3 (simulated)",
+            minor=1,
+            utilization_gpu=0,
+            utilization_memory=0,
+            memory_used=0,
+            memory_total=81559 * 2**20,
+            temperature=31,
+            power_draw=69.0,
+            power_limit=700.0,
+            processes=(),
+            simulated=True,
+        ),
     )
     assert (snapshot.status, snapshot.message) == (NvmlStatus.OK, "2 GPUs")
     assert (snapshot.driver_version, snapshot.cuda_driver_version) == ("560.35.03", "12.6")
@@ -199,13 +194,13 @@ def test_hot_attached_gpu_appears_and_goes(
     _, second, third = fake_nvml.gpus
 
     before = monitor.snapshot()
-    os.mknod(dev / "nvidia1", 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, second.minor))
+    second_node = add_gpu_node(dev, second.minor)
     attached = monitor.snapshot()
-    os.mknod(dev / "nvidia2", 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, third.minor))
+    third_node = add_gpu_node(dev, third.minor)
     both = monitor.snapshot()
-    (dev / "nvidia1").unlink()
+    second_node.unlink()
     one_left = monitor.snapshot()
-    (dev / "nvidia2").unlink()
+    third_node.unlink()
     after = monitor.snapshot()
 
     assert (before.gpus, before.status, before.message) == (

@@ -2,22 +2,24 @@
 
 ``RegisteredSandboxes`` is the tests' ``c.GPUHotplug.kernel_sandboxes_class``: it maps kernel
 ids to processes prepared by the test (probe sandboxes) so that attach and detach can be
-tested against a real agent without starting Jupyter kernels. ``SseClient`` reads the stream
-over a plain socket, so a test decides exactly when the client goes away.
+tested against a real agent without starting Jupyter kernels; ``local_mode`` configures the
+server for that, and ``NoAgent`` points it at a port nobody listens on. ``SseClient`` reads
+the stream over a plain socket, so a test decides exactly when the client goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from pathlib import Path
+from typing import Any
 
 import pytest
 from jupyter_server.serverapp import ServerApp
 from tornado.httpclient import HTTPResponse
+from traitlets.config import Config
 
 from jupyter_gpu_hotplug.client import AsyncAgentClient, Gpu
 from jupyter_gpu_hotplug.server.errors import KernelNotFound, KernelNotSandboxed
@@ -25,20 +27,10 @@ from jupyter_gpu_hotplug.server.handlers import MANAGER_SETTING
 from jupyter_gpu_hotplug.server.manager import HotplugManager
 from jupyter_gpu_hotplug.server.targets import KernelSandboxes
 from jupyter_gpu_hotplug.server.validation import KernelId
+from tests.fixtures.agent import free_tcp_port
+from tests.fixtures.waiting import DEADLINE
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
-
-DEADLINE: Final = 60.0
-"""Upper bound for anything the tests wait for; never asserted as a duration."""
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until true; fail after ``DEADLINE`` seconds."""
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
 
 
 class RegisteredSandboxes(KernelSandboxes):
@@ -59,6 +51,32 @@ class RegisteredSandboxes(KernelSandboxes):
         if pid is None:
             raise KernelNotSandboxed(kernel_id)
         return pid
+
+
+def local_mode(
+    config: Config, *, agent_url: str, token_path: Path | None, metrics_interval: float
+) -> Config:
+    """``config`` in local mode against ``agent_url``, kernels mapped by ``RegisteredSandboxes``."""
+    settings = config.GPUHotplug
+    settings.agent_url = agent_url
+    settings.token_path = "" if token_path is None else str(token_path)
+    settings.mode = "local"
+    settings.metrics_interval = metrics_interval
+    settings.kernel_sandboxes_class = RegisteredSandboxes
+    return config
+
+
+class NoAgent:
+    """Base of test classes run with no agent: its URL is a free port nobody listens on, and
+    there is no token (overrides the module's ``agent_url`` and ``token_path`` fixtures)."""
+
+    @pytest.fixture
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{free_tcp_port()}"
+
+    @pytest.fixture
+    def token_path(self) -> None:
+        return None
 
 
 class BrokenClient(AsyncAgentClient):
@@ -88,6 +106,13 @@ class Reply:
 
     def json(self) -> Any:
         return json.loads(self.body)
+
+    def error(self, status: int, code: str) -> dict[str, Any]:
+        """The JSON error body, after checking that the reply is ``status`` with ``code``."""
+        assert self.status == status, self.body
+        body: dict[str, Any] = self.json()
+        assert body["error"] == code, body
+        return body
 
 
 async def call(

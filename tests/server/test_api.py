@@ -18,41 +18,22 @@ from traitlets.config import Config
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
-from tests.fixtures.agent import LocalAgent, free_tcp_port
+from tests.fixtures.agent import LocalAgent
+from tests.fixtures.host_state import process_running, process_start_time
 from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
-from tests.fixtures.sandbox import (
-    SandboxFactory,
-    SandboxProbe,
-    process_running,
-    process_start_time,
-)
+from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
-from .api_support import BrokenClient, Fetch, RegisteredSandboxes, call, sandboxes_of
+from .api_support import BrokenClient, Fetch, NoAgent, call, local_mode, sandboxes_of
 
 GPU0 = "/dev/nvidia0"
 
 
 @pytest.fixture
-def agent_url(local_agent: LocalAgent) -> str:
-    return local_agent.tcp_url
-
-
-@pytest.fixture
-def token_path(local_agent: LocalAgent) -> Path | None:
-    return local_agent.token_path
-
-
-@pytest.fixture
 def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:
-    """Local mode against the test's agent, kernels mapped by ``RegisteredSandboxes``."""
-    settings = jp_server_config.GPUHotplug
-    settings.agent_url = agent_url
-    settings.token_path = "" if token_path is None else str(token_path)
-    settings.mode = "local"
-    settings.metrics_interval = 0.1
-    settings.kernel_sandboxes_class = RegisteredSandboxes
-    return jp_server_config
+    return local_mode(
+        jp_server_config, agent_url=agent_url, token_path=token_path, metrics_interval=0.1
+    )
 
 
 @pytest.fixture
@@ -120,17 +101,9 @@ BAD_INPUT = [
 ]
 
 
-class TestRefusedBeforeAskingTheAgent:
+class TestRefusedBeforeAskingTheAgent(NoAgent):
     """Bad input and unknown kernels are answered without the agent: none runs here (it
     would answer 503 if it were asked)."""
-
-    @pytest.fixture
-    def agent_url(self) -> str:
-        return f"http://127.0.0.1:{free_tcp_port()}"
-
-    @pytest.fixture
-    def token_path(self) -> None:
-        return None
 
     @pytest.mark.parametrize(("route", "body", "field", "words"), BAD_INPUT)
     async def test_bad_input_is_400_naming_the_field(
@@ -138,13 +111,8 @@ class TestRefusedBeforeAskingTheAgent:
     ) -> None:
         reply = await call(jp_fetch, "POST", route, raw=body)
 
-        assert reply.status == 400
-        error = reply.json()
-        assert (error["error"], error["field"], error["reason"]) == (
-            "invalid_request",
-            field,
-            "Bad Request",
-        )
+        error = reply.error(400, "invalid_request")
+        assert (error["field"], error["reason"]) == (field, "Bad Request")
         assert words in error["message"]
         assert "traceback" not in error
 
@@ -157,7 +125,7 @@ class TestRefusedBeforeAskingTheAgent:
         for route in ("gpus", "stream"):
             reply = await call(jp_fetch, "GET", route, params=params)
 
-            assert (reply.status, reply.json()["error"]) == (400, "invalid_request")
+            reply.error(400, "invalid_request")
 
     async def test_unregistered_kernel_is_404(self, jp_fetch: Fetch) -> None:
         listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": "nope"})
@@ -165,9 +133,7 @@ class TestRefusedBeforeAskingTheAgent:
         detached = await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": "nope"})
 
         for reply in (listed, attached, detached):
-            assert reply.status == 404
-            assert reply.json()["error"] == "not_found"
-            assert reply.json()["message"] == KernelNotFound("nope").message
+            assert reply.error(404, "not_found")["message"] == KernelNotFound("nope").message
 
     async def test_kernel_without_sandbox_is_422(
         self, jp_fetch: Fetch, jp_serverapp: ServerApp
@@ -176,9 +142,7 @@ class TestRefusedBeforeAskingTheAgent:
 
         reply = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": "plain"})
 
-        assert reply.status == 422
-        assert reply.json()["error"] == "target_not_ready"
-        assert "does not run in a GPU sandbox" in reply.json()["message"]
+        assert "does not run in a GPU sandbox" in reply.error(422, "target_not_ready")["message"]
 
 
 async def test_the_agents_own_errors_keep_its_status_and_words(
@@ -189,21 +153,10 @@ async def test_the_agents_own_errors_keep_its_status_and_words(
 
     reply = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel_id})
 
-    assert reply.status == 403
-    error = reply.json()
-    assert error["error"] == "forbidden"
-    assert "is the GPU hot-plug agent itself" in error["message"]
+    assert "is the GPU hot-plug agent itself" in reply.error(403, "forbidden")["message"]
 
 
-class TestAgentDown:
-    @pytest.fixture
-    def agent_url(self) -> str:
-        return f"http://127.0.0.1:{free_tcp_port()}"
-
-    @pytest.fixture
-    def token_path(self) -> None:
-        return None
-
+class TestAgentDown(NoAgent):
     async def test_every_operation_is_503_saying_there_is_no_agent(
         self, jp_fetch: Fetch, jp_serverapp: ServerApp
     ) -> None:
@@ -217,9 +170,8 @@ class TestAgentDown:
         ]
 
         for reply in replies:
-            assert reply.status == 503
-            error = reply.json()
-            assert (error["error"], error["retryable"]) == ("agent_unavailable", True)
+            error = reply.error(503, "agent_unavailable")
+            assert error["retryable"] is True
             assert error["message"].startswith("No GPU agent on this node")
 
 
@@ -233,10 +185,7 @@ class TestWrongToken:
     async def test_agent_401_is_passed_on(self, jp_fetch: Fetch) -> None:
         reply = await call(jp_fetch, "GET", "gpus")
 
-        assert reply.status == 401
-        error = reply.json()
-        assert error["error"] == "unauthenticated"
-        assert "not this agent's token" in error["message"]
+        assert "not this agent's token" in reply.error(401, "unauthenticated")["message"]
 
 
 class TestUnexpectedFailure:
@@ -373,8 +322,8 @@ async def test_a_gpu_of_another_kernel_cannot_be_detached(
 
     reply = await call(jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": other})
 
-    assert reply.status == 404
-    assert reply.json()["message"] == f"GPU {uuid} is not attached to kernel {other}"
+    message = reply.error(404, "not_found")["message"]
+    assert message == f"GPU {uuid} is not attached to kernel {other}"
     still = await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})
     assert [gpu["uuid"] for gpu in still.json()["attached"]] == [uuid]
 
@@ -395,9 +344,7 @@ async def test_busy_gpu_is_409_until_forced(
 
     busy = await call(jp_fetch, "POST", "detach", {"uuid": uuid, "kernel_id": kernel})
 
-    assert busy.status == 409
-    error = busy.json()
-    assert error["error"] == "busy"
+    error = busy.error(409, "busy")
     assert error["processes"] == [{"pid": worker, "command": "sleep"}]
     assert sandbox.stat(GPU0).rdev == (195, 0)
 
@@ -437,7 +384,6 @@ async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel:
 
     reply = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": kernel})
 
-    assert reply.status == 409
-    error = reply.json()
-    assert (error["error"], error["free"], error["requested"]) == ("insufficient_gpus", 1, 2)
+    error = reply.error(409, "insufficient_gpus")
+    assert (error["free"], error["requested"]) == (1, 2)
     assert error["retryable"] is True

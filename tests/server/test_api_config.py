@@ -17,13 +17,6 @@ from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
 from .api_support import BrokenClient, Fetch, RegisteredSandboxes, call, manager_of
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.delenv(MODE_ENV, raising=False)
-    monkeypatch.delenv(KUBERNETES_ENV, raising=False)
-    return monkeypatch
-
-
 def test_defaults(clean_env: pytest.MonkeyPatch) -> None:
     settings = GPUHotplug()
 
@@ -115,4 +108,4 @@ class TestWiring:
         await app.stop_extension()  # idempotent: the server may stop it again at exit
 
         reply = await call(jp_fetch, "GET", "gpus")
-        assert (reply.status, reply.json()["error"]) == (503, "shutting_down")
+        reply.error(503, "shutting_down")

@@ -20,12 +20,12 @@ from traitlets.config import Config
 
 from tests.client.samples import ATTACHMENTS, GPUS, UUID_A
 from tests.client.stub_agent import StubAgent, running_stub
+from tests.fixtures.waiting import eventually
 
 from .api_support import (
     Fetch,
     SseClient,
     call,
-    eventually,
     manager_of,
     progress_states,
     stream_path,
@@ -124,9 +124,8 @@ async def test_waiting_progress_then_failure_reaches_every_stream(
     replayed = await late.events_until(lambda e: e.kind == "progress")
     reply = await attach
 
-    assert reply.status == 504
-    error = reply.json()
-    assert (error["error"], error["retryable"]) == ("agent_timeout", True)
+    error = reply.error(504, "agent_timeout")
+    assert error["retryable"] is True
     assert "did not answer the request to attach 1 GPU" in error["message"]
     assert replayed[-1].data["request_id"] == "slow-1"
     assert replayed[-1].data["state"] in ("started", "waiting")

@@ -14,16 +14,17 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
-from tests.fixtures.agent import LocalAgent, free_tcp_port
+from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxProbe
+from tests.fixtures.waiting import eventually
 
 from .api_support import (
     Fetch,
-    RegisteredSandboxes,
+    NoAgent,
     SseClient,
     call,
-    eventually,
+    local_mode,
     manager_of,
     progress_states,
     sandboxes_of,
@@ -32,24 +33,10 @@ from .api_support import (
 
 
 @pytest.fixture
-def agent_url(local_agent: LocalAgent) -> str:
-    return local_agent.tcp_url
-
-
-@pytest.fixture
-def token_path(local_agent: LocalAgent) -> Path | None:
-    return local_agent.token_path
-
-
-@pytest.fixture
 def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:
-    settings = jp_server_config.GPUHotplug
-    settings.agent_url = agent_url
-    settings.token_path = "" if token_path is None else str(token_path)
-    settings.mode = "local"
-    settings.metrics_interval = 0.05
-    settings.kernel_sandboxes_class = RegisteredSandboxes
-    return jp_server_config
+    return local_mode(
+        jp_server_config, agent_url=agent_url, token_path=token_path, metrics_interval=0.05
+    )
 
 
 @dataclass(frozen=True)
@@ -116,7 +103,7 @@ async def test_server_shutdown_ends_open_streams(served: Served, jp_fetch: Fetch
     tasks = [subscription.task for subscription in subscriptions]
     await eventually(lambda: all(t is not None and t.done() for t in tasks), "the tasks end")
     late = await call(jp_fetch, "GET", "gpus")
-    assert (late.status, late.json()["error"]) == (503, "shutting_down")
+    late.error(503, "shutting_down")
 
 
 async def test_unknown_kernel_is_404_before_any_event(served: Served) -> None:
@@ -149,15 +136,7 @@ async def test_stream_ends_when_its_kernel_goes_away(
     await eventually(lambda: not manager_of(served.app).subscriptions, "no subscription")
 
 
-class TestAgentDown:
-    @pytest.fixture
-    def agent_url(self) -> str:
-        return f"http://127.0.0.1:{free_tcp_port()}"
-
-    @pytest.fixture
-    def token_path(self) -> None:
-        return None
-
+class TestAgentDown(NoAgent):
     async def test_errors_are_events_and_the_stream_goes_on(self, served: Served) -> None:
         client = await _open(served)
 

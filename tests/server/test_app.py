@@ -11,13 +11,6 @@ from jupyter_gpu_hotplug.client import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_P
 from jupyter_gpu_hotplug.server import GPUHotplug, GPUHotplugApp
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.delenv(AGENT_URL_ENV, raising=False)
-    monkeypatch.delenv(TOKEN_PATH_ENV, raising=False)
-    return monkeypatch
-
-
 def test_defaults_without_environment(clean_env: pytest.MonkeyPatch) -> None:
     settings = GPUHotplug()
 

@@ -1,0 +1,32 @@
+"""What the kernel-side tests feed the magic and the widget: attachments and CUDA states.
+
+The ``%gpu`` magic and the monitor widget show the same agent answers and the same CUDA
+advice, so their tests share these values instead of each spelling them out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from jupyter_gpu_hotplug.client import Attachment
+from jupyter_gpu_hotplug.kernel.cuda import CudaState
+
+IDLE: Final = CudaState(initialised=False, evidence=())
+STARTED: Final = CudaState(initialised=True, evidence=("torch has initialised CUDA",))
+
+
+def attachment(uuid: str, minor: int) -> Attachment:
+    """A simulated GPU hot-attached to this process, as the agent reports it."""
+    return Attachment.from_wire(
+        {
+            "uuid": uuid,
+            "index": minor,
+            "minor": minor,
+            "name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "device": f"/dev/nvidia{minor}",
+            "target": {"pid": os.getpid()},
+            "holder": None,
+            "attached_at": "2026-01-01T12:00:00Z",
+        }
+    )

@@ -1,0 +1,35 @@
+"""Fixtures of the server extension's tests: the environment its settings read, and the
+agent the REST API tests talk to (by default the ``local_agent`` subprocess).
+
+A module's ``jp_server_config`` reads ``agent_url`` and ``token_path`` (see
+``api_support.local_mode``), so a test class can point the server elsewhere by overriding
+just these two (``api_support.NoAgent``: nobody listening, no token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug.client import AGENT_URL_ENV, TOKEN_PATH_ENV
+from jupyter_gpu_hotplug.server.config import KUBERNETES_ENV, MODE_ENV
+from tests.fixtures.agent import LocalAgent
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No setting of the extension in the environment; set some with the returned patcher."""
+    for name in (AGENT_URL_ENV, TOKEN_PATH_ENV, MODE_ENV, KUBERNETES_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def agent_url(local_agent: LocalAgent) -> str:
+    return local_agent.tcp_url
+
+
+@pytest.fixture
+def token_path(local_agent: LocalAgent) -> Path | None:
+    return local_agent.token_path
