@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,15 +94,22 @@ def sandbox_parents() -> list[Path]:
     return [mount.mount_point / DEFAULT_KERNEL_CGROUP_PARENT for mount in mounts]
 
 
-def demo_sandboxes() -> list[Path]:
-    """Cgroup directories of demo kernels (named ``<demo prefix>.<owner>.<token>``)."""
+def demo_sandboxes(owners: Iterable[Proc] | None = None) -> list[Path]:
+    """Cgroup directories of demo kernels (named ``<demo prefix>.<owner>-<start>.<token>``).
+
+    ``owners`` narrows them to sandboxes made by those processes (a demo's JupyterLab), so
+    that another demo running on the same machine at the same time is not counted.
+    """
+    wanted = None if owners is None else {f"{p.pid}-{p.start_time}" for p in owners}
     found: list[Path] = []
     for parent in sandbox_parents():
         with contextlib.suppress(FileNotFoundError):
             found += [
                 entry
                 for entry in parent.iterdir()
-                if entry.is_dir() and entry.name.startswith(f"{SANDBOX_NAME_PREFIX}.")
+                if entry.is_dir()
+                and entry.name.startswith(f"{SANDBOX_NAME_PREFIX}.")
+                and (wanted is None or entry.name.split(".")[1] in wanted)
             ]
     return sorted(found)
 

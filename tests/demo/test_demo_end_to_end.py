@@ -161,7 +161,7 @@ def test_demo_hot_plugs_gpus_into_running_kernels_and_leaves_nothing_behind(
     # Ctrl-C with kernel 2 still holding a GPU: everything goes, every GPU is free.
     processes = demo.remember_processes()
     assert len(processes) >= 5, "demo, agent, JupyterLab and two kernels"
-    sandboxes = leftovers.demo_sandboxes()
+    sandboxes = leftovers.demo_sandboxes(demo.seen)
     assert len(sandboxes) >= 2, sandboxes
     programs = leftovers.device_programs(sandboxes)
     assert demo.interrupt() == 0, demo.logs()
@@ -169,7 +169,7 @@ def test_demo_hot_plugs_gpus_into_running_kernels_and_leaves_nothing_behind(
 
     assert leftovers.still_running(list(demo.seen)) == []
     assert leftovers.processes_mentioning(str(demo.layout.root)) == []
-    assert leftovers.demo_sandboxes() == []
+    assert leftovers.demo_sandboxes(demo.seen) == []
     assert leftovers.all_sandbox_cgroups() == sandbox_cgroups_before
     assert [p for p in programs if bpf_program_loaded(p)] == []
     assert leftovers.mountinfo() == mounts_before

@@ -36,7 +36,7 @@ def kernel_with_gpu(demo: DemoProcess) -> str:
 
 def assert_nothing_running(demo: DemoProcess) -> None:
     assert leftovers.still_running(list(demo.seen)) == []
-    assert leftovers.demo_sandboxes() == []
+    assert leftovers.demo_sandboxes(demo.seen) == []
 
 
 def test_sigterm_stops_everything_and_removes_the_temporary_directory(
@@ -76,8 +76,8 @@ def test_jupyterlab_dying_releases_every_gpu_and_stops_the_agent(
 ) -> None:
     demo = demo_factory()
     kernel_with_gpu(demo)
-    assert len(leftovers.demo_sandboxes()) >= 1
     demo.remember_processes()
+    assert len(leftovers.demo_sandboxes(demo.seen)) >= 1
 
     demo.child(LAB_MARKER).kill()
 
