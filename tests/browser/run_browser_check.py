@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from jupyterlab.commands import get_app_dir  # type: ignore[import-untyped]
+from jupyterlab.commands import get_app_dir
 
 from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS
 
