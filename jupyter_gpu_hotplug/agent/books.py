@@ -1,13 +1,14 @@
 """The ledger as the event loop uses it: writes in the ledger's thread, reads from memory.
 
-Why it exists: every ledger write ends in an ``fsync`` (that is the ledger's crash-safety), and
-the ledger serialises its callers, so under load its thread is busy. If reads queued behind the
-writes, a ``GET /v1/gpus`` or a request that is refused anyway would wait for other targets'
-commits. But this agent is the ledger's only writer (the state dir's lock guarantees it), so it
-can keep an exact copy of the attachments in memory: loaded once, then updated from what each
-write returns. Reads (the views, the per-target limit, the idempotency check, a quick "not
-enough free GPUs") come from the copy; every decision that matters is still made by the ledger
-itself inside its transaction (``reserve`` checks again, and raises the same errors).
+Why it exists: every ledger write is a disk transaction (a WAL write, and an ``fsync`` at each
+checkpoint), and the ledger serialises its callers, so under load its thread is busy. If reads
+queued behind the writes, a ``GET /v1/gpus`` or a request that is refused anyway would wait for
+other targets' commits. But this agent is the ledger's only writer (the state dir's lock
+guarantees it), so it can keep an exact copy of the attachments in memory: loaded once, then
+updated from what each write returns. Reads (the views, the per-target limit, the idempotency
+check, a quick "not enough free GPUs") come from the copy; every decision that matters is still
+made by the ledger itself inside its transaction (``reserve`` checks again, and raises the same
+errors).
 
 The copy is touched only on the event loop's thread (after each awaited write), so it needs no
 lock. A write that fails for a reason other than the API errors the ledger raises on purpose

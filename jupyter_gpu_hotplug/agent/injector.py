@@ -166,8 +166,9 @@ class EngineInjector:
         container = self._container(target)
         found: dict[int, HolderInfo] = {}
         try:
-            for node in devices:
-                for holder in self._engine.holders(container, node.device):
+            held = self._engine.holders_by_device(container, [node.device for node in devices])
+            for holders in held.values():
+                for holder in holders:
                     found.setdefault(holder.pid, HolderInfo(holder.pid, holder.comm))
         except _HOST_ERRORS as e:
             raise InjectionFailed(

@@ -7,11 +7,15 @@ answers come from NVML, read in exactly one place for the whole product
 sorts the GPUs that may be handed out from those that may not.
 
 The inventory is live (STYLE 10): every ``snapshot()`` asks NVML again, nothing is cached at
-import or start-up. It never raises for a GPU's failure: a GPU that fell off the bus, or whose
-UUID or minor NVML cannot give, is reported as lost (with what was last known of it) and is
-never handed out; when NVML cannot be used at all (no driver), the node has no GPUs and
-``unavailable`` says why. With ``--simulate`` the same code reads the fake ``libnvidia-ml.so.1``
-of ``nvml.sim``, and the GPUs are marked ``simulated``.
+import or start-up. It asks only what the agent uses — who each GPU is and whether it answers
+(``GpuMonitor.roster``), and who uses one GPU (``GpuMonitor.processes``) — never the metrics:
+every attach reads the inventory, so its cost is on every attach's path.
+
+It never raises for a GPU's failure: a GPU that fell off the bus, or whose UUID or minor NVML
+cannot give, is reported as lost (with what was last known of it) and is never handed out; when
+NVML cannot be used at all (no driver), the node has no GPUs and ``unavailable`` says why. With
+``--simulate`` the same code reads the fake ``libnvidia-ml.so.1`` of ``nvml.sim``, and the GPUs
+are marked ``simulated``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .._structs import GpuUuid
-from ..nvml.state import GpuMonitor, GpuState, NvmlStatus
+from ..nvml.state import GpuIdentity, GpuMonitor, NvmlStatus
 
 __all__ = ["GpuDevice", "Inventory", "InventorySnapshot", "LostGpu", "NvmlInventory"]
 
@@ -97,27 +101,24 @@ class NvmlInventory:
         self._monitor.close()
 
     def snapshot(self) -> InventorySnapshot:
-        snap = self._monitor.snapshot()
+        snap = self._monitor.roster()
         if snap.status not in (NvmlStatus.OK, NvmlStatus.NO_GPU):
             self._note_unavailable(snap.message)
             return InventorySnapshot(gpus=(), unavailable=snap.message)
         self._note_unavailable(None)
         gpus: list[GpuDevice] = []
         lost: list[LostGpu] = []
-        for state in snap.gpus:
-            device, reason = _device(state)
+        for gpu in snap.gpus:
+            device, reason = _device(gpu)
             if device is None:
-                lost.append(self._lost(state.index, reason))
+                lost.append(self._lost(gpu.index, reason))
             else:
                 gpus.append(device)
         self._note_healthy(gpus)
         return InventorySnapshot(gpus=tuple(gpus), lost=tuple(lost))
 
     def running_pids(self, minor: int) -> list[int]:
-        for state in self._monitor.snapshot().gpus:
-            if state.minor == minor and state.processes is not None:
-                return sorted(process.pid for process in state.processes)
-        return []
+        return sorted(process.pid for process in self._monitor.processes(minor) or ())
 
     # --- what changed, for the log ---------------------------------------------------------
 
@@ -147,20 +148,20 @@ class NvmlInventory:
             log.warning("GPU %s (minor %d) answers again", gpu.uuid, gpu.minor)
 
 
-def _device(state: GpuState) -> tuple[GpuDevice | None, str]:
-    """The healthy GPU ``state`` describes, or why it cannot be handed out."""
-    if state.lost:
+def _device(gpu: GpuIdentity) -> tuple[GpuDevice | None, str]:
+    """The healthy GPU ``gpu`` describes, or why it cannot be handed out."""
+    if gpu.lost:
         return None, "lost (NVML: GPU is lost)"
-    if state.uuid is None or state.minor is None:
+    if gpu.uuid is None or gpu.minor is None:
         return None, "unreadable (NVML gives no UUID or minor number)"
     return (
         GpuDevice(
-            uuid=state.uuid,
-            index=state.index,
-            minor=state.minor,
-            name=state.name or "NVIDIA GPU",
-            memory_total=state.memory_total or 0,
-            simulated=state.simulated,
+            uuid=gpu.uuid,
+            index=gpu.index,
+            minor=gpu.minor,
+            name=gpu.name or "NVIDIA GPU",
+            memory_total=gpu.memory_total or 0,
+            simulated=gpu.simulated,
         ),
         "",
     )

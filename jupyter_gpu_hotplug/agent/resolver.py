@@ -149,10 +149,11 @@ class ProcResolver:
         who = procfs.identity(pid, proc=self._proc)
         if who is None:
             raise NotFound("process", str(pid), hint="check the pid; the process may have exited")
-        resolved = self.lookup(ref.resolve(start_time=who.start_time))
-        if resolved is None:
+        container = self.container_of(pid)
+        # Read again: the cgroups read must belong to the process whose start time we hold.
+        if container is None or procfs.identity(pid, proc=self._proc) != who:
             raise NotFound("process", str(pid), hint="the process exited while being looked up")
-        container = resolved.container
+        resolved = ResolvedTarget(ref.resolve(start_time=who.start_time), container)
         if container.in_root_cgroup:
             raise Forbidden(
                 f"process {pid} ({who.comm}) is not in a container: it runs in a root cgroup, "

@@ -7,10 +7,11 @@ held by two targets, and never lost from the pool. This module orders the steps 
 durable write comes *before* the host change it announces, rolls back everything on a failure,
 and leaves what it cannot undo in a state the reconciler finishes.
 
-Attach: resolve and authorize the target → per-target lock → ``reserve`` (ledger ``reserving``)
-→ ``grant`` → ``mark_granted``. Detach: resolve and authorize → lock → ``begin_release``
-(``releasing``) → ``revoke`` (refused while processes hold the GPU, unless ``force``) →
-``release``; a refused revoke is undone with ``cancel_release``.
+Attach: resolve and authorize the target (and read the node's GPUs, in the same trip to the
+thread pool) → per-target lock → ``reserve`` (ledger ``reserving``) → ``grant`` →
+``mark_granted``. Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) →
+``revoke`` (refused while processes hold the GPU, unless ``force``) → ``release``; a refused
+revoke is undone with ``cancel_release``.
 
 Concurrency: one operation at a time per target; a second one on the same target is answered
 409 ``busy`` at once (retryable) rather than queued, so a client never waits behind an operation
@@ -210,6 +211,11 @@ class AgentService:
 
     async def _target(self, caller: Caller, ref: TargetRef | None) -> ResolvedTarget:
         """The target a request means, resolved and authorized for ``caller``."""
+        resolve = self._resolution(caller, ref)
+        return await self._workers.host(self._resolved_for, caller, resolve)
+
+    def _resolution(self, caller: Caller, ref: TargetRef | None) -> Callable[[], ResolvedTarget]:
+        """How to resolve the target ``ref`` means (refused at once if local mode has none)."""
         if isinstance(ref, PodTarget):
             raise InvalidRequest(
                 f"this agent runs the local backend and cannot act on {ref}",
@@ -224,12 +230,8 @@ class AgentService:
                     hint=_LOCAL_TARGET_HINT,
                 )
             pid = caller.peer.pid
-            return await self._workers.host(
-                self._resolved_for, caller, lambda: self._resolver.representative(pid)
-            )
-        return await self._workers.host(
-            self._resolved_for, caller, lambda: self._resolver.resolve(ref)
-        )
+            return lambda: self._resolver.representative(pid)
+        return lambda: self._resolver.resolve(ref)
 
     def _resolved_for(
         self, caller: Caller, resolve: Callable[[], ResolvedTarget]
@@ -296,17 +298,29 @@ class AgentService:
     async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
         """Attach ``request.count`` GPUs to the request's target (201 body)."""
         with self._measured("attach"):
-            resolved = await self._target(caller, request.target)
+            resolve = self._resolution(caller, request.target)
+            resolved, snapshot = await self._workers.host(self._attach_inputs, caller, resolve)
             async with self.locks.operation(resolved.target):
-                return await self._attach_locked(resolved.target, request)
+                return await self._attach_locked(resolved.target, request, snapshot)
 
-    async def _attach_locked(self, target: PidTarget, request: AttachRequest) -> AttachmentList:
+    def _attach_inputs(
+        self, caller: Caller, resolve: Callable[[], ResolvedTarget]
+    ) -> tuple[ResolvedTarget, InventorySnapshot]:
+        """The target (resolved and authorized) and the node's GPUs, in one trip to the pool.
+
+        The inventory is read before the target's lock is taken: it lists the node's GPUs,
+        not who owns them (the books say that, under the lock, and the ledger decides).
+        """
+        return self._resolved_for(caller, resolve), self._inventory.snapshot()
+
+    async def _attach_locked(
+        self, target: PidTarget, request: AttachRequest, snapshot: InventorySnapshot
+    ) -> AttachmentList:
         existing = self._books.attachments(target)
         if request.request_id is not None:
             earlier = [entry for entry in existing if entry.request_id == request.request_id]
             if earlier:
                 return self._repeat(target, request.request_id, request.count, earlier)
-        snapshot = await self._workers.host(self._inventory.snapshot)
         total = len(snapshot.gpus) + len(snapshot.lost)
         if 0 < total < request.count:
             raise InvalidRequest(
@@ -404,13 +418,20 @@ class AgentService:
             if entry is None:
                 raise NotFound("attachment", uuid)
             target = _pid_target(entry.target)
-            resolved = await self._workers.host(self._resolver.lookup, target)
+            resolved = await self._workers.host(self._looked_up_for, caller, target)
             if resolved is None:
                 await self._detach_gone(caller, target, [entry])
                 return
-            await self._workers.host(self._authorizer.check, caller, resolved)
             async with self.locks.operation(target):
                 await self._detach_locked(target, [entry], force=force)
+
+    def _looked_up_for(self, caller: Caller, target: PidTarget) -> ResolvedTarget | None:
+        """The recorded target if it still runs, authorized for ``caller`` (one trip to the
+        pool); None when it has exited."""
+        resolved = self._resolver.lookup(target)
+        if resolved is not None:
+            self._authorizer.check(caller, resolved)
+        return resolved
 
     async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
         """Detach every GPU of the target (nothing attached: nothing to do)."""

@@ -1,11 +1,11 @@
 """Where the agent's blocking calls run, so that the event loop never waits on them.
 
-Why two places: the ledger is one SQLite connection whose every write ends in an ``fsync``, and
-it serialises its callers anyway; given threads of a shared pool, queued ledger writes would
-occupy all of them and starve the host and NVML calls of unrelated requests (a ``GET
-/v1/gpus`` would wait behind other targets' commits). So the ledger gets one thread of its own,
-where its calls queue in order, and the host (``/proc``, cgroups, device nodes, the engine) and
-NVML share a pool.
+Why two places: the ledger is one SQLite connection whose every write goes to disk (and now
+and then waits for an ``fsync`` at a WAL checkpoint), and it serialises its callers anyway;
+given threads of a shared pool, queued ledger writes would occupy all of them and starve the
+host and NVML calls of unrelated requests (a ``GET /v1/gpus`` would wait behind other
+targets' commits). So the ledger gets one thread of its own, where its calls queue in order,
+and the host (``/proc``, cgroups, device nodes, the engine) and NVML share a pool.
 """
 
 from __future__ import annotations

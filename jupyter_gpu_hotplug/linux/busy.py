@@ -10,8 +10,10 @@ inherited a reused pid — processes are identified by pid *and* start time, and
 signalled through a pidfd.
 
 Holders are found from ``/proc/<pid>/fd`` (an open fd whose target is the char
-device); an optional second source — NVML's running processes, later — can add
-pids that use the device without a visible fd.
+device); an optional second source — NVML's running processes — can add pids that
+use the device without a visible fd. Asking about several devices at once walks
+each process's fds once for all of them (``holders_by_device``): the walk, one
+``stat`` per open fd of every process in the container, is the cost.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import select
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -101,10 +103,22 @@ def find_holders(
     Pass the container's v1 ``devices`` and/or unified cgroup directories; pids are
     in our pid namespace and ``proc`` is that namespace's procfs.
     """
+    found = find_holders_by_device(cgroup_dirs, [device], proc=proc, extra_holders=extra_holders)
+    return found[device]
+
+
+def find_holders_by_device(
+    cgroup_dirs: Iterable[Path],
+    devices: Iterable[CharDevice],
+    *,
+    proc: Path = _PROC,
+    extra_holders: ExtraHolders | None = None,
+) -> dict[CharDevice, list[Holder]]:
+    """:func:`find_holders` for several devices, with one scan of the container."""
     pids: set[int] = set()
     for directory in cgroup_dirs:
         pids.update(cgroups.pids_in_cgroup(directory, recursive=True))
-    return holders_among(pids, device, proc=proc, extra_holders=extra_holders)
+    return holders_by_device(pids, devices, proc=proc, extra_holders=extra_holders)
 
 
 def holders_among(
@@ -121,49 +135,70 @@ def holders_among(
     carrying what was found. Pids from ``extra_holders`` count only if they are
     among ``pids`` — a process outside the container is not ours to report or end.
     """
+    return holders_by_device(pids, [device], proc=proc, extra_holders=extra_holders)[device]
+
+
+def holders_by_device(
+    pids: Iterable[int],
+    devices: Iterable[CharDevice],
+    *,
+    proc: Path = _PROC,
+    extra_holders: ExtraHolders | None = None,
+) -> dict[CharDevice, list[Holder]]:
+    """:func:`holders_among` for several devices: each device (every one asked about is
+    a key) with its holders, sorted by pid. Each process's fds are walked once.
+
+    A process holding several of the devices is a holder of each, with that device's
+    fds. :class:`ScanError` carries the holders found of every device.
+    """
     candidates = sorted(set(pids))
-    rdev = os.makedev(device.major, device.minor)
-    holders: dict[int, Holder] = {}
+    wanted = {os.makedev(device.major, device.minor): device for device in devices}
+    found: dict[CharDevice, dict[int, Holder]] = {device: {} for device in wanted.values()}
     unreadable: list[tuple[int, str]] = []
     for pid in candidates:
         try:
-            holder = _inspect(pid, rdev, proc)
+            held = _inspect(pid, wanted, proc)
         except OSError as e:
             unreadable.append((pid, f"{e.filename}: {e.strerror}"))
             continue
-        if holder is not None and holder.fds:
-            holders[pid] = holder
+        for device, holder in held.items():
+            found[device][pid] = holder
     if extra_holders is not None:
-        for pid in sorted(set(extra_holders(device)).intersection(candidates)):
-            if pid in holders:
-                continue
-            try:
-                identity = procfs.identity(pid, proc=proc)
-            except OSError as e:
-                unreadable.append((pid, f"{e.filename}: {e.strerror}"))
-                continue
-            if identity is not None:
-                holders[pid] = Holder(pid, identity.comm, (), identity.start_time)
-    found = tuple(holders[pid] for pid in sorted(holders))
+        for device, holders in found.items():
+            for pid in sorted(set(extra_holders(device)).intersection(candidates)):
+                if pid in holders:
+                    continue
+                try:
+                    identity = procfs.identity(pid, proc=proc)
+                except OSError as e:
+                    unreadable.append((pid, f"{e.filename}: {e.strerror}"))
+                    continue
+                if identity is not None:
+                    holders[pid] = Holder(pid, identity.comm, (), identity.start_time)
+    result = {
+        device: [holders[pid] for pid in sorted(holders)] for device, holders in found.items()
+    }
     if unreadable:
-        raise ScanError(found, tuple(unreadable))
-    return list(found)
+        every = tuple(holder for holders in result.values() for holder in holders)
+        raise ScanError(every, tuple(unreadable))
+    return result
 
 
-def _inspect(pid: int, rdev: int, proc: Path) -> Holder | None:
-    """The process's fds on ``rdev`` (possibly none), or None when it exited or its
-    pid was reused while we looked (its identity changed between the two reads)."""
+def _inspect(pid: int, wanted: Mapping[int, CharDevice], proc: Path) -> dict[CharDevice, Holder]:
+    """The process as a holder of each ``wanted`` device (by ``st_rdev``) it has open;
+    empty when it holds none, exited, or its pid was reused while we looked (its
+    identity changed between the two reads)."""
     before = procfs.identity(pid, proc=proc)
     if before is None:
-        return None
+        return {}
     fd_dir = proc / str(pid) / "fd"
     try:
         names = os.listdir(fd_dir)
     except OSError as e:
         if procfs.is_gone(e):
-            return None
+            return {}
         raise
-    fds = []
+    fds: dict[CharDevice, list[int]] = {}
     for name in names:
         try:
             info = os.stat(fd_dir / name)  # follows the fd to the file it has open
@@ -171,11 +206,14 @@ def _inspect(pid: int, rdev: int, proc: Path) -> Holder | None:
             if procfs.is_gone(e):
                 continue  # closed since we listed it
             raise
-        if stat.S_ISCHR(info.st_mode) and info.st_rdev == rdev:
-            fds.append(int(name))
+        if stat.S_ISCHR(info.st_mode) and info.st_rdev in wanted:
+            fds.setdefault(wanted[info.st_rdev], []).append(int(name))
     if procfs.identity(pid, proc=proc) != before:
-        return None
-    return Holder(pid, before.comm, tuple(sorted(fds)), before.start_time)
+        return {}
+    return {
+        device: Holder(pid, before.comm, tuple(sorted(held)), before.start_time)
+        for device, held in fds.items()
+    }
 
 
 def terminate(

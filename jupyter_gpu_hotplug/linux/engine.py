@@ -278,11 +278,14 @@ class HotplugEngine:
             statuses.append(DeviceStatus(node.device, v1, v2, node_ok))
         return statuses
 
-    def holders(self, container: Container, device: CharDevice) -> list[busy.Holder]:
-        """Processes of the container that hold ``device`` open."""
-        return busy.find_holders(
+    def holders_by_device(
+        self, container: Container, devices: Iterable[CharDevice]
+    ) -> dict[CharDevice, list[busy.Holder]]:
+        """For each of ``devices``, the processes of the container that hold it open; one
+        walk of the container's processes and their fds for all of them."""
+        return busy.find_holders_by_device(
             [d for d in container.cgroup_dirs if d.is_dir()],
-            device,
+            devices,
             proc=self.host_proc,
             extra_holders=self.extra_holders,
         )
@@ -460,9 +463,10 @@ class HotplugEngine:
         return tuple(n for n in self.control_nodes if present.get(n.name) != n.device)
 
     def _holders_of(self, container: Container, nodes: Sequence[DeviceNode]) -> list[busy.Holder]:
+        """Every process that holds any of ``nodes`` open, once, by pid."""
         found: dict[int, busy.Holder] = {}
-        for node in nodes:
-            for holder in self.holders(container, node.device):
+        for holders in self.holders_by_device(container, [n.device for n in nodes]).values():
+            for holder in holders:
                 found.setdefault(holder.pid, holder)
         return sorted(found.values(), key=lambda h: h.pid)
 

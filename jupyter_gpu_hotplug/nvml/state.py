@@ -14,6 +14,13 @@ was initialised with, NVML is shut down and initialised again. Nothing is discov
 or construction (STYLE 10): a monitor made before any GPU exists starts working when one
 arrives.
 
+Two lighter reads serve callers that need no metrics (the node agent hands GPUs out by
+identity on every attach, and asks who uses one GPU before taking it away): ``roster()`` reads
+who each GPU is and whether it still answers (one NVML query per GPU instead of a snapshot's
+seven), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plug and lost GPUs
+exactly as ``snapshot()`` does, because all three share the same initialisation and
+enumeration.
+
 Failures never escape as exceptions: no NVML library, no driver, or a broken NVML yield an
 empty ``Snapshot`` whose ``status`` and ``message`` say why ("no GPU attached: ..."); a GPU
 that fell off the bus is reported with ``lost=True``; a metric the GPU or driver does not offer
@@ -46,6 +53,7 @@ from .sim.config import SIMULATED_SUFFIX
 from .sim.runtime import is_fake_library
 
 __all__ = [
+    "GpuIdentity",
     "GpuMetricsJson",
     "GpuMonitor",
     "GpuProcess",
@@ -53,6 +61,7 @@ __all__ = [
     "GpuState",
     "GpuStateJson",
     "NvmlStatus",
+    "Roster",
     "Snapshot",
     "SnapshotJson",
 ]
@@ -192,6 +201,32 @@ class Snapshot:
             simulated=self.simulated,
             taken_at=self.taken_at,
         )
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """Who one GPU is and whether it answers: what handing GPUs out needs, without metrics."""
+
+    uuid: GpuUuid | None
+    """``None`` only for a GPU that was lost before this monitor could read its UUID."""
+    index: int
+    name: str | None
+    minor: int | None
+    memory_total: int | None
+    """Bytes; read each time, since that query is also what tells a lost GPU."""
+    simulated: bool
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class Roster:
+    """Every GPU visible to this process, by identity (see ``GpuMonitor.roster``)."""
+
+    gpus: tuple[GpuIdentity, ...]
+    status: NvmlStatus
+    message: str
+    """As ``Snapshot.message``."""
+    simulated: bool
 
 
 class GpuProcessJson(TypedDict):
@@ -388,19 +423,38 @@ class GpuMonitor:
 
     def snapshot(self) -> Snapshot:
         """The GPUs now. Never raises for NVML or driver trouble: see ``status``."""
+        return self._guarded(self._read, self._empty)
+
+    def roster(self) -> Roster:
+        """Who the GPUs are now and whether each answers, without their metrics.
+
+        What is read per GPU: its memory size, the one query that also shows whether it fell
+        off the bus (UUID, name and minor are read once per enumeration, as for snapshots).
+        Never raises for NVML or driver trouble: see ``status``.
+        """
+        return self._guarded(self._read_roster, self._empty_roster)
+
+    def processes(self, minor: int) -> tuple[GpuProcess, ...] | None:
+        """The processes using the GPU whose node is ``/dev/nvidia<minor>``; ``None`` when
+        NVML cannot say (no such GPU, lost, NVML unavailable, or it does not list them)."""
+        return self._guarded(lambda: self._read_processes(minor), lambda: None)
+
+    def _guarded(self, read: Callable[[], _T], empty: Callable[[], _T]) -> _T:
+        """``read()`` with NVML initialised for the current device nodes, or ``empty()``
+        when NVML cannot be used (the reason is kept for ``status``)."""
         with self._lock:
             nodes = self._gpu_nodes()
             if self._initialised and nodes != self._nodes:
                 self._shutdown()  # a GPU came or went: only a fresh NVML enumerates it
             if not self._initialised and not self._initialise(nodes):
-                return self._empty()
+                return empty()
             try:
-                return self._read()
+                return read()
             except _NvmlBroken as broken:
                 self._shutdown()
                 self._fail(NvmlStatus.ERROR, f"cannot read the GPUs: NVML failed: {broken}")
-                self._failed_at = float("-inf")  # re-initialise on the next snapshot
-                return self._empty()
+                self._failed_at = float("-inf")  # re-initialise on the next read
+                return empty()
 
     # --- initialisation ------------------------------------------------------------------------
 
@@ -466,24 +520,27 @@ class GpuMonitor:
             taken_at=time.time(),
         )
 
+    def _empty_roster(self) -> Roster:
+        status, message = self._failure or (NvmlStatus.ERROR, "cannot read the GPUs")
+        return Roster(gpus=(), status=status, message=message, simulated=False)
+
     # --- reading -------------------------------------------------------------------------------
 
-    def _read(self) -> Snapshot:
+    def _devices_now(self) -> tuple[_Device, ...]:
+        """The enumerated GPUs, enumerated again when NVML's count changed or one was lost."""
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as error:
             raise _NvmlBroken(error) from error
         if self._stale or count != len(self._devices):
             self._enumerate(count)
+        return self._devices
+
+    def _read(self) -> Snapshot:
+        devices = self._devices_now()
         names: dict[int, str | None] = {}  # one /proc read per pid and snapshot
-        gpus = tuple(self._state(device, names) for device in self._devices)
-        lost = sum(gpu.lost for gpu in gpus)
-        if not gpus:
-            status, message = NvmlStatus.NO_GPU, "no GPU attached"
-        else:
-            status = NvmlStatus.OK
-            message = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}"
-            message += f" ({lost} lost)" if lost else ""
+        gpus = tuple(self._state(device, names) for device in devices)
+        status, message = _summary(len(gpus), lost=sum(gpu.lost for gpu in gpus))
         return Snapshot(
             gpus=gpus,
             status=status,
@@ -512,8 +569,47 @@ class GpuMonitor:
         self._devices = tuple(devices)
         self._stale = False
 
+    def _read_roster(self) -> Roster:
+        gpus = tuple(self._identity(device) for device in self._devices_now())
+        status, message = _summary(len(gpus), lost=sum(gpu.lost for gpu in gpus))
+        return Roster(gpus=gpus, status=status, message=message, simulated=self._simulated)
+
+    def _identity(self, device: _Device) -> GpuIdentity:
+        memory = None
+        lost = device.handle is None
+        if not lost:
+            try:
+                memory = _value(pynvml.nvmlDeviceGetMemoryInfo, device.handle)
+            except _GpuLost:
+                lost = True
+        if lost:
+            self._stale = True  # look again: it may be back, or another GPU in its place
+        return GpuIdentity(
+            uuid=device.uuid,
+            index=device.index,
+            name=device.name,
+            minor=device.minor,
+            memory_total=None if memory is None else memory.total,
+            simulated=self._is_simulated(device),
+            lost=lost,
+        )
+
+    def _read_processes(self, minor: int) -> tuple[GpuProcess, ...] | None:
+        for device in self._devices_now():
+            if device.minor != minor or device.handle is None:
+                continue
+            try:
+                return self._processes(device.handle, {})
+            except _GpuLost:
+                self._stale = True
+                return None
+        return None
+
+    def _is_simulated(self, device: _Device) -> bool:
+        return self._simulated or (device.name or "").endswith(SIMULATED_SUFFIX)
+
     def _state(self, device: _Device, names: dict[int, str | None]) -> GpuState:
-        simulated = self._simulated or (device.name or "").endswith(SIMULATED_SUFFIX)
+        simulated = self._is_simulated(device)
         if device.handle is None:
             self._stale = True  # look again: it may be back, or another GPU in its place
             return _lost_state(device, simulated=simulated)
@@ -571,6 +667,14 @@ class GpuMonitor:
         except OSError:
             # The pid belongs to another pid namespace (NVML reports host pids) or has exited.
             return None
+
+
+def _summary(count: int, *, lost: int) -> tuple[NvmlStatus, str]:
+    """Status and message of a read that found ``count`` GPUs, ``lost`` of them lost."""
+    if not count:
+        return NvmlStatus.NO_GPU, "no GPU attached"
+    message = f"{count} GPU{'' if count == 1 else 's'}"
+    return NvmlStatus.OK, message + (f" ({lost} lost)" if lost else "")
 
 
 def _init_failure(error: pynvml.NVMLError) -> tuple[NvmlStatus, str]:

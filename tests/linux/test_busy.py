@@ -38,6 +38,32 @@ def test_holder_reported_with_pid_comm_and_fd() -> None:
         assert busy.holders_among([child.pid], CharDevice(1, 3)) == []
 
 
+def test_several_devices_in_one_scan() -> None:
+    null, full = CharDevice(1, 3), CharDevice(1, 7)
+    asked: list[CharDevice] = []
+
+    def nvml(device: CharDevice) -> list[int]:
+        asked.append(device)
+        return [second.pid] if device == full else []
+
+    with probe() as first, probe() as second:
+        zero_fd = first.hold_fd(ZERO_PATH)
+        null_fd = first.hold_fd(Path("/dev/null"))
+        second_null_fd = second.hold_fd(Path("/dev/null"))
+
+        found = busy.holders_by_device(
+            [first.pid, second.pid, reaped_pid()], [ZERO, null, full], extra_holders=nvml
+        )
+
+        assert {device: [(h.pid, h.fds) for h in holders] for device, holders in found.items()} == {
+            ZERO: [(first.pid, (zero_fd,))],
+            null: sorted([(first.pid, (null_fd,)), (second.pid, (second_null_fd,))]),
+            full: [(second.pid, ())],
+        }
+        assert asked == [ZERO, null, full]
+        assert found[null] == busy.holders_among([first.pid, second.pid], null)
+
+
 def test_extra_source_counts_only_the_scanned_pids() -> None:
     asked: list[CharDevice] = []
 
@@ -94,6 +120,8 @@ class TestAsRoot:
             outside.hold_fd(ZERO_PATH)
             holders = busy.find_holders([top], ZERO)
             assert [(h.pid, h.comm, h.fds) for h in holders] == [(inside.pid, PROBE_COMM, (fd,))]
+            null = CharDevice(1, 3)
+            assert busy.find_holders_by_device([top], [ZERO, null]) == {ZERO: holders, null: []}
 
     def test_uninspectable_process_is_reported_not_skipped(self) -> None:
         with probe() as child:

@@ -213,9 +213,17 @@ def busy_box(sandbox_factory: SandboxFactory) -> SandboxProbe:
 
 
 def holds_stand_in(pid: int) -> bool:
+    """Whether ``pid`` has the stand-in open; a process still starting up opens and closes
+    fds while we look, so an fd that vanished between listing and stat just does not count."""
     fd_dir = f"/proc/{pid}/fd"
     rdev = os.makedev(STAND_IN.device.major, STAND_IN.device.minor)
-    return any(os.stat(f"{fd_dir}/{fd}").st_rdev == rdev for fd in os.listdir(fd_dir))
+    for fd in os.listdir(fd_dir):
+        try:
+            if os.stat(f"{fd_dir}/{fd}").st_rdev == rdev:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def spawn_holder(box: SandboxProbe, mode: str) -> int:

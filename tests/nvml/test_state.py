@@ -26,7 +26,13 @@ from jupyter_gpu_hotplug.nvml.sim import (
     SimulatedProcess,
     default_gpus,
 )
-from jupyter_gpu_hotplug.nvml.state import GpuMonitor, GpuProcess, GpuState, NvmlStatus
+from jupyter_gpu_hotplug.nvml.state import (
+    GpuIdentity,
+    GpuMonitor,
+    GpuProcess,
+    GpuState,
+    NvmlStatus,
+)
 from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
@@ -451,3 +457,95 @@ def test_to_json(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
         "used_memory": None,
     }
     assert data["gpus"][1]["uuid"] == fake_nvml.gpus[1].uuid
+
+
+# --- the lighter reads: roster() and processes(minor) ----------------------------------------
+
+_METRIC_READS = (
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
+
+
+def test_roster_reads_identity_and_no_metric(
+    fake_nvml: FakeNvml, monitor: GpuMonitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvml.write(busy_node())
+    for read in _METRIC_READS:  # a snapshot would fail with these (NVML broken)
+        monkeypatch.setattr(pynvml, read, _raises(pynvml.NVML_ERROR_UNKNOWN))
+
+    roster = monitor.roster()
+
+    first, second = busy_node().gpus
+    assert roster.gpus == (
+        GpuIdentity(first.uuid, 0, first.name, 0, first.memory_total, simulated=True),
+        GpuIdentity(second.uuid, 1, second.name, 1, second.memory_total, simulated=True),
+    )
+    assert (roster.status, roster.message, roster.simulated) == (NvmlStatus.OK, "2 GPUs", True)
+    assert monitor.init_count == 1
+
+
+def test_roster_follows_the_node_and_lost_gpus(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
+    first, second = fake_nvml.gpus
+    assert [g.uuid for g in monitor.roster().gpus] == [first.uuid, second.uuid]
+
+    fake_nvml.update_gpu(first.uuid, lost=True)
+    lost = monitor.roster()
+    fake_nvml.update_gpu(first.uuid, lost=False)
+    back = monitor.roster()
+    fake_nvml.write(default_gpus(3))
+    grown = monitor.roster()
+
+    gone, fine = lost.gpus
+    assert (gone.uuid, gone.name, gone.minor, gone.lost, gone.memory_total) == (
+        first.uuid,
+        first.name,
+        0,
+        True,
+        None,
+    )
+    assert (fine.uuid, fine.lost) == (second.uuid, False)
+    assert lost.message == "2 GPUs (1 lost)"
+    assert [(g.uuid, g.lost) for g in back.gpus] == [(first.uuid, False), (second.uuid, False)]
+    assert [g.minor for g in grown.gpus] == [0, 1, 2]
+    assert monitor.snapshot().gpus[2].minor == 2, "snapshots share the enumeration"
+
+
+def test_roster_when_nvml_cannot_be_used(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
+    fake_nvml.set_init_error(_DRIVER_NOT_LOADED)
+
+    roster = monitor.roster()
+
+    assert (roster.gpus, roster.status, roster.simulated) == ((), NvmlStatus.NO_DRIVER, False)
+    assert roster.message == "no GPU attached: the NVIDIA driver is not loaded"
+    assert monitor.processes(0) is None
+
+
+def test_roster_after_nvml_fails_mid_read(
+    fake_nvml: FakeNvml, monitor: GpuMonitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monitor.roster()
+    with monkeypatch.context() as patch:
+        patch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", _raises(pynvml.NVML_ERROR_UNKNOWN))
+        broken = monitor.roster()
+
+    assert (broken.gpus, broken.status) == ((), NvmlStatus.ERROR)
+    assert len(monitor.roster().gpus) == 2
+    assert monitor.init_count == 2, "re-initialised at once"
+
+
+def test_processes_of_one_gpu(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
+    first, second = fake_nvml.gpus
+    fake_nvml.update_gpu(second.uuid, processes=(SimulatedProcess(os.getpid(), 2**30),))
+    own_name = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+
+    assert monitor.processes(second.minor) == (GpuProcess(os.getpid(), own_name, 2**30),)
+    assert monitor.processes(first.minor) == ()
+    assert monitor.processes(77) is None, "no GPU with that minor"
+    fake_nvml.update_gpu(second.uuid, lost=True)
+    assert monitor.processes(second.minor) is None
+    assert monitor.roster().gpus[1].lost
