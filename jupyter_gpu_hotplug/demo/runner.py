@@ -30,6 +30,7 @@ import secrets
 import signal
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -297,16 +298,15 @@ class DemoRun:
     def _show_gpus(self, mode: GpuMode, gpus: tuple[Gpu, ...]) -> None:
         listing = [f"    {gpu.device:<14} {gpu.name}  {gpu.uuid}" for gpu in gpus]
         if mode.simulated:
-            lines = [
-                _RULE,
-                f"  SIMULATED GPUs: {mode.reason}, so the agent serves {len(gpus)} simulated",
-                "  GPUs. They are hot-plugged for real: each kernel's sandbox gets the device",
-                "  node with NVIDIA's numbers (c 195:N) and its device cgroup allows it. NVML",
-                "  in the kernels is a small fake library that reports the GPUs a kernel has",
-                "  nodes for; no CUDA program can run on them.",
-                *listing,
-                _RULE,
-            ]
+            text = (
+                f"SIMULATED GPUs: {mode.reason}, so the agent serves {len(gpus)} simulated "
+                "GPUs. They are hot-plugged for real: each kernel's sandbox gets the device "
+                "node with NVIDIA's numbers (c 195:N) and its device cgroup allows it. NVML "
+                "in the kernels is a small fake library that reports the GPUs a kernel has "
+                "nodes for; no CUDA program can run on them."
+            )
+            wrapped = textwrap.wrap(text, width=len(_RULE) - 2, break_on_hyphens=False)
+            lines = [_RULE, *(f"  {line}" for line in wrapped), *listing, _RULE]
         else:
             lines = [f"{_PREFIX} the agent serves {len(gpus)} GPU(s):", *listing]
         self.show("\n".join(lines))
