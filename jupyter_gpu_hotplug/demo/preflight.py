@@ -40,14 +40,20 @@ SUN_PATH_MAX: Final = 107
 """The longest unix socket path ``sockaddr_un`` holds (108 bytes with the NUL)."""
 
 
-def rerun_as_root_hint() -> str:
+def rerun_as_root_hint(executable: str = sys.executable) -> str:
     """How to start the demo as root with this installation's ``jupyter``.
 
     ``sudo`` usually resets ``PATH``, so the absolute path of the ``jupyter`` beside this
-    interpreter is suggested when there is one.
+    interpreter is suggested when there is one. The user asking may not be allowed into the
+    directory the installation lives in (a clone under ``/root``, a 0700 home): then it is
+    suggested unseen, because root, who will run it, may enter.
     """
-    jupyter = Path(sys.executable).with_name("jupyter")
-    command = str(jupyter) if jupyter.is_file() else "jupyter"
+    jupyter = Path(executable).with_name("jupyter")
+    try:
+        beside = jupyter.is_file()
+    except PermissionError:
+        beside = True
+    command = str(jupyter) if beside else "jupyter"
     return (
         f"Run it as root: sudo {command} gpu-hotplug demo "
         "(or, from a clone of the repository: sudo bash .ci/demo)."

@@ -91,6 +91,36 @@ def test_a_user_who_is_not_root_is_told_why_and_what_to_run(busy_port: int) -> N
 
 
 @needs_root
+def test_the_non_root_message_does_not_depend_on_where_the_installation_lives(
+    busy_port: int, tmp_path: Path
+) -> None:
+    """A clone under /root, in a 0700 home or in a ``mktemp -d`` folder: the user who is told
+    to run the demo as root cannot enter the installation's directory, and must still get the
+    message (naming the installation's ``jupyter``), not a ``PermissionError``."""
+    private = tmp_path / "private"
+    venv = private / "venv"
+    (venv / "bin").mkdir(parents=True)
+    real_venv = Path(sys.prefix)
+    (venv / "pyvenv.cfg").write_text((real_venv / "pyvenv.cfg").read_text())
+    (venv / "lib").symlink_to(real_venv / "lib")
+    (venv / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    (venv / "bin" / "jupyter").symlink_to(JUPYTER)
+    private.chmod(0o700)
+    argv = ["demo", "--no-browser", f"--port={busy_port}"]
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", _AS_NOBODY, *argv],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result
+    assert "The demo must run as root" in result.stderr
+    assert f"sudo {venv / 'bin' / 'jupyter'} gpu-hotplug demo" in result.stderr
+
+
+@needs_root
 def test_a_busy_port_is_refused_before_anything_starts(busy_port: int, tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     result = subprocess.run(
