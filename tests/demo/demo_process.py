@@ -66,9 +66,12 @@ class DemoProcess:
         simulate: int = 2,
         extra_args: Sequence[str] = (),
         output_path: Path,
+        jupyter: Path = JUPYTER,
+        cwd: Path | None = None,
     ) -> DemoProcess:
+        """``jupyter`` (default: this environment's) runs the demo, in ``cwd``."""
         argv = [
-            str(JUPYTER),
+            str(jupyter),
             "gpu-hotplug",
             "demo",
             f"--simulate={simulate}",
@@ -79,7 +82,7 @@ class DemoProcess:
         ]
         with output_path.open("wb") as output:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=cwd
             )
         demo = cls(process, DemoLayout(state_dir or Path("/nonexistent")), output_path)
         demo._wait_for_url()
