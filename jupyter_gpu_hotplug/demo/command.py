@@ -22,8 +22,9 @@ HELP: Final = "run a local JupyterLab with sandboxed kernels and GPU hot-plug"
 _DESCRIPTION: Final = f"""\
 Start a local-mode GPU agent and a JupyterLab whose kernels each run in their own sandbox
 (private /dev, device cgroup without GPUs), then hot-plug GPUs into running kernels with
-'%gpu attach 1' or the JupyterLab toolbar. Uses the machine's NVIDIA GPUs when NVML finds
-any, otherwise {DEFAULT_SIMULATED_GPUS} simulated ones (clearly labelled). Needs Linux and
+'%gpu attach 1' in a notebook (the magic is loaded in every kernel). Uses the machine's NVIDIA
+GPUs when NVML finds any, otherwise {DEFAULT_SIMULATED_GPUS} simulated ones (clearly labelled).
+Notebooks are saved in the current directory (or --notebook-dir) and kept. Needs Linux and
 root. Ctrl-C stops JupyterLab, its kernels and the agent, and releases every GPU."""
 
 EXIT_FAILED: Final = 1
@@ -81,8 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help=(
-            "keep the demo's files (agent state and socket, logs, notebooks) in DIR and leave "
-            "them there; default: a fresh temporary directory, removed at the end"
+            "keep the demo's own files (agent state and socket, logs, JupyterLab's settings) "
+            "in DIR and leave them there; default: a fresh temporary directory, removed at "
+            "the end (notebooks are not in it)"
+        ),
+    )
+    parser.add_argument(
+        "--notebook-dir",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "save notebooks in DIR (created if missing; kept when the demo stops); "
+            "default: the current directory"
         ),
     )
 
@@ -95,6 +106,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         ip=args.ip,
         open_browser=args.open_browser,
         state_dir=args.state_dir,
+        notebook_dir=args.notebook_dir,
     )
 
 

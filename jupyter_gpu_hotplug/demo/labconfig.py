@@ -6,6 +6,12 @@ default), kernels that reach the agent's socket as themselves, simulated NVML fo
 the GPUs are simulated, the server extension pointed at the same agent, a token. Building them
 here, as plain data, keeps that agreement testable without starting anything.
 
+A first hour without chores: the ``%gpu`` magic is loaded in every kernel (the demo's
+``python3`` kernel spec passes ``--ext``, the way a platform would), ``python`` in a kernel's
+shell (``!python train.py``) is the kernel's own interpreter (its directory comes first on the
+kernel's ``PATH``; ``sudo`` would otherwise leave the system's), and JupyterLab does not cover
+the page with its "news?" prompt (settings overrides).
+
 The configuration is handed to ``jupyter lab --config=<file>`` rather than on the command line:
 the file is private (0600), so the token never shows in ``ps``.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,21 +31,36 @@ from ..nvml.sim import fake_nvml_environ
 from .layout import STARTER_NOTEBOOK, DemoLayout
 
 __all__ = [
+    "IPYTHON_EXTENSION",
+    "NEWS_OFF_OVERRIDES",
     "SANDBOX_NAME_PREFIX",
     "SERVER_EXTENSION",
     "LabSettings",
     "SimulatedNvml",
     "kernel_environment",
+    "kernelspec",
     "lab_config",
     "lab_url",
     "server_environment",
     "write_lab_config",
+    "write_lab_files",
 ]
 
 SANDBOX_NAME_PREFIX: Final = "gpu-hotplug-demo"
 """First part of the demo kernels' sandbox cgroup names: tells them apart from other servers'."""
 SERVER_EXTENSION: Final = "jupyter_gpu_hotplug"
+IPYTHON_EXTENSION: Final = "jupyter_gpu_hotplug"
+"""What ``%load_ext`` would load: the ``%gpu`` magic, loaded in every demo kernel."""
+NEWS_OFF_OVERRIDES: Final = {
+    "@jupyterlab/apputils-extension:notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    }
+}
+"""JupyterLab settings defaults (``overrides.json``) without the "news?" prompt and the update
+check: the prompt covers the page on a first start."""
 _RUNTIME_DIR_ENV: Final = "JUPYTER_RUNTIME_DIR"
+_JUPYTER_PATH_ENV: Final = "JUPYTER_PATH"
 _WILDCARD_HOSTS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "*": "127.0.0.1"}
 
 
@@ -72,11 +94,16 @@ def kernel_environment(
     agent knows the kernel by its process credentials: no token is given to kernels. With
     simulated GPUs, the fake NVML with the ``/dev`` filter lets a kernel see exactly the GPUs
     whose device nodes its sandbox has, like NVML in a container. ``inherited`` (default: this
-    process's environment) supplies an existing ``LD_LIBRARY_PATH`` to keep behind the fake.
+    process's environment) supplies the ``PATH`` that follows the kernel interpreter's
+    directory, and an existing ``LD_LIBRARY_PATH`` to keep behind the fake.
     """
-    env = {AGENT_URL_ENV: settings.layout.agent_url}
+    base = os.environ if inherited is None else inherited
+    interpreter_dir = str(Path(sys.executable).parent)
+    env = {
+        AGENT_URL_ENV: settings.layout.agent_url,
+        "PATH": os.pathsep.join([interpreter_dir, base.get("PATH", os.defpath)]),
+    }
     if settings.nvml is not None:
-        base = os.environ if inherited is None else inherited
         kept = {"LD_LIBRARY_PATH": base["LD_LIBRARY_PATH"]} if "LD_LIBRARY_PATH" in base else {}
         env.update(
             fake_nvml_environ(
@@ -98,11 +125,16 @@ def server_environment(
     the server process sees every simulated GPU through the fake NVML (no ``/dev`` filter: it
     is the host's view, used for metrics); the agent URL is deliberately *not* exported, so
     that a terminal opened in JupyterLab — which runs outside any sandbox — is not taken for a
-    kernel by ``jupyter gpu-hotplug`` commands.
+    kernel by ``jupyter gpu-hotplug`` commands. The demo's data dir comes first on
+    ``JUPYTER_PATH``, so its ``python3`` kernel spec is the one used.
     """
     base = dict(os.environ if inherited is None else inherited)
     base.pop(AGENT_URL_ENV, None)
     base[_RUNTIME_DIR_ENV] = str(settings.layout.lab_runtime)
+    data_path = [str(settings.layout.lab_data)]
+    if base.get(_JUPYTER_PATH_ENV):
+        data_path.append(base[_JUPYTER_PATH_ENV])
+    base[_JUPYTER_PATH_ENV] = os.pathsep.join(data_path)
     if settings.nvml is None:
         return base
     return fake_nvml_environ(
@@ -129,9 +161,41 @@ def lab_config(settings: LabSettings) -> dict[str, Any]:
         "root_dir": str(layout.notebooks),
         "jpserver_extensions": {SERVER_EXTENSION: True},
     }
+    config["LabApp"] = {"app_settings_dir": str(layout.lab_settings)}
     config["IdentityProvider"] = {"token": settings.token}
     config["GPUHotplug"] = {"agent_url": layout.agent_url, "token_path": str(layout.agent_token)}
     return config
+
+
+def kernelspec() -> dict[str, Any]:
+    """The demo's ``python3`` kernel spec: ipykernel in this interpreter, with the ``%gpu``
+    magic loaded at start (``--ext``, as in ``docs/usage.md``). It names no provisioner: the
+    server's default one sandboxes it."""
+    return {
+        "argv": [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            f"--ext={IPYTHON_EXTENSION}",
+        ],
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "metadata": {"debugger": True},
+    }
+
+
+def write_lab_files(settings: LabSettings) -> None:
+    """Write everything JupyterLab reads from the demo's directory: the configuration, the
+    settings overrides and the kernel spec (``OSError`` if that fails)."""
+    layout = settings.layout
+    layout.lab_runtime.mkdir(mode=0o700, exist_ok=True)
+    write_lab_config(layout.lab_config, lab_config(settings))
+    layout.lab_settings.mkdir(exist_ok=True)
+    (layout.lab_settings / "overrides.json").write_text(json.dumps(NEWS_OFF_OVERRIDES, indent=1))
+    layout.kernelspec.parent.mkdir(parents=True, exist_ok=True)
+    layout.kernelspec.write_text(json.dumps(kernelspec(), indent=1))
 
 
 def write_lab_config(path: Path, config: Mapping[str, Any]) -> None:

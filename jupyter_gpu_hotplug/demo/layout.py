@@ -1,19 +1,23 @@
-"""The demo directory: where every file of one demo run lives, and the starter notebook.
+"""The demo's directories: where every file of one demo run lives, and the starter notebook.
 
 Why one place: the runner, JupyterLab's configuration, the tests and the user (who is told
-where the logs are) must agree on every path, and a run must be removable as one directory.
-The layout is a pure value; ``prepare`` and ``install_starter`` are its only writes.
+where notebooks and logs are) must agree on every path. The demo's own state must be
+removable as one directory, and the user's notebooks must never be in it: they live in a
+directory of their own, which the demo never removes. The layout is a pure value;
+``prepare`` and ``install_starter`` are its only writes.
 
 ::
 
-    <root>/                  0755 (kernels of any user may need the simulated NVML)
+    <notebooks>/             JupyterLab's root dir (default: the current directory), with the
+                             starter notebook; the user's work, kept when the demo stops
+    <root>/                  the demo's state (a temporary directory unless --state-dir)
       agent/                 the agent's state dir, 0700: ledger, token, lock
       agent.sock             the agent's API (unix socket; callers known by their credentials)
       agent.log, jupyterlab.log
       simulation/            the simulated GPUs' config, written and animated by the agent
       nvml/                  the fake libnvidia-ml.so.1 the kernels load
-      notebooks/             JupyterLab's root dir, with the starter notebook
-      jupyterlab/            0700: JupyterLab's config (holds the token) and runtime dir
+      jupyterlab/            0700: JupyterLab's config (holds the token), runtime dir,
+                             settings overrides and the demo's kernel spec
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ def starter_notebook_text() -> str:
 
 @dataclass(frozen=True)
 class DemoLayout:
-    """The paths of one demo run below ``root`` (see the module docstring)."""
+    """The paths of one demo run: its state below ``root``, the user's ``notebooks`` apart
+    (see the module docstring)."""
 
     root: Path
+    notebooks: Path
 
     @property
     def agent_state(self) -> Path:
@@ -81,10 +87,6 @@ class DemoLayout:
         return self.root / "nvml"
 
     @property
-    def notebooks(self) -> Path:
-        return self.root / "notebooks"
-
-    @property
     def starter(self) -> Path:
         return self.notebooks / STARTER_NOTEBOOK
 
@@ -103,13 +105,28 @@ class DemoLayout:
         return self.lab_dir / "runtime"
 
     @property
+    def lab_settings(self) -> Path:
+        """JupyterLab's application settings dir for this run (``overrides.json``)."""
+        return self.lab_dir / "settings"
+
+    @property
+    def lab_data(self) -> Path:
+        """Put first on the server's ``JUPYTER_PATH``: holds the demo's kernel spec."""
+        return self.lab_dir / "data"
+
+    @property
+    def kernelspec(self) -> Path:
+        """The demo's ``python3`` kernel spec, which shadows ipykernel's own."""
+        return self.lab_data / "kernels" / "python3" / "kernel.json"
+
+    @property
     def lab_log(self) -> Path:
         return self.root / "jupyterlab.log"
 
     def prepare(self) -> None:
         """Create the directories that the demo itself writes to (the agent makes its own)."""
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        self.notebooks.mkdir(mode=0o755, exist_ok=True)
+        self.notebooks.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.lab_dir.mkdir(mode=0o700, exist_ok=True)
         # An existing dir keeps its mode; ours must be private whatever the umask was.
         self.lab_dir.chmod(0o700)
@@ -121,5 +138,6 @@ class DemoLayout:
         return self.starter
 
     def remove(self) -> None:
-        """Delete the whole run directory (only for a temporary one the demo made)."""
+        """Delete the run's state directory (only a temporary one the demo made); the
+        notebooks directory is the user's and stays."""
         shutil.rmtree(self.root)

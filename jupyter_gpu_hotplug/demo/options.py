@@ -29,8 +29,12 @@ class DemoOptions:
     ip: str = DEFAULT_IP
     open_browser: bool = True
     state_dir: Path | None = None
-    """Where the demo keeps its files (kept afterwards); ``None``: a fresh temporary
-    directory, removed when the demo ends cleanly."""
+    """Where the demo keeps its own files: agent state and socket, logs, JupyterLab's
+    configuration (kept afterwards); ``None``: a fresh temporary directory, removed when the
+    demo ends cleanly."""
+    notebook_dir: Path | None = None
+    """Where notebooks are saved, and kept when the demo stops: JupyterLab's root directory;
+    ``None``: the current directory (as ``jupyter lab`` does)."""
 
     def __post_init__(self) -> None:
         if self.simulate is not None and not 0 <= self.simulate <= MAX_SIMULATED_GPUS:

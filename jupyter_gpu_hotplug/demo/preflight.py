@@ -27,6 +27,7 @@ __all__ = [
     "SUN_PATH_MAX",
     "check_cgroups",
     "check_jupyterlab",
+    "check_notebook_dir",
     "check_platform",
     "check_port",
     "check_root",
@@ -180,16 +181,28 @@ def check_state_dir(path: Path) -> None:
         )
 
 
+def check_notebook_dir(path: Path) -> None:
+    """The notebooks directory must be a directory, or a path where one can be made."""
+    if path.exists() and not path.is_dir():
+        raise DemoUnavailable(
+            f"--notebook-dir {path} exists and is not a directory.",
+            hint="Give a directory (it is created if missing), or leave --notebook-dir out "
+            "to save notebooks in the current directory.",
+        )
+
+
 def preflight(
     options: DemoOptions,
     *,
     socket_path: Path | None,
+    notebooks: Path | None = None,
     platform: str = sys.platform,
     euid: int | None = None,
 ) -> None:
     """Every check, in the order a user would fix them; raises the first ``DemoUnavailable``.
 
-    ``socket_path`` is where the agent's socket will be, when the state dir is known now.
+    ``socket_path`` is where the agent's socket will be, when the state dir is known now;
+    ``notebooks`` where notebooks will be saved.
     """
     check_platform(platform)
     check_root(os.geteuid() if euid is None else euid)
@@ -197,6 +210,8 @@ def preflight(
     check_jupyterlab()
     if options.state_dir is not None:
         check_state_dir(options.state_dir)
+    if notebooks is not None:
+        check_notebook_dir(notebooks)
     if socket_path is not None:
         check_socket_path(socket_path)
     check_port(options.ip, options.port)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import sys
 import tempfile
@@ -47,16 +48,23 @@ from .labconfig import (
     SANDBOX_NAME_PREFIX,
     LabSettings,
     SimulatedNvml,
-    lab_config,
     lab_url,
     server_environment,
-    write_lab_config,
+    write_lab_files,
 )
 from .layout import DemoLayout
 from .options import DemoOptions
 from .preflight import preflight
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "RECONCILE_INTERVAL", "DemoRun", "open_browser", "run"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "RECONCILE_INTERVAL",
+    "DemoRun",
+    "cli_command",
+    "open_browser",
+    "run",
+]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -83,7 +91,9 @@ _READY_TEXT: Final = """
   Every kernel runs in a sandbox of its own, without GPUs; '%gpu attach 1' in a
   notebook hot-plugs one into the running kernel. Restarting a kernel releases
   its GPUs (the new kernel starts without).
-  Files and logs: {root} (agent.log, jupyterlab.log)
+  Notebooks are saved in: {notebooks} (kept when the demo stops)
+  The agent from another terminal (as root): {cli}
+  Demo state and logs: {root} (agent.log, jupyterlab.log){removed}
   Press Ctrl-C to stop: JupyterLab, its kernels and the agent stop, and every
   GPU is released.
 """
@@ -341,8 +351,7 @@ class DemoRun:
         layout = self.layout
         try:
             layout.install_starter()
-            layout.lab_runtime.mkdir(mode=0o700, exist_ok=True)
-            write_lab_config(layout.lab_config, lab_config(settings))
+            write_lab_files(settings)
         except OSError as e:
             raise DemoStartError(f"cannot write JupyterLab's files in {layout.root}: {e}") from e
         self.say(
@@ -372,8 +381,16 @@ class DemoRun:
 
     def _show_ready(self, url: str) -> None:
         elapsed = self._clock() - self._started_at
+        removed = " — removed when the demo stops" if self.owns_root else ""
         self.show(
-            _READY_TEXT.format(elapsed=elapsed, url=url, root=self.layout.root),
+            _READY_TEXT.format(
+                elapsed=elapsed,
+                url=url,
+                notebooks=self.layout.notebooks,
+                cli=cli_command(self.layout),
+                root=self.layout.root,
+                removed=removed,
+            ),
         )
 
     async def _open_browser(self, url: str) -> None:
@@ -450,6 +467,14 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
         await task
 
 
+def cli_command(layout: DemoLayout, subcommand: str = "status") -> str:
+    """The shell line with which ``jupyter gpu-hotplug`` in another terminal reaches the demo's
+    agent (not the default socket): this installation's ``jupyter``, by absolute path because
+    ``sudo`` resets ``PATH``; ``--agent-url`` rather than the variable, which ``sudo`` drops."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    return shlex.join([str(jupyter), "gpu-hotplug", subcommand, f"--agent-url={layout.agent_url}"])
+
+
 def open_browser(
     url: str,
     *,
@@ -489,10 +514,12 @@ def run(options: DemoOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.std
     Raises ``DemoUnavailable`` (nothing started) when the demo cannot run here.
     """
     given = None if options.state_dir is None else options.state_dir.absolute()
-    preflight(options, socket_path=DemoLayout(given or _default_root_estimate()).agent_socket)
+    notebooks = (options.notebook_dir or Path.cwd()).absolute()
+    estimate = DemoLayout(given or _default_root_estimate(), notebooks)
+    preflight(options, socket_path=estimate.agent_socket, notebooks=notebooks)
     if given is None:
         root, owns_root = Path(tempfile.mkdtemp(prefix=f"{SANDBOX_NAME_PREFIX}-")), True
     else:
         root, owns_root = given, False
-    demo = DemoRun(options, DemoLayout(root), owns_root=owns_root, out=out, err=err)
+    demo = DemoRun(options, DemoLayout(root, notebooks), owns_root=owns_root, out=out, err=err)
     return asyncio.run(demo.main())

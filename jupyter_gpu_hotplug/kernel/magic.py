@@ -16,10 +16,11 @@ What the user sees when something goes wrong:
   ``message`` (written for people); IPython shows exceptions that define ``_render_traceback_``
   as that text alone, and the cell counts as failed, so "Run all" stops before training on CPU.
 
-Long waits: an attach may wait up to ``--wait`` seconds for GPUs. The blocking client call then
-runs in a worker thread while the kernel's own thread keeps one progress line up to date — in
-place in a notebook (a display updated by id), with ``\\r`` on a terminal, as a single line when
-output is not a terminal. Output only ever comes from the kernel's thread.
+Long waits: an attach may take up to ``--wait`` seconds (a bound on the attach, not a queue).
+The blocking client call then runs in a worker thread while the kernel's own thread keeps one
+progress line up to date — in place in a notebook (a display updated by id), with ``\\r`` on a
+terminal, as a single line when output is not a terminal. Output only ever comes from the
+kernel's thread.
 
 Bare ``%gpu`` shows the live monitor widget in a notebook and its text form elsewhere.
 """
@@ -44,10 +45,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from .._version import __version__
-from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
+from ..client import (
+    AgentClient,
+    AgentClientError,
+    Attachment,
+    Busy,
+    InsufficientGpus,
+    InvalidRequest,
+)
 from ..nvml.state import GpuMonitor
 from . import render
 from .cuda import CudaState, advice, cuda_initialised
+from .holders import HolderNames
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -180,6 +189,8 @@ class MagicContext:
     """A fresh monitor per command, closed after use: holding NVML open between commands
     would freeze this kernel's own NVML device list (see ``nvml.state``)."""
     cuda: Callable[[], CudaState] = cuda_initialised
+    holders: Callable[[], HolderNames] = HolderNames
+    """Words holders the way the user knows them (the notebook), next to the process id."""
     progress: Callable[[], Progress] | None = None
     """``None``: a display in a notebook, the terminal otherwise."""
     progress_after: float = PROGRESS_AFTER
@@ -246,7 +257,8 @@ def _seconds(text: str, *, what: str, low: float, high: float, low_inclusive: bo
 
 
 def wait_seconds(text: str) -> float:
-    """``--wait S`` of ``attach``: how long the agent may wait for GPUs."""
+    """``--wait S`` of ``attach``: the longest the attach may take (the agent's
+    ``wait_seconds``); with no GPU free it fails at once, it does not queue."""
     return _seconds(text, what="--wait", low=0.0, high=MAX_WAIT_SECONDS, low_inclusive=False)
 
 
@@ -347,28 +359,48 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         type=wait_seconds,
         default=None,
         metavar="S",
-        help=f"how long the agent may wait for the GPUs (default 60 s, at most "
-        f"{MAX_WAIT_SECONDS:g})",
+        help=f"the longest the attach may take before it is given up and rolled back "
+        f"(default 60 s, at most {MAX_WAIT_SECONDS:g}); it does not queue for busy GPUs",
     )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     count: int = args.count
     client = context.client()
-    limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
+    limit = "" if args.wait is None else f" (at most {args.wait:g} s)"
     try:
         attachments = _wait_with_progress(
             lambda: client.attach(count, wait_seconds=args.wait),
             label=f"Attaching {_plural(count)}{limit}",
             context=context,
         )
-    except InsufficientGpus as error:
-        raise GpuCommandError(
-            f"{error.message}\n'{PROG} list' shows the node's GPUs and who holds them."
-        ) from error
+    except (InsufficientGpus, InvalidRequest) as error:
+        if isinstance(error, InvalidRequest) and error.field != "count":
+            raise
+        raise GpuCommandError(_too_many(count, client, error)) from error
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))
     print(advice(context.cuda(), attached=len(attachments)))
+
+
+def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
+    """One message for every "not that many GPUs" answer — fewer free than asked, or more
+    asked than the node has or one request may take — in the notebook's words (the agent's
+    own refusal of a count points at its API description, which is no help here)."""
+    hint = f"'{PROG} list' shows the node's GPUs and who holds them."
+    try:
+        gpus = client.gpus()
+    except AgentClientError:
+        return f"{error.message}\n{hint}"
+    total = len(gpus)
+    free = sum(gpu.state == "free" for gpu in gpus)
+    if count > total:
+        reason = f"this node has {_plural(total)} in all ({free} free now)"
+    elif isinstance(error, InsufficientGpus):
+        return f"{error.message}\n{hint}"
+    else:
+        reason = "that is more than one request may ask for; attach them a few at a time"
+    return f"Cannot attach {_plural(count)}: {reason}.\n{hint}"
 
 
 def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:
@@ -515,7 +547,7 @@ def _list(args: argparse.Namespace, context: MagicContext) -> None:
     simulated = " (SIMULATED)" if any(gpu.simulated for gpu in gpus) else ""
     print(f"GPUs on this node{simulated}: {free} free of {len(gpus)}")
     if gpus:
-        print("\n".join(render.node_gpu_lines(gpus, own_pid=os.getpid())))
+        print("\n".join(render.node_gpu_lines(gpus, holder=context.holders().describe)))
 
 
 def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,11 +11,11 @@ Everything that reaches HTML goes through ``html.escape``: process names come fr
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Final
 
-from .._structs import PidRef
+from .._structs import TargetRef
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
@@ -146,17 +146,9 @@ def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
     ]
 
 
-def _holder(gpu: Gpu, *, own_pid: int) -> str:
-    target = gpu.target
-    if target is None:
-        return ""
-    if isinstance(target, PidRef) and target.pid == own_pid:
-        return "this kernel"
-    return str(target)
-
-
-def node_gpu_lines(gpus: Iterable[Gpu], *, own_pid: int) -> list[str]:
-    """The node's GPUs as a table: index, UUID, name, memory, state and who has it."""
+def node_gpu_lines(gpus: Iterable[Gpu], *, holder: Callable[[TargetRef | None], str]) -> list[str]:
+    """The node's GPUs as a table: index, UUID, name, memory, state and who has it
+    (``holder`` words it, e.g. ``holders.HolderNames.describe``)."""
     rows = [("IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD BY")]
     rows.extend(
         (
@@ -165,7 +157,7 @@ def node_gpu_lines(gpus: Iterable[Gpu], *, own_pid: int) -> list[str]:
             gpu.name,
             human_bytes(gpu.memory_total),
             gpu.state,
-            _holder(gpu, own_pid=own_pid),
+            holder(gpu.target),
         )
         for gpu in gpus
     )

@@ -30,10 +30,19 @@ class DemoFactory:
         self.state_dirs.append(path)
         return path
 
-    def __call__(self, *, simulate: int = 2, temporary: bool = False) -> DemoProcess:
-        """A running demo; ``temporary``: without ``--state-dir`` (the demo makes its own)."""
+    @property
+    def notebook_dir(self) -> Path:
+        """Where this test's demos save notebooks (never the current directory)."""
+        return self._tmp_path / "notebooks"
+
+    def __call__(
+        self, *, simulate: int = 2, temporary: bool = False, state_dir: Path | None = None
+    ) -> DemoProcess:
+        """A running demo; ``temporary``: without ``--state-dir`` (the demo makes its own);
+        ``state_dir``: this one (default: a new one)."""
         demo = DemoProcess.start(
-            None if temporary else self.new_state_dir(),
+            None if temporary else state_dir or self.new_state_dir(),
+            notebook_dir=self.notebook_dir,
             port=free_tcp_port(),
             simulate=simulate,
             output_path=self._tmp_path / f"demo-{len(self.demos)}.out",

@@ -35,7 +35,9 @@ START_TIMEOUT: Final = 240.0
 """Generous: a cold start builds the fake NVML twice and loads JupyterLab on 2 shared cores."""
 STOP_TIMEOUT: Final = 180.0
 _URL: Final = re.compile(r"(?P<base>http://\S+?:\d+)/lab/tree/\S+\?token=(?P<token>[0-9a-f]+)")
-_FILES: Final = re.compile(r"Files and logs: (?P<root>/\S+)")
+_FILES: Final = re.compile(r"Demo state and logs: (?P<root>/\S+)")
+_NOTEBOOKS: Final = re.compile(r"Notebooks are saved in: (?P<dir>/\S+)")
+_CLI: Final = re.compile(r"The agent from another terminal \(as root\): (?P<line>.+)")
 _STARTED_IN: Final = re.compile(r"started in (?P<seconds>[0-9.]+) s")
 _POLL: Final = 0.1
 
@@ -62,6 +64,7 @@ class DemoProcess:
         cls,
         state_dir: Path | None,
         *,
+        notebook_dir: Path,
         port: int,
         simulate: int = 2,
         extra_args: Sequence[str] = (),
@@ -77,6 +80,7 @@ class DemoProcess:
             f"--simulate={simulate}",
             "--no-browser",
             f"--port={port}",
+            f"--notebook-dir={notebook_dir}",
             *([] if state_dir is None else [f"--state-dir={state_dir}"]),
             *extra_args,
         ]
@@ -84,13 +88,30 @@ class DemoProcess:
             process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=cwd
             )
-        demo = cls(process, DemoLayout(state_dir or Path("/nonexistent")), output_path)
+        layout = DemoLayout(state_dir or Path("/nonexistent"), notebook_dir)
+        demo = cls(process, layout, output_path)
         demo._wait_for_url()
         if state_dir is None:  # The demo made a temporary directory and says where.
             files = _FILES.search(demo.output())
             assert files is not None, demo.output()
-            demo.layout = DemoLayout(Path(files["root"]))
+            demo.layout = DemoLayout(Path(files["root"]), notebook_dir)
         return demo
+
+    def banner(self, pattern: re.Pattern[str], group: str) -> str:
+        """What the ready banner says on the line ``pattern`` matches."""
+        found = pattern.search(self.output())
+        assert found is not None, self.output()
+        return found[group]
+
+    @property
+    def notebooks_line(self) -> str:
+        """Where the banner says notebooks are saved."""
+        return self.banner(_NOTEBOOKS, "dir")
+
+    @property
+    def cli_line(self) -> str:
+        """The shell line the banner gives for ``jupyter gpu-hotplug status``."""
+        return self.banner(_CLI, "line")
 
     def output(self) -> str:
         return self.output_path.read_text(errors="replace")

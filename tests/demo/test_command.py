@@ -41,8 +41,9 @@ def test_demo_is_listed_by_the_command_line(capsys: pytest.CaptureFixture[str]) 
     assert "demo" in capsys.readouterr().out
     assert cli.main(["demo", "--help"]) == 0
     help_text = capsys.readouterr().out
-    for option in ("--simulate", "--port", "--ip", "--no-browser", "--state-dir"):
+    for option in ("--simulate", "--port", "--ip", "--no-browser", "--state-dir", "--notebook-dir"):
         assert option in help_text
+    assert "toolbar" not in help_text.lower(), "no toolbar exists yet"
 
 
 def test_options_and_their_defaults() -> None:
@@ -57,8 +58,15 @@ def test_options_and_their_defaults() -> None:
         "--no-browser",
         "--state-dir",
         "/tmp/x",
+        "--notebook-dir",
+        "work",
     ) == DemoOptions(
-        simulate=3, port=9000, ip="0.0.0.0", open_browser=False, state_dir=Path("/tmp/x")
+        simulate=3,
+        port=9000,
+        ip="0.0.0.0",
+        open_browser=False,
+        state_dir=Path("/tmp/x"),
+        notebook_dir=Path("work"),
     )
 
 

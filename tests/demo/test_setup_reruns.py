@@ -79,6 +79,7 @@ def test_setup_runs_three_times_in_a_fresh_clone_and_the_demo_starts(
 
     demo = DemoProcess.start(
         demo_factory.new_state_dir(),
+        notebook_dir=demo_factory.notebook_dir,
         port=free_tcp_port(),
         simulate=1,
         output_path=tmp_path / "demo.out",

@@ -190,7 +190,7 @@ async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
     assert "This kernel sees (NVML): 1 GPU, SIMULATED" in status
     assert "CUDA: not started in this kernel" in status
     assert any(
-        uuid in line and line.endswith("attached  this kernel") for line in listing.split("\n")
+        uuid in line and "attached  this kernel (process" in line for line in listing.split("\n")
     )
     assert released == f"Released 1 GPU: {uuid}\n"
     assert after == [[], []]

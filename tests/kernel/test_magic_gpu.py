@@ -28,8 +28,10 @@ from jupyter_gpu_hotplug.client import (
     Busy,
     Gpu,
     InsufficientGpus,
+    InvalidRequest,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
+from jupyter_gpu_hotplug.kernel.holders import HolderNames
 from jupyter_gpu_hotplug.kernel.magic import (
     GpuCommandError,
     GPUMagics,
@@ -160,6 +162,7 @@ def context(
         shell=ipython_shell,
         client=lambda: cast(AgentClient, agent),
         cuda=lambda: cuda[-1],
+        holders=lambda: HolderNames(environ={"JPY_SESSION_NAME": "/work/mine.ipynb"}),
         progress=new_progress,
     )
 
@@ -302,9 +305,9 @@ def test_slow_attach_shows_progress(
     out = run(shell, "attach 2 --wait 60", capsys)
 
     assert shown.updates
-    assert shown.updates[0][0] == "Attaching 2 GPUs (waiting up to 60 s)"
+    assert shown.updates[0][0] == "Attaching 2 GPUs (at most 60 s)"
     assert len(shown.summaries) == 1
-    assert shown.summaries[0].startswith("Attaching 2 GPUs (waiting up to 60 s): done after ")
+    assert shown.summaries[0].startswith("Attaching 2 GPUs (at most 60 s): done after ")
     assert "Attached 1 GPU" in out
     assert progress == [], "the context's own progress factory was replaced"
 
@@ -338,6 +341,10 @@ def test_quick_attach_shows_no_progress(
 
 
 def test_insufficient_gpus_points_to_list(shell: InteractiveShell, agent: FakeAgent) -> None:
+    agent.node = [
+        node_gpu(UUID_A, 0, state="attached", pid=os.getpid()),
+        node_gpu(UUID_B, 1, state="free"),
+    ]
     agent.errors["attach"] = InsufficientGpus(
         "2 GPU(s) requested but 1 free on this node; ask for fewer",
         status=409,
@@ -352,6 +359,70 @@ def test_insufficient_gpus_points_to_list(shell: InteractiveShell, agent: FakeAg
         "2 GPU(s) requested but 1 free on this node; ask for fewer\n"
         "'%gpu list' shows the node's GPUs and who holds them."
     )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        InvalidRequest(
+            "count must be an integer from 1 to 8 (the number of GPUs to attach), got 99; "
+            "the request format is described in /v1/openapi.json",
+            status=400,
+            code="invalid_request",
+            extra={"field": "count"},
+        ),
+        InsufficientGpus(
+            "99 GPU(s) requested but 1 free on this node; ask for fewer",
+            status=409,
+            code="insufficient_gpus",
+            extra={"free": 1, "requested": 99},
+        ),
+    ],
+    ids=["over-the-request-limit", "more-than-free"],
+)
+@pytest.mark.parametrize("count", [3, 99])
+def test_asking_for_more_gpus_than_the_node_has_gets_one_friendly_message(
+    shell: InteractiveShell, agent: FakeAgent, error: Exception, count: int
+) -> None:
+    """``%gpu attach 99`` (refused as a bad count) and ``%gpu attach 3`` (not enough free)
+    on a 2-GPU node say the same thing, without the agent's API talk (issue 14)."""
+    agent.node = [
+        node_gpu(UUID_A, 0, state="attached", pid=os.getpid()),
+        node_gpu(UUID_B, 1, state="free"),
+    ]
+    agent.errors["attach"] = error
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", f"attach {count}")
+
+    assert caught.value.message == (
+        f"Cannot attach {count} GPUs: this node has 2 GPUs in all (1 free now).\n"
+        "'%gpu list' shows the node's GPUs and who holds them."
+    )
+    assert "openapi" not in caught.value.message
+
+
+def test_a_count_over_the_request_limit_on_a_big_node_is_said_plainly(
+    shell: InteractiveShell, agent: FakeAgent
+) -> None:
+    agent.node = [
+        node_gpu(f"GPU-{i:08x}-0000-0000-0000-000000000000", i, state="free") for i in range(16)
+    ]
+    agent.errors["attach"] = InvalidRequest(
+        "count must be an integer from 1 to 8 (the number of GPUs to attach), got 10; "
+        "the request format is described in /v1/openapi.json",
+        status=400,
+        code="invalid_request",
+        extra={"field": "count"},
+    )
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", "attach 10")
+
+    assert caught.value.message.startswith(
+        "Cannot attach 10 GPUs: that is more than one request may ask for"
+    )
+    assert "openapi" not in caught.value.message
 
 
 def test_agent_errors_show_the_message_without_traceback(
@@ -550,7 +621,7 @@ def test_list(
     assert lines[0] == "GPUs on this node (SIMULATED): 1 free of 2"
     assert lines[1].split() == ["IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD", "BY"]
     assert lines[2].split()[:2] == ["0", UUID_A]
-    assert lines[2].endswith("attached  this kernel")
+    assert lines[2].endswith(f"attached  this notebook (mine.ipynb, process {os.getpid()})")
     assert lines[3].endswith("free")
 
 

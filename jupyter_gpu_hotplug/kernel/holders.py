@@ -1,0 +1,82 @@
+"""Who holds a GPU, in the words a notebook user recognises: the notebook, or the pod.
+
+Why it exists: the agent names a holder by its technical identity — ``process 11269`` in local
+mode, ``pod ns/name`` in Kubernetes mode — and its API stays that way. A person at a notebook
+recognises a notebook, so the notebook side adds that name next to the technical id.
+
+How a kernel knows which notebook a process is: jupyter_server starts every kernel of a
+notebook session with ``JPY_SESSION_NAME`` (the notebook's path) in its environment. This
+kernel reads its own from ``os.environ``; another kernel's is read from
+``/proc/<pid>/environ`` when this process may read it (the same user, as in the demo), and
+otherwise the holder stays ``process N``. Only that one variable is taken, and it is shown as
+text (the widget escapes it): it names a file, it is not trusted for anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final
+
+from .._structs import PidRef, PodTarget, TargetRef
+
+__all__ = ["SESSION_ENV", "HolderNames", "session_of"]
+
+SESSION_ENV: Final = "JPY_SESSION_NAME"
+"""Set by jupyter_server in the environment of a notebook session's kernel: the notebook's path."""
+
+
+def session_of(pid: int, *, proc: Path = Path("/proc")) -> str | None:
+    """The notebook path in the environment of process ``pid``, if it has one and this
+    process may read it."""
+    try:
+        environ = (proc / str(pid) / "environ").read_bytes()
+    except OSError:  # gone, or not ours to read
+        return None
+    prefix = SESSION_ENV.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return os.fsdecode(entry[len(prefix) :]) or None
+    return None
+
+
+class HolderNames:
+    """Describes holders for this kernel (process ``own_pid``, environment ``environ``)."""
+
+    def __init__(
+        self,
+        *,
+        own_pid: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        session_of: Callable[[int], str | None] = session_of,
+    ) -> None:
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+        env = os.environ if environ is None else environ
+        self.own_notebook = env.get(SESSION_ENV) or None
+        self._session_of = session_of
+
+    def _short(self, path: str) -> str:
+        """``path`` relative to this notebook's folder when it is below it."""
+        if self.own_notebook is None:
+            return path
+        folder = os.path.dirname(self.own_notebook)
+        relative = os.path.relpath(path, folder) if os.path.isabs(path) and folder else path
+        return path if relative.startswith("..") else relative
+
+    def describe(self, target: TargetRef | None) -> str:
+        """``this notebook (a.ipynb, process 12)``, ``b.ipynb (process 13)``, ``process 14``,
+        ``pod ns/name``; ``""`` for no holder."""
+        if target is None:
+            return ""
+        if isinstance(target, PodTarget):
+            return str(target)
+        assert isinstance(target, PidRef)
+        own = target.pid == self.own_pid
+        notebook = self.own_notebook if own else self._session_of(target.pid)
+        technical = f"process {target.pid}"
+        if own:
+            shown = "this notebook" if notebook else "this kernel"
+            detail = f"{self._short(notebook)}, {technical}" if notebook else technical
+            return f"{shown} ({detail})"
+        return f"{self._short(notebook)} ({technical})" if notebook else technical
