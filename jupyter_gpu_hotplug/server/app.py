@@ -72,8 +72,19 @@ class GPUHotplugApp(ExtensionApp):
             interval=settings.metrics_interval,
             max_count=settings.max_gpus_per_request,
             log=self.log,
+            notebooks=self._notebook_paths,
         )
         self.settings[MANAGER_SETTING] = self.manager
+
+    async def _notebook_paths(self) -> dict[str, str]:
+        """Kernel id → notebook path, from the server's sessions (how holders are named)."""
+        assert self.serverapp is not None
+        sessions = await self.serverapp.session_manager.list_sessions()
+        return {
+            session["kernel"]["id"]: session["path"]
+            for session in sessions
+            if session.get("kernel") and session.get("path")
+        }
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(default_handlers)

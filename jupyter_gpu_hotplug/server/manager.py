@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -34,6 +35,7 @@ from .errors import (
 from .models import (
     AttachJson,
     GpusJson,
+    KernelHolder,
     Mode,
     ProgressJson,
     ProgressState,
@@ -48,6 +50,9 @@ __all__ = ["HotplugManager"]
 
 STREAM_CLOSE_TIMEOUT: Final = 5.0
 """Seconds the server's shutdown waits for open streams to end."""
+
+NotebookPaths = Callable[[], Awaitable[Mapping[str, str]]]
+"""Kernel id → the path of its notebook, for the kernels that have a notebook session."""
 
 
 async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
@@ -102,6 +107,8 @@ class HotplugManager:
     this process's NVML view; its blocking calls run in a thread of their own. ``interval``:
     seconds between two ``metrics`` events of a stream, and between two ``waiting`` events of
     an attach in flight. ``max_count``: the most GPUs one request may ask for.
+    ``notebooks``: kernel id → notebook path (the server's sessions), so that local mode's
+    holders are named by their notebooks.
     """
 
     def __init__(
@@ -114,8 +121,10 @@ class HotplugManager:
         interval: float,
         max_count: int,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+        notebooks: NotebookPaths | None = None,
     ) -> None:
         self.client = client
+        self._notebooks = notebooks
         self.sandboxes = sandboxes
         self.mode: Mode = mode
         self.interval = interval
@@ -162,8 +171,26 @@ class HotplugManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._nvml, self._monitor.snapshot)
 
+    async def _kernel_holders(self) -> dict[int, KernelHolder]:
+        """This server's sandboxed kernels by pid, with their notebooks (local mode). A
+        label only: when the sessions cannot be read, kernels are named by their ids."""
+        if self.mode != "local":
+            return {}
+        by_pid = self.sandboxes.kernels_by_pid()
+        paths: Mapping[str, str] = {}
+        if by_pid and self._notebooks is not None:
+            try:
+                paths = await self._notebooks()
+            except Exception as error:  # the answer must not fail for want of a label
+                self._log.warning("cannot read the notebook sessions: %r", error)
+        return {
+            pid: KernelHolder(kernel_id=kernel_id, path=paths.get(kernel_id))
+            for pid, kernel_id in by_pid.items()
+        }
+
     async def gpus(self, kernel_id: KernelId | None) -> GpusJson:
-        """The target's GPUs with live metrics, and the node's free and total counts."""
+        """The target's GPUs with live metrics, the node's GPUs with who holds them, and
+        the free and total counts."""
         self._check_open()
         target = self._target(kernel_id)
         # The three reads run concurrently; the first failure cancels the others.
@@ -181,6 +208,7 @@ class HotplugManager:
                 attachments=() if attached is None else await attached,
                 node=await node,
                 snapshot=await snapshot,
+                kernels=await self._kernel_holders(),
             )
         finally:
             await _settle(node, attached, snapshot)

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypedDict
 
 from .._structs import Attachment as AttachmentWire
-from .._structs import GpuUuid, format_timestamp
+from .._structs import GpuState as GpuStateName
+from .._structs import GpuUuid, PidRef, PodTarget, TargetRef, TargetWire, format_timestamp
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 
@@ -26,13 +27,17 @@ __all__ = [
     "AttachJson",
     "AttachedGpuJson",
     "GpusJson",
+    "HeldByJson",
+    "KernelHolder",
     "MetricsJson",
     "Mode",
+    "NodeGpuJson",
     "NvmlJson",
     "ProgressJson",
     "ProgressState",
     "attachment_json",
     "gpus_json",
+    "held_by_json",
 ]
 
 Mode = Literal["local", "kubernetes"]
@@ -45,10 +50,45 @@ MetricsJson = GpuMetricsJson
 """What one GPU is doing now, as this server's NVML sees it: the NVML layer's own shape."""
 
 
+class HeldByJson(TypedDict):
+    """Who holds a GPU, as a user knows it; the technical id stays in ``target``.
+
+    ``kind``: ``notebook`` (local mode: a kernel with a notebook session; ``name`` is the
+    notebook's path below the server's root), ``kernel`` (a kernel without a session; ``name``
+    is ``kernel <id>``), ``pod`` (Kubernetes mode; ``namespace/name``), ``process`` (a process
+    this server did not start; ``process N``)."""
+
+    kind: Literal["notebook", "kernel", "pod", "process"]
+    name: str
+    kernel_id: str | None
+
+
+class KernelHolder(TypedDict):
+    """What the server knows of one sandboxed kernel: its id and its notebook (if any)."""
+
+    kernel_id: str
+    path: str | None
+
+
 class AttachedGpuJson(AttachmentWire):
-    """An attachment (the agent's shape) with its live ``metrics``."""
+    """An attachment (the agent's shape) with its live ``metrics`` and who holds it."""
 
     metrics: MetricsJson | None
+    held_by: HeldByJson
+
+
+class NodeGpuJson(TypedDict):
+    """One GPU of the node and who holds it (``target``: the agent's id; ``held_by``: in
+    words a user knows; both ``None`` when free)."""
+
+    uuid: str
+    index: int
+    minor: int
+    device: str
+    name: str
+    state: GpuStateName
+    target: TargetWire | None
+    held_by: HeldByJson | None
 
 
 class NvmlJson(TypedDict):
@@ -72,6 +112,8 @@ class GpusJson(TypedDict):
     """GPUs of the node that nobody holds: what an attach may get now."""
     total: int
     """GPUs of the node."""
+    gpus: list[NodeGpuJson]
+    """Every GPU of the node, with who holds it."""
     simulated: bool
     """The node's GPUs are simulated (``--simulate``): no hardware behind them."""
     nvml: NvmlJson
@@ -119,11 +161,44 @@ def attachment_json(attachment: Attachment) -> AttachmentWire:
     )
 
 
-def _attached(attachment: Attachment, seen: Mapping[GpuUuid, GpuState]) -> AttachedGpuJson:
+def held_by_json(target: TargetRef, kernels: Mapping[int, KernelHolder]) -> HeldByJson:
+    """``target`` in words a user knows: its pod, or the notebook of the kernel whose sandbox
+    it is (``kernels``: this server's sandboxed kernels by pid)."""
+    if isinstance(target, PodTarget):
+        return HeldByJson(kind="pod", name=f"{target.namespace}/{target.name}", kernel_id=None)
+    assert isinstance(target, PidRef)
+    kernel = kernels.get(target.pid)
+    if kernel is None:
+        return HeldByJson(kind="process", name=str(target), kernel_id=None)
+    if kernel["path"]:
+        return HeldByJson(kind="notebook", name=kernel["path"], kernel_id=kernel["kernel_id"])
+    kernel_id = kernel["kernel_id"]
+    return HeldByJson(kind="kernel", name=f"kernel {kernel_id}", kernel_id=kernel_id)
+
+
+def _attached(
+    attachment: Attachment,
+    seen: Mapping[GpuUuid, GpuState],
+    kernels: Mapping[int, KernelHolder],
+) -> AttachedGpuJson:
     found = seen.get(attachment.uuid)
     return AttachedGpuJson(
         **attachment_json(attachment),
         metrics=None if found is None else found.metrics_json(),
+        held_by=held_by_json(attachment.target, kernels),
+    )
+
+
+def _node_gpu(gpu: Gpu, kernels: Mapping[int, KernelHolder]) -> NodeGpuJson:
+    return NodeGpuJson(
+        uuid=gpu.uuid,
+        index=gpu.index,
+        minor=gpu.minor,
+        device=gpu.device,
+        name=gpu.name,
+        state=gpu.state,
+        target=None if gpu.target is None else gpu.target.to_wire(),
+        held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
     )
 
 
@@ -134,16 +209,20 @@ def gpus_json(
     attachments: Iterable[Attachment],
     node: Sequence[Gpu],
     snapshot: Snapshot,
+    kernels: Mapping[int, KernelHolder] | None = None,
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
-    NVML sees here (``snapshot``)."""
+    NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
+    sandbox pid: local mode's holders are named by their notebooks)."""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
+    known = kernels or {}
     return GpusJson(
         mode=mode,
         kernel_id=kernel_id,
-        attached=[_attached(attachment, seen) for attachment in attachments],
+        attached=[_attached(attachment, seen, known) for attachment in attachments],
         free=sum(1 for gpu in node if gpu.state == "free"),
         total=len(node),
+        gpus=[_node_gpu(gpu, known) for gpu in node],
         simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
         nvml=NvmlJson(
             status=snapshot.status.value,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from .errors import KernelNotFound, KernelNotRunning, KernelNotSandboxed
+from .errors import HotplugError, KernelNotFound, KernelNotRunning, KernelNotSandboxed
 from .validation import KernelId
 
 __all__ = ["KernelSandboxes", "ProvisionerSandboxes"]
@@ -37,6 +37,20 @@ class KernelSandboxes(abc.ABC):
         """The sandbox's pid. Raises ``KernelNotFound`` (no such kernel),
         ``KernelNotSandboxed`` (it runs without a sandbox) or ``KernelNotRunning``
         (it has no process now: starting, restarting, stopping)."""
+
+    def kernel_ids(self) -> list[KernelId]:
+        """The kernels to look at in :meth:`kernels_by_pid` (default: the kernel manager's)."""
+        return [KernelId(kernel_id) for kernel_id in self.kernel_manager.list_kernel_ids()]
+
+    def kernels_by_pid(self) -> dict[int, KernelId]:
+        """The reverse map: which kernel each running sandbox is (a GPU holder's kernel)."""
+        found: dict[int, KernelId] = {}
+        for kernel_id in self.kernel_ids():
+            try:
+                found[self.pid_of(kernel_id)] = kernel_id
+            except HotplugError:  # not sandboxed, or between two lives: holds nothing
+                continue
+        return found
 
 
 _NO_SANDBOX = object()

@@ -44,6 +44,9 @@ class RegisteredSandboxes(KernelSandboxes):
         self.pids[kernel_id] = pid
         return KernelId(kernel_id)
 
+    def kernel_ids(self) -> list[KernelId]:
+        return [KernelId(kernel_id) for kernel_id in self.pids]
+
     def pid_of(self, kernel_id: KernelId) -> int:
         if kernel_id not in self.pids:
             raise KernelNotFound(kernel_id)

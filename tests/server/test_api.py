@@ -275,7 +275,12 @@ async def test_attach_list_detach(
     view = listed.json()
     assert (view["kernel_id"], view["free"], view["total"]) == (kernel, 1, 2)
     (gpu,) = view["attached"]
-    assert {k: v for k, v in gpu.items() if k != "metrics"} == attachment
+    assert {k: v for k, v in gpu.items() if k not in ("metrics", "held_by")} == attachment
+    holder = {"kind": "kernel", "name": f"kernel {kernel}", "kernel_id": kernel}
+    assert gpu["held_by"] == holder, "named as the user knows it (no session: the kernel)"
+    [node_gpu] = [g for g in view["gpus"] if g["uuid"] == attachment["uuid"]]
+    assert (node_gpu["target"], node_gpu["held_by"]) == ({"pid": sandbox.pid}, holder)
+    assert [g["held_by"] for g in view["gpus"] if g["state"] == "free"] == [None]
     assert gpu["metrics"]["utilization_gpu"] == 42
     assert gpu["metrics"]["temperature"] == 61
     assert gpu["metrics"]["lost"] is False

@@ -78,7 +78,11 @@ async def test_every_operation_targets_the_pod_itself(jp_fetch: Fetch, stub: Stu
     )
     assert view["simulated"] is True
     (gpu,) = view["attached"]
-    assert gpu == {**ATTACHMENTS["attachments"][0], "metrics": None}
+    assert gpu == {
+        **ATTACHMENTS["attachments"][0],
+        "metrics": None,
+        "held_by": {"kind": "pod", "name": "jhub/jupyter-ada", "kernel_id": None},
+    }
     assert attached.status == 201
     assert attached.json()["attachments"] == ATTACHMENTS["attachments"]
     assert (one.status, every.status) == (204, 204)

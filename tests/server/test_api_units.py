@@ -247,6 +247,7 @@ async def _empty_view() -> GpusJson:
         attached=[],
         free=0,
         total=0,
+        gpus=[],
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
         taken_at=0.0,

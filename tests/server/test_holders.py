@@ -1,0 +1,71 @@
+"""Holders named as a user knows them in the REST answers: notebook, kernel, pod or process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import PidRef, PodTarget
+from jupyter_gpu_hotplug.client import Gpu
+from jupyter_gpu_hotplug.nvml.state import GpuMonitor
+from jupyter_gpu_hotplug.server.models import KernelHolder, gpus_json, held_by_json
+
+KERNELS = {
+    101: KernelHolder(kernel_id="k-1", path="work/train.ipynb"),
+    102: KernelHolder(kernel_id="k-2", path=None),
+}
+
+
+def gpu(index: int, target: dict[str, Any] | None) -> Gpu:
+    return Gpu.from_wire(
+        {
+            "uuid": f"GPU-0000000{index}-0000-0000-0000-000000000000",
+            "index": index,
+            "minor": index,
+            "name": "NVIDIA H100 (simulated)",
+            "memory_total": 2**30,
+            "state": "free" if target is None else "attached",
+            "target": target,
+            "simulated": True,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (PidRef(101), {"kind": "notebook", "name": "work/train.ipynb", "kernel_id": "k-1"}),
+        (PidRef(102), {"kind": "kernel", "name": "kernel k-2", "kernel_id": "k-2"}),
+        (PidRef(103), {"kind": "process", "name": "process 103", "kernel_id": None}),
+        (
+            PodTarget("team-a", "jupyter-ann", "notebook"),
+            {"kind": "pod", "name": "team-a/jupyter-ann", "kernel_id": None},
+        ),
+    ],
+    ids=["notebook", "kernel-without-session", "unknown-process", "pod"],
+)
+def test_a_holder_is_named_as_the_user_knows_it(target: Any, expected: dict[str, Any]) -> None:
+    assert held_by_json(target, KERNELS) == expected
+
+
+def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id() -> None:
+    monitor = GpuMonitor()
+    try:
+        snapshot = monitor.snapshot()
+    finally:
+        monitor.close()
+    view = gpus_json(
+        mode="local",
+        kernel_id=None,
+        attachments=(),
+        node=[gpu(0, {"pid": 101}), gpu(1, None), gpu(2, {"pid": 103})],
+        snapshot=snapshot,
+        kernels=KERNELS,
+    )
+    assert [(g["index"], g["target"], g["held_by"]) for g in view["gpus"]] == [
+        (0, {"pid": 101}, {"kind": "notebook", "name": "work/train.ipynb", "kernel_id": "k-1"}),
+        (1, None, None),
+        (2, {"pid": 103}, {"kind": "process", "name": "process 103", "kernel_id": None}),
+    ]
+    assert (view["free"], view["total"]) == (1, 3)
