@@ -50,6 +50,7 @@ from ..client import (
     AgentClientError,
     Attachment,
     Busy,
+    Gpu,
     InsufficientGpus,
     InvalidRequest,
 )
@@ -384,23 +385,12 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
 
 
 def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
-    """One message for every "not that many GPUs" answer — fewer free than asked, or more
-    asked than the node has or one request may take — in the notebook's words (the agent's
-    own refusal of a count points at its API description, which is no help here)."""
-    hint = f"'{PROG} list' shows the node's GPUs and who holds them."
     try:
-        gpus = client.gpus()
+        gpus: tuple[Gpu, ...] | None = client.gpus()
     except AgentClientError:
-        return f"{error.message}\n{hint}"
-    total = len(gpus)
-    free = sum(gpu.state == "free" for gpu in gpus)
-    if count > total:
-        reason = f"this node has {_plural(total)} in all ({free} free now)"
-    elif isinstance(error, InsufficientGpus):
-        return f"{error.message}\n{hint}"
-    else:
-        reason = "that is more than one request may ask for; attach them a few at a time"
-    return f"Cannot attach {_plural(count)}: {reason}.\n{hint}"
+        gpus = None
+    hint = f"'{PROG} list' shows the node's GPUs and who holds them."
+    return f"{render.too_many_gpus(count, gpus, error=error)}\n{hint}"
 
 
 def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:

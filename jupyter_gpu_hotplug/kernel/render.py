@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Final
 
 from .._structs import TargetRef
-from ..client import Attachment, Gpu
+from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "percent",
     "process_table_html",
     "snapshot_lines",
+    "too_many_gpus",
     "usage_ratio",
 ]
 
@@ -163,6 +164,24 @@ def node_gpu_lines(gpus: Iterable[Gpu], *, holder: Callable[[TargetRef | None], 
     )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  " + _join_padded(row, widths) for row in rows]
+
+
+def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str:
+    """One sentence for every "not that many GPUs" refusal of an attach of ``count`` — fewer
+    free than asked, more asked than the node has (``gpus``; ``None`` when unknown), more than
+    one request may take — in a notebook user's words: the agent's refusal of a count points
+    at its API description, no help in a notebook."""
+    if gpus is None:
+        return error.message
+    total = len(gpus)
+    free = sum(gpu.state == "free" for gpu in gpus)
+    if count > total:
+        reason = f"this node has {total} GPU{'' if total == 1 else 's'} in all ({free} free now)"
+    elif isinstance(error, InsufficientGpus):
+        return error.message
+    else:
+        reason = "that is more than one request may ask for; attach them a few at a time"
+    return f"Cannot attach {count} GPU{'' if count == 1 else 's'}: {reason}."
 
 
 def _join_padded(cells: Sequence[str], widths: Sequence[int]) -> str:

@@ -39,11 +39,12 @@ from typing import Any, Final
 import ipywidgets as widgets  # type: ignore[import-untyped]
 from traitlets import Float, TraitError, observe, validate
 
-from .._structs import GpuUuid
-from ..client import AgentClientError, AsyncAgentClient, Busy
+from .._structs import GpuUuid, PidRef
+from ..client import AgentClientError, AsyncAgentClient, Busy, Gpu, InsufficientGpus, InvalidRequest
 from ..nvml.state import GpuMonitor, GpuState, Snapshot
 from . import render
 from .cuda import CudaState, advice, cuda_initialised
+from .holders import HolderNames
 
 __all__ = ["DEFAULT_INTERVAL", "MIN_INTERVAL", "GpuMonitorWidget", "GpuRow"]
 
@@ -155,6 +156,7 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
     this widget). ``client_factory``: the agent client for the buttons (made per action).
     ``cuda_state``: asked after an attach, for the advice shown. ``autostart``: start refreshing
     now when an event loop is running (a kernel cell); otherwise call ``start()`` from one.
+    ``holders``: names this kernel by its notebook in the header.
     """
 
     interval = Float(DEFAULT_INTERVAL, help="Seconds between two refreshes while shown.")
@@ -168,7 +170,9 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         cuda_state: Callable[[], CudaState] = cuda_initialised,
         autostart: bool = True,
         max_attach: int = 8,
+        holders: HolderNames | None = None,
     ) -> None:
+        self._holders = holders or HolderNames()
         self._owns_monitor = monitor is None
         self._monitor = monitor or GpuMonitor()
         self._client_factory = client_factory
@@ -301,9 +305,11 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             details.append(f"driver {snapshot.driver_version}")
         if snapshot.cuda_driver_version:
             details.append(f"CUDA {snapshot.cuda_driver_version}")
+        own = self._holders.describe(PidRef(self._holders.own_pid))
         self.header.value = render.CSS + _html(
             "<b>GPUs in this kernel</b>"
             + (render.badge_html("SIMULATED") if simulated else "")
+            + f' <span class="gpuhp-muted">· held by {html.escape(own)}</span>'
             + f' <span class="gpuhp-muted">· {html.escape(" · ".join(details))}</span>'
         )
         rows = []
@@ -377,6 +383,11 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
                 await asyncio.wait({call}, timeout=_PROGRESS_TICK)
                 self._say("busy", f"{next(frames)} {label}… {loop.time() - started:.0f} s")
             attachments = call.result()
+        except (InsufficientGpus, InvalidRequest) as error:
+            if isinstance(error, InvalidRequest) and error.field != "count":
+                self._say("error", error.message)
+            else:
+                self._say("error", await self._too_many(count, error))
         except AgentClientError as error:
             self._say("error", error.message)
         else:
@@ -391,6 +402,14 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             if call is not None and not call.done():
                 call.cancel()
             self._set_busy(False)
+
+    async def _too_many(self, count: int, error: AgentClientError) -> str:
+        """The same words as ``%gpu attach`` for "not that many GPUs"."""
+        try:
+            gpus: tuple[Gpu, ...] | None = await self._client_factory().gpus()
+        except AgentClientError:
+            gpus = None
+        return render.too_many_gpus(count, gpus, error=error)
 
     async def _detach(self, uuid: GpuUuid, *, force: bool) -> None:
         self._set_busy(True)

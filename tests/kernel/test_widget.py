@@ -19,9 +19,17 @@ import ipywidgets  # type: ignore[import-untyped]
 import pytest
 from traitlets import TraitError
 
-from jupyter_gpu_hotplug.client import AgentUnavailable, AsyncAgentClient, Attachment, Busy
+from jupyter_gpu_hotplug.client import (
+    AgentUnavailable,
+    AsyncAgentClient,
+    Attachment,
+    Busy,
+    Gpu,
+    InvalidRequest,
+)
 from jupyter_gpu_hotplug.kernel import render
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
+from jupyter_gpu_hotplug.kernel.holders import SESSION_ENV, HolderNames
 from jupyter_gpu_hotplug.kernel.widget import TASK_PREFIX, GpuMonitorWidget
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor, GpuProcess
@@ -63,6 +71,12 @@ class FakeAgent:
     async def detach(self, uuid: str, *, force: bool = False) -> None:
         self.calls.append(("detach", uuid, force))
         await self._answer()
+
+    async def gpus(self) -> tuple[Gpu, ...]:
+        self.calls.append(("gpus",))
+        return self.node
+
+    node: tuple[Gpu, ...] = ()
 
 
 @pytest.fixture
@@ -381,6 +395,50 @@ async def test_buttons_are_disabled_while_an_action_runs(
 
     assert all(disabled)
     assert not any(row.detach_button.disabled for row in widget.rows.values())
+
+
+async def test_the_header_names_the_notebook_that_holds_the_gpus(
+    make_widget: Callable[..., GpuMonitorWidget],
+) -> None:
+    holders = HolderNames(environ={SESSION_ENV: "/work/train.ipynb"})
+    widget = make_widget(autostart=False, holders=holders)
+
+    assert f"held by this notebook (train.ipynb, process {os.getpid()})" in widget.header.value
+
+
+async def test_more_gpus_than_the_node_has_is_said_as_the_magic_says_it(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent
+) -> None:
+    agent.node = tuple(
+        Gpu.from_wire(
+            {
+                "uuid": f"GPU-0000000{i}-0000-0000-0000-000000000000",
+                "index": i,
+                "minor": i,
+                "name": "GPU",
+                "memory_total": 1,
+                "state": "free",
+                "target": None,
+                "simulated": True,
+            }
+        )
+        for i in range(2)
+    )
+    agent.error = InvalidRequest(
+        "count must be an integer from 1 to 8 (the number of GPUs to attach), got 3; "
+        "the request format is described in /v1/openapi.json",
+        status=400,
+        code="invalid_request",
+        extra={"field": "count"},
+    )
+    widget = make_widget(autostart=False)
+    widget.count.value = 3
+
+    widget.attach_button.click()
+    await eventually(lambda: "Cannot attach" in widget.status.value, "the refusal")
+
+    assert "Cannot attach 3 GPUs: this node has 2 GPUs in all (2 free now)." in widget.status.value
+    assert "openapi" not in widget.status.value
 
 
 async def test_agent_errors_are_shown_in_the_status_line(
