@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -36,13 +36,19 @@ class DemoFactory:
         return self._tmp_path / "notebooks"
 
     def __call__(
-        self, *, simulate: int = 2, temporary: bool = False, state_dir: Path | None = None
+        self,
+        *,
+        simulate: int = 2,
+        temporary: bool = False,
+        state_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> DemoProcess:
         """A running demo; ``temporary``: without ``--state-dir`` (the demo makes its own);
-        ``state_dir``: this one (default: a new one)."""
+        ``state_dir``: this one (default: a new one); ``env``: its environment."""
         demo = DemoProcess.start(
             None if temporary else state_dir or self.new_state_dir(),
             notebook_dir=self.notebook_dir,
+            env=env,
             port=free_tcp_port(),
             simulate=simulate,
             output_path=self._tmp_path / f"demo-{len(self.demos)}.out",

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -71,8 +71,10 @@ class DemoProcess:
         output_path: Path,
         jupyter: Path = JUPYTER,
         cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> DemoProcess:
-        """``jupyter`` (default: this environment's) runs the demo, in ``cwd``."""
+        """``jupyter`` (default: this environment's) runs the demo, in ``cwd``, with ``env``
+        (default: this process's environment)."""
         argv = [
             str(jupyter),
             "gpu-hotplug",
@@ -86,7 +88,12 @@ class DemoProcess:
         ]
         with output_path.open("wb") as output:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=cwd
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=None if env is None else dict(env),
             )
         layout = DemoLayout(state_dir or Path("/nonexistent"), notebook_dir)
         demo = cls(process, layout, output_path)

@@ -71,6 +71,17 @@ class JupyterServer:
         kernel_id: str = answer.body["id"]
         return kernel_id
 
+    def start_session(self, path: str, name: str = "python3") -> str:
+        """Open the notebook at ``path`` as a browser tab does (a session); its kernel's id."""
+        answer = self.request(
+            "POST",
+            "api/sessions",
+            {"path": path, "name": path, "type": "notebook", "kernel": {"name": name}},
+        )
+        assert answer.status == 201, answer
+        kernel_id: str = answer.body["kernel"]["id"]
+        return kernel_id
+
     def restart_kernel(self, kernel_id: str) -> None:
         answer = self.request("POST", f"api/kernels/{kernel_id}/restart")
         assert answer.status == 200, answer

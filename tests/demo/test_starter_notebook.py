@@ -6,7 +6,8 @@ and offers them only over HTTP and websockets, which nbclient cannot use (jupyte
 ``GatewayKernelManager`` would, but its websocket client sends no token, so a token-protected
 server refuses it). So the notebook runs in a kernel this test starts with *exactly what the
 demo gives its own kernels*: the sandbox provisioner and the kernel environment read back from
-the demo's JupyterLab configuration (agent socket, fake NVML filtered by ``/dev``). Everything
+the demo's JupyterLab configuration (agent socket, fake NVML filtered by ``/dev``) and the
+demo's kernel command (which loads the ``%gpu`` magic). Everything
 the notebook touches — its sandbox, the demo's agent (which knows the kernel by its process
 credentials on the demo's socket), the simulated GPUs — is the demo's; only the process that
 launched the kernel differs, and the end-to-end test covers kernels launched by the demo's
@@ -55,10 +56,12 @@ def test_starter_notebook_runs_top_to_bottom_in_the_simulated_demo(
     lab_config = json.loads(layout.lab_config.read_text())
     kernels_dir = tmp_path / "kernels"
     spec = sandboxed_kernelspec(
+        # The demo's own kernel command: it loads the %gpu magic, which the notebook relies on.
+        argv=json.loads(layout.kernelspec.read_text())["argv"],
         config={
             "extra_env": lab_config["SandboxedKernelProvisioner"]["extra_env"],
             "name_prefix": NOTEBOOK_NAME_PREFIX,
-        }
+        },
     )
     write_sandboxed_kernelspec(kernels_dir, KERNEL_NAME, spec=spec)
     notebook = nbformat.read(layout.starter, as_version=4)  # type: ignore[no-untyped-call]
