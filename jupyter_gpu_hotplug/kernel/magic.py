@@ -1,8 +1,9 @@
 """The ``%gpu`` line magic: the notebook user's typed way to ask for GPUs.
 
-It exists so a user can attach and release GPUs from code cells, next to the toolbar. Like every
-frontend here it stays thin: it parses the line, calls ``AgentClient`` (the agent), ``GpuMonitor``
-(what this kernel sees) and ``cuda`` (whether this kernel can still see a new GPU), and prints.
+It exists so a user can attach and release GPUs from code cells, next to the widget's buttons.
+Like every frontend here it stays thin: it parses the line, calls ``AgentClient`` (the agent),
+``GpuMonitor`` (what this kernel sees) and ``cuda`` (whether this kernel can still see a new
+GPU), and prints.
 
 Subcommands are values in ``SUBCOMMANDS`` — a name, a one-line help, how to declare arguments and
 what to run — so adding one means adding one entry. Parsing uses argparse with ``add_help=False``

@@ -47,6 +47,16 @@ def test_help_of_one_subcommand(
     assert "print the jupyter-gpu-hotplug version" in out
 
 
+def test_wait_is_described_as_what_it_does(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--wait`` bounds the attach; it does not wait in a queue for GPUs (issue 14)."""
+    out = " ".join(_run(shell, "help attach", capsys).split())
+
+    assert "the longest the attach may take before it is given up and rolled back" in out
+    assert "it does not queue for busy GPUs" in out
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
