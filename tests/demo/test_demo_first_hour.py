@@ -25,6 +25,7 @@ pytestmark = [*needs_root, pytest.mark.slow, pytest.mark.timeout(900)]
 SUDO_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Debian's ``secure_path``: the ``PATH`` of a command run with ``sudo``."""
 NOTEBOOK = "mine.ipynb"
+OTHER = "team/other.ipynb"
 
 
 def sudo_environment() -> dict[str, str]:
@@ -51,6 +52,7 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
         "PUT", f"api/contents/{NOTEBOOK}", {"type": "notebook", "content": notebook}
     )
     assert saved.status in (200, 201), saved
+    assert server.request("PUT", "api/contents/team", {"type": "directory"}).status == 201
     kernel = server.start_session(NOTEBOOK)
     with server.connect(kernel) as session:
         attach = session.execute("%gpu attach 1")  # no %load_ext: the demo's kernels load it
@@ -63,9 +65,17 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
         ).stdout.strip()
         assert Path(shell).resolve() == Path(interpreter).resolve(), shell
 
-        listing = session.run("%gpu list").stdout
-        assert f"this notebook ({NOTEBOOK}, process" in listing, listing
         pid = int(session.run("import os; print(os.getpid())").stdout)
+        # A second notebook takes the other GPU: each names the other's holder by notebook.
+        other_kernel = server.start_session(OTHER)
+        with server.connect(other_kernel) as other_session:
+            other_session.run("%gpu attach 1")
+            other_pid = int(other_session.run("import os; print(os.getpid())").stdout)
+            other_listing = other_session.run("%gpu list").stdout
+        listing = session.run("%gpu list").stdout
+        assert f"this notebook ({NOTEBOOK}, process {pid})" in listing, listing
+        assert f"{OTHER} (process {other_pid})" in listing, listing
+        assert f"{NOTEBOOK} (process {pid})" in other_listing, other_listing
 
     view = server.request("GET", f"gpu-hotplug/api/gpus?kernel_id={kernel}")
     assert view.status == 200, view
