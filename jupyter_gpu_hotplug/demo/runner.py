@@ -91,9 +91,11 @@ _READY_TEXT: Final = """
   Every kernel runs in a sandbox of its own, without GPUs; '%gpu attach 1' in a
   notebook hot-plugs one into the running kernel. Restarting a kernel releases
   its GPUs (the new kernel starts without).
-  Notebooks are saved in: {notebooks} (kept when the demo stops)
-  The agent from another terminal (as root): {cli}
-  Demo state and logs: {root} (agent.log, jupyterlab.log){removed}
+  Notebooks are saved, and kept when the demo stops, in:
+      {notebooks}
+  To ask the demo's agent from another terminal (as root):
+      {cli}
+  Demo state and logs{removed}: {root}
   Press Ctrl-C to stop: JupyterLab, its kernels and the agent stop, and every
   GPU is released.
 """
@@ -381,7 +383,7 @@ class DemoRun:
 
     def _show_ready(self, url: str) -> None:
         elapsed = self._clock() - self._started_at
-        removed = " — removed when the demo stops" if self.owns_root else ""
+        removed = " (removed when the demo stops)" if self.owns_root else ""
         self.show(
             _READY_TEXT.format(
                 elapsed=elapsed,

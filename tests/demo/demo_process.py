@@ -35,9 +35,9 @@ START_TIMEOUT: Final = 240.0
 """Generous: a cold start builds the fake NVML twice and loads JupyterLab on 2 shared cores."""
 STOP_TIMEOUT: Final = 180.0
 _URL: Final = re.compile(r"(?P<base>http://\S+?:\d+)/lab/tree/\S+\?token=(?P<token>[0-9a-f]+)")
-_FILES: Final = re.compile(r"Demo state and logs: (?P<root>/\S+)")
-_NOTEBOOKS: Final = re.compile(r"Notebooks are saved in: (?P<dir>/\S+)")
-_CLI: Final = re.compile(r"The agent from another terminal \(as root\): (?P<line>.+)")
+_FILES: Final = re.compile(r"Demo state and logs[^:]*: (?P<root>/\S+)")
+_NOTEBOOKS: Final = re.compile(r"kept when the demo stops, in:\n +(?P<dir>/.+)")
+_CLI: Final = re.compile(r"from another terminal \(as root\):\n +(?P<line>.+)")
 _STARTED_IN: Final = re.compile(r"started in (?P<seconds>[0-9.]+) s")
 _POLL: Final = 0.1
 

@@ -240,16 +240,23 @@ async def test_errors_are_messages_not_tracebacks(kernel: Kernel) -> None:
     await kernel.run("%gpu attach 2")  # every GPU of the node
     exhausted = await kernel.execute("%gpu attach 1")
     too_many = await kernel.execute("%gpu attach 3")
+    far_too_many = await kernel.execute("%gpu attach 99")
     bad = await kernel.execute("%gpu attach 0")
     unknown = await kernel.execute("%gpu detach GPU-00000000-0000-0000-0000-000000000000")
     await kernel.run("%gpu detach all")
 
-    for failed in (exhausted, too_many, unknown):
+    for failed in (exhausted, too_many, far_too_many, unknown):
         assert (failed.status, failed.ename) == ("error", "GpuCommandError")
         assert not any("Traceback" in line or "File " in line for line in failed.error)
     assert exhausted.error[0].startswith("1 GPU(s) requested but 0 free on this node")
     assert exhausted.error[1] == "'%gpu list' shows the node's GPUs and who holds them."
-    assert too_many.error[0].startswith("count 3 is more than this node's 2 GPU(s)")
+    # More than the node has: one message, whatever the agent objected to (issue 14).
+    assert too_many.error[0] == "Cannot attach 3 GPUs: this node has 2 GPUs in all (0 free now)."
+    assert far_too_many.error[0] == (
+        "Cannot attach 99 GPUs: this node has 2 GPUs in all (0 free now)."
+    )
+    assert far_too_many.error[1] == exhausted.error[1]
+    assert not any("openapi" in line for line in far_too_many.error)
     assert "not found" in unknown.error[0]
     assert (bad.status, bad.ename) == ("error", "UsageError")
     assert "N must be a positive whole number" in bad.stderr
