@@ -455,7 +455,10 @@ class DemoRun:
     def _finish(self, *, clean: bool) -> None:
         if clean and self.owns_root:
             self.layout.remove()
-            self.say("stopped; every GPU was released and the demo's files removed")
+            self.say(
+                "stopped; every GPU was released and the demo's files removed "
+                f"(notebooks kept in {self.layout.notebooks})"
+            )
         elif clean:
             self.say(f"stopped; every GPU was released (files kept in {self.layout.root})")
         else:

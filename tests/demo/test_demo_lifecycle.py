@@ -50,7 +50,7 @@ def test_sigterm_stops_everything_and_removes_the_temporary_directory(
     assert demo.interrupt(signum=signal.SIGTERM) == 0, demo.logs()
 
     assert "SIGTERM: stopping" in demo.output()
-    assert "demo's files removed" in demo.output()
+    assert f"demo's files removed (notebooks kept in {demo.layout.notebooks})" in demo.output()
     assert not demo.layout.root.exists()
     assert_nothing_running(demo)
 

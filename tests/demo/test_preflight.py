@@ -109,3 +109,17 @@ def test_checks_run_in_the_order_a_user_fixes_them(busy_port: int) -> None:
         preflight.preflight(options, socket_path=None, platform="darwin", euid=1000)
     with pytest.raises(DemoUnavailable, match="must run as root"):
         preflight.preflight(options, socket_path=None, platform="linux", euid=1000)
+
+
+def test_a_notebook_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    with pytest.raises(DemoUnavailable) as caught:
+        preflight.check_notebook_dir(a_file)
+    assert f"--notebook-dir {a_file} exists and is not a directory" in caught.value.reason
+    assert "current directory" in caught.value.hint
+
+
+def test_a_missing_or_existing_notebook_dir_passes(tmp_path: Path) -> None:
+    preflight.check_notebook_dir(tmp_path)
+    preflight.check_notebook_dir(tmp_path / "new" / "notebooks")
