@@ -472,12 +472,13 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
         await task
 
 
-def cli_command(layout: DemoLayout, subcommand: str = "status") -> str:
-    """The shell line with which ``jupyter gpu-hotplug`` in another terminal reaches the demo's
-    agent (not the default socket): this installation's ``jupyter``, by absolute path because
-    ``sudo`` resets ``PATH``; ``--agent-url`` rather than the variable, which ``sudo`` drops."""
+def cli_command(layout: DemoLayout) -> str:
+    """The shell line with which ``jupyter gpu-hotplug status`` in another terminal reaches the
+    demo's agent (not the default socket): this installation's ``jupyter``, by absolute path
+    because ``sudo`` resets ``PATH``; ``--agent-url`` rather than the variable, which ``sudo``
+    drops. ``attach`` and ``detach`` take the same option."""
     jupyter = Path(sys.executable).with_name("jupyter")
-    return shlex.join([str(jupyter), "gpu-hotplug", subcommand, f"--agent-url={layout.agent_url}"])
+    return shlex.join([str(jupyter), "gpu-hotplug", "status", f"--agent-url={layout.agent_url}"])
 
 
 def open_browser(
