@@ -56,6 +56,24 @@ def is_dns1123_subdomain(text: str) -> bool:
     return len(text) <= DNS1123_SUBDOMAIN_MAX and DNS1123_SUBDOMAIN_RE.fullmatch(text) is not None
 
 
+# --- deployment contract: what spawners and manifests give a notebook (DESIGN §3, §7) ----------
+
+AGENT_URL_ENV = "GPU_HOTPLUG_AGENT_URL"
+"""Set by the spawner to the node agent's URL."""
+TOKEN_PATH_ENV = "GPU_HOTPLUG_TOKEN_PATH"
+"""Set by the spawner to the projected service-account token's path."""
+DEFAULT_SOCKET_PATH = "/run/gpu-hotplug/agent.sock"
+"""The local-mode agent's unix socket, on the host and where spawners mount it in containers."""
+DEFAULT_AGENT_URL = f"unix:{DEFAULT_SOCKET_PATH}"
+"""What a notebook reaches when nothing else is configured."""
+AGENT_PORT = 8477
+"""The agent's TCP port in Kubernetes mode (DaemonSet, Service, network policies)."""
+TOKEN_AUDIENCE = "gpu-hotplug"
+"""The audience of the projected service-account token the agent's TokenReview asks for."""
+MAX_GPUS_ANNOTATION = "gpu-hotplug.jupyter.org/max-gpus"
+"""Pod annotation set by the spawner: the most GPUs that pod may hot-attach."""
+
+
 # --- wire payloads (exact JSON shapes of DESIGN §3) ---------------------------------------------
 
 
