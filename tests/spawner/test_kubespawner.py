@@ -19,6 +19,8 @@ from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL, TOKEN_DIR, config
 
 from .kube_support import env_of, notebook_container, pod_for
 
+pytestmark = pytest.mark.usefixtures("unreachable_kubeconfig")
+
 K8S_VERSION = "1.31"
 
 
