@@ -66,9 +66,11 @@ class DemoProcess:
         simulate: int = 2,
         extra_args: Sequence[str] = (),
         output_path: Path,
+        jupyter: Path = JUPYTER,
     ) -> DemoProcess:
+        """``jupyter``: the command of another environment (an installed wheel's)."""
         argv = [
-            str(JUPYTER),
+            str(jupyter),
             "gpu-hotplug",
             "demo",
             f"--simulate={simulate}",
