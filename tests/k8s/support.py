@@ -30,10 +30,10 @@ def kubectl() -> str:
     return found
 
 
-def render() -> list[dict[str, Any]]:
-    """``kubectl kustomize k8s/`` as objects."""
+def render(directory: Path = K8S_DIR) -> list[dict[str, Any]]:
+    """``kubectl kustomize k8s/`` (or an overlay) as objects."""
     result = subprocess.run(
-        [kubectl(), "kustomize", str(K8S_DIR)],
+        [kubectl(), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,7 +15,7 @@ import pytest
 from jupyter_gpu_hotplug._structs import AGENT_PORT
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 
-from .support import by_kind, render, validate
+from .support import K8S_DIR, by_kind, render, validate
 
 AGENT = "gpu-hotplug-agent"
 
@@ -143,3 +143,20 @@ def test_agent_accepts_the_daemonsets_arguments(objects: list[dict[str, Any]]) -
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["backend"] == "kubernetes"
+
+
+def test_cri_o_overlay_moves_the_cri_socket(objects: list[dict[str, Any]]) -> None:
+    overlay = render(K8S_DIR / "overlays" / "cri-o")
+    for obj in overlay:
+        validate(obj)
+    pod = by_kind(overlay, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    cri = [v for v in pod["volumes"] if v["name"] == "cri"]
+    assert cri == [{"name": "cri", "hostPath": {"path": "/var/run/crio", "type": "Directory"}}]
+    mounts = [m for m in container["volumeMounts"] if m["name"] == "cri"]
+    assert mounts == [{"name": "cri", "mountPath": "/var/run/crio", "readOnly": True}]
+    endpoints = [a for a in container["args"] if a.startswith("--cri-endpoint=")]
+    assert endpoints == ["--cri-endpoint=unix:///var/run/crio/crio.sock"]
+    # Everything else is the base's.
+    base = {o["kind"] + "/" + o["metadata"]["name"] for o in objects}
+    assert {o["kind"] + "/" + o["metadata"]["name"] for o in overlay} == base

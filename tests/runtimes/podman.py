@@ -6,8 +6,9 @@ with other users of the host, nothing is left mounted). The image is a ``busybox
 made here and loaded with ``podman import``; the host's ``/usr`` is bound read-only so that the
 stdlib-only probe (:mod:`tests.fixtures.sandbox_probe`) runs on the host's Python inside the
 container. Flags this host needs (ENVIRONMENT.md): ``--network none`` (no CNI), explicit
-``--ulimit`` values (crun and runc refuse podman's defaults here) and ``--cap-add MKNOD`` so
-the test's own ``mknod`` inside a container is judged by the device cgroup only.
+``--ulimit`` values (crun and runc refuse podman's defaults here) and, unless a test asks for
+podman's defaults, ``--cap-add MKNOD`` so the test's own ``mknod`` inside a container is judged
+by the device cgroup only.
 """
 
 from __future__ import annotations
@@ -117,16 +118,21 @@ class Podman:
         self.run("run", "--rm", *self._run_flags(), IMAGE, "/bin/busybox", "true")
 
     def start_probe(
-        self, *, volumes: Mapping[str, str], environment: Mapping[str, str]
+        self,
+        *,
+        volumes: Mapping[str, str],
+        environment: Mapping[str, str],
+        cap_mknod: bool = True,
     ) -> Container:
-        """A container running the probe, with ``volumes`` (host dir → container dir)."""
+        """A container running the probe, with ``volumes`` (host dir → container dir);
+        ``cap_mknod=False``: podman's default capabilities (no ``CAP_MKNOD``)."""
         name = f"gpu-hotplug-test-{uuid.uuid4().hex[:10]}"
         argv = self.command(
             "run",
             "-i",
             "--rm",
             f"--name={name}",
-            *self._run_flags(),
+            *self._run_flags(cap_mknod=cap_mknod),
             "--volume=/usr:/usr:ro",
             f"--volume={TESTS_DIR}:/tests:ro",
             *(f"--volume={host}:{inside}" for host, inside in volumes.items()),
@@ -166,11 +172,11 @@ class Podman:
         while self.containers:
             self.stop(self.containers.pop())
 
-    def _run_flags(self) -> list[str]:
+    def _run_flags(self, *, cap_mknod: bool = True) -> list[str]:
         return [
             f"--runtime={self.runtime}",
             "--network=none",
             "--ulimit=nofile=1024:1024",
             "--ulimit=nproc=1024:1024",
-            "--cap-add=MKNOD",
+            *(["--cap-add=MKNOD"] if cap_mknod else []),
         ]

@@ -78,9 +78,11 @@ def start(podman: Podman, agent: AgentProcess) -> Iterator[Any]:
     """Start a user container configured the way ``configure_dockerspawner`` configures it."""
     settings = DockerSettings(host_socket=str(agent.socket_path), runtime=None)
 
-    def started() -> Container:
+    def started(*, cap_mknod: bool = True) -> Container:
         volumes = {host: bind["bind"] for host, bind in settings.volumes.items()}
-        return podman.start_probe(volumes=volumes, environment=settings.environment)
+        return podman.start_probe(
+            volumes=volumes, environment=settings.environment, cap_mknod=cap_mknod
+        )
 
     yield started
     podman.stop_all()
@@ -140,6 +142,16 @@ def test_attach_from_inside_then_detach(start: Any, agent: AgentProcess) -> None
     # A node of its own (the container may mknod) is refused by the device cgroup.
     assert container.probe.mknod(device, 195, minor) == "OK"
     assert container.probe.open(device) == "EPERM"
+
+
+def test_container_needs_no_extra_capability(start: Any, agent: AgentProcess) -> None:
+    # podman's defaults drop CAP_MKNOD: the agent makes the node from outside all the same.
+    container = start(cap_mknod=False)
+    assert container.probe.mknod("/dev/test-null", 1, 3) == "EPERM"
+    attachment = attach_from_inside(container)
+    assert container.probe.open(attachment["device"]) == "ENXIO"
+    assert ask(container, "DELETE", f"/v1/attachments/{attachment['uuid']}")["status"] == 204
+    assert container.probe.stat(attachment["device"]).result == "ENOENT"
 
 
 def test_another_container_cannot_act_on_it(start: Any, agent: AgentProcess) -> None:
