@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import tarfile
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ IMAGE: Final = "localhost/gpu-hotplug-test:busybox"
 BUSYBOX: Final = Path("/bin/busybox")
 PROBE_IN_CONTAINER: Final = "/tests/fixtures/sandbox_probe.py"
 COMMAND_TIMEOUT: Final = 120.0
+SERVICE_START_TIMEOUT: Final = 60.0
 
 
 class PodmanUnavailable(Exception):
@@ -156,6 +158,32 @@ class Podman:
         container = Container(name, process, probe, int(state["Pid"]))
         self.containers.append(container)
         return container
+
+    def start_service(self, socket_path: Path) -> subprocess.Popen[bytes]:
+        """podman's Docker-compatible API on ``socket_path`` (what DockerSpawner talks to),
+        with this runtime as the default for the containers it creates."""
+        log = (self.root / "service.log").open("wb")
+        service = subprocess.Popen(
+            self.command(
+                f"--runtime={self.runtime}",
+                "system",
+                "service",
+                "--time=0",
+                f"unix://{socket_path}",
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT
+        while not socket_path.exists():
+            if service.poll() is not None or time.monotonic() > deadline:
+                service.kill()
+                service.wait()
+                raise PodmanUnavailable((self.root / "service.log").read_text())
+            time.sleep(0.05)
+        return service
 
     def stop(self, container: Container) -> None:
         if container.process.stdin is not None:

@@ -35,8 +35,6 @@ pytestmark = [
     pytest.mark.skipif(podman_missing_reason() is not None, reason=str(podman_missing_reason())),
 ]
 
-GPUS = 2
-RECONCILE_INTERVAL = 1.0
 REPLY_TIMEOUT = 60.0
 REGRANT_TIMEOUT = 30.0
 """An upper bound for waiting, far above the interval (CI machines are shared)."""
@@ -57,20 +55,6 @@ def podman(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             raise
         pytest.skip(f"{request.param} cannot run containers on this host: {e}")
     return engine
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[AgentProcess]:
-    process = AgentProcess(
-        tmp_path / "state",
-        simulate=GPUS,
-        extra_args=[f"--reconcile-interval={RECONCILE_INTERVAL}"],
-    )
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
