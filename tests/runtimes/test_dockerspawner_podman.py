@@ -15,16 +15,15 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from dockerspawner import DockerSpawner
-from jupyterhub.objects import Hub
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug.spawner import configure_dockerspawner
 from tests.agent.agent_process import AgentProcess
 from tests.fixtures.requirements import needs_root
+from tests.spawner.docker_support import docker_spawner
 
 from .podman import IMAGE, TESTS_DIR, Podman, podman_missing_reason
 
@@ -57,15 +56,6 @@ class NoNetworkSpawner(DockerSpawner):  # type: ignore[misc]
 
     async def get_ip_and_port(self) -> tuple[str, int]:
         return "127.0.0.1", int(self.port)
-
-
-class _User:
-    name = "alice"
-    id = 7
-    url = "/user/alice/"
-    server = None
-    escaped_name = "alice"
-    spawners: dict[str, Any] = {}  # noqa: RUF012
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +100,7 @@ async def test_spawned_container_attaches_through_the_mounted_socket(
     ulimits = [{"Name": n, "Soft": 1024, "Hard": 1024} for n in ("nofile", "nproc")]
     c.DockerSpawner.extra_host_config = {"ulimits": ulimits}
     configure_dockerspawner(c, socket_path=str(agent.socket_path), runtime=None)
-    spawner = NoNetworkSpawner(config=c, hub=Hub(), user=_User())
-    spawner.api_token = "not-used"
+    spawner = docker_spawner(NoNetworkSpawner, c)
 
     await spawner.start()
     try:

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from dockerspawner import DockerSpawner
-from jupyterhub.objects import Hub
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug._structs import AGENT_URL_ENV
 from jupyter_gpu_hotplug.spawner import configure_dockerspawner
+
+from .docker_support import docker_spawner
 
 
 class CapturingSpawner(DockerSpawner):  # type: ignore[misc]
@@ -32,21 +33,12 @@ async def create_kwargs(config: Config) -> dict[str, Any]:
     # A pinned API version: the client is built without asking a daemon for its version.
     config.DockerSpawner.cmd = ["jupyterhub-singleuser"]
     config.DockerSpawner.client_kwargs = {"version": "1.41", "base_url": "unix:///nonexistent"}
-    spawner = CapturingSpawner(config=config, hub=Hub(), user=_User())
+    spawner = docker_spawner(CapturingSpawner, config)
     spawner.calls = []
     await spawner.create_object()
     ((method, kwargs),) = spawner.calls
     assert method == "create_container"
     return kwargs
-
-
-class _User:
-    name = "alice"
-    id = 7
-    url = "/user/alice/"
-    server = None
-    escaped_name = "alice"
-    spawners: dict[str, Any] = {}  # noqa: RUF012
 
 
 async def test_container_gets_socket_env_and_runtime() -> None:
