@@ -56,8 +56,9 @@ def configure_kubespawner(
         name: check_max_gpus(value, f"profile_max_gpus[{name!r}]")
         for name, value in (profile_max_gpus or {}).items()
     }
-    section = c.KubeSpawner
-    # Everything is computed before anything is written: a refusal leaves ``c`` as it was.
+    # Everything is computed before anything is written: a refusal leaves ``c`` as it was
+    # (reading ``c.KubeSpawner`` would already add an empty section).
+    section = c["KubeSpawner"] if "KubeSpawner" in c else Config()
     values: dict[str, Any] = {
         "volumes": with_named(section, "volumes", pieces.volume),
         "volume_mounts": with_named(section, "volume_mounts", pieces.volume_mount),
@@ -75,7 +76,7 @@ def configure_kubespawner(
         pieces, inner=hook.inner if isinstance(hook, PodHook) else hook
     )
     for name, value in values.items():
-        section[name] = value
+        c.KubeSpawner[name] = value
     return pieces
 
 

@@ -189,3 +189,10 @@ def test_bad_arguments_are_refused_and_change_nothing(kwargs: dict[str, Any], me
     with pytest.raises(ValueError, match=message):
         configure_kubespawner(c, **kwargs)
     assert c == before
+
+
+def test_refusal_on_an_empty_config_leaves_it_empty() -> None:
+    c = Config()
+    with pytest.raises(ValueError, match="profile_max_gpus"):
+        configure_kubespawner(c, profile_max_gpus={"gpu-large": 2})
+    assert c == Config()
