@@ -25,7 +25,8 @@ from tests.agent.agent_process import AgentProcess
 from tests.fixtures.requirements import needs_root
 from tests.spawner.docker_support import docker_spawner
 
-from .podman import IMAGE, TESTS_DIR, Podman, podman_missing_reason
+from .containers import TESTS_DIR
+from .podman import IMAGE, Podman, podman_missing_reason
 
 pytestmark = [
     *needs_root,
@@ -61,7 +62,7 @@ class NoNetworkSpawner(DockerSpawner):  # type: ignore[misc]
 @pytest.fixture(scope="module")
 def docker_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Podman, Path]]:
     engine = Podman(tmp_path_factory.mktemp("podman-api"), runtime="runc")
-    engine.import_image()
+    engine.prepare()
     socket_path = engine.root / "docker.sock"
     service = engine.start_service(socket_path)
     try:

@@ -1,14 +1,15 @@
-"""Local mode serves containers of a real runtime: podman + runc (and crun where it can run).
+"""Local mode serves containers of real engines: podman and containerd, run by runc (and crun
+where it can run).
 
 The DockerSpawner case, end to end on the host: the local-mode agent (a subprocess with
-simulated GPUs), containers started by podman with exactly the socket mount and environment that
-``configure_dockerspawner`` gives a user container, and a process *inside* the container that
-calls the agent over the mounted socket with no token (its identity: the kernel's peer
-credentials). What the container can do is the proof: ``/dev/nvidia<minor>`` opens with ENXIO
-(allowed, no driver behind the simulated number) or fails with EPERM (the device cgroup denies).
-A runtime re-applying the container's device rules behind the agent's back (what runc does on
-``systemctl daemon-reload`` with the systemd driver) is re-enacted on the real cgroups, and the
-agent's reconciler must give the GPU back.
+simulated GPUs); containers started by podman or containerd with exactly the socket mount and
+environment that ``configure_dockerspawner`` gives a user container; a process *inside* the
+container that calls the agent over the mounted socket with no token (its identity: the
+kernel's peer credentials). What the container can do is the proof: ``/dev/nvidia<minor>``
+opens with ENXIO (allowed, no driver behind the simulated number) or fails with EPERM (the
+device cgroup denies). A runtime re-applying the container's device rules behind the agent's
+back (what runc does on ``systemctl daemon-reload`` with the systemd driver) is re-enacted on
+the real cgroups, and the agent's reconciler must give the GPU back.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ from jupyter_gpu_hotplug.spawner import DockerSettings
 from tests.agent.agent_process import AgentProcess
 from tests.fixtures.requirements import needs_cgroup2, needs_cgroup_v1_devices, needs_root
 
-from .podman import Container, Podman, PodmanUnavailable, podman_missing_reason
+from .containerd import Containerd, containerd_missing_reason
+from .containers import Container, EngineUnavailable
+from .podman import Podman, podman_missing_reason
 
-pytestmark = [
-    *needs_root,
-    pytest.mark.slow,
-    pytest.mark.skipif(podman_missing_reason() is not None, reason=str(podman_missing_reason())),
-]
+pytestmark = [*needs_root, pytest.mark.slow]
 
 REPLY_TIMEOUT = 60.0
 REGRANT_TIMEOUT = 30.0
@@ -41,35 +40,45 @@ REGRANT_TIMEOUT = 30.0
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
 UNIX_CLIENT_IN_CONTAINER = "/tests/agent/_unix_client.py"
 
+Engine = Podman | Containerd
 
-@pytest.fixture(scope="module", params=["runc", "crun"])
-def podman(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Podman:
-    engine = Podman(tmp_path_factory.mktemp(f"podman-{request.param}"), runtime=request.param)
-    engine.import_image()
+
+@pytest.fixture(scope="module", params=["podman-runc", "podman-crun", "containerd-runc"])
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    kind, runtime = request.param.split("-")
+    missing = podman_missing_reason() if kind == "podman" else containerd_missing_reason()
+    if missing is not None:
+        pytest.skip(missing)
+    root = tmp_path_factory.mktemp(request.param)
+    chosen: Engine = Podman(root, runtime=runtime) if kind == "podman" else Containerd(root)
     try:
-        engine.check_runtime()
-    except PodmanUnavailable as e:
-        # crun refuses hybrid cgroup hosts ("cgroups in hybrid mode not supported"); runc
-        # must work everywhere the suite runs.
-        if request.param == "runc" or "hybrid mode not supported" not in str(e):
+        chosen.prepare()
+    except EngineUnavailable as e:
+        # crun refuses hybrid cgroup hosts ("cgroups in hybrid mode not supported"); every
+        # other engine must work wherever the suite runs.
+        if runtime != "crun" or "hybrid mode not supported" not in str(e):
             raise
         pytest.skip(f"{request.param} cannot run containers on this host: {e}")
-    return engine
+    yield chosen
+    if isinstance(chosen, Containerd):
+        chosen.close()
 
 
 @pytest.fixture
-def start(podman: Podman, agent: AgentProcess) -> Iterator[Any]:
+def start(engine: Engine, agent: AgentProcess) -> Iterator[Any]:
     """Start a user container configured the way ``configure_dockerspawner`` configures it."""
     settings = DockerSettings(host_socket=str(agent.socket_path), runtime=None)
 
     def started(*, cap_mknod: bool = True) -> Container:
         volumes = {host: bind["bind"] for host, bind in settings.volumes.items()}
-        return podman.start_probe(
+        return engine.start_probe(
             volumes=volumes, environment=settings.environment, cap_mknod=cap_mknod
         )
 
     yield started
-    podman.stop_all()
+    engine.containers.stop_all()
 
 
 def ask(container: Container, method: str, path: str, body: object = None) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def test_attach_from_inside_then_detach(start: Any, agent: AgentProcess) -> None
 
 
 def test_container_needs_no_extra_capability(start: Any, agent: AgentProcess) -> None:
-    # podman's defaults drop CAP_MKNOD: the agent makes the node from outside all the same.
+    # Without CAP_MKNOD (podman's default) the agent makes the node from outside all the same.
     container = start(cap_mknod=False)
     assert container.probe.mknod("/dev/test-null", 1, 3) == "EPERM"
     attachment = attach_from_inside(container)
