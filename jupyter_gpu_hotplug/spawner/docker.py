@@ -26,13 +26,13 @@ from typing import Final
 
 from traitlets.config import Config
 
-from .._structs import AGENT_URL_ENV, DEFAULT_SOCKET_PATH
+from .._structs import AGENT_URL_ENV, DEFAULT_SOCKET
 from ._config import merged_dict
 from .pieces import NOTEBOOK_SIDE_ENV
 
 __all__ = ["CONTAINER_SOCKET_DIR", "DockerSettings", "configure_dockerspawner"]
 
-CONTAINER_SOCKET_DIR: Final = posixpath.dirname(DEFAULT_SOCKET_PATH)
+CONTAINER_SOCKET_DIR: Final = str(DEFAULT_SOCKET.parent)
 """Where the agent's socket directory appears in every user container."""
 
 
@@ -72,7 +72,7 @@ class DockerSettings:
 
 
 def configure_dockerspawner(
-    c: Config, *, socket_path: str = DEFAULT_SOCKET_PATH, runtime: str | None = "nvidia"
+    c: Config, *, socket_path: str = str(DEFAULT_SOCKET), runtime: str | None = "nvidia"
 ) -> DockerSettings:
     """Configure ``c.DockerSpawner`` (its subclasses read that section too) for the local-mode
     agent listening on ``socket_path``.
