@@ -7,6 +7,8 @@ DockerSpawner's ``create_object`` runs for real, down to the Docker API call, wh
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -85,3 +87,16 @@ def test_bad_socket_path_is_refused(path: str) -> None:
     with pytest.raises(ValueError, match="socket_path"):
         configure_dockerspawner(c, socket_path=path)
     assert c == Config()
+
+
+def test_a_docker_hub_needs_no_kubespawner() -> None:
+    # The [hub] extra brings both spawners, but a hub with DockerSpawner only may lack the other.
+    code = (
+        "import sys\n"
+        "sys.modules['kubespawner'] = sys.modules['kubernetes_asyncio'] = None\n"
+        "from traitlets.config import Config\n"
+        "from jupyter_gpu_hotplug.spawner import configure_dockerspawner\n"
+        "configure_dockerspawner(Config())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
