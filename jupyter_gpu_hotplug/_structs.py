@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, NewType, TypeAlias, TypedDict, final
+from pathlib import PurePosixPath
+from typing import Final, Literal, NewType, TypeAlias, TypedDict, final
 
 # --- identifiers ---------------------------------------------------------------------------------
 
@@ -29,6 +30,17 @@ RequestId = NewType("RequestId", str)
 
 TargetKey = NewType("TargetKey", str)
 """A target's stable identity as one string, for per-target locks and the ledger."""
+
+# --- facts of the contract, defined once for the agent, the client, the server and the magic ---
+
+AGENT_URL_ENV: Final = "GPU_HOTPLUG_AGENT_URL"
+"""Set by the spawner to the node agent's URL."""
+TOKEN_PATH_ENV: Final = "GPU_HOTPLUG_TOKEN_PATH"
+"""Set by the spawner to the projected service-account token's path."""
+DEFAULT_SOCKET: Final = PurePosixPath("/run/gpu-hotplug/agent.sock")
+"""Where the local-mode agent listens by default."""
+DEFAULT_AGENT_URL: Final = f"unix:{DEFAULT_SOCKET}"
+"""The agent URL a client uses when ``AGENT_URL_ENV`` is unset or empty."""
 
 # --- limits shared by validation, the OpenAPI document and the dataclasses below ---------------
 
@@ -353,3 +365,15 @@ def target_from_key(key: str) -> Target:
     if match := _PID_KEY_RE.fullmatch(key):
         return PidTarget(int(match[1]), int(match[2]))
     raise ValueError(f"{key!r} is not a target key")
+
+
+# --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------
+
+TOKEN_AUDIENCE: Final = "gpu-hotplug"
+"""The audience of the projected service-account token a notebook pod sends to the agent."""
+
+MAX_GPUS_ANNOTATION: Final = "gpu-hotplug.jupyter.org/max-gpus"
+"""Pod annotation: the most GPUs the pod may hold hot-attached (set by the spawner)."""
+
+AGENT_PORT: Final = 8477
+"""The agent's TCP port in Kubernetes mode (DaemonSet, Service, network policies, spawners)."""

@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Generic, Literal, Self, TypeAlias, TypeVar
 
-from .._structs import AttachRequestBody, GpuUuid, PidRef, PidTarget, PodTarget
+from .._structs import (
+    AGENT_URL_ENV,
+    DEFAULT_AGENT_URL,
+    TOKEN_PATH_ENV,
+    AttachRequestBody,
+    GpuUuid,
+    PidRef,
+    PidTarget,
+    PodTarget,
+)
 from .._version import __version__
 from ._http import (
     AgentEndpoint,
@@ -68,12 +77,6 @@ __all__ = [
     "Timeouts",
 ]
 
-AGENT_URL_ENV: Final = "GPU_HOTPLUG_AGENT_URL"
-"""Set by the spawner to the node agent's URL."""
-TOKEN_PATH_ENV: Final = "GPU_HOTPLUG_TOKEN_PATH"
-"""Set by the spawner to the projected service-account token's path."""
-DEFAULT_AGENT_URL: Final = "unix:/run/gpu-hotplug/agent.sock"
-"""The local-mode agent's socket (DESIGN §3)."""
 AGENT_DEFAULT_WAIT_SECONDS: Final = 60.0
 """The contract's default ``wait_seconds`` for an attach (``AttachRequest`` in openapi.json)."""
 
