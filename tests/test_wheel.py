@@ -82,6 +82,7 @@ def test_demo_from_the_wheel_starts_and_serves(installed: Path, tmp_path: Path) 
     state_dir = Path(tempfile.mkdtemp(prefix="gh-wheel-", dir="/tmp"))  # short: a socket path
     demo = DemoProcess.start(
         state_dir,
+        notebook_dir=tmp_path / "notebooks",
         port=free_tcp_port(),
         simulate=1,
         output_path=tmp_path / "demo.out",
