@@ -114,7 +114,7 @@ def check_jupyterlab() -> None:
     if importlib.util.find_spec("jupyterlab") is None:
         raise DemoUnavailable(
             f"JupyterLab is not installed in this Python environment ({sys.prefix}).",
-            hint=f"Install it: {sys.executable} -m pip install jupyterlab",
+            hint=f"Install it: {sys.executable} -m pip install 'jupyter-gpu-hotplug[demo]'",
         )
 
 

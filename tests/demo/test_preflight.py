@@ -100,7 +100,7 @@ def test_missing_jupyterlab_is_named_with_the_install_command(
     with pytest.raises(DemoUnavailable) as caught:
         preflight.check_jupyterlab()
     assert "JupyterLab is not installed" in caught.value.reason
-    assert "pip install jupyterlab" in caught.value.hint
+    assert "pip install 'jupyter-gpu-hotplug[demo]'" in caught.value.hint
 
 
 def test_checks_run_in_the_order_a_user_fixes_them(busy_port: int) -> None:
