@@ -11,7 +11,7 @@ a call until it says so.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget, PodTarget, Target, TargetRef
@@ -75,6 +75,8 @@ class FakeHost:
 
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     generations: dict[ContainerCgroups, int] = field(default_factory=dict)
+    cgroups: set[ContainerCgroups] = field(default_factory=set)
+    """The containers' cgroups that exist (they outlive their processes until removed)."""
     _next_start: int = 1000
 
     def spawn(self, pid: int, container_name: str | ContainerCgroups) -> FakeProcess:
@@ -82,6 +84,7 @@ class FakeHost:
         where = container(container_name) if isinstance(container_name, str) else container_name
         process = FakeProcess(pid, self._next_start, where)
         self.processes[pid] = process
+        self.cgroups.add(where)
         return process
 
     def kill(self, pid: int) -> None:
@@ -91,9 +94,15 @@ class FakeHost:
         """Every process of the container ends and its cgroups go (a new one under the same
         cgroups is another container)."""
         where = container(name)
+        self.empty_container(name)
+        self.cgroups.discard(where)
+        self.generations[where] = self.generations.get(where, 0) + 1
+
+    def empty_container(self, name: str) -> None:
+        """Every process of the container ends; its cgroups stay, with their rules."""
+        where = container(name)
         for pid in [p.pid for p in self.processes.values() if p.container == where]:
             self.kill(pid)
-        self.generations[where] = self.generations.get(where, 0) + 1
 
     def alive(self, target: PidTarget) -> FakeProcess | None:
         process = self.processes.get(target.pid)
@@ -161,7 +170,7 @@ class FakeResolver:
         return self.host.host_container(min(members, key=lambda p: (p.start_time, p.pid)))
 
     def remains(self, key: ContainerKey) -> ContainerCgroups | None:
-        return None
+        return next((c for c in self.host.cgroups if self.host.key_of(c) == key), None)
 
     def container_of(self, pid: int) -> ContainerCgroups | None:
         process = self.host.processes.get(pid)
@@ -231,7 +240,7 @@ class FakeInjector:
         where = target if isinstance(target, ContainerCgroups) else self._container(target)
         return set(self.granted.get(where, set()))
 
-    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
         if self.gate is not None:
             self.gate.pass_through()
         where = self._container(target)
@@ -241,9 +250,19 @@ class FakeInjector:
             if self.partial:
                 self.granted.setdefault(where, set()).update(chars)
             raise self.grant_error()
-        self.granted.setdefault(where, set()).update(chars)
+        had = self.granted.setdefault(where, set())
+        created = frozenset(node.name for node in devices if node.device not in had)
+        had.update(chars)
+        return created
 
-    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(
+        self,
+        target: HostContainer,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str] = (),
+    ) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
         self.calls.append(("revoke", target.pid, chars))
@@ -256,10 +275,20 @@ class FakeInjector:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)
 
+    def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
+        chars = tuple(node.device for node in devices)
+        self.calls.append(("withdraw", 0, chars))
+        self.granted.get(cgroups, set()).difference_update(chars)
+
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         have = self.usable(target)
         return [
-            DeviceState(node.device, usable=node.device in have, exposed=node.device in have)
+            DeviceState(
+                node.device,
+                usable=node.device in have,
+                exposed=node.device in have,
+                permitted=node.device in have,
+            )
             for node in devices
         ]
 

@@ -103,7 +103,7 @@ async def test_allocator_reloads_after_storage_trouble(
         )
         committed = ledger.mark_granted
 
-        def commits_then_fails(uuids: list[GpuUuid]) -> object:
+        def commits_then_fails(uuids: list[GpuUuid], **kwargs: object) -> object:
             committed(uuids)
             raise LedgerError("disk I/O error after the commit")
 

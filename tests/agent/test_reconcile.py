@@ -119,10 +119,10 @@ async def test_lost_grant_is_granted_again(harness: Harness) -> None:
     assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
 
 
-async def test_exited_target_is_released(harness: Harness) -> None:
+async def test_removed_container_is_released(harness: Harness) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
     gpu = await attach(harness, kernel)
-    harness.host.kill(100)
+    harness.host.remove_container("kernel-a")
 
     report = await harness.reconciler.run_once()
 
@@ -133,7 +133,7 @@ async def test_exited_target_is_released(harness: Harness) -> None:
 async def test_reused_pid_is_another_process(harness: Harness) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
     gpu = await attach(harness, kernel)
-    harness.host.kill(100)
+    harness.host.remove_container("kernel-a")
     newcomer = harness.host.spawn(100, "kernel-z")
 
     report = await harness.reconciler.run_once()
