@@ -10,12 +10,30 @@ a call until it says so.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget, PodTarget, Target, TargetRef
-from jupyter_gpu_hotplug.agent.core.errors import Forbidden, InvalidRequest, NotFound
+from jupyter_gpu_hotplug._structs import (
+    GpuUuid,
+    PidRef,
+    PidTarget,
+    PodTarget,
+    RequestId,
+    Target,
+    TargetRef,
+)
+from jupyter_gpu_hotplug.agent.core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+)
 from jupyter_gpu_hotplug.agent.core.injector import (
     DeviceInUse,
     DeviceState,
@@ -24,7 +42,14 @@ from jupyter_gpu_hotplug.agent.core.injector import (
     TargetGone,
 )
 from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice, InventorySnapshot, LostGpu
-from jupyter_gpu_hotplug.agent.core.seams import ContainerCgroups, ContainerKey, HostContainer
+from jupyter_gpu_hotplug.agent.core.seams import (
+    ContainerCgroups,
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+)
 from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -335,3 +360,119 @@ class FakeInventory:
         (gpu,) = [g for g in self.gpus if g.index == index]
         self.gpus.remove(gpu)
         self.lost.append(LostGpu(index=index, reason="GPU is lost", last_known=gpu))
+
+
+@dataclass
+class MemoryAllocator:
+    """``Allocator`` in memory: ``store`` plays the durable state (share it between instances
+    to play a restart). It passes the allocator contract, so tests of the reconciler and the
+    service over it hold for any allocator that does."""
+
+    store: dict[GpuUuid, Reservation] = field(default_factory=dict)
+    _view: dict[GpuUuid, Reservation] | None = None
+
+    async def load(self) -> None:
+        self._view = self.store
+
+    @property
+    def _entries(self) -> dict[GpuUuid, Reservation]:
+        if self._view is None:
+            raise RuntimeError("MemoryAllocator.load() must run before it is read")
+        return self._view
+
+    async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        if time.monotonic() > deadline:
+            raise Timeout("deadline passed", wait_seconds=0)
+        mine = self.attachments_of(container.target)
+        if request_id is not None:
+            earlier = [e for e in mine if e.request_id == request_id]
+            if earlier and len(earlier) != count:
+                raise InvalidRequest.request_id_reused(
+                    request_id, used=len(earlier), requested=count
+                )
+            if earlier:
+                return earlier
+        free = [gpu for gpu in candidates if gpu.uuid not in self._entries]
+        if len(free) < count:
+            raise InsufficientGpus(free=len(free), requested=count)
+        now = datetime.now(UTC)
+        for gpu in free[:count]:
+            self._entries[gpu.uuid] = Reservation(
+                gpu=gpu,
+                target=container.target,
+                container=container.key,
+                state=ReservationState.RESERVING,
+                request_id=request_id,
+                created_at=now,
+                granted_at=None,
+            )
+        return _ordered(self._entries[gpu.uuid] for gpu in free[:count])
+
+    def _change(self, uuid: GpuUuid, **changes: object) -> Reservation:
+        entry = dataclasses.replace(self._entries[uuid], **changes)  # type: ignore[arg-type]
+        self._entries[uuid] = entry
+        return entry
+
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RESERVING:
+                self._change(
+                    uuid,
+                    state=ReservationState.GRANTED,
+                    granted_at=datetime.now(UTC),
+                    node_created=uuid in nodes_created,
+                )
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            entry = self._entries.get(uuid)
+            if entry is None:
+                raise NotFound("attachment", uuid)
+            if entry.state is ReservationState.RESERVING:
+                raise Busy.operation_in_progress(str(entry.target))
+            self._change(uuid, state=ReservationState.RELEASING)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RELEASING:
+                self._change(uuid, state=ReservationState.GRANTED)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            self._entries.pop(uuid, None)
+
+    async def rebind(
+        self, uuids: Collection[GpuUuid], container: HostContainer
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            self._change(uuid, target=container.target, container=container.key)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    def attachments_of(self, target: Target) -> list[Reservation]:
+        return _ordered(e for e in self._entries.values() if e.target.key == target.key)
+
+    def all_attachments(self) -> list[Reservation]:
+        return _ordered(self._entries.values())
+
+    def get(self, uuid: GpuUuid) -> Reservation | None:
+        return self._entries.get(uuid)
+
+    async def check(self) -> None:
+        return None
+
+
+def _ordered(entries: Iterable[Reservation]) -> list[Reservation]:
+    return sorted(entries, key=lambda entry: (entry.gpu.index, entry.gpu.uuid))

@@ -14,7 +14,6 @@ for the container that actually holds a grant.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -34,7 +33,7 @@ from jupyter_gpu_hotplug.agent.local.resolver import ProcResolver
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
-from .api_harness import ServedAgent, self_in
+from .api_harness import ServedAgent, UnixConnection, self_in
 from .service_harness import ADMIN, Harness
 from .test_reconcile import attach, node
 
@@ -46,18 +45,8 @@ def request(count: int, pid: int) -> AttachRequest:
 # --- 1. identity bound to the connection ---------------------------------------------------------
 
 
-class _KeptConnection(http.client.HTTPConnection):
+class _KeptConnection(UnixConnection):
     """One unix-socket connection, kept open across requests (HTTP keep-alive)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=30)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(str(self._path))
-        self.sock = sock
 
     def call(self, method: str, path: str) -> tuple[int, dict[str, object]]:
         self.request(method, path)
@@ -75,7 +64,7 @@ def test_kept_connection_cannot_borrow_the_identity_of_a_reused_pid(
     victim = served.host.spawn(200, "kernel-b")
     served.tcp.post("/v1/attachments", {"count": 1, "target": {"pid": victim.pid}})
     self_in(served, "kernel-a")
-    kept = _KeptConnection(served.unix.address.path)  # type: ignore[union-attr]
+    kept = _KeptConnection(served.unix.address.path, 30)  # type: ignore[union-attr]
     try:
         status, _ = kept.call("GET", "/v1/attachments")  # accepted while in kernel-a
         assert status == 200
