@@ -518,19 +518,6 @@ class Ledger:
         with self._session(write=False) as conn:
             return self._entries(conn, "WHERE a.state != 'granted'", ())
 
-    def free_gpus(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
-        """Those of ``candidates`` that no attachment holds, in the order given."""
-        _check_distinct(candidates)
-        with self._session(write=False) as conn:
-            taken = {row[0] for row in conn.execute("SELECT uuid FROM attachments")}
-        return [gpu for gpu in candidates if gpu.uuid not in taken]
-
-    def known_gpus(self) -> list[GpuRecord]:
-        """Every GPU the ledger has been offered, as last seen (index order)."""
-        with self._session(write=False) as conn:
-            rows = conn.execute("SELECT uuid, idx, minor, name FROM gpus ORDER BY idx, uuid")
-            return [GpuRecord(GpuUuid(r["uuid"]), r["idx"], r["minor"], r["name"]) for r in rows]
-
 
 def _check_distinct(candidates: Sequence[GpuRecord]) -> None:
     if len({gpu.uuid for gpu in candidates}) != len(candidates):
