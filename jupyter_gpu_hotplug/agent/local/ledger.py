@@ -416,17 +416,14 @@ class Ledger:
             if wrong:
                 raise LedgerStateError(f"cannot mark as granted: {', '.join(wrong)}")
             now = self._now()
-            conn.execute(
-                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?
-                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
-                (now, now, *wanted),
-            )
             created = sorted(set(nodes_created) & set(wanted))
-            if created:
-                conn.execute(
-                    f"UPDATE attachments SET node_created = 1 {_where_uuid_in(created, alias='')}",
-                    created,
-                )
+            # SQLite takes an empty IN list (it is false): one statement either way.
+            conn.execute(
+                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?,
+                    node_created = uuid IN ({", ".join("?" * len(created))})
+                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
+                (now, now, *created, *wanted),
+            )
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
     def begin_release(self, uuid: GpuUuid) -> Reservation:
