@@ -27,8 +27,9 @@ from pathlib import Path
 
 from _agent import percentile, start_agent, summary
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
 
@@ -108,7 +109,8 @@ def engine_cycles(runs: int, *, pause: float = 0.0) -> tuple[list[float], list[f
 def ledger_commits(runs: int) -> list[float]:
     """One ledger transaction (the agent makes two per attach and two per detach)."""
     from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget
-    from jupyter_gpu_hotplug.agent.ledger import GpuRecord, Ledger
+    from jupyter_gpu_hotplug.agent.core.seams import ContainerKey, GpuRecord
+    from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 
     gpu = GpuRecord(GpuUuid("GPU-00000000-0000-4000-8000-000000000000"), 0, 0, "bench")
     samples: list[float] = []
@@ -118,7 +120,7 @@ def ledger_commits(runs: int) -> list[float]:
     ):
         for _ in range(runs):
             start = time.perf_counter()
-            ledger.reserve(PidTarget(1234, 1), 1, candidates=[gpu])
+            ledger.reserve(PidTarget(1234, 1), 1, container=ContainerKey("bench"), candidates=[gpu])
             samples.append(time.perf_counter() - start)
             ledger.release([gpu.uuid])
         ledger.close()

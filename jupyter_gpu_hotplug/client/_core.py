@@ -37,6 +37,7 @@ from typing import Final, Generic, Literal, Self, TypeAlias, TypeVar
 from .._structs import (
     AGENT_URL_ENV,
     DEFAULT_AGENT_URL,
+    DEFAULT_WAIT_SECONDS,
     TOKEN_PATH_ENV,
     AttachRequestBody,
     GpuUuid,
@@ -64,9 +65,9 @@ from .errors import (
 from .models import Attachment, Gpu, Health, parse_attachments, parse_gpus, parse_health
 
 __all__ = [
-    "AGENT_DEFAULT_WAIT_SECONDS",
     "AGENT_URL_ENV",
     "DEFAULT_AGENT_URL",
+    "DEFAULT_WAIT_SECONDS",
     "TOKEN_PATH_ENV",
     "AnyTarget",
     "ApiCall",
@@ -77,8 +78,6 @@ __all__ = [
     "Timeouts",
 ]
 
-AGENT_DEFAULT_WAIT_SECONDS: Final = 60.0
-"""The contract's default ``wait_seconds`` for an attach (``AttachRequest`` in openapi.json)."""
 
 # RFC 6750 b64token: what a bearer token may contain (JWTs and hex tokens do).
 _BEARER_TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
@@ -213,7 +212,7 @@ def attach(
         parse_attachments,
         body=json.dumps(body, separators=(",", ":")).encode(),
         idempotent=True,
-        extra_read_seconds=AGENT_DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+        extra_read_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
     )
 
 

@@ -28,7 +28,8 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.ledger import Ledger
+from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from jupyter_gpu_hotplug.agent.runtime import Agent, Components
 from jupyter_gpu_hotplug.agent.settings import AgentSettings, TcpAddress, UnixAddress
 
@@ -95,7 +96,7 @@ class Response:
         return self.json().get("error") if self.status >= 400 else None
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: Path, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -124,7 +125,7 @@ class ApiClient:
 
     def _connection(self) -> http.client.HTTPConnection:
         if isinstance(self.address, UnixAddress):
-            return _UnixConnection(self.address.path, self.timeout)
+            return UnixConnection(self.address.path, self.timeout)
         return http.client.HTTPConnection(
             self.address.host, self.address.port, timeout=self.timeout
         )
@@ -264,7 +265,7 @@ def serve_agent(tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8) -> Iterator
         inventory=inventory,
         injector=injector,
         resolver=resolver,
-        token=TOKEN,
+        identity=LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver),
         closers=[ledger.close],
     )
     runner = _start_loop()

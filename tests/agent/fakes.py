@@ -10,30 +10,56 @@ a call until it says so.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget
-from jupyter_gpu_hotplug.agent.errors import Forbidden, NotFound
-from jupyter_gpu_hotplug.agent.injector import (
+from jupyter_gpu_hotplug._structs import (
+    GpuUuid,
+    PidRef,
+    PidTarget,
+    PodTarget,
+    RequestId,
+    Target,
+    TargetRef,
+)
+from jupyter_gpu_hotplug.agent.core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+)
+from jupyter_gpu_hotplug.agent.core.injector import (
     DeviceInUse,
     DeviceState,
     HolderInfo,
     InjectionFailed,
     TargetGone,
 )
-from jupyter_gpu_hotplug.agent.inventory import GpuDevice, InventorySnapshot, LostGpu
-from jupyter_gpu_hotplug.agent.resolver import ContainerId, ResolvedTarget
+from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice, InventorySnapshot, LostGpu
+from jupyter_gpu_hotplug.agent.core.seams import (
+    ContainerCgroups,
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+)
+from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
 AGENT_PID = 4000
-AGENT_CONTAINER = ContainerId(devices_v1="/", unified="/")
+AGENT_CONTAINER = ContainerCgroups(devices_v1="/", unified="/")
 
 
-def container(name: str) -> ContainerId:
-    return ContainerId(devices_v1=f"/sandboxes/{name}", unified=f"/sandboxes/{name}")
+def container(name: str) -> ContainerCgroups:
+    return ContainerCgroups(devices_v1=f"/sandboxes/{name}", unified=f"/sandboxes/{name}")
 
 
 def fake_gpus(count: int) -> list[GpuDevice]:
@@ -54,7 +80,7 @@ def fake_gpus(count: int) -> list[GpuDevice]:
 class FakeProcess:
     pid: int
     start_time: int
-    container: ContainerId
+    container: ContainerCgroups
 
     @property
     def target(self) -> PidTarget:
@@ -67,20 +93,41 @@ class FakeProcess:
 
 @dataclass
 class FakeHost:
-    """The processes of a pretend host; the resolver and the injector share it."""
+    """The processes of a pretend host; the resolver and the injector share it.
+
+    A container's key is its cgroups plus a generation, bumped when ``replace`` re-creates
+    the container under the same cgroups (as a new cgroup gets a new id)."""
 
     processes: dict[int, FakeProcess] = field(default_factory=dict)
+    generations: dict[ContainerCgroups, int] = field(default_factory=dict)
+    cgroups: set[ContainerCgroups] = field(default_factory=set)
+    """The containers' cgroups that exist (they outlive their processes until removed)."""
     _next_start: int = 1000
 
-    def spawn(self, pid: int, container_name: str | ContainerId) -> FakeProcess:
+    def spawn(self, pid: int, container_name: str | ContainerCgroups) -> FakeProcess:
         self._next_start += 1
         where = container(container_name) if isinstance(container_name, str) else container_name
         process = FakeProcess(pid, self._next_start, where)
         self.processes[pid] = process
+        self.cgroups.add(where)
         return process
 
     def kill(self, pid: int) -> None:
         del self.processes[pid]
+
+    def remove_container(self, name: str) -> None:
+        """Every process of the container ends and its cgroups go (a new one under the same
+        cgroups is another container)."""
+        where = container(name)
+        self.empty_container(name)
+        self.cgroups.discard(where)
+        self.generations[where] = self.generations.get(where, 0) + 1
+
+    def empty_container(self, name: str) -> None:
+        """Every process of the container ends; its cgroups stay, with their rules."""
+        where = container(name)
+        for pid in [p.pid for p in self.processes.values() if p.container == where]:
+            self.kill(pid)
 
     def alive(self, target: PidTarget) -> FakeProcess | None:
         process = self.processes.get(target.pid)
@@ -88,16 +135,43 @@ class FakeHost:
             return None
         return process
 
+    def key_of(self, where: ContainerCgroups) -> ContainerKey:
+        return ContainerKey(f"fake:{where}#{self.generations.get(where, 0)}")
+
+    def host_container(self, process: FakeProcess) -> HostContainer:
+        return HostContainer(
+            target=process.target,
+            key=self.key_of(process.container),
+            pid=process.pid,
+            start_time=process.start_time,
+            cgroups=process.container,
+            label=f"process {process.pid}",
+        )
+
 
 class FakeResolver:
-    """``Resolver`` over a ``FakeHost``, refusing what ``ProcResolver`` refuses."""
+    """``Resolver`` over a ``FakeHost``, refusing what ``ProcResolver`` refuses (and what
+    ``LocalIdentity`` asks of it)."""
 
     def __init__(self, host: FakeHost, *, agent_pid: int = AGENT_PID) -> None:
         self.host = host
         self.agent_pid = agent_pid
+        self.replacements: dict[str, int] = {}
+        """Target key → pid of the process whose container replaced the target's (as a
+        restarted Kubernetes container replaces its predecessor under the same name)."""
         host.processes.setdefault(agent_pid, FakeProcess(agent_pid, 1, AGENT_CONTAINER))
 
-    def resolve(self, ref: PidRef) -> ResolvedTarget:
+    @property
+    def agent_container(self) -> ContainerCgroups:
+        return AGENT_CONTAINER
+
+    def resolve(self, ref: TargetRef) -> HostContainer:
+        if isinstance(ref, PodTarget):
+            raise InvalidRequest(
+                f"this agent runs the local backend and cannot act on {ref}",
+                field="target",
+                hint=LOCAL_TARGET_HINT,
+            )
         process = self.host.processes.get(ref.pid)
         if process is None:
             raise NotFound("process", str(ref.pid))
@@ -105,23 +179,41 @@ class FakeResolver:
             raise Forbidden(f"process {ref.pid} is the GPU hot-plug agent itself")
         if process.container.in_root_cgroup:
             raise Forbidden(f"process {ref.pid} is not in a container")
-        return ResolvedTarget(process.target, process.container)
+        return self.host.host_container(process)
 
-    def lookup(self, target: PidTarget) -> ResolvedTarget | None:
-        process = self.host.alive(target)
-        return None if process is None else ResolvedTarget(process.target, process.container)
+    def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        process = self.host.alive(target) if isinstance(target, PidTarget) else None
+        if process is None:
+            return None
+        found = self.host.host_container(process)
+        return found if found.key == key else None
 
-    def container_of(self, pid: int) -> ContainerId | None:
+    def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        found = self.lookup(target, key)
+        if found is not None:
+            return found
+        if target.key in self.replacements:
+            return self.host.host_container(self.host.processes[self.replacements[target.key]])
+        members = [p for p in self.host.processes.values() if self.host.key_of(p.container) == key]
+        if not members:
+            return None
+        return self.host.host_container(min(members, key=lambda p: (p.start_time, p.pid)))
+
+    def remains(self, key: ContainerKey) -> ContainerCgroups | None:
+        return next((c for c in self.host.cgroups if self.host.key_of(c) == key), None)
+
+    def container_of(self, pid: int) -> ContainerCgroups | None:
         process = self.host.processes.get(pid)
         return None if process is None else process.container
 
-    def representative(self, pid: int) -> ResolvedTarget:
-        process = self.host.processes.get(pid)
-        if process is None:
-            raise NotFound("process", str(pid))
-        members = [p for p in self.host.processes.values() if p.container == process.container]
-        oldest = min(members, key=lambda p: (p.start_time, p.pid))
-        return self.resolve(PidRef(oldest.pid))
+    def key_of(self, where: ContainerCgroups) -> ContainerKey:
+        return self.host.key_of(where)
+
+    def oldest_member(self, where: ContainerCgroups) -> int | None:
+        members = [p for p in self.host.processes.values() if p.container == where]
+        if not members:
+            return None
+        return min(members, key=lambda p: (p.start_time, p.pid)).pid
 
 
 class Gate:
@@ -154,8 +246,10 @@ class FakeInjector:
     """``Injector`` keeping grants per container in memory (as the cgroup would)."""
 
     host: FakeHost
-    granted: dict[ContainerId, set[CharDevice]] = field(default_factory=dict)
-    holders_of: dict[tuple[ContainerId, CharDevice], list[HolderInfo]] = field(default_factory=dict)
+    granted: dict[ContainerCgroups, set[CharDevice]] = field(default_factory=dict)
+    holders_of: dict[tuple[ContainerCgroups, CharDevice], list[HolderInfo]] = field(
+        default_factory=dict
+    )
     grant_error: Callable[[], Exception] | None = None
     """Raised by the next grants instead of granting (after granting, if ``partial``)."""
     partial: bool = False
@@ -165,17 +259,18 @@ class FakeInjector:
     calls: list[tuple[str, int, tuple[CharDevice, ...]]] = field(default_factory=list)
     forced: list[HolderInfo] = field(default_factory=list)
 
-    def _container(self, target: PidTarget) -> ContainerId:
-        process = self.host.alive(target)
+    def _container(self, target: HostContainer | PidTarget) -> ContainerCgroups:
+        pid_target = target.target if isinstance(target, HostContainer) else target
+        process = self.host.alive(pid_target) if isinstance(pid_target, PidTarget) else None
         if process is None:
             raise TargetGone(f"{target} has exited")
         return process.container
 
-    def usable(self, target: PidTarget | ContainerId) -> set[CharDevice]:
-        where = target if isinstance(target, ContainerId) else self._container(target)
+    def usable(self, target: HostContainer | PidTarget | ContainerCgroups) -> set[CharDevice]:
+        where = target if isinstance(target, ContainerCgroups) else self._container(target)
         return set(self.granted.get(where, set()))
 
-    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
         if self.gate is not None:
             self.gate.pass_through()
         where = self._container(target)
@@ -185,9 +280,19 @@ class FakeInjector:
             if self.partial:
                 self.granted.setdefault(where, set()).update(chars)
             raise self.grant_error()
-        self.granted.setdefault(where, set()).update(chars)
+        had = self.granted.setdefault(where, set())
+        created = frozenset(node.name for node in devices if node.device not in had)
+        had.update(chars)
+        return created
 
-    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(
+        self,
+        target: HostContainer,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str] = (),
+    ) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
         self.calls.append(("revoke", target.pid, chars))
@@ -200,14 +305,24 @@ class FakeInjector:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)
 
-    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+    def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
+        chars = tuple(node.device for node in devices)
+        self.calls.append(("withdraw", 0, chars))
+        self.granted.get(cgroups, set()).difference_update(chars)
+
+    def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         have = self.usable(target)
         return [
-            DeviceState(node.device, usable=node.device in have, exposed=node.device in have)
+            DeviceState(
+                node.device,
+                usable=node.device in have,
+                exposed=node.device in have,
+                permitted=node.device in have,
+            )
             for node in devices
         ]
 
-    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         where = self._container(target)
         found = {
             h.pid: h for node in devices for h in self.holders_of.get((where, node.device), [])
@@ -250,3 +365,119 @@ class FakeInventory:
         (gpu,) = [g for g in self.gpus if g.index == index]
         self.gpus.remove(gpu)
         self.lost.append(LostGpu(index=index, reason="GPU is lost", last_known=gpu))
+
+
+@dataclass
+class MemoryAllocator:
+    """``Allocator`` in memory: ``store`` plays the durable state (share it between instances
+    to play a restart). It passes the allocator contract, so tests of the reconciler and the
+    service over it hold for any allocator that does."""
+
+    store: dict[GpuUuid, Reservation] = field(default_factory=dict)
+    _view: dict[GpuUuid, Reservation] | None = None
+
+    async def load(self) -> None:
+        self._view = self.store
+
+    @property
+    def _entries(self) -> dict[GpuUuid, Reservation]:
+        if self._view is None:
+            raise RuntimeError("MemoryAllocator.load() must run before it is read")
+        return self._view
+
+    async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        if time.monotonic() > deadline:
+            raise Timeout("deadline passed", wait_seconds=0)
+        mine = self.attachments_of(container.target)
+        if request_id is not None:
+            earlier = [e for e in mine if e.request_id == request_id]
+            if earlier and len(earlier) != count:
+                raise InvalidRequest.request_id_reused(
+                    request_id, used=len(earlier), requested=count
+                )
+            if earlier:
+                return earlier
+        free = [gpu for gpu in candidates if gpu.uuid not in self._entries]
+        if len(free) < count:
+            raise InsufficientGpus(free=len(free), requested=count)
+        now = datetime.now(UTC)
+        for gpu in free[:count]:
+            self._entries[gpu.uuid] = Reservation(
+                gpu=gpu,
+                target=container.target,
+                container=container.key,
+                state=ReservationState.RESERVING,
+                request_id=request_id,
+                created_at=now,
+                granted_at=None,
+            )
+        return _ordered(self._entries[gpu.uuid] for gpu in free[:count])
+
+    def _change(self, uuid: GpuUuid, **changes: object) -> Reservation:
+        entry = dataclasses.replace(self._entries[uuid], **changes)  # type: ignore[arg-type]
+        self._entries[uuid] = entry
+        return entry
+
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RESERVING:
+                self._change(
+                    uuid,
+                    state=ReservationState.GRANTED,
+                    granted_at=datetime.now(UTC),
+                    node_created=uuid in nodes_created,
+                )
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            entry = self._entries.get(uuid)
+            if entry is None:
+                raise NotFound("attachment", uuid)
+            if entry.state is ReservationState.RESERVING:
+                raise Busy.operation_in_progress(str(entry.target))
+            self._change(uuid, state=ReservationState.RELEASING)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RELEASING:
+                self._change(uuid, state=ReservationState.GRANTED)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            self._entries.pop(uuid, None)
+
+    async def rebind(
+        self, uuids: Collection[GpuUuid], container: HostContainer
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            self._change(uuid, target=container.target, container=container.key)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    def attachments_of(self, target: Target) -> list[Reservation]:
+        return _ordered(e for e in self._entries.values() if e.target.key == target.key)
+
+    def all_attachments(self) -> list[Reservation]:
+        return _ordered(self._entries.values())
+
+    def get(self, uuid: GpuUuid) -> Reservation | None:
+        return self._entries.get(uuid)
+
+    async def check(self) -> None:
+        return None
+
+
+def _ordered(entries: Iterable[Reservation]) -> list[Reservation]:
+    return sorted(entries, key=lambda entry: (entry.gpu.index, entry.gpu.uuid))

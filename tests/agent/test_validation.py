@@ -14,12 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent.errors import InvalidRequest
-from jupyter_gpu_hotplug.agent.validation import (
+from jupyter_gpu_hotplug._structs import (
     DEFAULT_WAIT_SECONDS,
+    PID_MAX_LIMIT,
+    PidRef,
+    PodTarget,
+    RequestId,
+)
+from jupyter_gpu_hotplug.agent.api.validation import (
     MAX_BODY_BYTES,
-    AttachRequest,
     check_query_names,
     parse_attach_request,
     parse_force,
@@ -27,6 +30,8 @@ from jupyter_gpu_hotplug.agent.validation import (
     parse_request_id,
     parse_target_query,
 )
+from jupyter_gpu_hotplug.agent.core.errors import InvalidRequest
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 
 MAX_COUNT = 4
 

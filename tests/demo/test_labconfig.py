@@ -25,8 +25,8 @@ from jupyter_gpu_hotplug.demo.labconfig import (
     write_lab_files,
 )
 from jupyter_gpu_hotplug.demo.layout import DemoLayout
-from jupyter_gpu_hotplug.kernel.provisioner import PROVISIONER_NAME
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
+from jupyter_gpu_hotplug.sandboxes.provisioner import PROVISIONER_NAME
 
 ROOT = Path("/tmp/demo-x")
 NOTEBOOKS = Path("/home/u/work")
