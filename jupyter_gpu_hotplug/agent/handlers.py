@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 from tornado import httputil, iostream, web
 
@@ -54,7 +54,9 @@ __all__ = [
     "HEALTH_URL",
     "METRICS_URL",
     "OPENAPI_URL",
+    "READY_URL",
     "ApiContext",
+    "Unwell",
     "default_handlers",
     "peer_credentials",
 ]
@@ -62,6 +64,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HEALTH_URL: Final = r"/healthz"
+READY_URL: Final = r"/readyz"
 METRICS_URL: Final = r"/metrics"
 OPENAPI_URL: Final = r"/v1/openapi\.json"
 GPUS_URL: Final = r"/v1/gpus"
@@ -74,6 +77,14 @@ _UCRED: Final = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
+class Unwell:
+    """Why ``/healthz`` or ``/readyz`` answers 503: the state word and the reason."""
+
+    status: Literal["starting", "stopping", "failing"]
+    reason: str
+
+
+@dataclass(frozen=True)
 class ApiContext:
     """What the handlers reach through ``self.settings["gpu_hotplug"]``."""
 
@@ -83,8 +94,10 @@ class ApiContext:
     openapi: bytes
     max_count: int
     """The most GPUs one request may ask for."""
-    health: Callable[[], str | None]
-    """The cached liveness verdict: None when healthy, else why not."""
+    health: Callable[[], Unwell | None]
+    """The cached liveness verdict: None when alive, else why not."""
+    readiness: Callable[[], Unwell | None]
+    """The cached readiness verdict: None when serving, else why not (starting, stopping)."""
 
 
 def peer_credentials(sock: socket.socket | None) -> PeerCredentials | None:
@@ -262,13 +275,28 @@ def _socket_of(request: httputil.HTTPServerRequest) -> socket.socket | None:
 
 
 class HealthHandler(ApiHandler):
+    """``/healthz``, liveness: 200 while the agent works (starting included), 503 once its
+    ledger stops answering (a restart may help). Never a 500: a probe must understand it."""
+
     route = "/healthz"
 
     def get(self) -> None:
-        problem = self.context.health()
-        if problem is not None:
-            raise InternalError(request_id=self.request_id, hint=f"health check: {problem}")
-        self.reply({"status": "ok"})
+        self._verdict(self.context.health())
+
+    def _verdict(self, problem: Unwell | None) -> None:
+        if problem is None:
+            self.reply({"status": "ok"})
+        else:
+            self.reply({"status": problem.status, "reason": problem.reason}, status=503)
+
+
+class ReadyHandler(HealthHandler):
+    """``/readyz``, readiness: 503 with the reason while starting, stopping or failing."""
+
+    route = "/readyz"
+
+    def get(self) -> None:
+        self._verdict(self.context.readiness())
 
 
 class MetricsHandler(ApiHandler):
@@ -347,6 +375,7 @@ class UnknownRouteHandler(ApiHandler):
 
 default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (HEALTH_URL, HealthHandler),
+    (READY_URL, ReadyHandler),
     (METRICS_URL, MetricsHandler),
     (OPENAPI_URL, OpenApiHandler),
     (GPUS_URL, GpusHandler),

@@ -43,6 +43,7 @@ from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from .. import _structs
 from .._version import __version__
 from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
 from ..nvml.state import GpuMonitor
@@ -68,7 +69,7 @@ __all__ = [
 MAGIC_NAME: Final = "gpu"
 PROG: Final = f"%{MAGIC_NAME}"
 
-MAX_WAIT_SECONDS: Final = 600.0
+MAX_WAIT_SECONDS: Final = _structs.MAX_WAIT_SECONDS
 """The agent contract's upper bound for ``wait_seconds`` (``AttachRequest`` in openapi.json)."""
 MIN_INTERVAL: Final = 0.1
 MAX_INTERVAL: Final = 3600.0

@@ -19,7 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NewType
 
-from .._structs import GpuUuid, RequestId
+from .._structs import (
+    GPU_UUID_RE,
+    MAX_WAIT_SECONDS,
+    REQUEST_ID_MAX,
+    REQUEST_ID_RE,
+    GpuUuid,
+    RequestId,
+    WireFormatError,
+    load_request_json,
+)
 from .errors import InvalidInput
 
 __all__ = [
@@ -39,18 +48,10 @@ KernelId = NewType("KernelId", str)
 
 MAX_BODY_BYTES: Final = 16 * 1024
 """Far more than any valid body; a larger one is refused before it is parsed."""
-MAX_WAIT_SECONDS: Final = 600.0
-"""The agent contract's largest ``wait_seconds`` (``AttachRequest`` in ``agent/openapi.json``)."""
 
 # Kernel ids are UUIDs in jupyter_server; other kernel managers use similar safe tokens. The
 # id is echoed in messages, so nothing outside this set is accepted.
 _KERNEL_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
-# The agent contract's request id and GPU UUID patterns (agent/openapi.json), mirrored here
-# because the notebook side never imports the agent.
-_REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_GPU_UUID_RE: Final = re.compile(
-    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-)
 DETACH_ALL: Final = "all"
 
 _ATTACH_FIELDS: Final = ("count", "kernel_id", "request_id", "wait_seconds")
@@ -91,12 +92,11 @@ def _describe(value: object) -> str:
 
 
 def _json_object(body: bytes) -> dict[str, object]:
-    if len(body) > MAX_BODY_BYTES:
-        raise InvalidInput(f"the body is larger than {MAX_BODY_BYTES} bytes", field="body")
+    # The agent reads its bodies with the same function: both APIs refuse the same bytes.
     try:
-        value = json.loads(body) if body.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidInput(f"the body is not valid JSON: {error}", field="body") from error
+        value = load_request_json(body, max_body=MAX_BODY_BYTES)
+    except WireFormatError as error:
+        raise InvalidInput(error.message, field=error.field) from error
     if not isinstance(value, dict):
         raise InvalidInput(
             f"the body must be a JSON object, not {_describe(value)}",
@@ -156,10 +156,11 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         )
     request_id = obj.get("request_id")
     if request_id is not None and (
-        not isinstance(request_id, str) or _REQUEST_ID_RE.fullmatch(request_id) is None
+        not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None
     ):
         raise InvalidInput(
-            f"request_id must be 1 to 128 letters, digits or . _ : -, got {_describe(request_id)}",
+            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
+            f"got {_describe(request_id)}",
             field="request_id",
         )
     return AttachRequest(
@@ -180,7 +181,7 @@ def parse_detach(body: bytes) -> DetachRequest:
             field="uuid",
         )
     uuid = obj["uuid"]
-    if uuid != DETACH_ALL and (not isinstance(uuid, str) or _GPU_UUID_RE.fullmatch(uuid) is None):
+    if uuid != DETACH_ALL and (not isinstance(uuid, str) or GPU_UUID_RE.fullmatch(uuid) is None):
         raise InvalidInput(
             'uuid must be "all" or a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx '
             f"(lowercase hex, as GET gpus lists it), got {_describe(uuid)}",

@@ -52,6 +52,7 @@ DETACH_ERRORS: set[_structs.ErrorCode] = {
 }
 EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("get", "/healthz"): {"internal_error"},
+    ("get", "/readyz"): {"internal_error"},
     ("get", "/metrics"): {"internal_error"},
     ("get", "/v1/openapi.json"): {"internal_error"},
     ("get", "/v1/gpus"): {"unauthenticated", "internal_error"},
@@ -66,7 +67,7 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("delete", "/v1/attachments"): DETACH_ERRORS,
     ("delete", "/v1/attachments/{uuid}"): DETACH_ERRORS,
 }
-UNAUTHENTICATED_PATHS = {"/healthz", "/metrics", "/v1/openapi.json"}
+UNAUTHENTICATED_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/openapi.json"}
 
 
 def validator(schema_name: str) -> Draft202012Validator:
@@ -101,6 +102,7 @@ def documented_errors(operation: dict[str, Any]) -> set[tuple[int, str]]:
         for status, response in operation["responses"].items()
         if int(status) >= 400
         for schema in error_schemas(response)
+        if "error" in schema["properties"]  # not the probes' 503 (a Health body)
     }
 
 

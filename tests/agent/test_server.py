@@ -6,6 +6,7 @@ every answer is checked against ``openapi.json`` by the client in ``api_harness`
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
@@ -18,7 +19,8 @@ import pytest
 from tornado import web
 
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.handlers import ApiHandler, default_handlers
+from jupyter_gpu_hotplug.agent.handlers import ApiHandler, Unwell, default_handlers
+from jupyter_gpu_hotplug.agent.runtime import HealthProbe
 from jupyter_gpu_hotplug.agent.server import ListenError, bind_unix_socket
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
 from jupyter_gpu_hotplug.agent.validation import MAX_BODY_BYTES
@@ -362,10 +364,36 @@ def test_health_reports_a_failing_probe(served: ServedAgent) -> None:
     served.ledger.close()
     served.run(served.agent.health.probe())
 
-    response = served.tcp.with_token(None).get("/healthz")
+    for path in ("/healthz", "/readyz"):
+        response = served.tcp.with_token(None).get(path)
 
-    assert (response.status, response.error) == (500, "internal_error")
-    assert "LedgerError" in response.json()["message"]
+        assert response.status == 503
+        assert response.json()["status"] == "failing"
+        assert "LedgerError" in response.json()["reason"]
+
+
+def test_health_while_starting_and_stopping_is_never_a_500() -> None:
+    # Regression: before the first probe /healthz answered 500 "not probed yet".
+    probe = HealthProbe(_healthy_check)
+
+    assert probe.verdict() is None
+    assert probe.readiness() == Unwell("starting", "the agent reconciles its ledger with the host")
+    asyncio.run(probe.probe())
+    assert probe.verdict() is None and probe.readiness() is None
+    probe.stopping()
+    assert probe.verdict() is None
+    readiness = probe.readiness()
+    assert readiness is not None and readiness.status == "stopping"
+
+
+async def _healthy_check() -> None:
+    return None
+
+
+def test_ready_endpoint(served: ServedAgent) -> None:
+    response = served.tcp.with_token(None).get("/readyz")
+
+    assert (response.status, response.json()) == (200, {"status": "ok"})
 
 
 def test_metrics_count_requests_and_operations(served: ServedAgent) -> None:

@@ -69,7 +69,7 @@ async def test_node_view_without_a_kernel(
 
 
 BAD_INPUT = [
-    pytest.param("attach", b"", "body", "must be a JSON object", id="attach-empty"),
+    pytest.param("attach", b"", "body", "is empty", id="attach-empty"),
     pytest.param("attach", b"{", "body", "not valid JSON", id="attach-not-json"),
     pytest.param("attach", b"[1]", "body", "must be a JSON object", id="attach-array"),
     pytest.param("attach", b"{}", "count", "count is required", id="count-missing"),
@@ -98,6 +98,17 @@ BAD_INPUT = [
     ),
     pytest.param("detach", b'{"uuid": "all", "x": 1}', "x", "unknown member", id="unknown"),
     pytest.param("detach", b'{"uuid": "all"}', "kernel_id", "name the kernel", id="no-kernel"),
+    # Regression (issue 9): a 500 (ValueError, RecursionError) or accepted (last key wins).
+    *(
+        pytest.param(route, raw, "body", words, id=f"{route}-{name}")
+        for route in ("attach", "detach")
+        for name, raw, words in (
+            ("digits", b'{"count": 1' + b"0" * 5000 + b"}", "too many digits"),
+            ("deep", b'{"request_id": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+        )
+    ),
+    pytest.param("attach", b'{"count": 1, "count": 1}', "count", "twice", id="attach-dup"),
+    pytest.param("detach", b'{"uuid": "all", "uuid": "x"}', "uuid", "twice", id="detach-dup"),
 ]
 
 
