@@ -38,6 +38,7 @@ from .server import AgentServer, make_application
 from .service import AgentService, ServiceConfig
 from .settings import AgentSettings
 from .simulate import Simulation
+from .statedir import prepare_state_dir
 from .workers import Workers
 
 __all__ = ["Agent", "Components", "HealthProbe"]
@@ -186,7 +187,7 @@ class Agent:
 
         closers: list[Callable[[], None]] = []
         try:
-            settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            prepare_state_dir(settings.state_dir)
             ledger = Ledger.open(settings.state_dir)
             closers.append(ledger.close)
             token = load_or_create_token(settings.token_path)
