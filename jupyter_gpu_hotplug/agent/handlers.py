@@ -30,6 +30,7 @@ from .._structs import ErrorBody
 from .auth import Authenticator, Caller, PeerCredentials
 from .errors import (
     AgentError,
+    BodyTooLarge,
     Forbidden,
     InternalError,
     InvalidRequest,
@@ -98,6 +99,8 @@ class ApiContext:
     """The cached liveness verdict: None when alive, else why not."""
     readiness: Callable[[], Unwell | None]
     """The cached readiness verdict: None when serving, else why not (starting, stopping)."""
+    describe_peer: Callable[[int], str]
+    """A unix-socket caller's container, for the access log, from its pid."""
 
 
 def peer_credentials(sock: socket.socket | None) -> PeerCredentials | None:
@@ -143,6 +146,20 @@ class ApiHandler(web.RequestHandler):
     def compute_etag(self) -> None:
         return None
 
+    def _request_summary(self) -> str:
+        # tornado's access log names the caller by remote_ip, which is "0.0.0.0" for every
+        # unix-socket caller; there the kernel tells who it is (read once per request).
+        try:
+            peer = peer_credentials(_socket_of(self.request))
+        except OSError:
+            peer = None
+        if peer is None:
+            return super()._request_summary()
+        return (
+            f"{self.request.method} {self.request.uri} "
+            f"(pid {peer.pid} uid {peer.uid}, {self.context.describe_peer(peer.pid)})"
+        )
+
     # --- request -------------------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -181,10 +198,8 @@ class ApiHandler(web.RequestHandler):
         return bytes(self._body)
 
     @staticmethod
-    def _too_large() -> InvalidRequest:
-        return InvalidRequest(
-            f"the request body is larger than {MAX_BODY_BYTES} bytes", field="body"
-        )
+    def _too_large() -> BodyTooLarge:
+        return BodyTooLarge(MAX_BODY_BYTES)
 
     def query(self, *allowed: str) -> dict[str, list[bytes]]:
         """The query arguments, refusing names the route does not know."""

@@ -173,6 +173,7 @@ class Agent:
                     max_count=settings.max_gpus_per_target,
                     health=self.health.verdict,
                     readiness=self.health.readiness,
+                    describe_peer=self._describe_peer,
                 )
             )
         )
@@ -233,6 +234,14 @@ class Agent:
                 closers=closers,
             )
         )
+
+    def _describe_peer(self, pid: int) -> str:
+        """``container <its device cgroups>``, for the log line of a unix-socket request."""
+        try:
+            container = self.components.resolver.container_of(pid)
+        except OSError as e:
+            return f"container unknown ({e.strerror})"
+        return "exited" if container is None else f"container {container}"
 
     async def _health_check(self) -> None:
         """The ledger answers (behind whatever is queued for it)."""

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Final
 
 from tornado import web
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from .handlers import ApiContext, UnknownRouteHandler, default_handlers
+from .limits import DEFAULT_LIMITS, ConnectionLimits, LimitedHTTPServer
 from .settings import ListenAddress, TcpAddress, UnixAddress
 from .validation import MAX_BODY_BYTES
 
@@ -42,8 +42,6 @@ _STALE_PROBE_TIMEOUT: Final = 1.0
 # Bodies above the API's own limit are still read (and refused with a JSON error) up to
 # this size; beyond it tornado itself drops the connection.
 _SERVER_MAX_BODY: Final = 16 * MAX_BODY_BYTES
-_IDLE_TIMEOUT: Final = 300.0
-_BODY_TIMEOUT: Final = 30.0
 
 
 class ListenError(Exception):
@@ -128,13 +126,10 @@ class BoundAddress:
 class AgentServer:
     """The HTTP server over all listening addresses."""
 
-    def __init__(self, application: web.Application) -> None:
-        self._server = HTTPServer(
-            application,
-            max_body_size=_SERVER_MAX_BODY,
-            idle_connection_timeout=_IDLE_TIMEOUT,
-            body_timeout=_BODY_TIMEOUT,
-        )
+    def __init__(
+        self, application: web.Application, *, limits: ConnectionLimits = DEFAULT_LIMITS
+    ) -> None:
+        self._server = LimitedHTTPServer(application, max_body_size=_SERVER_MAX_BODY, limits=limits)
         self._unix_sockets: list[tuple[Path, int]] = []
         self.bound: list[BoundAddress] = []
 

@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import json
 import logging
+import os
 import socket
 import stat
 from pathlib import Path
@@ -281,7 +282,8 @@ def test_oversized_body_is_refused_before_reading_it(served: ServedAgent) -> Non
     response = Response(reply.status, dict(reply.getheaders()), body)
     check_contract("POST", "/v1/attachments", response)
 
-    assert (response.status, response.error) == (400, "invalid_request")
+    # Regression (issue 9): 413, the status HTTP has for it (it was a 400).
+    assert (response.status, response.error) == (413, "invalid_request")
     assert response.json()["field"] == "body"
     assert served.injector.calls == []
 
@@ -304,7 +306,7 @@ def test_oversized_chunked_body_is_refused(served: ServedAgent) -> None:
     finally:
         connection.close()
 
-    assert (reply.status, body["error"], body["field"]) == (400, "invalid_request", "body")
+    assert (reply.status, body["error"], body["field"]) == (413, "invalid_request", "body")
 
 
 # --- conflicts --------------------------------------------------------------------------------
@@ -444,3 +446,18 @@ def test_stale_socket_is_replaced_and_a_live_one_is_not(tmp_path: Path) -> None:
     with pytest.raises(ListenError, match="not a socket"):
         bind_unix_socket(other, mode=0o600)
     assert other.read_text() == "data"
+
+
+def test_unix_callers_are_logged_with_pid_and_container(
+    served: ServedAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression (issue 9): the access log said "(0.0.0.0)" for every unix-socket caller.
+    self_in(served, "kernel-logged")
+    caplog.set_level(logging.INFO, logger="tornado.access")
+
+    served.unix.get("/v1/gpus")
+
+    (line,) = [r.getMessage() for r in caplog.records if "/v1/gpus" in r.getMessage()]
+    assert f"pid {os.getpid()} uid {os.getuid()}" in line
+    assert "kernel-logged" in line
+    assert "0.0.0.0" not in line
