@@ -24,7 +24,15 @@ from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
-from .api_support import BrokenClient, Fetch, NoAgent, call, local_mode, sandboxes_of
+from .api_support import (
+    BrokenClient,
+    Fetch,
+    NoAgent,
+    call,
+    local_mode,
+    raw_exchange,
+    sandboxes_of,
+)
 
 GPU0 = "/dev/nvidia0"
 
@@ -137,6 +145,41 @@ class TestRefusedBeforeAskingTheAgent(NoAgent):
             reply = await call(jp_fetch, "GET", route, params=params)
 
             reply.error(400, "invalid_request")
+
+    @pytest.mark.parametrize("route", ["attach", "detach"])
+    async def test_oversized_body_is_413_before_it_is_read(
+        self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int, route: str
+    ) -> None:
+        # Regression (issue 9): the server read the whole body (up to 512 MiB) before a 400.
+        head = (
+            f"POST {jp_serverapp.base_url}gpu-hotplug/api/{route} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: token {jp_serverapp.identity_provider.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {50 * 2**20}\r\n\r\n"
+        )
+        # Only the headers and a few bytes are sent: the answer must not wait for 50 MB.
+        status, body = await raw_exchange(jp_http_port, head.encode() + b'{"count": 1, "x": "')
+
+        assert status == 413
+        assert (body["error"], body["field"], body["reason"]) == (
+            "invalid_request",
+            "body",
+            "Request Entity Too Large",
+        )
+
+    async def test_oversized_chunked_body_is_413(
+        self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int
+    ) -> None:
+        chunk = b"x" * 4096
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(8)) + b"0\r\n\r\n"
+        head = (
+            f"POST {jp_serverapp.base_url}gpu-hotplug/api/attach HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: token {jp_serverapp.identity_provider.token}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        )
+
+        status, body = await raw_exchange(jp_http_port, head.encode() + framed)
+
+        assert (status, body["error"], body["field"]) == (413, "invalid_request", "body")
 
     async def test_unregistered_kernel_is_404(self, jp_fetch: Fetch) -> None:
         listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": "nope"})
