@@ -431,3 +431,36 @@ def load_request_json(body: bytes, *, max_body: int) -> object:
         raise WireFormatError("the request body has a number with too many digits") from e
     except RecursionError as e:
         raise WireFormatError("the request body is nested too deeply") from e
+
+
+class BoundedBody:
+    """A request body gathered as it arrives, refused once it is known to exceed ``limit``.
+
+    Both HTTP APIs stream their bodies through one: ``declare`` checks ``Content-Length``
+    when the headers arrive (nothing is read of a body declared too large), ``add`` counts
+    chunks as they come and drops everything past the limit (a chunked body declares nothing).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.too_large = False
+        self._data = bytearray()
+
+    def declare(self, content_length: str | None) -> bool:
+        """Whether the declared length is unacceptable (over the limit, or not a number)."""
+        if content_length is not None and (
+            not content_length.isdigit() or int(content_length) > self.limit
+        ):
+            self.too_large = True
+        return self.too_large
+
+    def add(self, chunk: bytes) -> None:
+        if self.too_large or len(self._data) + len(chunk) > self.limit:
+            self.too_large = True
+            self._data.clear()
+            return
+        self._data.extend(chunk)
+
+    def value(self) -> bytes:
+        """The whole body (meaningful only when not ``too_large``)."""
+        return bytes(self._data)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Final, Literal
 
 from tornado import httputil, iostream, web
 
-from .._structs import ErrorBody
+from .._structs import BoundedBody, ErrorBody
 from .auth import Authenticator, Caller, PeerCredentials
 from .errors import (
     AgentError,
@@ -135,8 +135,7 @@ class ApiHandler(web.RequestHandler):
         return self._request_id
 
     def initialize(self) -> None:
-        self._body = bytearray()
-        self._body_too_large = False
+        self._body = BoundedBody(MAX_BODY_BYTES)
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
@@ -166,10 +165,8 @@ class ApiHandler(web.RequestHandler):
         # Only what must happen before the body arrives: a body that is too big is refused
         # without reading it. Everything else waits for the whole request, so a client is
         # never answered (and disconnected) while it is still sending a normal body.
-        length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            self._body_too_large = True
-            raise self._too_large()
+        if self._body.declare(self.request.headers.get("Content-Length")):
+            raise BodyTooLarge(MAX_BODY_BYTES)
 
     def authenticate(self) -> Caller:
         """The caller, from the bearer token or the unix socket's peer; first in every
@@ -182,24 +179,14 @@ class ApiHandler(web.RequestHandler):
         return self.caller
 
     def data_received(self, chunk: bytes) -> None:
-        if self._body_too_large:
-            return
-        if len(self._body) + len(chunk) > MAX_BODY_BYTES:
-            self._body_too_large = True
-            self._body.clear()
-            return
-        self._body.extend(chunk)
+        self._body.add(chunk)
 
     @property
     def body(self) -> bytes:
         """The request body, whole; refused if it grew past the limit (chunked uploads)."""
-        if self._body_too_large:
-            raise self._too_large()
-        return bytes(self._body)
-
-    @staticmethod
-    def _too_large() -> BodyTooLarge:
-        return BodyTooLarge(MAX_BODY_BYTES)
+        if self._body.too_large:
+            raise BodyTooLarge(MAX_BODY_BYTES)
+        return self._body.value()
 
     def query(self, *allowed: str) -> dict[str, list[bytes]]:
         """The query arguments, refusing names the route does not know."""

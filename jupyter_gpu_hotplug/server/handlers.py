@@ -36,6 +36,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
+from .._structs import BoundedBody
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
@@ -105,30 +106,23 @@ class BodyHandler(GPUHotplugAPIHandler):
     chunked body is counted as it comes and dropped past the limit.
     """
 
-    _body: bytearray
-    _too_large = False
+    _body: BoundedBody
 
     async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's is async
-        self._body = bytearray()
-        length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            self._too_large = True
+        self._body = BoundedBody(MAX_BODY_BYTES)
+        if self._body.declare(self.request.headers.get("Content-Length")):
             raise BodyTooLarge(MAX_BODY_BYTES)
         await super().prepare()
 
     def data_received(self, chunk: bytes) -> None:
-        if self._too_large or len(self._body) + len(chunk) > MAX_BODY_BYTES:
-            self._too_large = True
-            self._body.clear()
-            return
-        self._body.extend(chunk)
+        self._body.add(chunk)
 
     @property
     def body(self) -> bytes:
         """The whole request body; ``BodyTooLarge`` if it grew past the limit."""
-        if self._too_large:
+        if self._body.too_large:
             raise BodyTooLarge(MAX_BODY_BYTES)
-        return bytes(self._body)
+        return self._body.value()
 
 
 class VersionHandler(GPUHotplugAPIHandler):
