@@ -145,7 +145,7 @@ def test_errors_documented_with_their_status(method: str, path: str) -> None:
 
 def test_every_error_class_is_documented_somewhere() -> None:
     documented = set().union(*(documented_errors(op) for _, _, op in operations()))
-    classes = [*ERRORS_BY_CODE.values(), BodyTooLarge]
+    classes: list[type[AgentError]] = [*ERRORS_BY_CODE.values(), BodyTooLarge]
     assert documented == {(cls.status, cls.code) for cls in classes}
 
 
