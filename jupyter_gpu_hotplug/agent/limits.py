@@ -10,22 +10,25 @@ holds any number of them for as long as ``idle_connection_timeout`` says. Before
   (one TCP address, or one uid on the unix socket), so one greedy or hostile client cannot
   take every slot from the others.
 
-A connection over a cap is answered at once with ``503`` and ``Retry-After`` (the JSON error
-shape, code ``busy``), then closed: the client learns why instead of seeing a reset. The
-room this leaves: the notebook side opens one short connection per call (the agent client
-sends ``Connection: close``), a browser tab's live stream goes through the Jupyter server, not
-here, so even a node with a hundred kernels stays far below both caps.
+At a cap, the oldest *idle* connection (connected, waiting for a request) of the same peer
+is closed to make room, so a hoarder of silent connections loses them to the next caller;
+only when every connection is busy is a newcomer answered at once with ``503`` and
+``Retry-After`` (the JSON error shape, code ``busy``), then closed: the client learns why
+instead of seeing a reset. The room this leaves: the notebook side opens one short
+connection per call (the agent client sends ``Connection: close``), a browser tab's live
+stream goes through the Jupyter server, not here, so even a node with a hundred kernels
+stays far below both caps.
 """
 
 from __future__ import annotations
 
 import json
 from asyncio import Future
-from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tornado import web
+from tornado import httputil, web
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 
@@ -79,8 +82,40 @@ def _refusal(message: str) -> bytes:
     return head.encode("ascii") + payload
 
 
+class _Tracked(httputil.HTTPMessageDelegate):
+    """Passes a request through, telling the server when its headers have arrived."""
+
+    def __init__(self, inner: httputil.HTTPMessageDelegate, on_headers: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_headers = on_headers
+
+    def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> Awaitable[None] | None:
+        self._on_headers()
+        return self._inner.headers_received(start_line, headers)
+
+    def data_received(self, chunk: bytes) -> Awaitable[None] | None:
+        return self._inner.data_received(chunk)
+
+    def finish(self) -> None:
+        self._inner.finish()
+
+    def on_connection_close(self) -> None:
+        self._inner.on_connection_close()
+
+
 class LimitedHTTPServer(HTTPServer):
-    """tornado's ``HTTPServer`` with a cap on open connections, overall and per peer."""
+    """tornado's ``HTTPServer`` with a cap on open connections, overall and per peer.
+
+    When a cap is reached, a new connection first evicts the oldest *idle* one (connected
+    but waiting for a request: the shape of a slow or hostile client) of the same peer, or,
+    at the total cap, of the peer holding the most; only when every connection is busy is
+    the newcomer refused. So a client that hoards silent connections loses them to the
+    next caller instead of locking it out.
+    """
 
     def initialize(  # type: ignore[override]  # tornado's Configurable passes them on
         self,
@@ -96,31 +131,65 @@ class LimitedHTTPServer(HTTPServer):
             body_timeout=limits.body_timeout,
         )
         self.limits = limits
-        self._open_by_peer: Counter[str] = Counter()
+        self._by_peer: dict[str, list[IOStream]] = {}
         self._peer_of: dict[IOStream, str] = {}
+        self._idle: set[IOStream] = set()
         self.refused = 0
         """Connections refused for a cap since the start (for tests and the soak benchmark)."""
+        self.evicted = 0
+        """Idle connections closed to make room since the start."""
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         peer = _peer_key(stream, address)
-        if len(self._connections) >= self.limits.max_connections:
-            self._refuse(stream, f"the agent has {len(self._connections)} connections open")
+        mine = self._by_peer.get(peer, [])
+        if len(mine) >= self.limits.max_per_peer and not self._evict(mine):
+            self._refuse(stream, f"{len(mine)} connections of yours are busy")
             return
-        if self._open_by_peer[peer] >= self.limits.max_per_peer:
-            self._refuse(stream, f"{self._open_by_peer[peer]} connections of yours are open")
-            return
-        self._open_by_peer[peer] += 1
+        if len(self._peer_of) >= self.limits.max_connections:
+            greediest = max(self._by_peer.values(), key=len)
+            if not (self._evict(greediest) or self._evict(list(self._peer_of))):
+                self._refuse(stream, f"the agent has {len(self._peer_of)} busy connections")
+                return
+        self._by_peer.setdefault(peer, []).append(stream)
         self._peer_of[stream] = peer
+        self._idle.add(stream)
         super().handle_stream(stream, address)
+
+    def start_request(
+        self, server_conn: object, request_conn: httputil.HTTPConnection
+    ) -> httputil.HTTPMessageDelegate:
+        # Called when a connection starts waiting for its next request: idle until headers.
+        stream = getattr(server_conn, "stream", None)
+        delegate = super().start_request(server_conn, request_conn)
+        if not isinstance(stream, IOStream) or stream not in self._peer_of:
+            return delegate
+        self._idle.add(stream)
+        return _Tracked(delegate, lambda: self._idle.discard(stream))
 
     def on_close(self, server_conn: object) -> None:
         stream = getattr(server_conn, "stream", None)
-        peer = self._peer_of.pop(stream, None) if isinstance(stream, IOStream) else None
-        if peer is not None:
-            self._open_by_peer[peer] -= 1
-            if not self._open_by_peer[peer]:
-                del self._open_by_peer[peer]
+        if isinstance(stream, IOStream):
+            self._forget(stream)
         super().on_close(server_conn)
+
+    def _forget(self, stream: IOStream) -> None:
+        peer = self._peer_of.pop(stream, None)
+        self._idle.discard(stream)
+        if peer is not None:
+            mine = self._by_peer[peer]
+            mine.remove(stream)
+            if not mine:
+                del self._by_peer[peer]
+
+    def _evict(self, candidates: list[IOStream]) -> bool:
+        """Close the oldest idle connection among ``candidates``; False if none is idle."""
+        victim = next((stream for stream in candidates if stream in self._idle), None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        self._forget(victim)  # now, not when tornado's close callback runs
+        victim.close()
+        return True
 
     def _refuse(self, stream: IOStream, message: str) -> None:
         self.refused += 1
