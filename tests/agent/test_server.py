@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +458,14 @@ def test_unix_callers_are_logged_with_pid_and_container(
 
     served.unix.get("/v1/gpus")
 
-    (line,) = [r.getMessage() for r in caplog.records if "/v1/gpus" in r.getMessage()]
+    # The access line is written just after the answer is sent (in the agent's thread).
+    def access_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "GET /v1/gpus" in r.getMessage()]
+
+    deadline = time.monotonic() + 30
+    while not access_lines() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (line,) = access_lines()
     assert f"pid {os.getpid()} uid {os.getuid()}" in line
     assert "kernel-logged" in line
     assert "0.0.0.0" not in line
