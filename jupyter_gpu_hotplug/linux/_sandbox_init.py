@@ -67,6 +67,9 @@ EXIT_SETUP_FAILED = 127
 DEV_TMPFS_OPTIONS = "mode=755,size=65536k"
 #: ``/dev/pts``: a fresh devpts instance, so the sandbox sees only its own ptys (runc's options).
 DEVPTS_OPTIONS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
+#: Parts of a writable ``/proc`` that stay read-only: the host's sysctls and their kin
+#: (Docker's ``ReadonlyPaths``); root could otherwise change the host's kernel settings.
+PROC_READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 #: What covers a hidden path: an empty, read-only tmpfs nobody may enter.
 HIDE_OPTIONS = "mode=000,size=4k"
 #: ``/dev/shm``: no size cap beyond tmpfs's default (half of RAM). Docker's 64 MiB cap is a
@@ -266,16 +269,22 @@ def _read_only_view(writable: list[str]) -> None:
 
     Each writable path becomes a bind mount of itself first, so that it can be made
     writable again on its own after the whole tree was made read-only in one call.
-    ``/sys`` (the cgroup filesystems above all) and ``/proc`` stay read-only: a root
-    workload could otherwise move itself out of its device cgroup.
+    ``/sys`` (the cgroup filesystems above all) stays read-only: a root workload could
+    otherwise move itself out of its device cgroup; so do ``PROC_READ_ONLY`` when ``/proc``
+    is among the writable paths.
     """
-    keep = _existing(writable)
+    # Never "/" itself (a kernel started in /): that would make the whole root writable.
+    keep = [path for path in _existing(writable) if path != "/"]
     for path in keep:
         _mount("writable", path, path, None, MS_BIND | MS_REC, None)
     _set_read_only("/", read_only=True, recursive=True)
     _set_read_only("/dev", read_only=False, recursive=True)  # ours: tmpfs, devpts, shm
     for path in keep:
         _set_read_only(path, read_only=False, recursive=False)
+    if "/proc" in keep:
+        for path in _existing(list(PROC_READ_ONLY)):
+            _mount("read-only", path, path, None, MS_BIND | MS_REC, None)
+            _set_read_only(path, read_only=True, recursive=True)
 
 
 def _limit_capabilities(keep: list[int]) -> None:

@@ -15,8 +15,9 @@ A boundary between kernels, as far as a container without user namespaces is one
 Docker's defaults, the workload keeps only Docker's default capability set (bounding set
 included: no ``CAP_SYS_ADMIN``, ``CAP_SYS_PTRACE``, ``CAP_SYS_MODULE``...), so even as root it
 cannot mount, unmount, load programs or modules, or trace processes outside; it sees the host's
-filesystem read-only except its working directory, home, ``/tmp``, ``/var/tmp`` and its own
-``/dev`` (so ``/sys/fs/cgroup`` cannot be written: it cannot leave its device cgroup); and the
+filesystem read-only except its working directory, home, ``/tmp``, ``/var/tmp``, its own
+``/dev`` and ``/proc`` but for the host's sysctls (so ``/sys/fs/cgroup`` cannot be written: it
+cannot leave its device cgroup); and the
 ``hidden`` paths (the agent's state directory, with its token and ledger) are covered by an
 empty tmpfs. It shares the host's pid and network namespaces, as local mode needs them. Give
 ``uid``/``gid`` to run the command unprivileged as well.
@@ -82,7 +83,9 @@ DOCKER_DEFAULT_CAPABILITIES: Final = frozenset(
 DEFAULT_HIDDEN: Final = ("/var/lib/gpu-hotplug",)
 """Paths a sandbox never sees by default: the agent's default state directory (token, ledger)."""
 
-_ALWAYS_WRITABLE: Final = ("/tmp", "/var/tmp")
+# /proc as in Docker: writable (a process may set its own oom_score_adj, comm...), but its
+# host-wide parts (sysctls...) stay read-only: see _sandbox_init.PROC_READ_ONLY.
+_ALWAYS_WRITABLE: Final = ("/tmp", "/var/tmp", "/proc")
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _INIT_SCRIPT: Final = Path(_sandbox_init.__file__)
 
@@ -152,7 +155,7 @@ class SandboxSpec:
     """Capability numbers the workload may hold (bounding set included); ``None``: all."""
     read_only: bool = True
     """Show the host's filesystem read-only, but for the working directory, ``$HOME``,
-    ``/tmp``, ``/var/tmp``, ``/dev`` and ``writable``."""
+    ``/tmp``, ``/var/tmp``, ``/dev``, ``/proc`` (not its sysctls) and ``writable``."""
     writable: tuple[str, ...] = ()
     """More paths that stay writable in a read-only view."""
     hidden: tuple[str, ...] = DEFAULT_HIDDEN

@@ -68,6 +68,8 @@ for name, mount_point in args["mounts"].items():
         lambda p=mount_point: libc_call("mount", b"none", p.encode(), None, 0x20 | 0x1000, None),
     )
 attempt("write_etc", lambda: write("/etc/gpu-hotplug-sandbox-test", "x"))
+attempt("write_sysctl", lambda: write("/proc/sys/kernel/core_pattern", "|/tmp/x"))
+attempt("write_own_comm", lambda: write("/proc/self/comm", "renamed"))
 attempt("write_cwd", lambda: write("owned-by-me", "x"))
 attempt("write_tmp", lambda: write(args["tmp_file"], "x"))
 attempt("mknod_gpu", lambda: os.mknod("/dev/nvidia0", 0o20666, os.makedev(195, 0)))
@@ -135,6 +137,8 @@ def test_a_sandboxed_root_process_cannot_read_the_token_nor_leave_its_cgroup(
     assert (seen["CapEff"], seen["CapBnd"]) == (docker, docker)
     # Read-only but for what it owns: its working directory and /tmp.
     assert seen["write_etc"] == "EROFS"
+    assert seen["write_sysctl"] == "EROFS"  # the host's kernel settings, as in Docker
+    assert seen["write_own_comm"] == "ok"  # but its own /proc entries, as in Docker
     assert (seen["write_cwd"], seen["write_tmp"]) == ("ok", "ok")
     assert (work / "owned-by-me").read_text() == "x"
     # The agent's files are untouched.
