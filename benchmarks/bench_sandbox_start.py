@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from _agent import percentile
+from _agent import percentile, remove_parent_cgroups
 
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
 
@@ -47,9 +47,12 @@ def main() -> int:
         hidden=(),
     )
     samples: dict[str, list[float]] = {"hardened": [], "plain": []}
-    for _ in range(args.runs):
-        samples["plain"].append(once(plain))
-        samples["hardened"].append(once(hardened))
+    try:
+        for _ in range(args.runs):
+            samples["plain"].append(once(plain))
+            samples["hardened"].append(once(hardened))
+    finally:
+        remove_parent_cgroups(PARENT)
     for name, values in samples.items():
         print(
             f"  {name:9} start+exit+stop  median {statistics.median(values) * 1000:6.1f} ms   "

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _agent import RunningAgent, percentile, start_agent
+from _agent import RunningAgent, percentile, remove_parent_cgroups, start_agent
 
 from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
@@ -198,6 +198,7 @@ def main() -> int:
             for box in sandboxes:
                 box.stop()
             agent.stop()
+            remove_parent_cgroups(PARENT)
 
     load = Path("/proc/loadavg").read_text().split()[0]
     print(
