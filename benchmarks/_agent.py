@@ -8,6 +8,7 @@ would), so the figures measure the agent, not TCP handshakes.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -21,6 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _SERVING = re.compile(r"serving the agent API on 127\.0\.0\.1:(\d+)")
+
+
+def remove_parent_cgroups(parent: str) -> None:
+    """Remove a benchmark's (now empty) parent cgroup of its sandboxes from every hierarchy."""
+    from jupyter_gpu_hotplug.linux import cgroups
+
+    found = cgroups.discover()
+    for mount in (found.devices_v1, found.unified):
+        if mount is not None:
+            with contextlib.suppress(OSError):  # already gone, or another run's sandboxes
+                (mount.mount_point / parent).rmdir()
 
 
 def percentile(samples: list[float], q: float) -> float:

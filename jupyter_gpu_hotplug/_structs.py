@@ -11,6 +11,7 @@ exist, what is its start time) belong to the callers.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -248,6 +249,106 @@ class ErrorBody(ErrorExtra):
     error: ErrorCode
     message: str
     retryable: bool
+
+
+# --- request bodies: the rules both HTTP APIs apply (the agent's and the server extension's) ----
+
+
+class WireFormatError(ValueError):
+    """A request body that is not one strict JSON document; ``field`` names where it fails.
+
+    Each API turns it into its own ``invalid_request`` error (400) with this message.
+    """
+
+    def __init__(self, message: str, *, field: str = "body") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def _reject_constant(name: str) -> object:
+    # json accepts NaN and Infinity by default; JSON (RFC 8259) does not.
+    raise WireFormatError(f"the request body contains {name}, which JSON does not allow")
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # Last-wins (json's default) would let two readers of one body disagree on its meaning.
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            shown = json.dumps(key)
+            raise WireFormatError(
+                f"field {shown if len(shown) <= 40 else shown[:37] + '...'} appears twice in "
+                "the request body",
+                field=key if len(key) <= 64 else f"{key[:61]}...",
+            )
+        result[key] = value
+    return result
+
+
+def load_request_json(body: bytes, *, max_body: int) -> object:
+    """The one JSON value of a request ``body``, read strictly, or ``WireFormatError``.
+
+    Strict: at most ``max_body`` bytes, UTF-8, RFC 8259 (no NaN/Infinity), no duplicate keys,
+    integers of at most ``sys.get_int_max_str_digits()`` digits and nesting Python can parse —
+    a hostile body yields this error, never a ``ValueError`` or ``RecursionError`` (a 5xx).
+    """
+    if len(body) > max_body:
+        raise WireFormatError(f"the request body is {len(body)} bytes; the limit is {max_body}")
+    if not body.strip():
+        raise WireFormatError('the request body is empty; send a JSON object such as {"count": 1}')
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise WireFormatError(f"the request body is not UTF-8 ({e.reason})") from e
+    try:
+        return json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_reject_duplicates
+        )
+    except WireFormatError:
+        raise
+    except json.JSONDecodeError as e:
+        raise WireFormatError(
+            f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from e
+    except ValueError as e:
+        # The only other ValueError: int() refuses more than sys.get_int_max_str_digits() digits.
+        raise WireFormatError("the request body has a number with too many digits") from e
+    except RecursionError as e:
+        raise WireFormatError("the request body is nested too deeply") from e
+
+
+class BoundedBody:
+    """A request body gathered as it arrives, refused once it is known to exceed ``limit``.
+
+    Both HTTP APIs stream their bodies through one: ``declare`` checks ``Content-Length``
+    when the headers arrive (nothing is read of a body declared too large), ``add`` counts
+    chunks as they come and drops everything past the limit (a chunked body declares nothing).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.too_large = False
+        self._data = bytearray()
+
+    def declare(self, content_length: str | None) -> bool:
+        """Whether the declared length is unacceptable (over the limit, or not a number)."""
+        if content_length is not None and (
+            not content_length.isdigit() or int(content_length) > self.limit
+        ):
+            self.too_large = True
+        return self.too_large
+
+    def add(self, chunk: bytes) -> None:
+        if self.too_large or len(self._data) + len(chunk) > self.limit:
+            self.too_large = True
+            self._data.clear()
+            return
+        self._data.extend(chunk)
+
+    def value(self) -> bytes:
+        """The whole body (meaningful only when not ``too_large``)."""
+        return bytes(self._data)
 
 
 # --- timestamps ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class AgentApp(Application):
         "on this node. Runs as root."
     )
     examples = """
-jupyter gpu-hotplug agent --simulate=4 --state-dir=/tmp/gpu-state --listen=127.0.0.1:8477
+jupyter gpu-hotplug agent --simulate=4 --state-dir=/var/lib/gpu-hotplug-sim --listen=127.0.0.1:8477
 jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:8477
 """
 
@@ -108,7 +108,9 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     ).tag(config=True)
     state_dir = Unicode(
         str(DEFAULT_STATE_DIR),
-        help="Directory of the ledger, the token and the lock (created with mode 0700).",
+        help="""Directory of the ledger, the token and the lock (created with mode 0700). An
+        existing one must be the agent user's and not writable by group or others (nor a
+        symlink): never point it into a shared temporary directory.""",
     ).tag(config=True)
     host_proc = Unicode(
         "/proc", help="The procfs in which target pids are given (the host's)."

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._structs import GpuUuid
 from . import openapi_document
-from .api.handlers import ApiContext
+from .api.handlers import ApiContext, Unwell
 from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
 from .core.injector import EngineInjector, Injector
@@ -41,6 +41,7 @@ from .local.ledger import Ledger
 from .local.resolver import ProcResolver
 from .local.simulate import Simulation
 from .settings import AgentSettings
+from .statedir import prepare_state_dir
 
 __all__ = ["Agent", "Components", "HealthProbe"]
 
@@ -52,11 +53,13 @@ _DRAIN_TIMEOUT = 30.0
 
 
 class HealthProbe:
-    """The cached liveness verdict of ``/healthz``: a cheap ledger read every few seconds.
+    """The cached verdicts of ``/healthz`` (liveness) and ``/readyz`` (readiness).
 
-    Cached (as kopf's probes are) so that a liveness check never queues behind slow work and a
-    burst of probes costs nothing; a verdict older than three intervals means the probe itself
-    is stuck, which is reported too.
+    A cheap ledger read every few seconds, cached (as kopf's probes are) so that a probe never
+    queues behind slow work and a burst of probes costs nothing. Liveness and readiness differ
+    as Kubernetes means them: while the agent starts (reconciling, before the first probe) and
+    while it stops, it is alive but not ready; a failed ledger read, or a verdict older than
+    three intervals (the probe itself is stuck), makes it neither.
     """
 
     def __init__(
@@ -69,14 +72,27 @@ class HealthProbe:
         self._check = check
         self._interval = interval
         self._clock = clock
-        self._problem: str | None = "not probed yet"
-        self._at = clock()
+        self._problem: str | None = None
+        self._at: float | None = None
+        self._stopping = False
 
-    def verdict(self) -> str | None:
-        """None when healthy, else what is wrong."""
-        if self._clock() - self._at > 3 * self._interval:
-            return f"no health probe for {self._clock() - self._at:.0f} s"
-        return self._problem
+    def verdict(self) -> Unwell | None:
+        """Liveness: None when alive (starting included), else what is wrong."""
+        if self._at is not None and self._clock() - self._at > 3 * self._interval:
+            return Unwell("failing", f"no health probe for {self._clock() - self._at:.0f} s")
+        return None if self._problem is None else Unwell("failing", self._problem)
+
+    def readiness(self) -> Unwell | None:
+        """Readiness: None when requests are served, else why not (starting, stopping...)."""
+        if self._stopping:
+            return Unwell("stopping", "the agent finishes the operations in flight and exits")
+        if self._at is None:
+            return Unwell("starting", "the agent reconciles its ledger with the host")
+        return self.verdict()
+
+    def stopping(self) -> None:
+        """From now on, not ready (the agent is shutting down)."""
+        self._stopping = True
 
     async def probe(self) -> None:
         try:
@@ -158,6 +174,7 @@ class Agent:
                     openapi=openapi_document(),
                     max_count=settings.max_gpus_per_target,
                     health=self.health.verdict,
+                    readiness=self.health.readiness,
                 )
             ),
             binder=components.identity.bind_connection,
@@ -173,7 +190,7 @@ class Agent:
 
         closers: list[Callable[[], None]] = []
         try:
-            settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            prepare_state_dir(settings.state_dir)
             ledger = Ledger.open(settings.state_dir)
             closers.append(ledger.close)
             token = load_or_create_token(settings.token_path)
@@ -269,6 +286,7 @@ class Agent:
     async def stop(self) -> None:
         """Stop serving, let running operations finish, close everything."""
         log.info("stopping: no new connections; waiting for operations in flight")
+        self.health.stopping()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -41,9 +41,23 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REC = 0x4000
+MS_RDONLY = 0x1
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
 MS_PRIVATE = 1 << 18
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 0x2
+# mount_setattr(2) (Linux 5.12; the same number on every architecture but alpha) and
+# <linux/mount.h>: change a whole mount tree's attributes at once, keeping its other flags.
+SYS_MOUNT_SETATTR = 442
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+# <linux/prctl.h> and <linux/capability.h>.
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 READY = b"R"
 ERROR = b"E"
@@ -53,6 +67,11 @@ EXIT_SETUP_FAILED = 127
 DEV_TMPFS_OPTIONS = "mode=755,size=65536k"
 #: ``/dev/pts``: a fresh devpts instance, so the sandbox sees only its own ptys (runc's options).
 DEVPTS_OPTIONS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
+#: Parts of a writable ``/proc`` that stay read-only: the host's sysctls and their kin
+#: (Docker's ``ReadonlyPaths``); root could otherwise change the host's kernel settings.
+PROC_READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+#: What covers a hidden path: an empty, read-only tmpfs nobody may enter.
+HIDE_OPTIONS = "mode=000,size=4k"
 #: ``/dev/shm``: no size cap beyond tmpfs's default (half of RAM). Docker's 64 MiB cap is a
 #: well-known cause of crashing PyTorch DataLoader workers, which notebook users run.
 SHM_OPTIONS = "mode=1777"
@@ -103,6 +122,10 @@ class _Config:
     uid: int | None
     gid: int | None
     groups: list[int] | None
+    capabilities: list[int] | None
+    read_only: bool
+    writable: list[str]
+    hidden: list[str]
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> _Config:
@@ -115,6 +138,10 @@ class _Config:
             uid=raw["uid"],
             gid=raw["gid"],
             groups=raw["groups"],
+            capabilities=raw["capabilities"],
+            read_only=bool(raw["read_only"]),
+            writable=[str(p) for p in raw["writable"]],
+            hidden=[str(p) for p in raw["hidden"]],
         )
 
 
@@ -188,6 +215,125 @@ def _populate_dev(extra_nodes: list[_Node]) -> None:
     _mount("mount-shm", "shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, SHM_OPTIONS)
 
 
+class _MountAttr(ctypes.Structure):
+    _fields_ = (
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    )
+
+
+def _set_read_only(path: str, *, read_only: bool, recursive: bool) -> None:
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY)
+    flags = AT_RECURSIVE if recursive else 0
+    result = _libc.syscall(
+        ctypes.c_long(SYS_MOUNT_SETATTR),
+        ctypes.c_int(AT_FDCWD),
+        path.encode(),
+        ctypes.c_uint(flags),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    _check(result, "read-only", f"mount_setattr {path} ({'ro' if read_only else 'rw'})")
+
+
+def _existing(paths: list[str]) -> list[str]:
+    """The paths that exist, resolved (a mount follows symlinks: name what it will cover)."""
+    return sorted({os.path.realpath(p) for p in paths if os.path.exists(p)})
+
+
+def _hide(paths: list[str]) -> None:
+    """Cover each path (the agent's state directory...) with an empty read-only tmpfs.
+
+    Without ``CAP_SYS_ADMIN`` the workload can never unmount it, and without
+    ``CAP_SYS_PTRACE`` it cannot reach the original through ``/proc/<agent pid>/root``.
+    """
+    for path in _existing(paths):
+        if os.path.isdir(path):
+            _mount(
+                "hide",
+                "tmpfs",
+                path,
+                "tmpfs",
+                MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                HIDE_OPTIONS,
+            )
+        else:
+            _mount("hide", "/dev/null", path, None, MS_BIND, None)
+            _mount("hide", "none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+
+
+def _read_only_view(writable: list[str]) -> None:
+    """Everything read-only but ``/dev`` and the ``writable`` paths (and what is below them).
+
+    Each writable path becomes a bind mount of itself first, so that it can be made
+    writable again on its own after the whole tree was made read-only in one call.
+    ``/sys`` (the cgroup filesystems above all) stays read-only: a root workload could
+    otherwise move itself out of its device cgroup; so do ``PROC_READ_ONLY`` when ``/proc``
+    is among the writable paths.
+    """
+    # Never "/" itself (a kernel started in /): that would make the whole root writable.
+    keep = [path for path in _existing(writable) if path != "/"]
+    for path in keep:
+        _mount("writable", path, path, None, MS_BIND | MS_REC, None)
+    _set_read_only("/", read_only=True, recursive=True)
+    _set_read_only("/dev", read_only=False, recursive=True)  # ours: tmpfs, devpts, shm
+    for path in keep:
+        _set_read_only(path, read_only=False, recursive=False)
+    if "/proc" in keep:
+        for path in _existing(list(PROC_READ_ONLY)):
+            _mount("read-only", path, path, None, MS_BIND | MS_REC, None)
+            _set_read_only(path, read_only=True, recursive=True)
+
+
+def _limit_capabilities(keep: list[int]) -> None:
+    """Drop every capability outside ``keep`` from the bounding set (so no exec, not even
+    of a set-uid binary, can regain it) and clear the ambient set; ``_restrict_capabilities``
+    later trims what the process holds."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError) as e:
+        raise SetupError("capabilities", f"cannot read cap_last_cap: {e}") from e
+    for cap in range(last + 1):
+        if cap not in keep:
+            _check(
+                _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capabilities", f"drop capability {cap}"
+            )
+    _check(
+        _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0),
+        "capabilities",
+        "clear the ambient capabilities",
+    )
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def _restrict_capabilities(keep: list[int]) -> None:
+    """Effective, permitted and inheritable sets: what they hold now, within ``keep``."""
+    mask = sum(1 << cap for cap in keep)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capabilities", "capget")
+    for word in range(2):
+        allowed = (mask >> (32 * word)) & 0xFFFFFFFF
+        data[word].effective &= allowed
+        data[word].permitted &= allowed
+        data[word].inheritable &= allowed
+    _check(_libc.capset(ctypes.byref(header), data), "capabilities", "capset")
+
+
 def _join_cgroups(procs_files: list[str]) -> None:
     pid = str(os.getpid())
     for path in procs_files:
@@ -250,10 +396,19 @@ def main(argv: list[str]) -> NoReturn:
         mount_ns = os.stat("/proc/self/ns/mnt").st_ino
         _detach_host_dev()
         _populate_dev(cfg.extra_nodes)
+        _hide(cfg.hidden)
         # Join only now: creating /dev's nodes must not depend on the policy granting
         # mknod, and everything from here on (the exec above all) runs confined.
         _join_cgroups(cfg.cgroup_procs)
+        # Read-only after joining (that writes to cgroupfs), capabilities last (mounting
+        # needs CAP_SYS_ADMIN, the bounding set CAP_SETPCAP, the credentials CAP_SETUID).
+        if cfg.read_only:
+            _read_only_view(cfg.writable)
+        if cfg.capabilities is not None:
+            _limit_capabilities(cfg.capabilities)
         _drop_privileges(cfg)
+        if cfg.capabilities is not None:
+            _restrict_capabilities(cfg.capabilities)
         _exec(cfg, status_fd, mount_ns)
     except SetupError as e:
         _report(status_fd, {"step": e.step, "errno": e.errno, "message": e.message})

@@ -11,8 +11,16 @@ GPU to "a kernel" means what it means for a container in Kubernetes — allow th
 the kernel's cgroups and create its node in the kernel's mount namespace — and the same
 injector code serves both. The test suite uses it as its stand-in for a container.
 
-What it is *not*: a security boundary against a root workload, which could leave its
-cgroup or mount a devtmpfs. Give ``uid``/``gid`` to run the command unprivileged.
+A boundary between kernels, as far as a container without user namespaces is one: like
+Docker's defaults, the workload keeps only Docker's default capability set (bounding set
+included: no ``CAP_SYS_ADMIN``, ``CAP_SYS_PTRACE``, ``CAP_SYS_MODULE``...), so even as root it
+cannot mount, unmount, load programs or modules, or trace processes outside; it sees the host's
+filesystem read-only except its working directory, home, ``/tmp``, ``/var/tmp``, its own
+``/dev`` and ``/proc`` but for the host's sysctls (so ``/sys/fs/cgroup`` cannot be written: it
+cannot leave its device cgroup); and the
+``hidden`` paths (the agent's state directory, with its token and ledger) are covered by an
+empty tmpfs. It shares the host's pid and network namespaces, as local mode needs them. Give
+``uid``/``gid`` to run the command unprivileged as well.
 """
 
 from __future__ import annotations
@@ -52,6 +60,32 @@ _KILL_ROUND: Final = 0.5
 _POLL_MIN: Final = 0.002
 _POLL_MAX: Final = 0.05
 
+DOCKER_DEFAULT_CAPABILITIES: Final = frozenset(
+    {
+        0,  # CAP_CHOWN
+        1,  # CAP_DAC_OVERRIDE
+        3,  # CAP_FOWNER
+        4,  # CAP_FSETID
+        5,  # CAP_KILL
+        6,  # CAP_SETGID
+        7,  # CAP_SETUID
+        8,  # CAP_SETPCAP
+        10,  # CAP_NET_BIND_SERVICE
+        13,  # CAP_NET_RAW
+        18,  # CAP_SYS_CHROOT
+        27,  # CAP_MKNOD
+        29,  # CAP_AUDIT_WRITE
+        31,  # CAP_SETFCAP
+    }
+)
+"""The capabilities Docker (moby ``oci/caps/defaults.go``) leaves a container by default."""
+
+DEFAULT_HIDDEN: Final = ("/var/lib/gpu-hotplug",)
+"""Paths a sandbox never sees by default: the agent's default state directory (token, ledger)."""
+
+# /proc as in Docker: writable (a process may set its own oom_score_adj, comm...), but its
+# host-wide parts (sysctls...) stay read-only: see _sandbox_init.PROC_READ_ONLY.
+_ALWAYS_WRITABLE: Final = ("/tmp", "/var/tmp", "/proc")
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _INIT_SCRIPT: Final = Path(_sandbox_init.__file__)
 
@@ -117,6 +151,15 @@ class SandboxSpec:
     gid: int | None = None
     groups: tuple[int, ...] | None = None
     """Supplementary groups; ``None`` means none when ``uid`` or ``gid`` is given."""
+    capabilities: frozenset[int] | None = DOCKER_DEFAULT_CAPABILITIES
+    """Capability numbers the workload may hold (bounding set included); ``None``: all."""
+    read_only: bool = True
+    """Show the host's filesystem read-only, but for the working directory, ``$HOME``,
+    ``/tmp``, ``/var/tmp``, ``/dev``, ``/proc`` (not its sysctls) and ``writable``."""
+    writable: tuple[str, ...] = ()
+    """More paths that stay writable in a read-only view."""
+    hidden: tuple[str, ...] = DEFAULT_HIDDEN
+    """Paths covered by an empty tmpfs (a file: by an empty one), e.g. the agent's state dir."""
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -429,9 +472,10 @@ def _bootstrap_config(
 ) -> bytes:
     dropping = spec.uid is not None or spec.gid is not None
     groups = spec.groups if spec.groups is not None else (() if dropping else None)
+    env = dict(os.environ if spec.env is None else spec.env)
     config = {
         "argv": list(spec.argv),
-        "env": dict(os.environ if spec.env is None else spec.env),
+        "env": env,
         "cwd": spec.cwd,
         "cgroup_procs": [str(d / "cgroup.procs") for d in sandbox_cgroups.dirs()],
         "extra_nodes": [
@@ -441,8 +485,18 @@ def _bootstrap_config(
         "uid": spec.uid,
         "gid": spec.gid,
         "groups": None if groups is None else list(groups),
+        "capabilities": None if spec.capabilities is None else sorted(spec.capabilities),
+        "read_only": spec.read_only,
+        "writable": [*_writable(spec, env), *spec.writable],
+        "hidden": list(spec.hidden),
     }
     return json.dumps(config).encode()
+
+
+def _writable(spec: SandboxSpec, env: Mapping[str, str]) -> list[str]:
+    """What a workload writes to by default: its working directory, home and temp dirs."""
+    home = env.get("HOME")
+    return [spec.cwd or os.getcwd(), *_ALWAYS_WRITABLE, *([home] if home else [])]
 
 
 def _spawn(

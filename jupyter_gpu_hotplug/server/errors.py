@@ -35,6 +35,7 @@ from ..client import (
 )
 
 __all__ = [
+    "BodyTooLarge",
     "ErrorReply",
     "GpuNotAttached",
     "HotplugError",
@@ -57,6 +58,8 @@ class HotplugError(Exception):
     """
 
     code: ClassVar[str] = "internal_error"
+    status: ClassVar[int | None] = None
+    """The HTTP status when it is not the code's usual one."""
     default_retryable: ClassVar[bool] = False
 
     def __init__(
@@ -80,6 +83,18 @@ class InvalidInput(HotplugError):
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message, extra={"field": field})
         self.field = field
+
+
+class BodyTooLarge(InvalidInput):
+    """413: the body is over the limit (refused before it is read, as the agent does)."""
+
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than {limit} bytes; no request of this API needs more",
+            field="body",
+        )
 
 
 class KernelIdRequired(InvalidInput):
@@ -226,7 +241,7 @@ def error_reply(error: BaseException) -> ErrorReply | None:
     """The answer describing ``error``; ``None`` when it is neither ours nor the agent client's
     (a bug, or tornado's own ``HTTPError``), which the caller answers in its usual way."""
     if isinstance(error, HotplugError):
-        status = _STATUS_BY_CODE.get(error.code, 500)
+        status = error.status or _STATUS_BY_CODE.get(error.code, 500)
         return _reply(
             status, error.code, error.message, retryable=error.retryable, extra=error.extra
         )

@@ -36,11 +36,12 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
+from .._structs import BoundedBody
 from .._version import __version__
-from .errors import error_reply, internal_error_reply
+from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
 from .stream import STREAM_PREAMBLE, Subscription
-from .validation import parse_attach, parse_detach, parse_kernel_query
+from .validation import MAX_BODY_BYTES, parse_attach, parse_detach, parse_kernel_query
 
 AUTH_RESOURCE = "gpu_hotplug"
 """The resource name our handlers ask the server's ``Authorizer`` about."""
@@ -96,6 +97,34 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
         )
 
 
+@web.stream_request_body
+class BodyHandler(GPUHotplugAPIHandler):
+    """A handler with a JSON body of at most ``MAX_BODY_BYTES``, refused with 413 unread.
+
+    jupyter_server reads a whole body (up to its ``max_body_size``, 512 MiB) before a handler
+    runs; streamed, the declared ``Content-Length`` is checked when the headers arrive, and a
+    chunked body is counted as it comes and dropped past the limit.
+    """
+
+    _body: BoundedBody
+
+    async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's is async
+        self._body = BoundedBody(MAX_BODY_BYTES)
+        if self._body.declare(self.request.headers.get("Content-Length")):
+            raise BodyTooLarge(MAX_BODY_BYTES)
+        await super().prepare()
+
+    def data_received(self, chunk: bytes) -> None:
+        self._body.add(chunk)
+
+    @property
+    def body(self) -> bytes:
+        """The whole request body; ``BodyTooLarge`` if it grew past the limit."""
+        if self._body.too_large:
+            raise BodyTooLarge(MAX_BODY_BYTES)
+        return self._body.value()
+
+
 class VersionHandler(GPUHotplugAPIHandler):
     """``GET version``: lets the frontend check the server side is installed and matches it."""
 
@@ -115,13 +144,13 @@ class GpusHandler(GPUHotplugAPIHandler):
         self.finish_json(200, await self.manager.gpus(kernel_id))
 
 
-class AttachHandler(GPUHotplugAPIHandler):
+class AttachHandler(BodyHandler):
     """``POST attach``: attach GPUs; progress is published on the stream meanwhile."""
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        request = parse_attach(self.request.body, max_count=self.manager.max_count)
+        request = parse_attach(self.body, max_count=self.manager.max_count)
         result = await self.manager.attach(request)
         location = url_path_join(self.base_url, GPUS_PATH)
         if request.kernel_id is not None:
@@ -130,13 +159,13 @@ class AttachHandler(GPUHotplugAPIHandler):
         self.finish_json(201, result)
 
 
-class DetachHandler(GPUHotplugAPIHandler):
+class DetachHandler(BodyHandler):
     """``POST detach``: release one GPU or all of them."""
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        await self.manager.detach(parse_detach(self.request.body))
+        await self.manager.detach(parse_detach(self.body))
         self.set_status(204)
         self.finish()
 

@@ -19,7 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NewType
 
-from .._structs import GPU_UUID_RE, MAX_WAIT_SECONDS, REQUEST_ID_RE, GpuUuid, RequestId
+from .._structs import (
+    GPU_UUID_RE,
+    MAX_WAIT_SECONDS,
+    REQUEST_ID_MAX,
+    REQUEST_ID_RE,
+    GpuUuid,
+    RequestId,
+    WireFormatError,
+    load_request_json,
+)
 from .errors import InvalidInput
 
 __all__ = [
@@ -83,12 +92,11 @@ def _describe(value: object) -> str:
 
 
 def _json_object(body: bytes) -> dict[str, object]:
-    if len(body) > MAX_BODY_BYTES:
-        raise InvalidInput(f"the body is larger than {MAX_BODY_BYTES} bytes", field="body")
+    # The agent reads its bodies with the same function: both APIs refuse the same bytes.
     try:
-        value = json.loads(body) if body.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidInput(f"the body is not valid JSON: {error}", field="body") from error
+        value = load_request_json(body, max_body=MAX_BODY_BYTES)
+    except WireFormatError as error:
+        raise InvalidInput(error.message, field=error.field) from error
     if not isinstance(value, dict):
         raise InvalidInput(
             f"the body must be a JSON object, not {_describe(value)}",
@@ -151,7 +159,8 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None
     ):
         raise InvalidInput(
-            f"request_id must be 1 to 128 letters, digits or . _ : -, got {_describe(request_id)}",
+            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
+            f"got {_describe(request_id)}",
             field="request_id",
         )
     return AttachRequest(

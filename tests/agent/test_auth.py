@@ -36,13 +36,15 @@ def test_token_is_created_0600_once(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
-def test_token_readable_by_others_is_tightened(tmp_path: Path) -> None:
+def test_token_readable_by_others_is_refused(tmp_path: Path) -> None:
+    # Regression (issue 9): it used to be tightened and adopted, though it may have leaked.
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
     path.chmod(0o644)
 
-    assert load_or_create_token(path) == TOKEN
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(TokenError, match=rf"{path}.*owner uid 0 \(root\), mode 0644"):
+        load_or_create_token(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # left as found
 
 
 @pytest.mark.parametrize(

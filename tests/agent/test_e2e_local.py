@@ -332,7 +332,7 @@ def test_refused_targets_and_bad_input(agent: AgentProcess, sandbox: SandboxProb
 
     cases = {
         "not-json": (client.post("/v1/attachments", raw=b"{nope"), 400),
-        "huge-body": (client.post("/v1/attachments", raw=huge), 400),
+        "huge-body": (client.post("/v1/attachments", raw=huge), 413),
         "zero": (post(0, sandbox.pid), 400),
         "negative": (post(-3, sandbox.pid), 400),
         "huge-count": (post(10**9, sandbox.pid), 400),

@@ -22,7 +22,12 @@ from jupyter_gpu_hotplug import _structs
 from jupyter_gpu_hotplug._structs import MAX_WAIT_SECONDS
 from jupyter_gpu_hotplug.agent import openapi_document
 from jupyter_gpu_hotplug.agent.api.validation import parse_attach_request
-from jupyter_gpu_hotplug.agent.core.errors import ERRORS_BY_CODE, AgentError, InvalidRequest
+from jupyter_gpu_hotplug.agent.core.errors import (
+    ERRORS_BY_CODE,
+    AgentError,
+    BodyTooLarge,
+    InvalidRequest,
+)
 
 from .test_errors import CASES as ERROR_CASES
 from .test_validation import (
@@ -53,6 +58,7 @@ DETACH_ERRORS: set[_structs.ErrorCode] = {
 }
 EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("get", "/healthz"): {"internal_error"},
+    ("get", "/readyz"): {"internal_error"},
     ("get", "/metrics"): {"internal_error"},
     ("get", "/v1/openapi.json"): {"internal_error"},
     ("get", "/v1/gpus"): {"unauthenticated", "internal_error"},
@@ -67,7 +73,7 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("delete", "/v1/attachments"): DETACH_ERRORS,
     ("delete", "/v1/attachments/{uuid}"): DETACH_ERRORS,
 }
-UNAUTHENTICATED_PATHS = {"/healthz", "/metrics", "/v1/openapi.json"}
+UNAUTHENTICATED_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/openapi.json"}
 
 
 def validator(schema_name: str) -> Draft202012Validator:
@@ -102,6 +108,7 @@ def documented_errors(operation: dict[str, Any]) -> set[tuple[int, str]]:
         for status, response in operation["responses"].items()
         if int(status) >= 400
         for schema in error_schemas(response)
+        if "error" in schema["properties"]  # not the probes' 503 (a Health body)
     }
 
 
@@ -133,12 +140,14 @@ def test_every_operation_is_expected() -> None:
 def test_errors_documented_with_their_status(method: str, path: str) -> None:
     operation = DOC["paths"][path][method]
     expected = {(ERRORS_BY_CODE[code].status, code) for code in EXPECTED_ERRORS[(method, path)]}
+    expected.add((BodyTooLarge.status, BodyTooLarge.code))  # any request may send a body
     assert documented_errors(operation) == expected
 
 
 def test_every_error_class_is_documented_somewhere() -> None:
     documented = set().union(*(documented_errors(op) for _, _, op in operations()))
-    assert documented == {(cls.status, code) for code, cls in ERRORS_BY_CODE.items()}
+    classes: list[type[AgentError]] = [*ERRORS_BY_CODE.values(), BodyTooLarge]
+    assert documented == {(cls.status, cls.code) for cls in classes}
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,14 @@ every answer is checked against ``openapi.json`` by the client in ``api_harness`
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
+import os
 import socket
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,10 @@ import pytest
 from tornado import web
 
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.api.handlers import ApiHandler, default_handlers
+from jupyter_gpu_hotplug.agent.api.handlers import ApiHandler, Unwell, default_handlers
 from jupyter_gpu_hotplug.agent.api.server import ListenError, bind_unix_socket
 from jupyter_gpu_hotplug.agent.api.validation import MAX_BODY_BYTES
+from jupyter_gpu_hotplug.agent.runtime import HealthProbe
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
 
 from .api_harness import (
@@ -279,7 +283,8 @@ def test_oversized_body_is_refused_before_reading_it(served: ServedAgent) -> Non
     response = Response(reply.status, dict(reply.getheaders()), body)
     check_contract("POST", "/v1/attachments", response)
 
-    assert (response.status, response.error) == (400, "invalid_request")
+    # Regression (issue 9): 413, the status HTTP has for it (it was a 400).
+    assert (response.status, response.error) == (413, "invalid_request")
     assert response.json()["field"] == "body"
     assert served.injector.calls == []
 
@@ -302,7 +307,7 @@ def test_oversized_chunked_body_is_refused(served: ServedAgent) -> None:
     finally:
         connection.close()
 
-    assert (reply.status, body["error"], body["field"]) == (400, "invalid_request", "body")
+    assert (reply.status, body["error"], body["field"]) == (413, "invalid_request", "body")
 
 
 # --- conflicts --------------------------------------------------------------------------------
@@ -362,10 +367,36 @@ def test_health_reports_a_failing_probe(served: ServedAgent) -> None:
     served.ledger.close()
     served.run(served.agent.health.probe())
 
-    response = served.tcp.with_token(None).get("/healthz")
+    for path in ("/healthz", "/readyz"):
+        response = served.tcp.with_token(None).get(path)
 
-    assert (response.status, response.error) == (500, "internal_error")
-    assert "LedgerError" in response.json()["message"]
+        assert response.status == 503
+        assert response.json()["status"] == "failing"
+        assert "LedgerError" in response.json()["reason"]
+
+
+def test_health_while_starting_and_stopping_is_never_a_500() -> None:
+    # Regression: before the first probe /healthz answered 500 "not probed yet".
+    probe = HealthProbe(_healthy_check)
+
+    assert probe.verdict() is None
+    assert probe.readiness() == Unwell("starting", "the agent reconciles its ledger with the host")
+    asyncio.run(probe.probe())
+    assert probe.verdict() is None and probe.readiness() is None
+    probe.stopping()
+    assert probe.verdict() is None
+    readiness = probe.readiness()
+    assert readiness is not None and readiness.status == "stopping"
+
+
+async def _healthy_check() -> None:
+    return None
+
+
+def test_ready_endpoint(served: ServedAgent) -> None:
+    response = served.tcp.with_token(None).get("/readyz")
+
+    assert (response.status, response.json()) == (200, {"status": "ok"})
 
 
 def test_metrics_count_requests_and_operations(served: ServedAgent) -> None:
@@ -416,3 +447,25 @@ def test_stale_socket_is_replaced_and_a_live_one_is_not(tmp_path: Path) -> None:
     with pytest.raises(ListenError, match="not a socket"):
         bind_unix_socket(other, mode=0o600)
     assert other.read_text() == "data"
+
+
+def test_unix_callers_are_logged_with_pid_and_container(
+    served: ServedAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression (issue 9): the access log said "(0.0.0.0)" for every unix-socket caller.
+    self_in(served, "kernel-logged")
+    caplog.set_level(logging.INFO, logger="tornado.access")
+
+    served.unix.get("/v1/gpus")
+
+    # The access line is written just after the answer is sent (in the agent's thread).
+    def access_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "GET /v1/gpus" in r.getMessage()]
+
+    deadline = time.monotonic() + 30
+    while not access_lines() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (line,) = access_lines()
+    assert f"pid {os.getpid()} uid {os.getuid()}" in line
+    assert "kernel-logged" in line
+    assert "0.0.0.0" not in line

@@ -20,6 +20,7 @@ from jupyter_gpu_hotplug._structs import (
     PidRef,
     PodTarget,
     RequestId,
+    WireFormatError,
 )
 from jupyter_gpu_hotplug.agent.api.validation import (
     MAX_BODY_BYTES,
@@ -248,7 +249,8 @@ def test_long_bad_input_is_not_echoed_whole(raw: bytes) -> None:
 def test_library_errors_are_chained() -> None:
     with pytest.raises(InvalidRequest) as caught:
         parse_attach_request(b"{", max_count=MAX_COUNT)
-    assert isinstance(caught.value.__cause__, json.JSONDecodeError)
+    assert isinstance(caught.value.__cause__, WireFormatError)
+    assert isinstance(caught.value.__cause__.__cause__, json.JSONDecodeError)
 
 
 # --- request ids, uuids --------------------------------------------------------------------------

@@ -152,6 +152,21 @@ class Event:
     data: Any
 
 
+async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, Any]]:
+    """Send ``request`` as it is to the server on ``port``; the status and JSON body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), DEADLINE)
+    finally:
+        writer.close()
+    return int(lines[0].split()[1]), json.loads(body)
+
+
 class SseClient:
     """A client of the event stream over a plain TCP connection.
 

@@ -24,7 +24,15 @@ from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
-from .api_support import BrokenClient, Fetch, NoAgent, call, local_mode, sandboxes_of
+from .api_support import (
+    BrokenClient,
+    Fetch,
+    NoAgent,
+    call,
+    local_mode,
+    raw_exchange,
+    sandboxes_of,
+)
 
 GPU0 = "/dev/nvidia0"
 
@@ -69,7 +77,7 @@ async def test_node_view_without_a_kernel(
 
 
 BAD_INPUT = [
-    pytest.param("attach", b"", "body", "must be a JSON object", id="attach-empty"),
+    pytest.param("attach", b"", "body", "is empty", id="attach-empty"),
     pytest.param("attach", b"{", "body", "not valid JSON", id="attach-not-json"),
     pytest.param("attach", b"[1]", "body", "must be a JSON object", id="attach-array"),
     pytest.param("attach", b"{}", "count", "count is required", id="count-missing"),
@@ -98,6 +106,17 @@ BAD_INPUT = [
     ),
     pytest.param("detach", b'{"uuid": "all", "x": 1}', "x", "unknown member", id="unknown"),
     pytest.param("detach", b'{"uuid": "all"}', "kernel_id", "name the kernel", id="no-kernel"),
+    # Regression (issue 9): a 500 (ValueError, RecursionError) or accepted (last key wins).
+    *(
+        pytest.param(route, raw, "body", words, id=f"{route}-{name}")
+        for route in ("attach", "detach")
+        for name, raw, words in (
+            ("digits", b'{"count": 1' + b"0" * 5000 + b"}", "too many digits"),
+            ("deep", b'{"request_id": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+        )
+    ),
+    pytest.param("attach", b'{"count": 1, "count": 1}', "count", "twice", id="attach-dup"),
+    pytest.param("detach", b'{"uuid": "all", "uuid": "x"}', "uuid", "twice", id="detach-dup"),
 ]
 
 
@@ -126,6 +145,41 @@ class TestRefusedBeforeAskingTheAgent(NoAgent):
             reply = await call(jp_fetch, "GET", route, params=params)
 
             reply.error(400, "invalid_request")
+
+    @pytest.mark.parametrize("route", ["attach", "detach"])
+    async def test_oversized_body_is_413_before_it_is_read(
+        self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int, route: str
+    ) -> None:
+        # Regression (issue 9): the server read the whole body (up to 512 MiB) before a 400.
+        head = (
+            f"POST {jp_serverapp.base_url}gpu-hotplug/api/{route} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: token {jp_serverapp.identity_provider.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {50 * 2**20}\r\n\r\n"
+        )
+        # Only the headers and a few bytes are sent: the answer must not wait for 50 MB.
+        status, body = await raw_exchange(jp_http_port, head.encode() + b'{"count": 1, "x": "')
+
+        assert status == 413
+        assert (body["error"], body["field"], body["reason"]) == (
+            "invalid_request",
+            "body",
+            "Request Entity Too Large",
+        )
+
+    async def test_oversized_chunked_body_is_413(
+        self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int
+    ) -> None:
+        chunk = b"x" * 4096
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(8)) + b"0\r\n\r\n"
+        head = (
+            f"POST {jp_serverapp.base_url}gpu-hotplug/api/attach HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: token {jp_serverapp.identity_provider.token}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        )
+
+        status, body = await raw_exchange(jp_http_port, head.encode() + framed)
+
+        assert (status, body["error"], body["field"]) == (413, "invalid_request", "body")
 
     async def test_unregistered_kernel_is_404(self, jp_fetch: Fetch) -> None:
         listed = await call(jp_fetch, "GET", "gpus", params={"kernel_id": "nope"})

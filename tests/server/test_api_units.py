@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from tornado import web
 
 from jupyter_gpu_hotplug._structs import GpuUuid
+from jupyter_gpu_hotplug.agent.api.validation import parse_attach_request
+from jupyter_gpu_hotplug.agent.core.errors import InvalidRequest as AgentInvalidRequest
 from jupyter_gpu_hotplug.client import (
     AgentConnectionLost,
     AgentProtocolError,
@@ -90,9 +93,44 @@ def test_non_finite_numbers_are_refused(body: bytes) -> None:
 
 
 def test_oversized_body_is_refused_unparsed() -> None:
-    with pytest.raises(InvalidInput, match="larger than") as caught:
+    with pytest.raises(InvalidInput, match="the limit is") as caught:
         parse_attach(b" " * 20_000 + b'{"count": 1}', max_count=8)
     assert caught.value.field == "body"
+
+
+# Regression (issue 9): these gave a ValueError, a RecursionError (both a 500) or were
+# accepted (duplicate keys: last wins) before the two APIs shared one body reader.
+HOSTILE_BODIES = [
+    pytest.param(b'{"count": 1' + b"0" * 5000 + b"}", "body", "too many digits", id="digits"),
+    pytest.param(
+        b'{"count": 1, "request_id": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+        "body",
+        "nested too deeply",
+        id="deep",
+    ),
+    pytest.param(b'{"count": 1, "count": 2}', "count", "appears twice", id="duplicate"),
+    pytest.param(b'{"uuid": "all", "uuid": "all"}', "uuid", "appears twice", id="duplicate-2"),
+    pytest.param(b'{"count": 1, "x": "\xff"}', "body", "not UTF-8", id="not-utf8"),
+    pytest.param(b'{"count": NaN}', "body", "JSON does not allow", id="nan"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field", "message"), HOSTILE_BODIES)
+@pytest.mark.parametrize("parse", [parse_attach, parse_detach], ids=["attach", "detach"])
+def test_hostile_bodies_are_invalid_input(raw: bytes, field: str, message: str, parse: Any) -> None:
+    with pytest.raises(InvalidInput, match=message) as caught:
+        parse(raw, max_count=8) if parse is parse_attach else parse(raw)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("raw", "field", "message"), HOSTILE_BODIES)
+def test_both_apis_refuse_a_body_alike(raw: bytes, field: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as ours:
+        parse_attach(raw, max_count=8)
+    with pytest.raises(AgentInvalidRequest) as agents:
+        parse_attach_request(raw, max_count=8)
+    assert ours.value.field == agents.value.field
+    assert agents.value.message.startswith(ours.value.message)  # the agent adds a hint
 
 
 def test_kernel_query() -> None:

@@ -8,8 +8,8 @@ the peer (``SO_PEERCRED``) and a pidfd for that very process (``SO_PEERPIDFD``, 
 ``Identity.bind_connection``, which resolves the peer's container while the pidfd proves the
 peer alive; every request on the connection then carries the same ``ConnectionInfo``.
 
-``BindingHTTPServer`` is tornado's ``HTTPServer`` with that one step added; handlers read the
-result with ``connection_of``.
+``httpserver.BindingHTTPServer`` takes that step for each accepted connection; handlers read
+the result with ``connection_of``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import socket
 import struct
 import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from tornado import httputil, iostream
-from tornado.httpserver import HTTPServer
 
 from ..core.seams import ConnectionInfo, PeerCredentials
 
-__all__ = ["BindingHTTPServer", "connection_of", "peer_credentials", "peer_pidfd"]
+__all__ = ["Binder", "bind_connection", "connection_of", "peer_credentials", "peer_pidfd"]
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +74,19 @@ def bind_socket(sock: socket.socket, binder: Binder) -> ConnectionInfo:
             os.close(pidfd)
 
 
+def bind_connection(stream: iostream.IOStream, binder: Binder) -> None:
+    """Bind ``stream``'s identity now, at accept (module docstring)."""
+    try:
+        _bound[stream] = bind_socket(stream.socket, binder)
+    except Exception:
+        # A connection whose identity cannot be told gets none: it may still use a token.
+        log.exception("cannot identify the peer of a new connection")
+        _bound[stream] = ConnectionInfo(transport="unix")
+
+
 def connection_of(request: httputil.HTTPServerRequest) -> ConnectionInfo:
     """What the connection of ``request`` was bound to at accept (TCP when unknown)."""
     stream = getattr(request.connection, "stream", None)
     if isinstance(stream, iostream.IOStream):
         return _bound.get(stream, _TCP)
     return _TCP
-
-
-class BindingHTTPServer(HTTPServer):
-    """``HTTPServer`` that binds each accepted connection's identity (module docstring)."""
-
-    binder: Binder
-    """Set right after construction (tornado's ``initialize`` takes no extra arguments)."""
-
-    def handle_stream(self, stream: iostream.IOStream, address: tuple[Any, ...]) -> None:
-        try:
-            _bound[stream] = bind_socket(stream.socket, self.binder)
-        except Exception:
-            # A connection whose identity cannot be told gets none: it may still use a token.
-            log.exception("cannot identify the peer of a new connection")
-            _bound[stream] = ConnectionInfo(transport="unix")
-        super().handle_stream(stream, address)

@@ -21,13 +21,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 from tornado import web
 
-from ..._structs import ErrorBody
+from ..._structs import BoundedBody, ErrorBody
 from ..core.errors import (
     AgentError,
+    BodyTooLarge,
     Forbidden,
     InternalError,
     InvalidRequest,
@@ -54,13 +55,16 @@ __all__ = [
     "HEALTH_URL",
     "METRICS_URL",
     "OPENAPI_URL",
+    "READY_URL",
     "ApiContext",
+    "Unwell",
     "default_handlers",
 ]
 
 log = logging.getLogger(__name__)
 
 HEALTH_URL: Final = r"/healthz"
+READY_URL: Final = r"/readyz"
 METRICS_URL: Final = r"/metrics"
 OPENAPI_URL: Final = r"/v1/openapi\.json"
 GPUS_URL: Final = r"/v1/gpus"
@@ -69,6 +73,14 @@ ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
 
 _JSON: Final = "application/json"
 _TARGET_QUERY: Final = ("pod", "container", "pid")
+
+
+@dataclass(frozen=True)
+class Unwell:
+    """Why ``/healthz`` or ``/readyz`` answers 503: the state word and the reason."""
+
+    status: Literal["starting", "stopping", "failing"]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,10 @@ class ApiContext:
     openapi: bytes
     max_count: int
     """The most GPUs one request may ask for."""
-    health: Callable[[], str | None]
-    """The cached liveness verdict: None when healthy, else why not."""
+    health: Callable[[], Unwell | None]
+    """The cached liveness verdict: None when alive, else why not."""
+    readiness: Callable[[], Unwell | None]
+    """The cached readiness verdict: None when serving, else why not (starting, stopping)."""
 
 
 @web.stream_request_body
@@ -107,8 +121,7 @@ class ApiHandler(web.RequestHandler):
         return self._request_id
 
     def initialize(self) -> None:
-        self._body = bytearray()
-        self._body_too_large = False
+        self._body = BoundedBody(MAX_BODY_BYTES)
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
@@ -118,16 +131,27 @@ class ApiHandler(web.RequestHandler):
     def compute_etag(self) -> None:
         return None
 
+    def _request_summary(self) -> str:
+        # tornado's access log names the caller by remote_ip, which is "0.0.0.0" for every
+        # unix-socket caller; there the identity bound at accept says who it is.
+        connection = connection_of(self.request)
+        if connection.peer is None:
+            return super()._request_summary()
+        peer = connection.peer
+        container = connection.cgroups or "no container"
+        return (
+            f"{self.request.method} {self.request.uri} "
+            f"(pid {peer.pid} uid {peer.uid}, container {container})"
+        )
+
     # --- request -------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         # Only what must happen before the body arrives: a body that is too big is refused
         # without reading it. Everything else waits for the whole request, so a client is
         # never answered (and disconnected) while it is still sending a normal body.
-        length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            self._body_too_large = True
-            raise self._too_large()
+        if self._body.declare(self.request.headers.get("Content-Length")):
+            raise BodyTooLarge(MAX_BODY_BYTES)
 
     async def authenticate(self) -> Caller:
         """The caller, from the bearer token or the connection's bound identity; first in
@@ -140,26 +164,14 @@ class ApiHandler(web.RequestHandler):
         return self.caller
 
     def data_received(self, chunk: bytes) -> None:
-        if self._body_too_large:
-            return
-        if len(self._body) + len(chunk) > MAX_BODY_BYTES:
-            self._body_too_large = True
-            self._body.clear()
-            return
-        self._body.extend(chunk)
+        self._body.add(chunk)
 
     @property
     def body(self) -> bytes:
         """The request body, whole; refused if it grew past the limit (chunked uploads)."""
-        if self._body_too_large:
-            raise self._too_large()
-        return bytes(self._body)
-
-    @staticmethod
-    def _too_large() -> InvalidRequest:
-        return InvalidRequest(
-            f"the request body is larger than {MAX_BODY_BYTES} bytes", field="body"
-        )
+        if self._body.too_large:
+            raise BodyTooLarge(MAX_BODY_BYTES)
+        return self._body.value()
 
     def query(self, *allowed: str) -> dict[str, list[bytes]]:
         """The query arguments, refusing names the route does not know."""
@@ -242,13 +254,28 @@ class ApiHandler(web.RequestHandler):
 
 
 class HealthHandler(ApiHandler):
+    """``/healthz``, liveness: 200 while the agent works (starting included), 503 once its
+    ledger stops answering (a restart may help). Never a 500: a probe must understand it."""
+
     route = "/healthz"
 
     def get(self) -> None:
-        problem = self.context.health()
-        if problem is not None:
-            raise InternalError(request_id=self.request_id, hint=f"health check: {problem}")
-        self.reply({"status": "ok"})
+        self._verdict(self.context.health())
+
+    def _verdict(self, problem: Unwell | None) -> None:
+        if problem is None:
+            self.reply({"status": "ok"})
+        else:
+            self.reply({"status": problem.status, "reason": problem.reason}, status=503)
+
+
+class ReadyHandler(HealthHandler):
+    """``/readyz``, readiness: 503 with the reason while starting, stopping or failing."""
+
+    route = "/readyz"
+
+    def get(self) -> None:
+        self._verdict(self.context.readiness())
 
 
 class MetricsHandler(ApiHandler):
@@ -327,6 +354,7 @@ class UnknownRouteHandler(ApiHandler):
 
 default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (HEALTH_URL, HealthHandler),
+    (READY_URL, ReadyHandler),
     (METRICS_URL, MetricsHandler),
     (OPENAPI_URL, OpenApiHandler),
     (GPUS_URL, GpusHandler),

@@ -29,8 +29,10 @@ from tornado import web
 from tornado.netutil import bind_sockets
 
 from ..settings import ListenAddress, TcpAddress, UnixAddress
-from .connection import Binder, BindingHTTPServer
+from .connection import Binder
 from .handlers import ApiContext, UnknownRouteHandler, default_handlers
+from .httpserver import BindingHTTPServer
+from .limits import DEFAULT_LIMITS, ConnectionLimits
 from .validation import MAX_BODY_BYTES
 
 __all__ = ["AgentServer", "ListenError", "bind_unix_socket", "make_application"]
@@ -42,8 +44,6 @@ _STALE_PROBE_TIMEOUT: Final = 1.0
 # Bodies above the API's own limit are still read (and refused with a JSON error) up to
 # this size; beyond it tornado itself drops the connection.
 _SERVER_MAX_BODY: Final = 16 * MAX_BODY_BYTES
-_IDLE_TIMEOUT: Final = 300.0
-_BODY_TIMEOUT: Final = 30.0
 
 
 class ListenError(Exception):
@@ -128,13 +128,14 @@ class BoundAddress:
 class AgentServer:
     """The HTTP server over all listening addresses."""
 
-    def __init__(self, application: web.Application, *, binder: Binder) -> None:
-        self._server = BindingHTTPServer(
-            application,
-            max_body_size=_SERVER_MAX_BODY,
-            idle_connection_timeout=_IDLE_TIMEOUT,
-            body_timeout=_BODY_TIMEOUT,
-        )
+    def __init__(
+        self,
+        application: web.Application,
+        *,
+        binder: Binder,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self._server = BindingHTTPServer(application, max_body_size=_SERVER_MAX_BODY, limits=limits)
         self._server.binder = binder
         self._unix_sockets: list[tuple[Path, int]] = []
         self.bound: list[BoundAddress] = []

@@ -15,7 +15,6 @@ import json
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 from ..._structs import (
     DEFAULT_WAIT_SECONDS,
@@ -31,8 +30,10 @@ from ..._structs import (
     PodTarget,
     RequestId,
     TargetRef,
+    WireFormatError,
     is_dns1123_label,
     is_dns1123_subdomain,
+    load_request_json,
 )
 from ..core.errors import InvalidRequest
 from ..core.seams import AttachRequest
@@ -71,56 +72,11 @@ def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class _NonStandardConstant(ValueError):
-    """json accepts NaN and Infinity by default; JSON (RFC 8259) does not."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise _NonStandardConstant(name)
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidRequest(
-                f"field {_describe(key)} appears twice in the request body", field=_clip(key)
-            )
-        result[key] = value
-    return result
-
-
 def _load_json(body: bytes, *, max_body: int) -> object:
-    if len(body) > max_body:
-        raise InvalidRequest(
-            f"request body is {len(body)} bytes; the limit is {max_body}", field="body"
-        )
-    if not body.strip():
-        raise InvalidRequest(
-            "request body is empty", field="body", hint='send a JSON object such as {"count": 1}'
-        )
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(f"request body is not UTF-8 ({e.reason})", field="body") from e
-    try:
-        return json.loads(
-            text, parse_constant=_reject_constant, object_pairs_hook=_reject_duplicates
-        )
-    except json.JSONDecodeError as e:
-        raise InvalidRequest(
-            f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-            field="body",
-        ) from e
-    except _NonStandardConstant as e:
-        raise InvalidRequest(
-            f"request body contains {e}, which JSON does not allow", field="body"
-        ) from e
-    except ValueError as e:
-        # The only other ValueError: int() refuses more than sys.get_int_max_str_digits() digits.
-        raise InvalidRequest("request body has a number with too many digits", field="body") from e
-    except RecursionError as e:
-        raise InvalidRequest("request body is nested too deeply", field="body") from e
+        return load_request_json(body, max_body=max_body)
+    except WireFormatError as e:
+        raise InvalidRequest(e.message, field=e.field) from e
 
 
 def _check_fields(

@@ -86,6 +86,20 @@ class InvalidRequest(AgentError):
         )
 
 
+class BodyTooLarge(InvalidRequest):
+    """413: the request body is over the limit; refused from its ``Content-Length`` before a
+    byte of it is read, or (chunked) as soon as the chunks add up to more."""
+
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than {limit} bytes",
+            field="body",
+            hint="no request of this API needs more; send the JSON object alone",
+        )
+
+
 class Unauthenticated(AgentError):
     """401: no credentials, or credentials the agent does not accept."""
 

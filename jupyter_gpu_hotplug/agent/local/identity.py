@@ -45,6 +45,7 @@ from ..core.seams import (
     PeerCredentials,
     Verb,
 )
+from ..statedir import unsafe_reason
 from .resolver import LOCAL_TARGET_HINT
 
 __all__ = ["LocalIdentity", "TokenError", "load_or_create_token"]
@@ -62,8 +63,9 @@ class TokenError(Exception):
 def load_or_create_token(path: Path) -> str:
     """The agent token stored at ``path``; created (0600, ``token_urlsafe(32)``) if missing.
 
-    An existing file readable by group or others is tightened to 0600 with a warning: the
-    token grants root-level power over every container's devices.
+    An existing file is adopted only if it is the agent user's own with mode 0600 (or
+    stricter), never through a symlink: the token grants root-level power over every
+    container's devices, and one that someone else prepared or could read is known to them.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -95,11 +97,13 @@ def _read_token(path: Path) -> str:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TokenError(f"the token file {path} is not a regular file")
-        if info.st_mode & 0o077:
-            log.warning(
-                "the token file %s had mode %#o; tightened to 0600", path, info.st_mode & 0o777
+        unsafe = unsafe_reason(info, forbidden_bits=0o077)
+        if unsafe is not None:
+            # Someone else's, or readable by others: it may be known to them already.
+            raise TokenError(
+                f"refusing the token file {path}: {unsafe}; delete it to have a new one "
+                "created (mode 0600)"
             )
-            os.fchmod(fd, 0o600)
         data = os.read(fd, _MAX_TOKEN_FILE)
     except OSError as e:
         raise TokenError(f"cannot read the token file {path}: {e.strerror}") from e

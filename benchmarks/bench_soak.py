@@ -1,0 +1,243 @@
+"""A bounded loopback soak of the agent: valid and hostile traffic mixed, then a leak check.
+
+Run as root on a host with cgroups:
+
+    .venv/bin/python benchmarks/bench_soak.py [--clients 6] [--hostile 4] [--idle 150] \
+        [--seconds 30]
+
+Starts a local agent with ``--simulate 4`` and one sandboxed process per valid client. For
+``--seconds``: each valid client cycles attach / ``GET /v1/gpus`` / detach on its sandbox over
+one persistent connection; each hostile client sends, on fresh connections, what the fuzzing
+tier sends (huge numbers, deep nesting, duplicate keys, an oversized declared body, an
+oversized chunked body, a body that never comes); and ``--idle`` connections are opened and
+left silent, to be closed by the agent's idle timeout. Printed: p50/p99 of each kind of
+answer, every status seen, the number of 5xx (must be 0), and the leak check after the soak
+and a quiet period: the agent's open file descriptors, threads and RSS against their values
+before, the ledger (every GPU free again) and each sandbox's device access (as at start).
+Figures are printed, never asserted; the exit status is 1 if a 5xx or a leak was seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _agent import RunningAgent, percentile, remove_parent_cgroups, start_agent
+
+from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2
+from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+
+PARENT = "gpu-hotplug-sandboxes/bench-soak"
+QUIET_SECONDS = 35.0  # longer than the agent's idle timeout (30 s)
+
+
+def _hostile(token: str) -> list[tuple[str, bytes]]:
+    auth = f"Authorization: Bearer {token}\r\n".encode()
+    post = b"POST /v1/attachments HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n" + auth
+
+    def body(data: bytes) -> bytes:
+        return post + b"Content-Length: %d\r\n\r\n" % len(data) + data
+
+    chunk = b"x" * 8192
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(10)) + b"0\r\n\r\n"
+    return [
+        ("huge number", body(b'{"count": 1' + b"0" * 5000 + b"}")),
+        ("deep nesting", body(b'{"count": 1, "request_id": ' + b"[" * 5000 + b"]" * 5000 + b"}")),
+        ("duplicate keys", body(b'{"count": 1, "count": 2}')),
+        (
+            "path in a field",
+            body(b'{"count": 1, "target": {"pod": {"namespace": "../..", "name": "x"}}}'),
+        ),
+        ("declared 50 MB", post + b"Content-Length: 52428800\r\n\r\n{"),
+        ("chunked 80 KiB", post + b"Transfer-Encoding: chunked\r\n\r\n" + chunked),
+    ]
+
+
+@dataclass
+class Tally:
+    latency: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, kind: str, status: int | None, elapsed: float) -> None:
+        with self.lock:
+            self.latency[kind].append(elapsed)
+            self.statuses[f"{kind} -> {status}"] += 1
+
+
+def valid_client(agent: RunningAgent, pid: int, stop: threading.Event, tally: Tally) -> None:
+    client = agent.client()
+    try:
+        while not stop.is_set():
+            start = time.perf_counter()
+            status, body = client.request(
+                "POST", "/v1/attachments", {"count": 1, "target": {"pid": pid}}
+            )
+            tally.record("attach", status, time.perf_counter() - start)
+            start = time.perf_counter()
+            listed, _ = client.request("GET", "/v1/gpus")
+            tally.record("GET /v1/gpus", listed, time.perf_counter() - start)
+            if status == 201:
+                uuid = body["attachments"][0]["uuid"]  # type: ignore[index]
+                start = time.perf_counter()
+                status, _ = client.request("DELETE", f"/v1/attachments/{uuid}")
+                tally.record("detach", status, time.perf_counter() - start)
+    finally:
+        client.close()
+
+
+def hostile_client(
+    port: int, cases: list[tuple[str, bytes]], stop: threading.Event, tally: Tally
+) -> None:
+    while not stop.is_set():
+        for kind, request in cases:
+            start = time.perf_counter()
+            tally.record(f"hostile: {kind}", _exchange(port, request), time.perf_counter() - start)
+
+
+def _exchange(port: int, request: bytes) -> int | None:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        # Answered (and closed) before the whole request was sent: read what it said.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+                if b"\r\n\r\n" in data:
+                    break
+        except ConnectionResetError:
+            pass
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.") else None
+
+
+@dataclass(frozen=True)
+class Footprint:
+    fds: int
+    threads: int
+    rss_kib: int
+
+    def __str__(self) -> str:
+        return f"{self.fds}/{self.threads}/{self.rss_kib // 1024} MiB"
+
+    @classmethod
+    def of(cls, agent: RunningAgent) -> Footprint:
+        pid = agent.process.pid
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        return cls(len(os.listdir(f"/proc/{pid}/fd")), threads, agent.rss_kib())
+
+
+def device_access(box: Sandbox) -> tuple[str, ...]:
+    rules: list[str] = []
+    if box.cgroups.v1 is not None:
+        rules += [str(r) for r in cgroup_v1.read_allow_list(box.cgroups.v1)]
+    if box.cgroups.v2 is not None:
+        rules += [f"v2 {r}" for r in cgroup_v2.granted_devices(box.cgroups.v2)]
+    rules += [f"/dev/{n}" for n in os.listdir(f"/proc/{box.pid}/root/dev")]
+    return tuple(sorted(rules))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--hostile", type=int, default=4)
+    parser.add_argument("--idle", type=int, default=150)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args()
+
+    tally = Tally()
+    sandboxes: list[Sandbox] = []
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+        agent = start_agent(Path(tmp) / "state", simulate=4)
+        try:
+            for _ in range(args.clients):
+                spec = SandboxSpec(("sleep", "100000"), cgroup_parent=PARENT, name_prefix="soak")
+                sandboxes.append(Sandbox.start(spec))
+            access_before = {box.pid: device_access(box) for box in sandboxes}
+            agent.client().request("GET", "/v1/gpus")
+            before = Footprint.of(agent)
+
+            idle = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(args.idle)]
+            stop = threading.Event()
+            cases = _hostile(agent.token)
+            threads = [
+                threading.Thread(target=valid_client, args=(agent, box.pid, stop, tally))
+                for box in sandboxes
+            ] + [
+                threading.Thread(target=hostile_client, args=(agent.port, cases, stop, tally))
+                for _ in range(args.hostile)
+            ]
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            time.sleep(args.seconds)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=120)
+            elapsed = time.perf_counter() - started
+            under_load = Footprint.of(agent)
+            idle_closed = sum(1 for sock in idle if _closed_by_peer(sock))
+            for sock in idle:
+                sock.close()
+            time.sleep(QUIET_SECONDS)
+            after = Footprint.of(agent)
+            _, listed = agent.client().request("GET", "/v1/gpus")
+            states = collections.Counter(g["state"] for g in listed["gpus"])  # type: ignore[index]
+            access_after = {box.pid: device_access(box) for box in sandboxes}
+        finally:
+            for box in sandboxes:
+                box.stop()
+            agent.stop()
+            remove_parent_cgroups(PARENT)
+
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(
+        f"soak: {args.clients} valid + {args.hostile} hostile clients, {args.idle} idle "
+        f"connections, 4 simulated GPUs, {elapsed:.1f} s (load {load})"
+    )
+    print(f"  {'kind':32} {'n':>6} {'p50 ms':>9} {'p99 ms':>9}")
+    for kind, samples in sorted(tally.latency.items()):
+        print(
+            f"  {kind:32} {len(samples):6d} {percentile(samples, 0.5) * 1000:9.2f} "
+            f"{percentile(samples, 0.99) * 1000:9.2f}"
+        )
+    print("  statuses:", json.dumps(dict(sorted(tally.statuses.items()))))
+    server_errors = sum(
+        n for key, n in tally.statuses.items() if key.split("-> ")[1].startswith("5")
+    )
+    print(f"  5xx answers: {server_errors}")
+    print(f"  idle connections closed by the agent during the soak: {idle_closed} of {args.idle}")
+    print(
+        f"  agent fds/threads/RSS: before {before}, under load {under_load}, "
+        f"after {QUIET_SECONDS:.0f} s quiet {after}"
+    )
+    leaked = after.fds > before.fds or states != collections.Counter({"free": 4})
+    leaked = leaked or access_after != access_before
+    unchanged = access_after == access_before
+    print(f"  ledger after: {dict(states)}; sandboxes' device access as at start: {unchanged}")
+    print(f"  leaks: {'YES' if leaked else 'none'}")
+    return 1 if server_errors or leaked else 0
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
