@@ -48,8 +48,12 @@ class AgentError(Exception):
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
-        cls.status = STATUS_BY_CODE[cls.code]
-        _REGISTRY[cls.code] = cls
+        # A class that names a code is that code's error; a subclass that only refines one
+        # (``BodyTooLarge`` is an ``invalid_request`` answered 413) keeps its own status and
+        # leaves the registry to its parent.
+        if "code" in cls.__dict__:
+            cls.status = STATUS_BY_CODE[cls.code]
+            _REGISTRY[cls.code] = cls
 
     def to_body(self) -> ErrorBody:
         """The JSON response body: ``{"error", "message", "retryable", ...extra}``."""
