@@ -148,7 +148,10 @@ def lab_config(settings: LabSettings) -> dict[str, Any]:
 
     layout = settings.layout
     kernels = sandboxed_kernels_config(
-        extra_env=kernel_environment(settings), name_prefix=SANDBOX_NAME_PREFIX
+        extra_env=kernel_environment(settings),
+        name_prefix=SANDBOX_NAME_PREFIX,
+        # The demo's agent keeps its token and ledger here: no kernel may read them.
+        also_hidden=[str(layout.agent_state)],
     )
     config: dict[str, Any] = json.loads(json.dumps(kernels))
     config["ServerApp"] = {

@@ -62,6 +62,7 @@ from traitlets.config import Config
 
 from ..linux.sandbox import (
     DEFAULT_CGROUP_PARENT,
+    DEFAULT_HIDDEN,
     Backend,
     Sandbox,
     SandboxError,
@@ -171,6 +172,16 @@ class SandboxedKernelProvisioner(LocalProvisioner):
         ``NVIDIA_VISIBLE_DEVICES=none``. GPUs themselves are never given at launch.""",
     ).tag(config=True)
 
+    hidden_paths = List(
+        Unicode(),
+        default_value=list(DEFAULT_HIDDEN),
+        help="""Host paths a kernel never sees: each is covered by an empty read-only tmpfs (a
+        file by an empty file) in the sandbox. The default hides the agent's default state
+        directory; a server beside an agent with another ``--state-dir`` must name that one too,
+        or its kernels (root, with Docker's default capabilities, which include
+        ``CAP_DAC_OVERRIDE``) can read the agent's token and ledger.""",
+    ).tag(config=True)
+
     start_timeout = Float(
         30.0,
         help="Seconds the sandbox may take to be set up before the launch fails.",
@@ -255,6 +266,7 @@ class SandboxedKernelProvisioner(LocalProvisioner):
             nvidia_control_nodes=self.nvidia_control_nodes,
             name_prefix=self.name_prefix,
             cgroup_parent=self.cgroup_parent,
+            hidden=tuple(self.hidden_paths),
         )
 
     def _start_sandbox(self, spec: SandboxSpec, stdio: Mapping[str, Any]) -> Sandbox:
@@ -455,15 +467,18 @@ def sandboxed_kernels_config(
     extra_env: Mapping[str, str] | None = None,
     name_prefix: str | None = None,
     cgroup_parent: str | None = None,
+    also_hidden: Sequence[str] = (),
 ) -> Config:
     """Server configuration that sandboxes every kernel whose kernelspec names no
-    provisioner of its own; merge it into the server's ``Config``."""
+    provisioner of its own; merge it into the server's ``Config``. ``also_hidden``: host
+    paths kernels must not see besides the default ones (an agent's state directory)."""
     config = Config()
     config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER_NAME
     traits: dict[str, Any] = {
         "extra_env": None if extra_env is None else dict(extra_env),
         "name_prefix": name_prefix,
         "cgroup_parent": cgroup_parent,
+        "hidden_paths": [*DEFAULT_HIDDEN, *also_hidden] if also_hidden else None,
     }
     for trait, value in traits.items():
         if value is not None:

@@ -65,6 +65,12 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
         ).stdout.strip()
         assert Path(shell).resolve() == Path(interpreter).resolve(), shell
 
+        # The demo's agent keeps its token and ledger out of every kernel's sight.
+        token = demo.layout.agent_token
+        assert token.is_file()
+        hidden = session.run(f"import os; print(sorted(os.listdir({str(token.parent)!r})))")
+        assert hidden.stdout.strip() == "[]", hidden.output
+
         pid = int(session.run("import os; print(os.getpid())").stdout)
         # A second notebook takes the other GPU: each names the other's holder by notebook.
         other_kernel = server.start_session(OTHER)

@@ -87,6 +87,8 @@ def test_every_kernel_is_sandboxed_with_the_kernel_environment() -> None:
     assert config["SandboxedKernelProvisioner"] == {
         "extra_env": kernel_environment(settings()),
         "name_prefix": SANDBOX_NAME_PREFIX,
+        # The default hidden paths and the demo agent's state (its token and ledger).
+        "hidden_paths": ["/var/lib/gpu-hotplug", f"{ROOT}/agent"],
     }
 
 
