@@ -106,10 +106,17 @@ def _power(gpu: GpuState) -> str:
 
 
 def gpu_summary(gpu: GpuState) -> str:
-    """One line per GPU: index, name, utilisation, memory, temperature and power."""
+    """One line per GPU: index, name, utilisation, memory, temperature and power. A MIG slice
+    is shown as a slice of its GPU (NVML gives it memory, not the GPU's other metrics)."""
     if gpu.lost:
         return f"[{gpu.index}] {gpu.name or 'GPU'}  {gpu.uuid or ''}  LOST (stopped answering)"
     memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    if gpu.mig is not None:
+        return (
+            f"[{gpu.index}] └ MIG slice {gpu.mig.profile or ''}  GPU instance "
+            f"{gpu.mig.gpu_instance_id}, compute instance {gpu.mig.compute_instance_id}  "
+            f"memory {memory}"
+        )
     return (
         f"[{gpu.index}] {gpu.name or 'GPU'}  util {_number(gpu.utilization_gpu, '%')}  "
         f"memory {memory}  temp {_number(gpu.temperature, '°C')}  power {_power(gpu)}"

@@ -35,6 +35,7 @@ from jupyter_gpu_hotplug.nvml.sim import (
     render_mig_minors,
     with_mig_devices,
 )
+from jupyter_gpu_hotplug.nvml.state import GpuMonitor, MigSlice
 from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
@@ -390,3 +391,74 @@ def test_container_sees_only_slices_with_both_caps_nodes(fake_nvml: FakeNvml, de
             pynvml.nvmlDeviceGetHandleByUUID(second.uuid)
     finally:
         pynvml.nvmlShutdown()
+
+
+# --- GpuMonitor: slices shown as slices --------------------------------------------------------
+
+
+def test_snapshot_shows_slices_after_their_gpu(fake_nvml: FakeNvml, dev: Path) -> None:
+    config = two_slices()
+    gpu = config.gpus[0]
+    first, second = gpu.mig_devices
+    busy_first = dataclasses.replace(
+        first, memory_used=2**30, processes=(SimulatedProcess(os.getpid(), 2**30),)
+    )
+    fake_nvml.write(
+        dataclasses.replace(
+            config,
+            gpus=(dataclasses.replace(gpu, mig_devices=(busy_first, second)), config.gpus[1]),
+        )
+    )
+    with GpuMonitor(dev_dir=dev) as monitor:
+        snapshot = monitor.snapshot()
+        roster = monitor.roster()
+        parent_processes = monitor.processes(gpu.minor)
+
+    assert snapshot.message == "2 GPUs, 2 MIG slices"
+    whole, one, two, other = snapshot.gpus
+    assert (whole.uuid, whole.mig, other.uuid, other.mig) == (
+        gpu.uuid,
+        None,
+        config.gpus[1].uuid,
+        None,
+    )
+    assert one.mig == MigSlice(
+        parent_uuid=gpu.uuid, profile="1g.10gb", gpu_instance_id=1, compute_instance_id=0
+    )
+    assert (two.uuid, two.mig and two.mig.gpu_instance_id) == (second.uuid, 2)
+    assert (one.uuid, one.name, one.minor, one.index) == (first.uuid, first.name, gpu.minor, 0)
+    assert (one.memory_total, one.memory_used) == (first.memory_total, 2**30)
+    assert (one.utilization_gpu, one.temperature, one.power_draw) == (None, None, None)
+    assert one.processes is not None and [p.pid for p in one.processes] == [os.getpid()]
+    assert two.processes == ()
+    assert one.to_json()["mig"] == {
+        "parent_uuid": gpu.uuid,
+        "profile": "1g.10gb",
+        "gpu_instance_id": 1,
+        "compute_instance_id": 0,
+    }
+    assert whole.to_json()["mig"] is None
+    assert [g.uuid for g in roster.gpus] == [gpu.uuid, config.gpus[1].uuid], "whole GPUs only"
+    assert parent_processes is not None and [p.pid for p in parent_processes] == [os.getpid()]
+
+
+@needs_root
+def test_a_slice_attached_later_appears(fake_nvml: FakeNvml, dev: Path) -> None:
+    """The container view: the kernel sees its GPU and exactly the slices it has caps nodes
+    for; a slice attached while the monitor runs appears on the next snapshot."""
+    fake_nvml.write(two_slices())
+    fake_nvml.set_device_filter(dev)
+    first, second = fake_nvml.gpus[0].mig_devices
+    add_gpu_node(dev, 0)
+    add_caps_node(dev, first.gi_access_minor)
+    add_caps_node(dev, first.ci_access_minor)
+    with GpuMonitor(dev_dir=dev) as monitor:
+        before = monitor.snapshot()
+        add_caps_node(dev, second.gi_access_minor)
+        add_caps_node(dev, second.ci_access_minor)
+        after = monitor.snapshot()
+        assert monitor.init_count == 2, "a new caps node re-initialises NVML"
+
+    assert [g.uuid for g in before.gpus] == [fake_nvml.gpus[0].uuid, first.uuid]
+    assert before.message == "1 GPU, 1 MIG slice"
+    assert [g.uuid for g in after.gpus] == [fake_nvml.gpus[0].uuid, first.uuid, second.uuid]
