@@ -27,7 +27,7 @@ from jupyter_gpu_hotplug.linux.mig import (
     read_mig_minors,
     revoke_nodes,
 )
-from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
+from jupyter_gpu_hotplug.linux.sandbox import Backend
 from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
     default_gpus,
@@ -139,20 +139,6 @@ class TestTables:
 
 
 # ---- tier 2: real sandboxes -----------------------------------------------------------------
-
-BACKEND_SETS = {
-    "v1": frozenset({Backend.V1}),
-    "v2": frozenset({Backend.V2}),
-    "hybrid": frozenset({Backend.V1, Backend.V2}),
-}
-
-
-@pytest.fixture(params=sorted(BACKEND_SETS))
-def backends(request: pytest.FixtureRequest) -> frozenset[Backend]:
-    wanted = BACKEND_SETS[request.param]
-    if not wanted <= host_backends():
-        pytest.skip(f"this host lacks the {request.param} device cgroup backend")
-    return wanted
 
 
 @pytest.fixture
