@@ -114,9 +114,18 @@ class GpuList(TypedDict):
     gpus: list[GpuInfo]
 
 
-class Attachment(TypedDict):
-    """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally)."""
+IdleReason = Literal["idle", "lease"]
+"""Why the idle policy releases a GPU: unused for the idle period, or its maximum lease ended."""
 
+
+class IdleReleaseWire(TypedDict):
+    """A warning on an attachment: it will be released at ``release_at`` unless it is used."""
+
+    reason: IdleReason
+    release_at: str
+
+
+class _AttachmentRequired(TypedDict):
     uuid: GpuUuid
     index: int
     minor: int
@@ -125,6 +134,28 @@ class Attachment(TypedDict):
     target: TargetWire
     holder: str | None
     attached_at: str
+
+
+class Attachment(_AttachmentRequired, total=False):
+    """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally).
+    ``idle_release`` is there only while the idle policy has announced its release."""
+
+    idle_release: IdleReleaseWire
+
+
+class IdleReleaseRecord(TypedDict):
+    """A GPU the idle policy took back from a target (``GET /v1/idle-releases``)."""
+
+    uuid: GpuUuid
+    target: TargetWire
+    reason: IdleReason
+    released_at: str
+
+
+class IdleReleaseList(TypedDict):
+    """The body of ``GET /v1/idle-releases``: the target's recent idle releases, oldest first."""
+
+    releases: list[IdleReleaseRecord]
 
 
 class AttachmentList(TypedDict):
@@ -143,6 +174,7 @@ class AttachRequestBody(_AttachRequestRequired, total=False):
     target: TargetWire
     wait_seconds: float
     request_id: str
+    idle_release_seconds: float
 
 
 ErrorCode = Literal[

@@ -83,6 +83,9 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "simulate": "AgentApp.simulate",
         "simulation-dir": "AgentApp.simulation_dir",
         "reconcile-interval": "AgentApp.reconcile_interval",
+        "idle-release": "AgentApp.idle_release_seconds",
+        "idle-warning": "AgentApp.idle_warning_seconds",
+        "max-lease": "AgentApp.max_lease_seconds",
         "log-level": "AgentApp.log_level",
         "log-format": "AgentApp.log_style",
         "config": "AgentApp.config_file",
@@ -151,6 +154,23 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     force_grace = Float(
         5.0, help="Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."
     ).tag(config=True)
+    idle_release_seconds = Float(
+        0.0,
+        help="Release an attached GPU that no process of its target held open and NVML saw "
+        "unused for this many seconds (0: off). A request may ask for a shorter period, never "
+        "a longer one; a GPU in use is never released.",
+    ).tag(config=True)
+    idle_warning_seconds = Float(
+        60.0, help="Announce an idle release this many seconds before it happens."
+    ).tag(config=True)
+    max_lease_seconds = Float(
+        0.0,
+        help="Release an attached GPU this many seconds after its attach, at the first moment "
+        "nothing uses it (0: no maximum).",
+    ).tag(config=True)
+    idle_check_interval = Float(
+        5.0, help="Seconds between two passes of the idle policy over the attached GPUs."
+    ).tag(config=True)
     log_style = Enum(
         [style.value for style in LogStyle],
         default_value=LogStyle.TEXT.value,
@@ -209,6 +229,10 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             simulation_interval=self.simulation_interval,
             reconcile_interval=self.reconcile_interval,
             force_grace=self.force_grace,
+            idle_release_seconds=self.idle_release_seconds,
+            idle_warning_seconds=self.idle_warning_seconds,
+            max_lease_seconds=self.max_lease_seconds,
+            idle_check_interval=self.idle_check_interval,
             hooks=TestHooks(pause_at=pause_at),
         )
 

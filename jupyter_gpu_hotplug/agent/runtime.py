@@ -28,6 +28,7 @@ from . import openapi_document
 from .api.handlers import ApiContext
 from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
+from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
 from .core.metrics import AgentMetrics
@@ -106,6 +107,8 @@ class Components:
     resolver: Resolver
     identity: Identity
     simulation: Simulation | None = None
+    usage: Usage = dict
+    """GPU utilisation by UUID, for the idle policy (NVML's; tests give their own)."""
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (after the ledger closes: first)."""
@@ -137,6 +140,25 @@ class Agent:
             checkpoints=Checkpoints(
                 pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
             ),
+            idle=IdleBook(
+                policy=IdlePolicy(
+                    idle_seconds=settings.idle_release_seconds,
+                    warning_seconds=settings.idle_warning_seconds,
+                    max_lease_seconds=settings.max_lease_seconds,
+                )
+            ),
+        )
+        self.idle = IdleReleaser(
+            book=self.service.idle,
+            allocator=self.allocator,
+            resolver=components.resolver,
+            injector=components.injector,
+            usage=components.usage,
+            release=self.service.release_unused,
+            locks=self.service.locks,
+            metrics=self.metrics,
+            workers=self._workers,
+            device_major=settings.device_major,
         )
         self.reconciler = Reconciler(
             allocator=self.allocator,
@@ -216,6 +238,7 @@ class Agent:
                 resolver=resolver,
                 identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
                 simulation=simulation,
+                usage=inventory.utilization,
                 closers=closers,
             )
         )
@@ -243,6 +266,7 @@ class Agent:
         self._spawn(self.health.run_forever())
         if settings.reconcile_interval > 0:
             self._spawn(self.reconciler.run_forever(settings.reconcile_interval))
+        self._spawn(self.idle.run_forever(settings.idle_check_interval))
         simulation = self.components.simulation
         if simulation is not None and settings.simulation_interval > 0:
             self._spawn(

@@ -44,6 +44,7 @@ _TEMPLATES = [
     (re.compile(r"/v1/attachments/[^/]+"), "/v1/attachments/{uuid}"),
     (re.compile(r"/v1/attachments"), "/v1/attachments"),
     (re.compile(r"/v1/gpus"), "/v1/gpus"),
+    (re.compile(r"/v1/idle-releases"), "/v1/idle-releases"),
     (re.compile(r"/v1/openapi\.json"), "/v1/openapi.json"),
     (re.compile(r"/healthz"), "/healthz"),
     (re.compile(r"/metrics"), "/metrics"),

@@ -52,6 +52,7 @@ __all__ = [
     "ATTACHMENT_URL",
     "GPUS_URL",
     "HEALTH_URL",
+    "IDLE_RELEASES_URL",
     "METRICS_URL",
     "OPENAPI_URL",
     "ApiContext",
@@ -66,6 +67,7 @@ OPENAPI_URL: Final = r"/v1/openapi\.json"
 GPUS_URL: Final = r"/v1/gpus"
 ATTACHMENTS_URL: Final = r"/v1/attachments"
 ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
+IDLE_RELEASES_URL: Final = r"/v1/idle-releases"
 
 _JSON: Final = "application/json"
 _TARGET_QUERY: Final = ("pod", "container", "pid")
@@ -314,6 +316,15 @@ class AttachmentHandler(ApiHandler):
         self.reply_empty()
 
 
+class IdleReleasesHandler(ApiHandler):
+    route = "/v1/idle-releases"
+
+    async def get(self) -> None:
+        caller = await self.authenticate()
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        self.reply(await self.context.service.idle_releases(caller, target))
+
+
 class UnknownRouteHandler(ApiHandler):
     """Every other path: a JSON 404 (without authentication: probing paths tells nothing)."""
 
@@ -332,5 +343,6 @@ default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (GPUS_URL, GpusHandler),
     (ATTACHMENTS_URL, AttachmentsHandler),
     (ATTACHMENT_URL, AttachmentHandler),
+    (IDLE_RELEASES_URL, IdleReleasesHandler),
 ]
 """Every route of the API, in the order of ``openapi.json``."""

@@ -35,6 +35,8 @@ from ..core.seams import AttachRequest
 MAX_BODY_BYTES = 64 * 1024
 DEFAULT_WAIT_SECONDS = 60.0
 MAX_WAIT_SECONDS = 600.0
+MAX_IDLE_RELEASE_SECONDS = 7 * 24 * 3600.0
+"""The longest idle period a request may ask for (a week; the agent's setting may be any)."""
 REQUEST_ID_MAX = 128
 
 _REQUEST_ID_RE = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
@@ -42,7 +44,7 @@ _GPU_UUID_RE = re.compile(
     r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 )
 _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
-_BODY_FIELDS = ("count", "request_id", "target", "wait_seconds")
+_BODY_FIELDS = ("count", "idle_release_seconds", "request_id", "target", "wait_seconds")
 _POD_FIELDS = ("namespace", "name", "container")
 _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
@@ -253,21 +255,8 @@ def parse_attach_request(
     if count is None or not 1 <= count <= max_count:
         raise InvalidRequest(f"{count_rule}, got {_describe(obj['count'])}", field="count")
 
-    wait_seconds = DEFAULT_WAIT_SECONDS
-    if "wait_seconds" in obj:
-        wait = obj["wait_seconds"]
-        if (
-            isinstance(wait, bool)
-            or not isinstance(wait, int | float)
-            or not math.isfinite(wait)
-            or not 0 < wait <= MAX_WAIT_SECONDS
-        ):
-            raise InvalidRequest(
-                "wait_seconds must be a number of seconds greater than 0 and at most "
-                f"{MAX_WAIT_SECONDS:g}, got {_describe(wait)}",
-                field="wait_seconds",
-            )
-        wait_seconds = float(wait)
+    wait_seconds = _seconds(obj, "wait_seconds", MAX_WAIT_SECONDS)
+    idle_release_seconds = _seconds(obj, "idle_release_seconds", MAX_IDLE_RELEASE_SECONDS)
 
     request_id = None
     if "request_id" in obj:
@@ -275,8 +264,31 @@ def parse_attach_request(
 
     target = _parse_target(obj["target"]) if "target" in obj else None
     return AttachRequest(
-        count=count, target=target, wait_seconds=wait_seconds, request_id=request_id
+        count=count,
+        target=target,
+        wait_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+        request_id=request_id,
+        idle_release_seconds=idle_release_seconds,
     )
+
+
+def _seconds(obj: dict[str, object], name: str, maximum: float) -> float | None:
+    """The optional member ``name``: a number of seconds above 0 and at most ``maximum``."""
+    if name not in obj:
+        return None
+    value = obj[name]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= maximum
+    ):
+        raise InvalidRequest(
+            f"{name} must be a number of seconds greater than 0 and at most {maximum:g}, "
+            f"got {_describe(value)}",
+            field=name,
+        )
+    return float(value)
 
 
 def parse_request_id(value: object) -> RequestId:

@@ -120,6 +120,15 @@ class NvmlInventory:
     def running_pids(self, minor: int) -> list[int]:
         return sorted(process.pid for process in self._monitor.processes(minor) or ())
 
+    def utilization(self) -> dict[GpuUuid, int | None]:
+        """GPU utilisation in percent by UUID, from one NVML snapshot (the idle policy's
+        ``Usage``); ``None`` where NVML cannot say."""
+        return {
+            gpu.uuid: gpu.utilization_gpu
+            for gpu in self._monitor.snapshot().gpus
+            if gpu.uuid is not None
+        }
+
     # --- what changed, for the log ---------------------------------------------------------
 
     def _note_unavailable(self, reason: str | None) -> None:

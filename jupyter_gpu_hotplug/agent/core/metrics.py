@@ -12,6 +12,8 @@ the agent exports is declared here, once, so the names are reviewable in one pla
   as of the last inventory read;
 - ``gpu_hotplug_operations_in_flight``: attaches and detaches running now;
 - ``gpu_hotplug_reconcile_actions_total{action}``: what reconciliation had to repair;
+- ``gpu_hotplug_idle_warnings_total{reason}`` / ``gpu_hotplug_idle_releases_total{reason}``:
+  announced and done releases of unused GPUs by the idle policy (``idle`` or ``lease``);
 - ``gpu_hotplug_http_requests_total{method,route,status}``: every API response;
 - ``gpu_hotplug_simulated``: 1 when the GPUs are simulated.
 """
@@ -77,6 +79,18 @@ class AgentMetrics:
             "gpu_hotplug_reconcile_actions",
             "Repairs made by reconciliation (released, regranted, revoked, finished, ...).",
             ["action"],
+            registry=self.registry,
+        )
+        self.idle_warnings = Counter(
+            "gpu_hotplug_idle_warnings",
+            "Releases of unused GPUs announced by the idle policy, by reason (idle, lease).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.idle_releases = Counter(
+            "gpu_hotplug_idle_releases",
+            "GPUs released by the idle policy, by reason (idle, lease).",
+            ["reason"],
             registry=self.registry,
         )
         self.http_requests = Counter(

@@ -131,6 +131,8 @@ class AttachRequest:
     target: TargetRef | None
     wait_seconds: float
     request_id: RequestId | None
+    idle_release_seconds: float | None = None
+    """A stricter idle period for these GPUs than the agent's own (see ``core/idle.py``)."""
 
 
 # --- the allocator -------------------------------------------------------------------------------

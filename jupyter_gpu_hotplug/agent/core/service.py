@@ -43,6 +43,9 @@ from ..._structs import (
     GpuInfo,
     GpuList,
     GpuUuid,
+    IdleReleaseList,
+    IdleReleaseRecord,
+    IdleReleaseWire,
     ProcessInfo,
     RequestId,
     Target,
@@ -60,6 +63,7 @@ from .errors import (
     NotFound,
     TargetNotReady,
 )
+from .idle import IdleBook, IdleWarning
 from .injector import (
     DeviceInUse,
     HolderInfo,
@@ -109,10 +113,10 @@ class _Measure:
     """How many GPUs it concerned (detach counts per GPU)."""
 
 
-def attachment_of(entry: Reservation) -> Attachment:
-    """The wire form of a reservation."""
+def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Attachment:
+    """The wire form of a reservation, with the idle policy's warning if one is in force."""
     moment = entry.granted_at or entry.created_at
-    return Attachment(
+    attachment = Attachment(
         uuid=entry.gpu.uuid,
         index=entry.gpu.index,
         minor=entry.gpu.minor,
@@ -122,6 +126,11 @@ def attachment_of(entry: Reservation) -> Attachment:
         holder=entry.holder,
         attached_at=format_timestamp(moment),
     )
+    if warning is not None:
+        attachment["idle_release"] = IdleReleaseWire(
+            reason=warning.reason.value, release_at=format_timestamp(warning.release_at)
+        )
+    return attachment
 
 
 def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
@@ -144,6 +153,7 @@ class AgentService:
         config: ServiceConfig,
         locks: TargetLocks | None = None,
         checkpoints: Checkpoints | None = None,
+        idle: IdleBook | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -155,6 +165,8 @@ class AgentService:
         self._config = config
         self.locks = locks or TargetLocks()
         self._checkpoints = checkpoints or Checkpoints()
+        self.idle = idle or IdleBook()
+        """The idle policy's shared state: requested periods, warnings, releases."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -266,9 +278,24 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry)
+                attachment_of(entry, self.idle.warnings.get(entry.gpu.uuid))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
+            ]
+        )
+
+    async def idle_releases(self, caller: Caller, ref: TargetRef | None) -> IdleReleaseList:
+        """What the idle policy took back from the target lately, oldest first."""
+        container = await self._target(caller, ref, "get")
+        return IdleReleaseList(
+            releases=[
+                IdleReleaseRecord(
+                    uuid=release.uuid,
+                    target=release.target.to_wire(),
+                    reason=release.reason.value,
+                    released_at=format_timestamp(release.released_at),
+                )
+                for release in self.idle.releases_of(container.target)
             ]
         )
 
@@ -351,6 +378,7 @@ class AgentService:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
         await self._checkpoints.reach("after_mark_granted")
+        self.idle.request(uuids, request.idle_release_seconds)
         log.info(
             "attached %s to %s%s",
             ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
@@ -425,6 +453,21 @@ class AgentService:
                 measure.gpus = len(entries)
                 if entries:
                     await self._detach_locked(container, entries, force=force)
+
+    async def release_unused(self, entry: Reservation, container: HostContainer) -> bool:
+        """Detach one GPU for the idle policy, without force; the caller holds the target (as
+        the reconciler does). False, with nothing changed, when the GPU turned out to be in
+        use or could not be taken back cleanly (the next pass looks again)."""
+        if self._allocator.get(entry.gpu.uuid) != entry:
+            return False  # changed since the pass read it
+        try:
+            await self._detach_locked(container, [entry], force=False)
+        except Busy:
+            return False
+        except AgentError as e:
+            log.warning("idle release of %s from %s failed: %s", entry.gpu.uuid, container, e)
+            return False
+        return True
 
     async def _detach_gone(
         self, caller: Caller, target: Target, entries: list[Reservation]
