@@ -152,6 +152,23 @@ class IdleReleaseRecord(TypedDict):
     released_at: str
 
 
+class QueuedRequest(TypedDict):
+    """An attach request waiting for GPUs; ``position`` 1 is served next."""
+
+    request_id: str
+    target: TargetWire
+    count: int
+    position: int
+    queued_at: str
+
+
+class QueueView(TypedDict):
+    """The body of ``GET /v1/queue``: the target's waiting requests among ``length`` in all."""
+
+    length: int
+    requests: list[QueuedRequest]
+
+
 class IdleReleaseList(TypedDict):
     """The body of ``GET /v1/idle-releases``: the target's recent idle releases, oldest first."""
 

@@ -169,6 +169,7 @@ class Agent:
             metrics=self.metrics,
             workers=self._workers,
             device_major=settings.device_major,
+            on_change=self.service.queue.notify,
         )
         self.health = HealthProbe(self._health_check)
         self.server = AgentServer(

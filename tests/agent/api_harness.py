@@ -45,6 +45,8 @@ _TEMPLATES = [
     (re.compile(r"/v1/attachments"), "/v1/attachments"),
     (re.compile(r"/v1/gpus"), "/v1/gpus"),
     (re.compile(r"/v1/idle-releases"), "/v1/idle-releases"),
+    (re.compile(r"/v1/queue/[^/]+"), "/v1/queue/{request_id}"),
+    (re.compile(r"/v1/queue"), "/v1/queue"),
     (re.compile(r"/v1/openapi\.json"), "/v1/openapi.json"),
     (re.compile(r"/healthz"), "/healthz"),
     (re.compile(r"/metrics"), "/metrics"),

@@ -65,6 +65,19 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("post", "/v1/attachments"): ALL_CODES,
     ("delete", "/v1/attachments"): DETACH_ERRORS,
     ("delete", "/v1/attachments/{uuid}"): DETACH_ERRORS,
+    ("get", "/v1/queue"): {
+        "invalid_request",
+        "unauthenticated",
+        "forbidden",
+        "not_found",
+        "internal_error",
+    },
+    ("delete", "/v1/queue/{request_id}"): {
+        "invalid_request",
+        "unauthenticated",
+        "not_found",
+        "internal_error",
+    },
     ("get", "/v1/idle-releases"): {
         "invalid_request",
         "unauthenticated",
@@ -188,6 +201,8 @@ SHAPES = [
     (_structs.IdleReleaseWire, "Attachment/idle_release"),
     (_structs.IdleReleaseRecord, "IdleRelease"),
     (_structs.IdleReleaseList, "IdleReleaseList"),
+    (_structs.QueuedRequest, "QueuedRequest"),
+    (_structs.QueueView, "QueueView"),
 ]
 
 

@@ -44,6 +44,7 @@ from .validation import (
     parse_attach_request,
     parse_force,
     parse_gpu_uuid,
+    parse_request_id,
     parse_target_query,
 )
 
@@ -55,6 +56,8 @@ __all__ = [
     "IDLE_RELEASES_URL",
     "METRICS_URL",
     "OPENAPI_URL",
+    "QUEUED_URL",
+    "QUEUE_URL",
     "ApiContext",
     "default_handlers",
 ]
@@ -68,6 +71,8 @@ GPUS_URL: Final = r"/v1/gpus"
 ATTACHMENTS_URL: Final = r"/v1/attachments"
 ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
 IDLE_RELEASES_URL: Final = r"/v1/idle-releases"
+QUEUE_URL: Final = r"/v1/queue"
+QUEUED_URL: Final = r"/v1/queue/([^/]+)"
 
 _JSON: Final = "application/json"
 _TARGET_QUERY: Final = ("pod", "container", "pid")
@@ -325,6 +330,25 @@ class IdleReleasesHandler(ApiHandler):
         self.reply(await self.context.service.idle_releases(caller, target))
 
 
+class QueueHandler(ApiHandler):
+    route = "/v1/queue"
+
+    async def get(self) -> None:
+        caller = await self.authenticate()
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        self.reply(await self.context.service.queued(caller, target))
+
+
+class QueuedRequestHandler(ApiHandler):
+    route = "/v1/queue/{request_id}"
+
+    async def delete(self, raw_request_id: str) -> None:
+        caller = await self.authenticate()
+        self.query()
+        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id))
+        self.reply_empty()
+
+
 class UnknownRouteHandler(ApiHandler):
     """Every other path: a JSON 404 (without authentication: probing paths tells nothing)."""
 
@@ -344,5 +368,7 @@ default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (ATTACHMENTS_URL, AttachmentsHandler),
     (ATTACHMENT_URL, AttachmentHandler),
     (IDLE_RELEASES_URL, IdleReleasesHandler),
+    (QUEUE_URL, QueueHandler),
+    (QUEUED_URL, QueuedRequestHandler),
 ]
 """Every route of the API, in the order of ``openapi.json``."""

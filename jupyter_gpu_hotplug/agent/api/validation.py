@@ -269,6 +269,7 @@ def parse_attach_request(
         wait_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
         request_id=request_id,
         idle_release_seconds=idle_release_seconds,
+        queued=wait_seconds is not None,
     )
 
 

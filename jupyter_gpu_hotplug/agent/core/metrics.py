@@ -11,6 +11,7 @@ the agent exports is declared here, once, so the names are reviewable in one pla
 - ``gpu_hotplug_gpus{state}``: GPUs by state (``free``, ``attached``, ``allocated``, ``lost``),
   as of the last inventory read;
 - ``gpu_hotplug_operations_in_flight``: attaches and detaches running now;
+- ``gpu_hotplug_queue_length``: attach requests waiting for GPUs now;
 - ``gpu_hotplug_reconcile_actions_total{action}``: what reconciliation had to repair;
 - ``gpu_hotplug_idle_warnings_total{reason}`` / ``gpu_hotplug_idle_releases_total{reason}``:
   announced and done releases of unused GPUs by the idle policy (``idle`` or ``lease``);
@@ -73,6 +74,11 @@ class AgentMetrics:
         self.in_flight = Gauge(
             "gpu_hotplug_operations_in_flight",
             "Attach and detach operations running now.",
+            registry=self.registry,
+        )
+        self.queue_length = Gauge(
+            "gpu_hotplug_queue_length",
+            "Attach requests waiting in the queue for free GPUs now.",
             registry=self.registry,
         )
         self.reconcile_actions = Counter(

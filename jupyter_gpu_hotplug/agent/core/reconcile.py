@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..._structs import GpuUuid, Target, TargetKey
@@ -91,7 +92,10 @@ class Reconciler:
         metrics: AgentMetrics,
         workers: Workers,
         device_major: int,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        self._on_change = on_change
+        """Called after a pass that changed anything (GPUs may have been freed)."""
         self._allocator = allocator
         self._inventory = inventory
         self._injector = injector
@@ -118,6 +122,8 @@ class Reconciler:
                     log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
         for action, items in report.actions.items():
             self._metrics.reconcile_actions.labels(action=action).inc(len(items))
+        if report.changed:
+            self._on_change()
         return report
 
     async def _known_gpus(self) -> list[GpuRecord]:

@@ -133,6 +133,9 @@ class AttachRequest:
     request_id: RequestId | None
     idle_release_seconds: float | None = None
     """A stricter idle period for these GPUs than the agent's own (see ``core/idle.py``)."""
+    queued: bool = False
+    """The request gave ``wait_seconds``: it waits in the queue when too few GPUs are free
+    (``core/queue.py``); without it, it is answered at once."""
 
 
 # --- the allocator -------------------------------------------------------------------------------

@@ -25,6 +25,11 @@ allocator's reads come from memory.
 
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
+
+Waiting: an attach that gives ``wait_seconds`` and finds too few free GPUs, or others already
+waiting, joins the node's FIFO queue (``queue.py``) before it takes its target's lock, so a
+waiting request never blocks its target's other operations; one that does not wait is refused
+at once (409) unless GPUs beyond what the waiters need are free. Every release wakes the queue.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from ..._structs import (
     IdleReleaseRecord,
     IdleReleaseWire,
     ProcessInfo,
+    QueuedRequest,
+    QueueView,
     RequestId,
     Target,
     TargetRef,
@@ -76,6 +83,7 @@ from .injector import (
 from .inventory import Inventory, InventorySnapshot
 from .locks import TargetLocks
 from .metrics import AgentMetrics
+from .queue import Waiter, WaitQueue
 from .seams import (
     Allocator,
     AttachRequest,
@@ -154,6 +162,7 @@ class AgentService:
         locks: TargetLocks | None = None,
         checkpoints: Checkpoints | None = None,
         idle: IdleBook | None = None,
+        queue: WaitQueue | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -167,6 +176,8 @@ class AgentService:
         self._checkpoints = checkpoints or Checkpoints()
         self.idle = idle or IdleBook()
         """The idle policy's shared state: requested periods, warnings, releases."""
+        self.queue = queue or WaitQueue(on_change=metrics.queue_length.set)
+        """Attach requests waiting for GPUs, first come, first served."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -302,15 +313,116 @@ class AgentService:
     # --- attach ----------------------------------------------------------------------------------
 
     async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
-        """Attach ``request.count`` GPUs to the request's target (201 body)."""
+        """Attach ``request.count`` GPUs to the request's target (201 body); a request that
+        waits and finds too few free GPUs waits in the queue for its turn first."""
         with self._measured("attach"):
             deadline = time.monotonic() + request.wait_seconds
             container, snapshot = await self._workers.host(
                 self._attach_inputs, caller, request.target
             )
             await self._identity.authorize(caller, "create", container)
-            async with self.locks.operation(container.target):
-                return await self._attach_locked(container, request, snapshot, deadline)
+            if not request.queued or not self._must_queue(container, request, snapshot):
+                async with self.locks.operation(container.target):
+                    return await self._attach_locked(container, request, snapshot, deadline)
+            waiter = self.queue.join(
+                container, request.count, request_id=request.request_id, deadline=deadline
+            )
+            log.info(
+                "%s waits for %d GPU(s): number %d in the queue",
+                container,
+                request.count,
+                self.queue.position(waiter),
+            )
+            try:
+                await self.queue.turn(
+                    waiter,
+                    free=lambda: self._free(snapshot),
+                    alive=lambda: self._alive(container),
+                    wait_seconds=request.wait_seconds,
+                )
+                async with self.locks.operation(container.target):
+                    return await self._attach_locked(
+                        container, request, snapshot, deadline, waiter=waiter
+                    )
+            finally:
+                self.queue.leave(waiter)
+
+    def _must_queue(
+        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
+    ) -> bool:
+        """Whether a waiting request has to queue: others wait, or too few GPUs are free. A
+        retry of a request that was already served, or one that is refused anyway, does not."""
+        self._admit(container, request, snapshot)
+        if request.request_id is not None and any(
+            entry.request_id == request.request_id
+            for entry in self._allocator.attachments_of(container.target)
+        ):
+            return False
+        return len(self.queue) > 0 or self._free(snapshot) < request.count
+
+    def _free(self, snapshot: InventorySnapshot) -> int:
+        """Healthy GPUs of ``snapshot`` that nobody holds, from the allocator's memory."""
+        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
+        return sum(1 for gpu in snapshot.gpus if gpu.uuid not in taken)
+
+    async def _alive(self, container: HostContainer) -> bool:
+        found = await self._workers.host(self._resolver.lookup, container.target, container.key)
+        return found is not None
+
+    def _admit(
+        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
+    ) -> None:
+        """Refuse a request that can never be served: more GPUs than the node has, or more
+        than the target may hold."""
+        total = len(snapshot.gpus) + len(snapshot.lost)
+        if 0 < total < request.count:
+            raise InvalidRequest(
+                f"count {request.count} is more than this node's {total} GPU(s)",
+                field="count",
+                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
+            )
+        existing = self._allocator.attachments_of(container.target)
+        limit = self._config.max_gpus_per_target
+        if len(existing) + request.count > limit:
+            raise Forbidden.over_gpu_limit(
+                limit=limit, attached=len(existing), requested=request.count
+            )
+
+    async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
+        """The target's requests waiting in the queue, with their positions."""
+        container = await self._target(caller, ref, "get")
+        waiters = self.queue.waiters
+        return QueueView(
+            length=len(waiters),
+            requests=[
+                QueuedRequest(
+                    request_id=waiter.request_id,
+                    target=waiter.target.to_wire(),
+                    count=waiter.count,
+                    position=position,
+                    queued_at=format_timestamp(waiter.queued_at),
+                )
+                for position, waiter in enumerate(waiters, start=1)
+                if waiter.target.key == container.target.key
+            ],
+        )
+
+    async def cancel_queued(self, caller: Caller, request_id: RequestId) -> None:
+        """Cancel a waiting request (its ``POST`` answers that it was cancelled)."""
+        waiters = self.queue.find(request_id)
+        allowed = []
+        for waiter in waiters:
+            try:
+                await self._identity.authorize(caller, "delete", waiter.container)
+            except Forbidden:
+                continue
+            allowed.append(waiter)
+        if not allowed:
+            # Someone else's request is reported as absent: its id tells nothing.
+            raise NotFound("queued request", request_id)
+        for waiter in allowed:
+            self.queue.cancel(waiter)
+            log.info("queued request %s for %s cancelled", request_id, waiter.target)
 
     def _attach_inputs(
         self, caller: Caller, ref: TargetRef | None
@@ -328,31 +440,28 @@ class AgentService:
         request: AttachRequest,
         snapshot: InventorySnapshot,
         deadline: float,
+        *,
+        waiter: Waiter | None = None,
     ) -> AttachmentList:
         target = container.target
-        existing = self._allocator.attachments_of(target)
         if request.request_id is not None:
+            existing = self._allocator.attachments_of(target)
             earlier = [entry for entry in existing if entry.request_id == request.request_id]
             if earlier:
                 return self._repeat(target, request.request_id, request.count, earlier)
-        total = len(snapshot.gpus) + len(snapshot.lost)
-        if 0 < total < request.count:
-            raise InvalidRequest(
-                f"count {request.count} is more than this node's {total} GPU(s)",
-                field="count",
-                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
-            )
-        limit = self._config.max_gpus_per_target
-        if len(existing) + request.count > limit:
-            raise Forbidden.over_gpu_limit(
-                limit=limit, attached=len(existing), requested=request.count
-            )
+        self._admit(container, request, snapshot)
         candidates = [GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in snapshot.gpus]
-        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
-        free = sum(1 for gpu in candidates if gpu.uuid not in taken)
+        # A request that did not wait its turn takes only GPUs that no waiter needs.
+        free = self._free(snapshot) - (0 if waiter is not None else self.queue.demand())
         if free < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
-            raise InsufficientGpus(free=free, requested=request.count)
+            raise InsufficientGpus(
+                free=max(free, 0),
+                requested=request.count,
+                hint="ask with wait_seconds to wait in the queue for your turn"
+                if len(self.queue)
+                else None,
+            )
         entries = await self._allocator.reserve(
             container,
             request.count,
@@ -424,6 +533,7 @@ class AgentService:
                 )
                 return
         await self._allocator.release(uuids)
+        self.queue.notify()
 
     # --- detach ----------------------------------------------------------------------------------
 
@@ -480,6 +590,7 @@ class AgentService:
             )
         async with self.locks.operation(target):
             await self._allocator.release([entry.gpu.uuid for entry in entries])
+        self.queue.notify()
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
     async def _detach_locked(
@@ -513,6 +624,7 @@ class AgentService:
             ) from e
         await self._checkpoints.reach("after_revoke")
         await self._allocator.release(uuids)
+        self.queue.notify()
         log.info(
             "detached %s from %s%s%s",
             ", ".join(uuids),
