@@ -32,13 +32,12 @@ from typing import Any, Final
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default, observe
 from traitlets.config import Application
 
+from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NVIDIA_MAJOR
 from .._version import __version__
 from .core.checkpoints import STEPS
 from .logs import logging_config
 from .settings import (
-    DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
-    NVIDIA_MAJOR,
     AgentSettings,
     Backend,
     LogStyle,
@@ -123,7 +122,8 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         /host when the host's /sys is mounted at /host/sys). Empty: our own /.""",
     ).tag(config=True)
     max_gpus_per_target = Int(
-        8, help="The most GPUs one target may hold (and one request may ask for)."
+        DEFAULT_MAX_GPUS_PER_TARGET,
+        help="The most GPUs one target may hold (and one request may ask for).",
     ).tag(config=True)
     device_major = Int(
         NVIDIA_MAJOR, help="Character-device major number of GPU nodes (NVIDIA: 195)."

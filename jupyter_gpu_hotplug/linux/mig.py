@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from .devnodes import CAPS_DIR, DeviceNode, parse_proc_devices
-from .devrules import NVIDIA_MAJOR, CharDevice
+from .devrules import CharDevice
 
 __all__ = [
     "CAPS_DRIVER",
@@ -159,22 +159,20 @@ class MigCaps:
         return cls(caps_major(proc_devices), read_mig_minors(mig_minors))
 
     def access(
-        self, *, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int
+        self, gpu: DeviceNode, *, gpu_instance_id: int, compute_instance_id: int
     ) -> MigAccess:
-        """The nodes of the slice ``gpu<gpu_minor>/gi<gpu_instance_id>/ci<compute_instance_id>``;
-        :class:`MigCapsError` if the driver lists no such instance."""
-        gi = self.minors.gpu_instances.get((gpu_minor, gpu_instance_id))
-        ci = self.minors.compute_instances.get((gpu_minor, gpu_instance_id, compute_instance_id))
+        """The nodes of the slice ``gpu<G>/gi<gpu_instance_id>/ci<compute_instance_id>`` of the
+        GPU whose node is ``gpu`` (``G`` is its minor); :class:`MigCapsError` if the driver
+        lists no such instance."""
+        minor = gpu.device.minor
+        gi = self.minors.gpu_instances.get((minor, gpu_instance_id))
+        ci = self.minors.compute_instances.get((minor, gpu_instance_id, compute_instance_id))
         if gi is None or ci is None:
             raise MigCapsError(
-                f"the driver lists no capability for gpu{gpu_minor}/gi{gpu_instance_id}"
+                f"the driver lists no capability for gpu{minor}/gi{gpu_instance_id}"
                 f"/ci{compute_instance_id}: is MIG enabled on that GPU?"
             )
-        return MigAccess(
-            gpu=DeviceNode(f"nvidia{gpu_minor}", CharDevice(NVIDIA_MAJOR, gpu_minor)),
-            gpu_instance=self._node(gi),
-            compute_instance=self._node(ci),
-        )
+        return MigAccess(gpu=gpu, gpu_instance=self._node(gi), compute_instance=self._node(ci))
 
     def _node(self, minor: int) -> DeviceNode:
         return DeviceNode(

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import devnodes
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, NVIDIACTL_MINOR, CharDevice
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.mig import (
     CAPS_NODE_MODE,
@@ -39,7 +40,7 @@ from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
 LOCAL_MAJORS = range(240, 255)
 """Char majors Linux reserves for local and experimental use: no driver here registers one."""
-NVIDIACTL = DeviceNode("nvidiactl", CharDevice(NVIDIA_MAJOR, NVIDIACTL_MINOR))
+NVIDIACTL = DeviceNode("nvidiactl", CharDevice(NVIDIA_MAJOR, 255))
 
 
 def free_major() -> int:
@@ -74,8 +75,11 @@ def caps(host_tables: tuple[Path, Path]) -> MigCaps:
     return MigCaps.read(proc_devices=proc_devices, mig_minors=mig_minors)
 
 
+GPU0 = DeviceNode("nvidia0", CharDevice(NVIDIA_MAJOR, 0))
+
+
 def slice_access(caps: MigCaps, gpu_instance_id: int) -> MigAccess:
-    return caps.access(gpu_minor=0, gpu_instance_id=gpu_instance_id, compute_instance_id=0)
+    return caps.access(GPU0, gpu_instance_id=gpu_instance_id, compute_instance_id=0)
 
 
 # ---- tier 1: the tables ---------------------------------------------------------------------
@@ -121,7 +125,11 @@ class TestTables:
 
     def test_unknown_instance(self, caps: MigCaps) -> None:
         with pytest.raises(MigCapsError, match="no capability for gpu1/gi1/ci0"):
-            caps.access(gpu_minor=1, gpu_instance_id=1, compute_instance_id=0)
+            caps.access(
+                DeviceNode("nvidia1", CharDevice(NVIDIA_MAJOR, 1)),
+                gpu_instance_id=1,
+                compute_instance_id=0,
+            )
 
     def test_missing_tables(self, tmp_path: Path) -> None:
         (tmp_path / "devices").write_text("Character devices:\n195 nvidia-frontend\n")
