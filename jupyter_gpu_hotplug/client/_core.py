@@ -62,7 +62,18 @@ from .errors import (
     ClientConfigError,
     error_from_response,
 )
-from .models import Attachment, Gpu, Health, parse_attachments, parse_gpus, parse_health
+from .models import (
+    Attachment,
+    Gpu,
+    Health,
+    IdleRelease,
+    QueuedRequest,
+    parse_attachments,
+    parse_gpus,
+    parse_health,
+    parse_idle_releases,
+    parse_queue,
+)
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -213,6 +224,37 @@ def attach(
         body=json.dumps(body, separators=(",", ":")).encode(),
         idempotent=True,
         extra_read_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+    )
+
+
+def list_idle_releases(target: AnyTarget | None) -> ApiCall[tuple[IdleRelease, ...]]:
+    return ApiCall(
+        f"list the GPUs the idle policy took from {_subject(target)}",
+        "GET",
+        _with_query("/v1/idle-releases", _target_query(target)),
+        parse_idle_releases,
+        idempotent=True,
+    )
+
+
+def list_queued(target: AnyTarget | None) -> ApiCall[tuple[QueuedRequest, ...]]:
+    return ApiCall(
+        f"list the requests of {_subject(target)} waiting for GPUs",
+        "GET",
+        _with_query("/v1/queue", _target_query(target)),
+        parse_queue,
+        idempotent=True,
+    )
+
+
+def cancel_queued(request_id: str) -> ApiCall[None]:
+    return ApiCall(
+        f"cancel the waiting request {request_id}",
+        "DELETE",
+        f"/v1/queue/{urllib.parse.quote(request_id, safe='')}",
+        _no_body,
+        has_body=False,
+        idempotent=True,
     )
 
 

@@ -489,12 +489,14 @@ def _status_lines(context: MagicContext) -> list[str]:
     client = context.client()
     try:
         attachments = client.attachments()
+        released = client.idle_releases()
     except AgentClientError as error:
         lines = [f"GPU agent ({client.agent_url}): {error.message}"]
     else:
         lines = [
             f"GPU agent ({client.agent_url}): {_plural(len(attachments))} attached to this kernel",
             *render.attachment_lines(attachments),
+            *render.idle_release_lines(released),
         ]
     with context.monitor() as monitor:
         lines.extend(render.snapshot_lines(monitor.snapshot()))

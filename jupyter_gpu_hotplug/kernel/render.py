@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Final
 
 from .._structs import PidRef
-from ..client import Attachment, Gpu
+from ..client import Attachment, Gpu, IdleRelease
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "gpu_row_html",
     "gpu_summary",
     "human_bytes",
+    "idle_release_lines",
     "memory_level",
     "node_gpu_lines",
     "percent",
@@ -146,11 +147,28 @@ def _local_time(moment: datetime) -> str:
 
 
 def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
-    """One line per hot-attached GPU."""
-    return [
-        f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}"
-        for a in attachments
-    ]
+    """One line per hot-attached GPU (and a warning under one the agent will release)."""
+    lines = []
+    for a in attachments:
+        lines.append(f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}")
+        if a.idle_release is not None:
+            why = "unused" if a.idle_release.reason == "idle" else "its lease ends"
+            lines.append(
+                f"      ! the agent releases it at {_local_time(a.idle_release.release_at)} "
+                f"({why}) unless a process uses it"
+            )
+    return lines
+
+
+def idle_release_lines(releases: Sequence[IdleRelease]) -> list[str]:
+    """What the agent's idle policy took back from this kernel lately."""
+    if not releases:
+        return []
+    lines = ["  Released by the agent's idle policy:"]
+    for release in releases:
+        why = "unused" if release.reason == "idle" else "lease ended"
+        lines.append(f"    {release.uuid}  at {_local_time(release.released_at)} ({why})")
+    return lines
 
 
 def _holder(gpu: Gpu, *, own_pid: int) -> str:

@@ -26,8 +26,9 @@ device this process can see, with ``mig`` saying which GPU and instances it is a
 (``1g.10gb``). A slice has its own UUID (``MIG-…``), memory and processes; NVML offers no
 utilisation, temperature or power for it (they are the GPU's), so those are ``None``. The
 device nodes watched for re-initialisation include ``/dev/nvidia-caps/nvidia-cap<N>``, through
-which a MIG device is attached. ``roster()`` and ``processes(minor)`` stay with whole GPUs
-(the agent's unit of work until it hands out slices).
+which a MIG device is attached. ``roster(slices=True)`` lists the slices too, for the agent,
+which hands them out; ``processes(minor)`` stays with whole GPUs (a GPU's list includes the
+processes of its slices).
 
 Failures never escape as exceptions: no NVML library, no driver, or a broken NVML yield an
 empty ``Snapshot`` whose ``status`` and ``message`` say why ("no GPU attached: ..."); a GPU
@@ -43,6 +44,7 @@ other holder's view allows.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -254,6 +256,10 @@ class GpuIdentity:
     """Bytes; read each time, since that query is also what tells a lost GPU."""
     simulated: bool
     lost: bool = False
+    mig: MigSlice | None = None
+    """Set for a MIG slice (``roster(slices=True)``)."""
+    mig_enabled: bool = False
+    """A whole GPU in MIG mode: only its slices can be used, not the GPU as one."""
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,7 @@ class _Device:
     name: str | None
     minor: int | None
     mig: MigSlice | None = None
+    mig_enabled: bool = False
 
 
 def _required(read: Callable[..., _T], *args: Any) -> _T:
@@ -389,14 +396,15 @@ def _found(read: Callable[..., _T], *args: Any) -> _T | None:
         raise
 
 
-def _slices(gpu: _Device) -> list[_Device]:
-    """The MIG devices of ``gpu`` that this process can see, in NVML's order; none unless
-    MIG is enabled. Walks every index up to the maximum, as NVIDIA's tools do: an index
-    without a device (``NOT_FOUND``) is skipped."""
+def _with_slices(gpu: _Device) -> list[_Device]:
+    """``gpu`` (marked when MIG is enabled on it) followed by its MIG devices that this
+    process can see, in NVML's order. Walks every index up to the maximum, as NVIDIA's tools
+    do: an index without a device (``NOT_FOUND``) is skipped."""
     mode = _value(pynvml.nvmlDeviceGetMigMode, gpu.handle)
     if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return []
-    slices = []
+        return [gpu]
+    gpu = dataclasses.replace(gpu, mig_enabled=True)
+    slices = [gpu]
     for position in range(_value(pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0):
         handle = _found(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, position)
         if handle is None:
@@ -528,14 +536,15 @@ class GpuMonitor:
         """The GPUs now. Never raises for NVML or driver trouble: see ``status``."""
         return self._guarded(self._read, self._empty)
 
-    def roster(self) -> Roster:
-        """Who the GPUs are now and whether each answers, without their metrics.
+    def roster(self, *, slices: bool = False) -> Roster:
+        """Who the GPUs are now and whether each answers, without their metrics; with
+        ``slices``, each GPU in MIG mode is followed by its MIG slices.
 
         What is read per GPU: its memory size, the one query that also shows whether it fell
         off the bus (UUID, name and minor are read once per enumeration, as for snapshots).
         Never raises for NVML or driver trouble: see ``status``.
         """
-        return self._guarded(self._read_roster, self._empty_roster)
+        return self._guarded(lambda: self._read_roster(slices), self._empty_roster)
 
     def processes(self, minor: int) -> tuple[GpuProcess, ...] | None:
         """The processes using the GPU whose node is ``/dev/nvidia<minor>``; ``None`` when
@@ -663,7 +672,7 @@ class GpuMonitor:
         for index in range(count):
             try:
                 gpu = _identify(index)
-                devices += [gpu, *_slices(gpu)]
+                devices += _with_slices(gpu)
             except _GpuLost:
                 # Keep what was known of the GPU at this index, so a lost GPU keeps its name.
                 previous = known.get(index)
@@ -676,9 +685,15 @@ class GpuMonitor:
         self._devices = tuple(devices)
         self._stale = False
 
-    def _read_roster(self) -> Roster:
-        gpus = tuple(self._identity(device) for device in self._devices_now() if device.mig is None)
-        status, message = _summary(len(gpus), lost=sum(gpu.lost for gpu in gpus))
+    def _read_roster(self, slices: bool) -> Roster:
+        gpus = tuple(
+            self._identity(device) for device in self._devices_now() if slices or device.mig is None
+        )
+        status, message = _summary(
+            sum(gpu.mig is None for gpu in gpus),
+            lost=sum(gpu.lost for gpu in gpus if gpu.mig is None),
+            slices=sum(gpu.mig is not None for gpu in gpus),
+        )
         return Roster(gpus=gpus, status=status, message=message, simulated=self._simulated)
 
     def _identity(self, device: _Device) -> GpuIdentity:
@@ -699,6 +714,8 @@ class GpuMonitor:
             memory_total=None if memory is None else memory.total,
             simulated=self._is_simulated(device),
             lost=lost,
+            mig=device.mig,
+            mig_enabled=device.mig_enabled,
         )
 
     def _read_processes(self, minor: int) -> tuple[GpuProcess, ...] | None:

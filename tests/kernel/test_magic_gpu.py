@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,13 +22,15 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, GpuUuid, PidRef
 from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
     Attachment,
     Busy,
     Gpu,
+    IdleNotice,
+    IdleRelease,
     InsufficientGpus,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
@@ -77,6 +80,7 @@ class FakeAgent:
         self.calls: list[tuple[Any, ...]] = []
         self.attached: list[Attachment] = []
         self.node: list[Gpu] = []
+        self.released: list[IdleRelease] = []
         self.errors: dict[str, Exception] = {}
         self.attach_started = threading.Event()
         self.release = threading.Event()
@@ -101,6 +105,11 @@ class FakeAgent:
         self.calls.append(("attachments",))
         self._maybe_fail("attachments")
         return tuple(self.attached)
+
+    def idle_releases(self, target: Any = None) -> tuple[IdleRelease, ...]:
+        self.calls.append(("idle_releases",))
+        self._maybe_fail("idle_releases")
+        return tuple(self.released)
 
     def detach(self, uuid: str, *, force: bool = False) -> None:
         self.calls.append(("detach", uuid, force))
@@ -504,7 +513,11 @@ def test_status(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    agent.attached = [attachment(UUID_A, 0)]
+    release_at = datetime(2026, 11, 24, 1, 2, 3, tzinfo=UTC)
+    agent.attached = [
+        dataclasses.replace(attachment(UUID_A, 0), idle_release=IdleNotice("idle", release_at))
+    ]
+    agent.released = [IdleRelease(GpuUuid(UUID_B), PidRef(os.getpid()), "idle", release_at)]
     shell.register_magics(
         GPUMagics(
             shell,
@@ -514,10 +527,18 @@ def test_status(
 
     lines = run(shell, "status", capsys).splitlines()
 
+    local = release_at.astimezone().strftime("%H:%M:%S")
     assert lines[0] == "GPU agent (unix:/fake/agent.sock): 1 GPU attached to this kernel"
     assert lines[1].startswith(f"  {UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0")
-    assert lines[2] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
-    assert lines[3].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
+    assert lines[2] == (
+        f"      ! the agent releases it at {local} (unused) unless a process uses it"
+    )
+    assert lines[3:5] == [
+        "  Released by the agent's idle policy:",
+        f"    {UUID_B}  at {local} (unused)",
+    ]
+    assert lines[5] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
+    assert lines[6].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
     assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
 
 

@@ -462,3 +462,23 @@ def test_a_slice_attached_later_appears(fake_nvml: FakeNvml, dev: Path) -> None:
     assert [g.uuid for g in before.gpus] == [fake_nvml.gpus[0].uuid, first.uuid]
     assert before.message == "1 GPU, 1 MIG slice"
     assert [g.uuid for g in after.gpus] == [fake_nvml.gpus[0].uuid, first.uuid, second.uuid]
+
+
+def test_roster_with_slices_for_the_agent(fake_nvml: FakeNvml, dev: Path) -> None:
+    config = two_slices()
+    gpu, whole = config.gpus
+    fake_nvml.write(config)
+    with GpuMonitor(dev_dir=dev) as monitor:
+        plain = monitor.roster()
+        roster = monitor.roster(slices=True)
+
+    assert [(g.uuid, g.mig_enabled) for g in plain.gpus] == [(gpu.uuid, True), (whole.uuid, False)]
+    assert [g.uuid for g in roster.gpus] == [
+        gpu.uuid,
+        *(d.uuid for d in gpu.mig_devices),
+        whole.uuid,
+    ]
+    first = roster.gpus[1]
+    assert (first.minor, first.memory_total, first.mig_enabled) == (gpu.minor, 10**10, False)
+    assert first.mig == MigSlice(gpu.uuid, "1g.10gb", 1, 0)
+    assert roster.message == "2 GPUs, 2 MIG slices"
