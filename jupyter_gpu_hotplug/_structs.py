@@ -47,6 +47,9 @@ may be any)."""
 DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
 """The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
 
+MIG_PROFILE_RE: Final = re.compile(r"[1-8]g\.[1-9][0-9]{0,3}gb(?:\+me)?")
+"""A MIG GPU instance profile as NVIDIA names them (``1g.10gb``); use with ``fullmatch``."""
+
 REQUEST_ID_MAX: Final = 128
 REQUEST_ID_RE: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
 """A client-chosen ``request_id``; use with ``fullmatch``."""
@@ -226,6 +229,7 @@ class AttachRequestBody(_AttachRequestRequired, total=False):
     wait_seconds: float
     request_id: str
     idle_release_seconds: float
+    mig: str
 
 
 ErrorCode = Literal[

@@ -80,6 +80,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "socket-mode": "AgentApp.socket_mode",
         "socket-group": "AgentApp.socket_group",
         "simulate": "AgentApp.simulate",
+        "simulate-mig": "AgentApp.simulate_mig",
         "simulation-dir": "AgentApp.simulation_dir",
         "reconcile-interval": "AgentApp.reconcile_interval",
         "idle-release": "AgentApp.idle_release_seconds",
@@ -143,6 +144,11 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "",
         help="""Where the simulated node's library and config are kept (world-readable);
         empty: <state-dir>/simulation.""",
+    ).tag(config=True)
+    simulate_mig = Unicode(
+        "",
+        help="With --simulate: comma-separated MIG profiles (e.g. 1g.10gb,1g.10gb) that put "
+        "simulated GPU 0 in MIG mode with one slice each.",
     ).tag(config=True)
     simulation_interval = Float(
         2.0, help="Seconds between two moves of the simulated readings (0: never move)."
@@ -225,6 +231,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             socket_mode=mode,
             socket_group=_group_id(self.socket_group) if self.socket_group else None,
             simulate=self.simulate,
+            simulate_mig=tuple(p.strip() for p in self.simulate_mig.split(",") if p.strip()),
             simulation_dir=Path(self.simulation_dir) if self.simulation_dir else None,
             simulation_interval=self.simulation_interval,
             reconcile_interval=self.reconcile_interval,

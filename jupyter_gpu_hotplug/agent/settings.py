@@ -128,6 +128,8 @@ class AgentSettings:
     simulation_dir: Path | None = None
     """Where the simulated node's library and config live (``None``: ``<state_dir>/simulation``);
     world-readable, because sandboxed kernels of other users load them too."""
+    simulate_mig: tuple[str, ...] = ()
+    """MIG profiles of simulated GPU 0 (``1g.10gb``...): it is in MIG mode with one slice each."""
     simulation_interval: float = 2.0
     """Seconds between two moves of simulated utilisation, temperature and power."""
     reconcile_interval: float = 10.0
@@ -197,6 +199,7 @@ class AgentSettings:
             "socket_group": self.socket_group,
             "simulate": self.simulate,
             "simulation_dir": None if self.simulation_dir is None else str(self.simulation_dir),
+            "simulate_mig": list(self.simulate_mig),
             "simulation_interval": self.simulation_interval,
             "reconcile_interval": self.reconcile_interval,
             "force_grace": self.force_grace,

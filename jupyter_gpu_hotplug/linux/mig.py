@@ -180,9 +180,12 @@ class MigCaps:
         )
 
 
-def revoke_nodes(access: MigAccess, *, keeping: Iterable[DeviceNode]) -> tuple[DeviceNode, ...]:
-    """What taking ``access`` back from a container revokes, when the container keeps the
-    nodes ``keeping`` (its other slices' and GPUs'): the slice's two capability nodes, and the
-    GPU's node only if nothing kept needs it. Another slice's capabilities are never touched."""
+def revoke_nodes(
+    nodes: Iterable[DeviceNode], *, keeping: Iterable[DeviceNode]
+) -> tuple[DeviceNode, ...]:
+    """What taking ``nodes`` (a slice's ``MigAccess.nodes``, or a GPU's node) back from a
+    container revokes, when the container keeps the nodes ``keeping`` (its other slices' and
+    GPUs'): a slice's two capability nodes, and the GPU's node only if nothing kept needs it.
+    Another slice's capabilities are never touched."""
     kept = {node.device for node in keeping}
-    return tuple(node for node in access.nodes if node.device not in kept)
+    return tuple(node for node in nodes if node.device not in kept)

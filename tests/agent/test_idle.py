@@ -25,7 +25,7 @@ from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 
 from .fakes import FakeProcess
-from .service_harness import ADMIN, MAJOR, Harness
+from .service_harness import ADMIN, Harness
 
 
 @dataclass
@@ -94,7 +94,7 @@ def idle(harness: Harness, workers: Workers) -> Iterator[Idle]:
         locks=harness.service.locks,
         metrics=harness.metrics,
         workers=workers,
-        device_major=MAJOR,
+        nodes=harness.service.nodes,
         clock=clocks.monotonic,
         wall=clocks.wall,
     )

@@ -142,8 +142,11 @@ class TestTables:
 
     def test_revoke_keeps_what_other_slices_need(self, caps: MigCaps) -> None:
         one, two = slice_access(caps, 1), slice_access(caps, 2)
-        assert revoke_nodes(one, keeping=()) == one.nodes
-        assert revoke_nodes(one, keeping=two.nodes) == (one.gpu_instance, one.compute_instance)
+        assert revoke_nodes(one.nodes, keeping=()) == one.nodes
+        assert revoke_nodes(one.nodes, keeping=two.nodes) == (
+            one.gpu_instance,
+            one.compute_instance,
+        )
 
 
 # ---- tier 2: real sandboxes -----------------------------------------------------------------
@@ -206,7 +209,7 @@ def test_two_sandboxes_each_see_only_their_own_slice(
         for node in (other.gpu_instance, other.compute_instance):
             assert sees(box, node) == "EPERM", node  # the other slice: denied, not just absent
 
-    engine.revoke(first_box.pid, revoke_nodes(first, keeping=()))
+    engine.revoke(first_box.pid, revoke_nodes(first.nodes, keeping=()))
 
     for node in first.nodes:
         assert first_box.open(f"/dev/{node.name}") == "ENOENT"
@@ -223,7 +226,7 @@ def test_detaching_one_of_two_slices_of_a_gpu_keeps_the_other(
     engine.grant(sandbox.pid, one.nodes)
     engine.grant(sandbox.pid, two.nodes)
 
-    result = engine.revoke(sandbox.pid, revoke_nodes(one, keeping=two.nodes))
+    result = engine.revoke(sandbox.pid, revoke_nodes(one.nodes, keeping=two.nodes))
 
     assert result.nodes_removed == (one.gpu_instance.name, one.compute_instance.name)
     for node in two.nodes:
@@ -231,7 +234,7 @@ def test_detaching_one_of_two_slices_of_a_gpu_keeps_the_other(
     for node in (one.gpu_instance, one.compute_instance):
         assert sees(sandbox, node) == "EPERM", node
 
-    engine.revoke(sandbox.pid, revoke_nodes(two, keeping=()))
+    engine.revoke(sandbox.pid, revoke_nodes(two.nodes, keeping=()))
 
     for node in two.nodes:
         assert sees(sandbox, node) == "EPERM", node

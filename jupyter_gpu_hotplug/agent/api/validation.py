@@ -24,6 +24,7 @@ from ..._structs import (
     GPU_UUID_RE,
     MAX_IDLE_RELEASE_SECONDS,
     MAX_WAIT_SECONDS,
+    MIG_PROFILE_RE,
     PID_MAX_LIMIT,
     REQUEST_ID_MAX,
     REQUEST_ID_RE,
@@ -40,7 +41,7 @@ from ..core.seams import AttachRequest
 
 MAX_BODY_BYTES = 64 * 1024
 _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
-_BODY_FIELDS = ("count", "idle_release_seconds", "request_id", "target", "wait_seconds")
+_BODY_FIELDS = ("count", "idle_release_seconds", "mig", "request_id", "target", "wait_seconds")
 _POD_FIELDS = ("namespace", "name", "container")
 _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
@@ -257,6 +258,7 @@ def parse_attach_request(
     request_id = None
     if "request_id" in obj:
         request_id = parse_request_id(obj["request_id"])
+    mig = _mig_profile(obj["mig"]) if "mig" in obj else None
 
     target = _parse_target(obj["target"]) if "target" in obj else None
     return AttachRequest(
@@ -265,8 +267,20 @@ def parse_attach_request(
         wait_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
         request_id=request_id,
         idle_release_seconds=idle_release_seconds,
+        mig=mig,
         queued=wait_seconds is not None,
     )
+
+
+def _mig_profile(value: object) -> str:
+    """A MIG GPU instance profile as NVIDIA names them: ``<slices>g.<memory>gb``."""
+    if not isinstance(value, str) or MIG_PROFILE_RE.fullmatch(value) is None:
+        raise InvalidRequest(
+            f"mig must be a MIG profile such as 1g.10gb (<slices>g.<memory>gb), got "
+            f"{_describe(value)}",
+            field="mig",
+        )
+    return value
 
 
 def _seconds(obj: dict[str, object], name: str, maximum: float) -> float | None:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from ..._structs import GpuUuid, Target, TargetKey
-from .injector import Injector, InjectorError, gpu_node
+from .devices import GpuNodes
+from .injector import Injector, InjectorError
 from .locks import TargetLocks
 from .metrics import AgentMetrics
 from .seams import Allocator, HostContainer, Reservation, ReservationState, Resolver
@@ -174,7 +175,7 @@ class IdleReleaser:
         locks: TargetLocks,
         metrics: AgentMetrics,
         workers: Workers,
-        device_major: int,
+        nodes: GpuNodes,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -187,7 +188,7 @@ class IdleReleaser:
         self._locks = locks
         self._metrics = metrics
         self._workers = workers
-        self._major = device_major
+        self._nodes = nodes
         self._clock = clock
         self._wall = wall
         self._idle_since: dict[GpuUuid, float] = {}
@@ -238,8 +239,8 @@ class IdleReleaser:
         container = await self._workers.host(self._resolver.lookup, entry.target, entry.container)
         if container is None:
             return None  # gone: the reconciler releases it
-        node = gpu_node(entry.gpu.minor, major=self._major)
-        holders = await self._workers.host(self._injector.holders, container, [node])
+        nodes = self._nodes.of(entry.gpu)
+        holders = await self._workers.host(self._injector.holders, container, nodes)
         now = self._clock()
         if holders or (usage.get(uuid) or 0) > 0:
             self._idle_since[uuid] = now

@@ -51,6 +51,9 @@ class Waiter:
     deadline: float
     """``time.monotonic()`` value after which the request answers 504."""
     queued_at: datetime
+    kind: str | None = None
+    """What it waits for: whole GPUs (``None``) or slices of a MIG profile; each kind has
+    its own order (a slice freed serves no one waiting for a whole GPU)."""
     cancelled: bool = False
     number: int = 0
     """Arrival order (for logs)."""
@@ -89,9 +92,10 @@ class WaitQueue:
         """1 for the first waiter."""
         return self._waiters.index(waiter) + 1
 
-    def demand(self) -> int:
-        """GPUs the waiters need together: a request that does not wait may take only more."""
-        return sum(waiter.count for waiter in self._waiters)
+    def demand(self, kind: str | None = None) -> int:
+        """GPUs (or slices) of ``kind`` the waiters need together: a request that does not wait
+        may take only more."""
+        return sum(waiter.count for waiter in self._waiters if waiter.kind == kind)
 
     def find(self, request_id: str) -> list[Waiter]:
         return [waiter for waiter in self._waiters if waiter.request_id == request_id]
@@ -103,6 +107,7 @@ class WaitQueue:
         *,
         request_id: RequestId | None,
         deadline: float,
+        kind: str | None = None,
     ) -> Waiter:
         """Queue a request at the end. A request id already waiting for the same target is a
         retry of a request still in the queue: ``Busy`` (its answer is on its way)."""
@@ -120,6 +125,7 @@ class WaitQueue:
             count=count,
             request_id=request_id or RequestId(f"queued-{secrets.token_hex(8)}"),
             deadline=deadline,
+            kind=kind,
             queued_at=datetime.now(UTC),
             number=next(self._numbers),
         )
@@ -163,7 +169,8 @@ class WaitQueue:
                     requested=waiter.count,
                     hint=f"the request was cancelled while it waited (id {waiter.request_id})",
                 )
-            if self._waiters and self._waiters[0] is waiter and free() >= waiter.count:
+            first = next(w for w in self._waiters if w.kind == waiter.kind)
+            if first is waiter and free() >= waiter.count:
                 return
             remaining = waiter.deadline - self._clock()
             if remaining <= 0:

@@ -61,6 +61,7 @@ from ..._structs import (
 )
 from ...linux.devnodes import DeviceNode
 from .checkpoints import Checkpoints
+from .devices import GpuNodes, flat
 from .errors import (
     AgentError,
     Busy,
@@ -78,9 +79,8 @@ from .injector import (
     Injector,
     InjectorError,
     TargetGone,
-    gpu_node,
 )
-from .inventory import Inventory, InventorySnapshot
+from .inventory import GpuDevice, Inventory, InventorySnapshot
 from .locks import TargetLocks
 from .metrics import AgentMetrics
 from .queue import Waiter, WaitQueue
@@ -163,6 +163,7 @@ class AgentService:
         checkpoints: Checkpoints | None = None,
         idle: IdleBook | None = None,
         queue: WaitQueue | None = None,
+        nodes: GpuNodes | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -178,6 +179,8 @@ class AgentService:
         """The idle policy's shared state: requested periods, warnings, releases."""
         self.queue = queue or WaitQueue(on_change=metrics.queue_length.set)
         """Attach requests waiting for GPUs, first come, first served."""
+        self.nodes = nodes or GpuNodes(major=config.device_major)
+        """Which device nodes each reserved GPU or MIG slice needs."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -222,8 +225,22 @@ class AgentService:
                 counter.labels(result=result).inc(measure.gpus)
                 histogram.observe(time.monotonic() - started)
 
-    def _node(self, gpu: GpuRecord) -> DeviceNode:
-        return gpu_node(gpu.minor, major=self._config.device_major)
+    def _nodes_of(self, entries: Sequence[Reservation]) -> list[list[DeviceNode]]:
+        """The nodes of each entry (``InjectorError`` when a slice's cannot be told)."""
+        return [self.nodes.of(entry.gpu) for entry in entries]
+
+    def _revocable(
+        self, container: HostContainer, entries: Sequence[Reservation]
+    ) -> list[list[DeviceNode]]:
+        """The nodes taking ``entries`` back revokes from ``container``: never one that a GPU
+        or slice it keeps still needs (the node of a GPU whose other slice it holds)."""
+        leaving = {entry.gpu.uuid for entry in entries}
+        keeping = [
+            entry.gpu
+            for entry in self._allocator.attachments_of(container.target)
+            if entry.gpu.uuid not in leaving and entry.container == container.key
+        ]
+        return [self.nodes.to_revoke(entry.gpu, keeping=keeping) for entry in entries]
 
     @property
     def _label(self) -> str:
@@ -325,7 +342,11 @@ class AgentService:
                 async with self.locks.operation(container.target):
                     return await self._attach_locked(container, request, snapshot, deadline)
             waiter = self.queue.join(
-                container, request.count, request_id=request.request_id, deadline=deadline
+                container,
+                request.count,
+                request_id=request.request_id,
+                deadline=deadline,
+                kind=request.mig,
             )
             log.info(
                 "%s waits for %d GPU(s): number %d in the queue",
@@ -336,7 +357,7 @@ class AgentService:
             try:
                 await self.queue.turn(
                     waiter,
-                    free=lambda: self._free(snapshot),
+                    free=lambda: self._free(snapshot, request.mig),
                     alive=lambda: self._alive(container),
                     wait_seconds=request.wait_seconds,
                 )
@@ -358,12 +379,20 @@ class AgentService:
             for entry in self._allocator.attachments_of(container.target)
         ):
             return False
-        return len(self.queue) > 0 or self._free(snapshot) < request.count
+        waiting = self.queue.demand(request.mig)
+        return waiting > 0 or self._free(snapshot, request.mig) < request.count
 
-    def _free(self, snapshot: InventorySnapshot) -> int:
-        """Healthy GPUs of ``snapshot`` that nobody holds, from the allocator's memory."""
+    @staticmethod
+    def _candidates(snapshot: InventorySnapshot, mig: str | None) -> list[GpuDevice]:
+        """What a request may get: whole GPUs, or the MIG slices of profile ``mig``."""
+        if mig is None:
+            return [gpu for gpu in snapshot.gpus if gpu.whole]
+        return [gpu for gpu in snapshot.gpus if gpu.mig is not None and gpu.mig.profile == mig]
+
+    def _free(self, snapshot: InventorySnapshot, mig: str | None) -> int:
+        """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
         taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
-        return sum(1 for gpu in snapshot.gpus if gpu.uuid not in taken)
+        return sum(1 for gpu in self._candidates(snapshot, mig) if gpu.uuid not in taken)
 
     async def _alive(self, container: HostContainer) -> bool:
         found = await self._workers.host(self._resolver.lookup, container.target, container.key)
@@ -372,9 +401,21 @@ class AgentService:
     def _admit(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
-        """Refuse a request that can never be served: more GPUs than the node has, or more
-        than the target may hold."""
-        total = len(snapshot.gpus) + len(snapshot.lost)
+        """Refuse a request that can never be served: more GPUs (or slices of the profile)
+        than the node has, or more than the target may hold."""
+        if request.mig is None:
+            total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
+        else:
+            total = len(self._candidates(snapshot, request.mig))
+            if total == 0:
+                profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
+                raise InvalidRequest(
+                    f"this node has no MIG slice of profile {request.mig}",
+                    field="mig",
+                    hint=f"its slices are {', '.join(profiles)}"
+                    if profiles
+                    else "no GPU of this node is in MIG mode",
+                )
         if 0 < total < request.count:
             raise InvalidRequest(
                 f"count {request.count} is more than this node's {total} GPU(s)",
@@ -450,9 +491,15 @@ class AgentService:
             if earlier:
                 return self._repeat(target, request.request_id, request.count, earlier)
         self._admit(container, request, snapshot)
-        candidates = [GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in snapshot.gpus]
+        self.nodes.learn(snapshot)
+        candidates = [
+            GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
+            for gpu in self._candidates(snapshot, request.mig)
+        ]
         # A request that did not wait its turn takes only GPUs that no waiter needs.
-        free = self._free(snapshot) - (0 if waiter is not None else self.queue.demand())
+        free = self._free(snapshot, request.mig) - (
+            0 if waiter is not None else self.queue.demand(request.mig)
+        )
         if free < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
             raise InsufficientGpus(
@@ -471,7 +518,13 @@ class AgentService:
         )
         await self._checkpoints.reach("after_reserve")
         uuids = [entry.gpu.uuid for entry in entries]
-        nodes = [self._node(entry.gpu) for entry in entries]
+        try:
+            per_entry = self._nodes_of(entries)
+        except InjectorError as e:
+            await self._allocator.release(uuids)
+            self.queue.notify()
+            raise _attach_error(container, e) from e
+        nodes = flat(per_entry)
         try:
             created = await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
@@ -486,8 +539,8 @@ class AgentService:
                 uuids,
                 nodes_created=[
                     entry.gpu.uuid
-                    for entry, node in zip(entries, nodes, strict=True)
-                    if node.name in created
+                    for entry, own in zip(entries, per_entry, strict=True)
+                    if all(node.name in created for node in own)
                 ],
             )
         except BaseException:
@@ -606,8 +659,8 @@ class AgentService:
         async with self.locks.operation(target):
             remains = await self._workers.host(self._resolver.remains, entries[0].container)
             if remains is not None:
-                nodes = [self._node(entry.gpu) for entry in entries]
                 try:
+                    nodes = flat(self._nodes_of(entries))
                     await self._workers.host(self._injector.withdraw, remains, nodes)
                 except InjectorError as e:
                     raise TargetNotReady(
@@ -625,7 +678,15 @@ class AgentService:
         uuids = [entry.gpu.uuid for entry in entries]
         if any(entry.state is ReservationState.RESERVING for entry in entries):
             raise Busy.operation_in_progress(str(container.target))
-        nodes = [self._node(entry.gpu) for entry in entries]
+        try:
+            per_entry = self._revocable(container, entries)
+        except InjectionFailed as e:
+            raise TargetNotReady(
+                f"the GPU could not be taken from {container}: {e}",
+                hint="the GPU is still attached; see the agent's log",
+                retryable=False,
+            ) from e
+        nodes = flat(per_entry)
         await self._allocator.begin_release(uuids)
         await self._checkpoints.reach("after_begin_release")
         try:
@@ -634,7 +695,7 @@ class AgentService:
                 container,
                 nodes,
                 force=force,
-                keep_nodes=_not_created(entries, nodes),
+                keep_nodes=_not_created(entries, per_entry),
             )
         except TargetGone:
             log.info("%s exited during the detach; releasing its record", container)
@@ -666,9 +727,16 @@ class AgentService:
         )
 
 
-def _not_created(entries: Sequence[Reservation], nodes: Sequence[DeviceNode]) -> list[str]:
+def _not_created(
+    entries: Sequence[Reservation], nodes: Sequence[Sequence[DeviceNode]]
+) -> list[str]:
     """The nodes a release must leave in place: those the agent did not create."""
-    return [node.name for entry, node in zip(entries, nodes, strict=True) if not entry.node_created]
+    return [
+        node.name
+        for entry, own in zip(entries, nodes, strict=True)
+        if not entry.node_created
+        for node in own
+    ]
 
 
 def _is_clean(error: InjectorError) -> bool:
