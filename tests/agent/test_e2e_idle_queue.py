@@ -1,4 +1,4 @@
-"""Issue 11 end to end in local mode: GPUs come back by themselves, and waiters are served in order.
+"""Issue 11 end to end in local mode: GPUs that come back by themselves, a fair queue, MIG slices.
 
 The agent runs as a real process (``--simulate 4``), the kernels are sandboxes (fresh device
 cgroups, private ``/dev``), and the API is spoken over TCP with the agent's token, its answers
@@ -22,7 +22,10 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME
+from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME, MIG_MINORS_NAME, PROC_DEVICES_NAME
+from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from jupyter_gpu_hotplug.linux.mig import MigCaps
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, read_config, write_config
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
@@ -278,3 +281,98 @@ def test_three_kernels_one_gpu_served_in_order(
     assert [a["target"] for a in tcp(queue_agent).get("/v1/gpus").json()["gpus"]] == [
         {"pid": second.pid}
     ]
+
+
+# --- MIG slices --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mig_agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    process = AgentProcess(
+        tmp_path / "state",
+        simulate=2,
+        extra_args=["--reconcile-interval=0", "--simulate-mig=1g.10gb,1g.10gb"],
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.kill9()
+
+
+def caps_nodes(agent: AgentProcess, uuid: str) -> list[tuple[str, int, int]]:
+    """The ``nvidia-caps`` nodes of the simulated slice ``uuid`` as (path, major, minor), from
+    the simulated node's own tables."""
+    directory = agent.state_dir / "simulation"
+    gpu = read_config(directory / CONFIG_NAME).gpus[0]
+    (device,) = [d for d in gpu.mig_devices if d.uuid == uuid]
+    tables = MigCaps.read(
+        proc_devices=directory / PROC_DEVICES_NAME, mig_minors=directory / MIG_MINORS_NAME
+    )
+    access = tables.access(
+        DeviceNode(f"nvidia{gpu.minor}", CharDevice(195, gpu.minor)),
+        gpu_instance_id=device.gpu_instance_id,
+        compute_instance_id=device.compute_instance_id,
+    )
+    return [
+        (f"/dev/{n.name}", n.device.major, n.device.minor)
+        for n in (access.gpu_instance, access.compute_instance)
+    ]
+
+
+def opens_node(probe: SandboxProbe, path: str, major: int, minor: int) -> str:
+    """As ``opens`` for any node: the cgroup's answer, with a node made first if absent."""
+    made = probe.stat(path).result == "ENOENT"
+    if made:
+        assert probe.mknod(path, major, minor) == "OK"
+    result = probe.open(path)
+    if made:
+        assert probe.unlink(path) == "OK"
+    return result
+
+
+def test_two_kernels_each_attach_one_slice_and_see_only_their_own(
+    mig_agent: AgentProcess, sandbox_factory: SandboxFactory
+) -> None:
+    first, second = sandbox_factory(), sandbox_factory()
+    answers = [
+        tcp(mig_agent).post(
+            "/v1/attachments", {"count": 1, "target": {"pid": box.pid}, "mig": "1g.10gb"}
+        )
+        for box in (first, second)
+    ]
+    assert [a.status for a in answers] == [201, 201], [a.body for a in answers]
+    (one,), (two,) = (a.json()["attachments"] for a in answers)
+    assert one["uuid"].startswith("MIG-") and two["uuid"].startswith("MIG-")
+    assert one["uuid"] != two["uuid"] and one["minor"] == two["minor"] == 0
+    own = {
+        first.pid: caps_nodes(mig_agent, one["uuid"]),
+        second.pid: caps_nodes(mig_agent, two["uuid"]),
+    }
+
+    for box, other in ((first, second), (second, first)):
+        assert box.open("/dev/nvidia0") == "ENXIO"
+        assert sorted(box.listdir("/dev/nvidia-caps")) == sorted(
+            path.rsplit("/", 1)[1] for path, _, _ in own[box.pid]
+        ), "each sees only its own caps nodes"
+        for node in own[box.pid]:
+            assert box.open(node[0]) == "ENXIO", node
+        for node in own[other.pid]:
+            assert opens_node(box, *node) == "EPERM", node
+    refused = tcp(mig_agent).post(
+        "/v1/attachments", {"count": 1, "target": {"pid": first.pid}, "mig": "1g.10gb"}
+    )
+    assert refused.status == 409, refused.body
+    whole = tcp(mig_agent).post("/v1/attachments", {"count": 1, "target": {"pid": first.pid}})
+    assert whole.status == 201 and whole.json()["attachments"][0]["minor"] == 1, whole.body
+
+    detached = tcp(mig_agent).delete(f"/v1/attachments/{one['uuid']}")
+
+    assert detached.status == 204, detached.body
+    for node in own[first.pid]:
+        assert opens_node(first, *node) == "EPERM", node
+    assert opens_node(first, "/dev/nvidia0", 195, 0) == "EPERM"
+    assert first.open("/dev/nvidia1") == "ENXIO", "the whole GPU stays"
+    assert second.open("/dev/nvidia0") == "ENXIO"
+    for node in own[second.pid]:
+        assert second.open(node[0]) == "ENXIO", node
