@@ -209,15 +209,20 @@ def attach(
     target: AnyTarget | None,
     wait_seconds: float | None,
     request_id: str | None,
+    mig: str | None = None,
 ) -> ApiCall[tuple[Attachment, ...]]:
-    """``request_id`` defaults to a new one: every attach is safe to repeat."""
+    """``request_id`` defaults to a new one: every attach is safe to repeat. ``mig``: attach
+    MIG slices of that profile (``1g.10gb``) instead of whole GPUs."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
     if target is not None:
         body["target"] = target.to_wire()
     if wait_seconds is not None:
         body["wait_seconds"] = wait_seconds
+    if mig is not None:
+        body["mig"] = mig
+    what = f"GPU{'' if count == 1 else 's'}" if mig is None else f"MIG {mig} slice(s)"
     return ApiCall(
-        f"attach {count} GPU{'' if count == 1 else 's'} to {_subject(target)}",
+        f"attach {count} {what} to {_subject(target)}",
         "POST",
         "/v1/attachments",
         parse_attachments,

@@ -104,14 +104,18 @@ class AgentClient(BaseAgentClient):
         target: AnyTarget | None = None,
         wait_seconds: float | None = None,
         request_id: str | None = None,
+        mig: str | None = None,
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
         ``request_id`` (default: a new one per call) makes repeats idempotent, so the client
-        may retry a lost answer without attaching twice.
+        may retry a lost answer without attaching twice. ``mig`` (e.g. ``"1g.10gb"``)
+        attaches MIG slices of that profile instead of whole GPUs.
         """
         return self._call(
-            attach_call(count, target=target, wait_seconds=wait_seconds, request_id=request_id)
+            attach_call(
+                count, target=target, wait_seconds=wait_seconds, request_id=request_id, mig=mig
+            )
         )
 
     def detach(self, uuid: GpuUuid | str, *, force: bool = False) -> None:

@@ -43,7 +43,7 @@ from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from .._structs import MAX_WAIT_SECONDS, NVIDIA_MAJOR
+from .._structs import MAX_WAIT_SECONDS, MIG_PROFILE_RE, NVIDIA_MAJOR
 from .._version import __version__
 from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
 from ..nvml.state import GpuMonitor
@@ -248,6 +248,15 @@ def wait_seconds(text: str) -> float:
     return _seconds(text, what="--wait", low=0.0, high=MAX_WAIT_SECONDS, low_inclusive=False)
 
 
+def mig_profile(text: str) -> str:
+    """``--mig P`` of ``attach``: a MIG profile such as ``1g.10gb``."""
+    if MIG_PROFILE_RE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"--mig takes a MIG profile such as 1g.10gb (<slices>g.<memory>gb), not {text!r}"
+        )
+    return text
+
+
 def refresh_interval(text: str) -> float:
     """``--interval S`` of ``monitor``: seconds between two refreshes."""
     return _seconds(
@@ -348,16 +357,24 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"how long the agent may wait for the GPUs (default 60 s, at most "
         f"{MAX_WAIT_SECONDS:g})",
     )
+    parser.add_argument(
+        "--mig",
+        type=mig_profile,
+        default=None,
+        metavar="PROFILE",
+        help="attach MIG slices of this profile (e.g. 1g.10gb) instead of whole GPUs",
+    )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     count: int = args.count
     client = context.client()
     limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
+    what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
     try:
         attachments = _wait_with_progress(
-            lambda: client.attach(count, wait_seconds=args.wait),
-            label=f"Attaching {_plural(count)}{limit}",
+            lambda: client.attach(count, wait_seconds=args.wait, mig=args.mig),
+            label=f"Attaching {what}{limit}",
             context=context,
         )
     except InsufficientGpus as error:

@@ -92,7 +92,8 @@ class FakeAgent:
             raise self.errors[method]
 
     def attach(self, count: int = 1, **kwargs: Any) -> tuple[Attachment, ...]:
-        self.calls.append(("attach", count, kwargs.get("wait_seconds")))
+        call: tuple[Any, ...] = ("attach", count, kwargs.get("wait_seconds"))
+        self.calls.append(call if kwargs.get("mig") is None else (*call, kwargs["mig"]))
         self.attach_started.set()
         if not self.release.wait(WAIT_S):
             raise AssertionError("the test never released the attach")
@@ -206,6 +207,8 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach 2 --wait 30", "attach", {"count": 2, "wait": 30.0}),
         ("attach --wait=0.5", "attach", {"count": 1, "wait": 0.5}),
         ("attach --wait 600", "attach", {"count": 1, "wait": 600.0}),
+        ("attach 1 --mig 1g.10gb", "attach", {"count": 1, "mig": "1g.10gb"}),
+        ("attach --mig=1g.10gb+me", "attach", {"count": 1, "mig": "1g.10gb+me"}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
         ("detach ALL", "detach", {"gpu": "all", "force": False}),
@@ -241,6 +244,8 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --wait nan", "got 'nan'"),
         ("attach --wait inf", "got 'inf'"),
         ("attach --wait", "expected one argument"),
+        ("attach --mig 1g", "--mig takes a MIG profile such as 1g.10gb"),
+        ("attach --mig 9g.10gb", "not '9g.10gb'"),
         ("detach foo", "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -291,6 +296,15 @@ def test_attach_passes_the_wait(shell: InteractiveShell, agent: FakeAgent) -> No
     shell.run_line_magic("gpu", "attach --wait 12.5")
 
     assert agent.calls == [("attach", 1, 12.5)]
+
+
+def test_attach_a_mig_slice(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_line_magic("gpu", "attach 1 --mig 1g.10gb")
+
+    assert agent.calls == [("attach", 1, None, "1g.10gb")]
+    assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
 def test_slow_attach_shows_progress(
