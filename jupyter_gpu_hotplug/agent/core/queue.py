@@ -6,7 +6,8 @@ GPUs (or others already waiting) joins the queue; only the first waiter may take
 as enough are free; it stays first until its reservation is made, then leaves, and the next one
 becomes first. Nobody can overtake a waiter — a request that does not wait is served only from
 GPUs beyond what the waiters need — so no waiter starves, not even one that asks for more GPUs
-than the others.
+than the others. Each kind of request has its own order: whole GPUs, and the slices of each MIG
+profile (a freed slice serves no one who waits for a whole GPU).
 
 Waking up: every release the agent makes (detach, idle release, reconciliation) calls
 ``notify``, which wakes every waiter at once; the first one finds its GPUs within that
