@@ -305,8 +305,15 @@ def _plural(count: int, word: str = "GPU") -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicContext) -> _T:
-    """``call()`` in a worker thread while this thread keeps a progress line up to date.
+def _wait_with_progress(
+    call: Callable[[], _T],
+    *,
+    label: str,
+    context: MagicContext,
+    detail: Callable[[], str] = lambda: "",
+) -> _T:
+    """``call()`` in a worker thread while this thread keeps a progress line up to date;
+    ``detail()`` adds to the line what is known of the wait (its place in the queue).
 
     The worker only makes the blocking request; everything shown is shown from here.
     """
@@ -322,7 +329,7 @@ def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicCon
                 result = future.result(timeout=timeout)
             except concurrent.futures.TimeoutError:
                 progress = progress or context.new_progress()
-                progress.update(label, time.monotonic() - started)
+                progress.update(label + detail(), time.monotonic() - started)
                 timeout = context.progress_tick
                 continue
             outcome = "done"
@@ -338,6 +345,32 @@ def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicCon
         pool.shutdown(wait=False)
         if progress is not None:
             progress.finish(f"{label}: {outcome} after {time.monotonic() - started:.1f} s")
+
+
+class QueuePlace:
+    """ ", waiting, position 2 of 3" while this kernel's attach waits in the agent's queue;
+    asked of the agent at most every ``interval`` seconds, and empty when it does not say."""
+
+    def __init__(self, client: AgentClient, *, interval: float = 1.0) -> None:
+        self._client = client
+        self._interval = interval
+        self._asked = float("-inf")
+        self._text = ""
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if now - self._asked >= self._interval:
+            self._asked = now
+            try:
+                waiting = self._client.queued()
+            except AgentClientError:
+                waiting = ()  # an older agent, or none: the line shows the time only
+            self._text = (
+                f", waiting, position {waiting[0].position} of {waiting[0].length}"
+                if waiting
+                else ""
+            )
+        return self._text
 
 
 def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
@@ -375,6 +408,7 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
         attachments = _wait_with_progress(
             lambda: client.attach(count, wait_seconds=args.wait, mig=args.mig),
             label=f"Attaching {what}{limit}",
+            detail=QueuePlace(client) if args.wait is not None else lambda: "",
             context=context,
         )
     except InsufficientGpus as error:

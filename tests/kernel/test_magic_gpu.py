@@ -32,6 +32,7 @@ from jupyter_gpu_hotplug.client import (
     IdleNotice,
     IdleRelease,
     InsufficientGpus,
+    QueuedRequest,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.magic import (
@@ -81,6 +82,7 @@ class FakeAgent:
         self.attached: list[Attachment] = []
         self.node: list[Gpu] = []
         self.released: list[IdleRelease] = []
+        self.waiting: list[QueuedRequest] = []
         self.errors: dict[str, Exception] = {}
         self.attach_started = threading.Event()
         self.release = threading.Event()
@@ -106,6 +108,11 @@ class FakeAgent:
         self.calls.append(("attachments",))
         self._maybe_fail("attachments")
         return tuple(self.attached)
+
+    def queued(self, target: Any = None) -> tuple[QueuedRequest, ...]:
+        self.calls.append(("queued",))
+        self._maybe_fail("queued")
+        return tuple(self.waiting)
 
     def idle_releases(self, target: Any = None) -> tuple[IdleRelease, ...]:
         self.calls.append(("idle_releases",))
@@ -330,6 +337,29 @@ def test_slow_attach_shows_progress(
     assert shown.summaries[0].startswith("Attaching 2 GPUs (waiting up to 60 s): done after ")
     assert "Attached 1 GPU" in out
     assert progress == [], "the context's own progress factory was replaced"
+
+
+def test_a_waiting_attach_shows_its_place_in_the_queue(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.release.clear()
+    agent.waiting = [
+        QueuedRequest("r1", PidRef(os.getpid()), 1, 2, 3, datetime(2026, 11, 24, tzinfo=UTC))
+    ]
+    shown = RecordingProgress(on_update=agent.release.set)
+    shell.register_magics(
+        GPUMagics(
+            shell, context=dataclasses.replace(context, progress=lambda: shown, progress_after=0.0)
+        )
+    )
+
+    run(shell, "attach --wait 30", capsys)
+
+    assert shown.updates[0][0] == "Attaching 1 GPU (waiting up to 30 s), waiting, position 2 of 3"
+    assert ("queued",) in agent.calls
 
 
 def test_interrupting_the_wait_is_reported_not_raised(
