@@ -107,16 +107,23 @@ class AsyncAgentClient(BaseAgentClient):
         wait_seconds: float | None = None,
         request_id: str | None = None,
         mig: str | None = None,
+        idle_release_seconds: float | None = None,
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
         ``request_id`` (default: a new one per call) makes repeats idempotent, so the client
         may retry a lost answer without attaching twice. ``mig`` (e.g. ``"1g.10gb"``)
-        attaches MIG slices of that profile instead of whole GPUs.
+        attaches MIG slices of that profile instead of whole GPUs; ``idle_release_seconds``
+        asks the agent to release them after that long unused (never later than its policy).
         """
         return await self._call(
             attach_call(
-                count, target=target, wait_seconds=wait_seconds, request_id=request_id, mig=mig
+                count,
+                target=target,
+                wait_seconds=wait_seconds,
+                request_id=request_id,
+                mig=mig,
+                idle_release_seconds=idle_release_seconds,
             )
         )
 

@@ -210,9 +210,11 @@ def attach(
     wait_seconds: float | None,
     request_id: str | None,
     mig: str | None = None,
+    idle_release_seconds: float | None = None,
 ) -> ApiCall[tuple[Attachment, ...]]:
     """``request_id`` defaults to a new one: every attach is safe to repeat. ``mig``: attach
-    MIG slices of that profile (``1g.10gb``) instead of whole GPUs."""
+    MIG slices of that profile (``1g.10gb``) instead of whole GPUs. ``idle_release_seconds``:
+    ask the agent to release them after that long unused (if stricter than its own policy)."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
     if target is not None:
         body["target"] = target.to_wire()
@@ -220,6 +222,8 @@ def attach(
         body["wait_seconds"] = wait_seconds
     if mig is not None:
         body["mig"] = mig
+    if idle_release_seconds is not None:
+        body["idle_release_seconds"] = idle_release_seconds
     what = f"GPU{'' if count == 1 else 's'}" if mig is None else f"MIG {mig} slice(s)"
     return ApiCall(
         f"attach {count} {what} to {_subject(target)}",

@@ -43,7 +43,7 @@ from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from .._structs import MAX_WAIT_SECONDS, MIG_PROFILE_RE, NVIDIA_MAJOR
+from .._structs import MAX_IDLE_RELEASE_SECONDS, MAX_WAIT_SECONDS, MIG_PROFILE_RE, NVIDIA_MAJOR
 from .._version import __version__
 from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
 from ..nvml.state import GpuMonitor
@@ -248,6 +248,13 @@ def wait_seconds(text: str) -> float:
     return _seconds(text, what="--wait", low=0.0, high=MAX_WAIT_SECONDS, low_inclusive=False)
 
 
+def idle_seconds(text: str) -> float:
+    """``--idle S`` of ``attach``: give the GPUs back after ``S`` seconds unused."""
+    return _seconds(
+        text, what="--idle", low=0.0, high=MAX_IDLE_RELEASE_SECONDS, low_inclusive=False
+    )
+
+
 def mig_profile(text: str) -> str:
     """``--mig P`` of ``attach``: a MIG profile such as ``1g.10gb``."""
     if MIG_PROFILE_RE.fullmatch(text) is None:
@@ -397,6 +404,14 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         help="attach MIG slices of this profile (e.g. 1g.10gb) instead of whole GPUs",
     )
+    parser.add_argument(
+        "--idle",
+        type=idle_seconds,
+        default=None,
+        metavar="S",
+        help="let the agent take the GPUs back after S seconds unused (it never waits longer "
+        "than its own idle policy)",
+    )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
@@ -406,7 +421,9 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
     try:
         attachments = _wait_with_progress(
-            lambda: client.attach(count, wait_seconds=args.wait, mig=args.mig),
+            lambda: client.attach(
+                count, wait_seconds=args.wait, mig=args.mig, idle_release_seconds=args.idle
+            ),
             label=f"Attaching {what}{limit}",
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
             context=context,

@@ -13,7 +13,7 @@ from jupyter_gpu_hotplug.client import IdleNotice, IdleRelease, QueuedRequest
 
 from . import samples
 from .conftest import Api
-from .stub_agent import StubAgent
+from .stub_agent import StubAgent, check_attach_request
 
 MOMENT = dt.datetime(2026, 11, 24, 1, 2, 3, tzinfo=dt.UTC)
 
@@ -82,3 +82,19 @@ async def test_queue_and_cancel(api: Api, stub: StubAgent) -> None:
     listed, cancelled = stub.requests
     assert (listed.method, listed.path) == ("GET", "/v1/queue")
     assert (cancelled.method, cancelled.path) == ("DELETE", "/v1/queue/abc.1")
+
+
+async def test_attach_a_slice_with_an_idle_period(api: Api, stub: StubAgent) -> None:
+    stub.respond("POST", "/v1/attachments", 201, samples.LOCAL_ATTACHMENTS)
+
+    await api("attach", 1, mig="1g.10gb", idle_release_seconds=600, request_id="r.1")
+
+    (request,) = stub.requests
+    body = request.json()
+    assert body == {
+        "count": 1,
+        "request_id": "r.1",
+        "mig": "1g.10gb",
+        "idle_release_seconds": 600,
+    }
+    check_attach_request(body)
