@@ -361,6 +361,8 @@ class AgentService:
                     alive=lambda: self._alive(container),
                     wait_seconds=request.wait_seconds,
                 )
+                # The node may have changed while it waited: hand out what NVML sees now.
+                snapshot = await self._workers.host(self._inventory.snapshot)
                 async with self.locks.operation(container.target):
                     return await self._attach_locked(
                         container, request, snapshot, deadline, waiter=waiter
