@@ -241,6 +241,20 @@ def gpu_row_html(gpu: GpuState) -> str:
         return title + '<div class="gpuhp-error">lost: the GPU stopped answering</div>'
     ratio = usage_ratio(gpu.memory_used, gpu.memory_total)
     memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    if gpu.mig is not None:
+        # A slice: its memory and processes are its own; utilisation and sensors are the GPU's.
+        where = (
+            f"MIG slice {gpu.mig.profile or ''} of GPU {gpu.index} · GPU instance "
+            f"{gpu.mig.gpu_instance_id}, compute instance {gpu.mig.compute_instance_id}"
+        )
+        return (
+            title
+            + f'<div class="gpuhp-muted">{html.escape(where)}</div>'
+            + '<div class="gpuhp-metrics"><span class="gpuhp-muted">memory</span>'
+            + bar_html(ratio, label="slice memory in use", level=memory_level(ratio))
+            + f"<span>{html.escape(memory)}</span></div>"
+            + process_table_html(gpu.processes)
+        )
     sensors = f"{_number(gpu.temperature, '°C')} · power {_power(gpu)}"
     metrics = (
         '<div class="gpuhp-metrics">'

@@ -502,3 +502,6 @@ def test_mig_slice_is_shown_as_a_slice_of_its_gpu(fake_nvml: FakeNvml, monitor: 
         "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 18.6 GiB"
     )
     assert "util" in render.gpu_summary(gpu)
+    row = render.gpu_row_html(mig_slice)
+    assert "MIG slice 2g.20gb of GPU 0 · GPU instance 1, compute instance 0" in row
+    assert "slice memory in use" in row and "GPU utilisation" not in row
