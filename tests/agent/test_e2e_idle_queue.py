@@ -54,12 +54,16 @@ def tcp(agent: AgentProcess) -> ApiClient:
 
 
 def opens(probe: SandboxProbe, minor: int) -> str:
-    """What opening ``/dev/nvidia<minor>`` gives inside ``probe`` (a node made first if the
-    agent made none, and removed again)."""
-    path = f"/dev/nvidia{minor}"
+    """What opening ``/dev/nvidia<minor>`` gives inside ``probe`` (see ``opens_node``)."""
+    return opens_node(probe, f"/dev/nvidia{minor}", 195, minor)
+
+
+def opens_node(probe: SandboxProbe, path: str, major: int, minor: int) -> str:
+    """What opening ``path`` gives inside ``probe``: the cgroup's answer, with a node made
+    first if the agent made none (and removed again: it is not the agent's)."""
     made = probe.stat(path).result == "ENOENT"
     if made:
-        assert probe.mknod(path, 195, minor) == "OK"
+        assert probe.mknod(path, major, minor) == "OK"
     result = probe.open(path)
     if made:
         assert probe.unlink(path) == "OK"
@@ -318,17 +322,6 @@ def caps_nodes(agent: AgentProcess, uuid: str) -> list[tuple[str, int, int]]:
         (f"/dev/{n.name}", n.device.major, n.device.minor)
         for n in (access.gpu_instance, access.compute_instance)
     ]
-
-
-def opens_node(probe: SandboxProbe, path: str, major: int, minor: int) -> str:
-    """As ``opens`` for any node: the cgroup's answer, with a node made first if absent."""
-    made = probe.stat(path).result == "ENOENT"
-    if made:
-        assert probe.mknod(path, major, minor) == "OK"
-    result = probe.open(path)
-    if made:
-        assert probe.unlink(path) == "OK"
-    return result
 
 
 def test_two_kernels_each_attach_one_slice_and_see_only_their_own(
