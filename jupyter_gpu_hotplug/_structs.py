@@ -42,8 +42,14 @@ MAX_WAIT_SECONDS: Final = 600.0
 """The largest ``wait_seconds`` of an attach (``AttachRequest`` in ``openapi.json``)."""
 DEFAULT_WAIT_SECONDS: Final = 60.0
 """The ``wait_seconds`` of an attach that does not say."""
+MAX_IDLE_RELEASE_SECONDS: Final = 7 * 24 * 3600.0
+"""The largest ``idle_release_seconds`` an attach may ask for (a week; the agent's own setting
+may be any)."""
 DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
 """The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
+
+MIG_PROFILE_RE: Final = re.compile(r"[1-8]g\.[1-9][0-9]{0,3}gb(?:\+me)?")
+"""A MIG GPU instance profile as NVIDIA names them (``1g.10gb``); use with ``fullmatch``."""
 
 REQUEST_ID_MAX: Final = 128
 REQUEST_ID_RE: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
@@ -146,9 +152,18 @@ class GpuList(TypedDict):
     gpus: list[GpuInfo]
 
 
-class Attachment(TypedDict):
-    """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally)."""
+IdleReason = Literal["idle", "lease"]
+"""Why the idle policy releases a GPU: unused for the idle period, or its maximum lease ended."""
 
+
+class IdleReleaseWire(TypedDict):
+    """A warning on an attachment: it will be released at ``release_at`` unless it is used."""
+
+    reason: IdleReason
+    release_at: str
+
+
+class _AttachmentRequired(TypedDict):
     uuid: GpuUuid
     index: int
     minor: int
@@ -157,6 +172,45 @@ class Attachment(TypedDict):
     target: TargetWire
     holder: str | None
     attached_at: str
+
+
+class Attachment(_AttachmentRequired, total=False):
+    """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally).
+    ``idle_release`` is there only while the idle policy has announced its release."""
+
+    idle_release: IdleReleaseWire
+
+
+class IdleReleaseRecord(TypedDict):
+    """A GPU the idle policy took back from a target (``GET /v1/idle-releases``)."""
+
+    uuid: GpuUuid
+    target: TargetWire
+    reason: IdleReason
+    released_at: str
+
+
+class QueuedRequest(TypedDict):
+    """An attach request waiting for GPUs; ``position`` 1 is served next."""
+
+    request_id: str
+    target: TargetWire
+    count: int
+    position: int
+    queued_at: str
+
+
+class QueueView(TypedDict):
+    """The body of ``GET /v1/queue``: the target's waiting requests among ``length`` in all."""
+
+    length: int
+    requests: list[QueuedRequest]
+
+
+class IdleReleaseList(TypedDict):
+    """The body of ``GET /v1/idle-releases``: the target's recent idle releases, oldest first."""
+
+    releases: list[IdleReleaseRecord]
 
 
 class AttachmentList(TypedDict):
@@ -175,6 +229,8 @@ class AttachRequestBody(_AttachRequestRequired, total=False):
     target: TargetWire
     wait_seconds: float
     request_id: str
+    idle_release_seconds: float
+    mig: str
 
 
 ErrorCode = Literal[

@@ -97,6 +97,21 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--request-id", help="makes a retried attach idempotent (default: a fresh id)"
     )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="S",
+        help="wait up to S seconds in the agent's queue when no GPU is free",
+    )
+    parser.add_argument(
+        "--mig", metavar="PROFILE", help="attach MIG slices of this profile (e.g. 1g.10gb)"
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        metavar="S",
+        help="let the agent take the GPUs back after S seconds unused",
+    )
     _common(parser)
 
 
@@ -164,7 +179,12 @@ def run_attach(args: argparse.Namespace) -> int:
         return 2
     try:
         attached = _client(args).attach(
-            args.count, target=_target(args), request_id=args.request_id
+            args.count,
+            target=_target(args),
+            request_id=args.request_id,
+            wait_seconds=args.wait,
+            mig=args.mig,
+            idle_release_seconds=args.idle,
         )
     except AgentClientError as error:
         return _fail(args, error)

@@ -80,8 +80,12 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "socket-mode": "AgentApp.socket_mode",
         "socket-group": "AgentApp.socket_group",
         "simulate": "AgentApp.simulate",
+        "simulate-mig": "AgentApp.simulate_mig",
         "simulation-dir": "AgentApp.simulation_dir",
         "reconcile-interval": "AgentApp.reconcile_interval",
+        "idle-release": "AgentApp.idle_release_seconds",
+        "idle-warning": "AgentApp.idle_warning_seconds",
+        "max-lease": "AgentApp.max_lease_seconds",
         "log-level": "AgentApp.log_level",
         "log-format": "AgentApp.log_style",
         "config": "AgentApp.config_file",
@@ -143,6 +147,11 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""Where the simulated node's library and config are kept (world-readable);
         empty: <state-dir>/simulation.""",
     ).tag(config=True)
+    simulate_mig = Unicode(
+        "",
+        help="With --simulate: comma-separated MIG profiles (e.g. 1g.10gb,1g.10gb) that put "
+        "simulated GPU 0 in MIG mode with one slice each.",
+    ).tag(config=True)
     simulation_interval = Float(
         2.0, help="Seconds between two moves of the simulated readings (0: never move)."
     ).tag(config=True)
@@ -152,6 +161,23 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     ).tag(config=True)
     force_grace = Float(
         5.0, help="Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."
+    ).tag(config=True)
+    idle_release_seconds = Float(
+        0.0,
+        help="Release an attached GPU that no process of its target held open and NVML saw "
+        "unused for this many seconds (0: off). A request may ask for a shorter period, never "
+        "a longer one; a GPU in use is never released.",
+    ).tag(config=True)
+    idle_warning_seconds = Float(
+        60.0, help="Announce an idle release this many seconds before it happens."
+    ).tag(config=True)
+    max_lease_seconds = Float(
+        0.0,
+        help="Release an attached GPU this many seconds after its attach, at the first moment "
+        "nothing uses it (0: no maximum).",
+    ).tag(config=True)
+    idle_check_interval = Float(
+        5.0, help="Seconds between two passes of the idle policy over the attached GPUs."
     ).tag(config=True)
     log_style = Enum(
         [style.value for style in LogStyle],
@@ -207,10 +233,15 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             socket_mode=mode,
             socket_group=_group_id(self.socket_group) if self.socket_group else None,
             simulate=self.simulate,
+            simulate_mig=tuple(p.strip() for p in self.simulate_mig.split(",") if p.strip()),
             simulation_dir=Path(self.simulation_dir) if self.simulation_dir else None,
             simulation_interval=self.simulation_interval,
             reconcile_interval=self.reconcile_interval,
             force_grace=self.force_grace,
+            idle_release_seconds=self.idle_release_seconds,
+            idle_warning_seconds=self.idle_warning_seconds,
+            max_lease_seconds=self.max_lease_seconds,
+            idle_check_interval=self.idle_check_interval,
             hooks=TestHooks(pause_at=pause_at),
         )
 

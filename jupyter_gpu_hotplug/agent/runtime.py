@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._structs import GpuUuid
+from ..linux.mig import MigCaps
 from . import openapi_document
 from .api.handlers import ApiContext, Unwell
 from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
+from .core.devices import GpuNodes
+from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
 from .core.metrics import AgentMetrics
@@ -122,6 +125,10 @@ class Components:
     resolver: Resolver
     identity: Identity
     simulation: Simulation | None = None
+    usage: Usage = dict
+    """GPU utilisation by UUID, for the idle policy (NVML's; tests give their own)."""
+    mig_caps: Callable[[], MigCaps] | None = None
+    """The host's MIG capability tables (``None``: no slices are handed out)."""
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (after the ledger closes: first)."""
@@ -153,6 +160,26 @@ class Agent:
             checkpoints=Checkpoints(
                 pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
             ),
+            nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
+            idle=IdleBook(
+                policy=IdlePolicy(
+                    idle_seconds=settings.idle_release_seconds,
+                    warning_seconds=settings.idle_warning_seconds,
+                    max_lease_seconds=settings.max_lease_seconds,
+                )
+            ),
+        )
+        self.idle = IdleReleaser(
+            book=self.service.idle,
+            allocator=self.allocator,
+            resolver=components.resolver,
+            injector=components.injector,
+            usage=components.usage,
+            release=self.service.release_unused,
+            locks=self.service.locks,
+            metrics=self.metrics,
+            workers=self._workers,
+            nodes=self.service.nodes,
         )
         self.reconciler = Reconciler(
             allocator=self.allocator,
@@ -163,6 +190,8 @@ class Agent:
             metrics=self.metrics,
             workers=self._workers,
             device_major=settings.device_major,
+            on_change=self.service.queue.notify,
+            nodes=self.service.nodes,
         )
         self.health = HealthProbe(self._health_check)
         self.server = AgentServer(
@@ -197,7 +226,10 @@ class Agent:
             simulation = None
             if settings.simulated:
                 simulation = Simulation.prepare(
-                    settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
+                    settings.simulation_dir or settings.state_dir / "simulation",
+                    settings.simulate,
+                    mig_profiles=settings.simulate_mig,
+                    host_proc_devices=settings.host_proc / "devices",
                 )
                 simulation.load_in_process()
             inventory = NvmlInventory()
@@ -233,6 +265,8 @@ class Agent:
                 resolver=resolver,
                 identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
                 simulation=simulation,
+                usage=inventory.utilization,
+                mig_caps=_mig_caps(settings, simulation),
                 closers=closers,
             )
         )
@@ -260,6 +294,7 @@ class Agent:
         self._spawn(self.health.run_forever())
         if settings.reconcile_interval > 0:
             self._spawn(self.reconciler.run_forever(settings.reconcile_interval))
+        self._spawn(self.idle.run_forever(settings.idle_check_interval))
         simulation = self.components.simulation
         if simulation is not None and settings.simulation_interval > 0:
             self._spawn(
@@ -303,3 +338,13 @@ class Agent:
         for close in reversed(self.components.closers):
             close()
         log.info("stopped")
+
+
+def _mig_caps(settings: AgentSettings, simulation: Simulation | None) -> Callable[[], MigCaps]:
+    """How to read the MIG capability tables: the simulated node's, or the host's (from the
+    host's procfs, read each time: the driver numbers instances when they are created)."""
+    proc_devices = settings.host_proc / "devices"
+    mig_minors = settings.host_proc / "driver" / "nvidia-caps" / "mig-minors"
+    if simulation is not None and simulation.mig_minors is not None:
+        proc_devices, mig_minors = simulation.proc_devices or proc_devices, simulation.mig_minors
+    return lambda: MigCaps.read(proc_devices=proc_devices, mig_minors=mig_minors)

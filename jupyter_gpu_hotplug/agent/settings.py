@@ -128,12 +128,23 @@ class AgentSettings:
     simulation_dir: Path | None = None
     """Where the simulated node's library and config live (``None``: ``<state_dir>/simulation``);
     world-readable, because sandboxed kernels of other users load them too."""
+    simulate_mig: tuple[str, ...] = ()
+    """MIG profiles of simulated GPU 0 (``1g.10gb``...): it is in MIG mode with one slice each."""
     simulation_interval: float = 2.0
     """Seconds between two moves of simulated utilisation, temperature and power."""
     reconcile_interval: float = 10.0
     """Seconds between two reconciliations of the ledger with the host (0: start-up only)."""
     force_grace: float = 5.0
     """Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."""
+    idle_release_seconds: float = 0.0
+    """Release a GPU unused (no open fd in its target, no NVML utilisation) this long; 0: off.
+    Off by default: taking a GPU from a running kernel is the platform's decision to make."""
+    idle_warning_seconds: float = 60.0
+    """Announce an idle release this long before it happens."""
+    max_lease_seconds: float = 0.0
+    """Release an unused GPU once attached this long; 0: no maximum."""
+    idle_check_interval: float = 5.0
+    """Seconds between two passes of the idle policy."""
     hooks: TestHooks = field(default_factory=TestHooks)
 
     def __post_init__(self) -> None:
@@ -153,7 +164,16 @@ class AgentSettings:
             raise SettingsError(f"socket_mode {self.socket_mode:#o} is not a permission mode")
         if not 0 <= self.simulate <= 64:
             raise SettingsError(f"simulate must be from 0 to 64 GPUs, got {self.simulate}")
-        for name in ("simulation_interval", "reconcile_interval", "force_grace"):
+        if self.idle_check_interval <= 0:
+            raise SettingsError("idle_check_interval must be more than 0 seconds")
+        for name in (
+            "simulation_interval",
+            "reconcile_interval",
+            "force_grace",
+            "idle_release_seconds",
+            "idle_warning_seconds",
+            "max_lease_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must not be negative")
 
@@ -179,8 +199,13 @@ class AgentSettings:
             "socket_group": self.socket_group,
             "simulate": self.simulate,
             "simulation_dir": None if self.simulation_dir is None else str(self.simulation_dir),
+            "simulate_mig": list(self.simulate_mig),
             "simulation_interval": self.simulation_interval,
             "reconcile_interval": self.reconcile_interval,
             "force_grace": self.force_grace,
+            "idle_release_seconds": self.idle_release_seconds,
+            "idle_warning_seconds": self.idle_warning_seconds,
+            "max_lease_seconds": self.max_lease_seconds,
+            "idle_check_interval": self.idle_check_interval,
             "test_pause_at": self.hooks.pause_at,
         }

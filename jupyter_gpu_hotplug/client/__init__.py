@@ -52,7 +52,7 @@ from .errors import (
     TargetNotReady,
     Unauthenticated,
 )
-from .models import Attachment, Gpu, Health
+from .models import Attachment, Gpu, Health, IdleNotice, IdleRelease, QueuedRequest
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -77,9 +77,12 @@ __all__ = [
     "Forbidden",
     "Gpu",
     "Health",
+    "IdleNotice",
+    "IdleRelease",
     "InsufficientGpus",
     "InvalidRequest",
     "NotFound",
+    "QueuedRequest",
     "RetryPolicy",
     "TargetNotReady",
     "Timeouts",

@@ -20,13 +20,16 @@ from typing import TypeVar
 from .._structs import GpuUuid
 from ._core import AnyTarget, ApiCall, BaseAgentClient
 from ._core import attach as attach_call
+from ._core import cancel_queued as cancel_queued_call
 from ._core import detach as detach_call
 from ._core import detach_all as detach_all_call
 from ._core import health as health_call
 from ._core import list_attachments as list_attachments_call
 from ._core import list_gpus as list_gpus_call
+from ._core import list_idle_releases as list_idle_releases_call
+from ._core import list_queued as list_queued_call
 from ._http import AgentEndpoint, ResponseReader, Stage, TransportFailure, failure_from_os_error
-from .models import Attachment, Gpu, Health
+from .models import Attachment, Gpu, Health, IdleRelease, QueuedRequest
 
 __all__ = ["AsyncAgentClient"]
 
@@ -103,14 +106,25 @@ class AsyncAgentClient(BaseAgentClient):
         target: AnyTarget | None = None,
         wait_seconds: float | None = None,
         request_id: str | None = None,
+        mig: str | None = None,
+        idle_release_seconds: float | None = None,
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
         ``request_id`` (default: a new one per call) makes repeats idempotent, so the client
-        may retry a lost answer without attaching twice.
+        may retry a lost answer without attaching twice. ``mig`` (e.g. ``"1g.10gb"``)
+        attaches MIG slices of that profile instead of whole GPUs; ``idle_release_seconds``
+        asks the agent to release them after that long unused (never later than its policy).
         """
         return await self._call(
-            attach_call(count, target=target, wait_seconds=wait_seconds, request_id=request_id)
+            attach_call(
+                count,
+                target=target,
+                wait_seconds=wait_seconds,
+                request_id=request_id,
+                mig=mig,
+                idle_release_seconds=idle_release_seconds,
+            )
         )
 
     async def detach(self, uuid: GpuUuid | str, *, force: bool = False) -> None:
@@ -120,6 +134,18 @@ class AsyncAgentClient(BaseAgentClient):
     async def detach_all(self, *, target: AnyTarget | None = None, force: bool = False) -> None:
         """Detach every GPU hot-attached to ``target`` (default: the caller itself)."""
         await self._call(detach_all_call(target=target, force=force))
+
+    async def queued(self, target: AnyTarget | None = None) -> tuple[QueuedRequest, ...]:
+        """``target``'s attach requests waiting for GPUs, with their positions (local mode)."""
+        return await self._call(list_queued_call(target))
+
+    async def cancel_queued(self, request_id: str) -> None:
+        """Cancel a waiting attach request (its attach then fails with ``InsufficientGpus``)."""
+        await self._call(cancel_queued_call(request_id))
+
+    async def idle_releases(self, target: AnyTarget | None = None) -> tuple[IdleRelease, ...]:
+        """The GPUs the agent's idle policy took back from ``target`` lately, oldest first."""
+        return await self._call(list_idle_releases_call(target))
 
     async def health(self) -> Health:
         """Whether the agent process is alive (``GET /healthz``; no token sent)."""

@@ -62,7 +62,18 @@ from .errors import (
     ClientConfigError,
     error_from_response,
 )
-from .models import Attachment, Gpu, Health, parse_attachments, parse_gpus, parse_health
+from .models import (
+    Attachment,
+    Gpu,
+    Health,
+    IdleRelease,
+    QueuedRequest,
+    parse_attachments,
+    parse_gpus,
+    parse_health,
+    parse_idle_releases,
+    parse_queue,
+)
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -198,21 +209,61 @@ def attach(
     target: AnyTarget | None,
     wait_seconds: float | None,
     request_id: str | None,
+    mig: str | None = None,
+    idle_release_seconds: float | None = None,
 ) -> ApiCall[tuple[Attachment, ...]]:
-    """``request_id`` defaults to a new one: every attach is safe to repeat."""
+    """``request_id`` defaults to a new one: every attach is safe to repeat. ``mig``: attach
+    MIG slices of that profile (``1g.10gb``) instead of whole GPUs. ``idle_release_seconds``:
+    ask the agent to release them after that long unused (if stricter than its own policy)."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
     if target is not None:
         body["target"] = target.to_wire()
     if wait_seconds is not None:
         body["wait_seconds"] = wait_seconds
+    if mig is not None:
+        body["mig"] = mig
+    if idle_release_seconds is not None:
+        body["idle_release_seconds"] = idle_release_seconds
+    what = f"GPU{'' if count == 1 else 's'}" if mig is None else f"MIG {mig} slice(s)"
     return ApiCall(
-        f"attach {count} GPU{'' if count == 1 else 's'} to {_subject(target)}",
+        f"attach {count} {what} to {_subject(target)}",
         "POST",
         "/v1/attachments",
         parse_attachments,
         body=json.dumps(body, separators=(",", ":")).encode(),
         idempotent=True,
         extra_read_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+    )
+
+
+def list_idle_releases(target: AnyTarget | None) -> ApiCall[tuple[IdleRelease, ...]]:
+    return ApiCall(
+        f"list the GPUs the idle policy took from {_subject(target)}",
+        "GET",
+        _with_query("/v1/idle-releases", _target_query(target)),
+        parse_idle_releases,
+        idempotent=True,
+    )
+
+
+def list_queued(target: AnyTarget | None) -> ApiCall[tuple[QueuedRequest, ...]]:
+    return ApiCall(
+        f"list the requests of {_subject(target)} waiting for GPUs",
+        "GET",
+        _with_query("/v1/queue", _target_query(target)),
+        parse_queue,
+        idempotent=True,
+    )
+
+
+def cancel_queued(request_id: str) -> ApiCall[None]:
+    return ApiCall(
+        f"cancel the waiting request {request_id}",
+        "DELETE",
+        f"/v1/queue/{urllib.parse.quote(request_id, safe='')}",
+        _no_body,
+        has_body=False,
+        idempotent=True,
     )
 
 

@@ -29,7 +29,19 @@ from .._structs import (
     target_from_wire,
 )
 
-__all__ = ["Attachment", "Gpu", "Health", "parse_attachments", "parse_gpus", "parse_health"]
+__all__ = [
+    "Attachment",
+    "Gpu",
+    "Health",
+    "IdleNotice",
+    "IdleRelease",
+    "QueuedRequest",
+    "parse_attachments",
+    "parse_gpus",
+    "parse_health",
+    "parse_idle_releases",
+    "parse_queue",
+]
 
 _GPU_STATES: Final[frozenset[str]] = frozenset(get_args(GpuState))
 _T = TypeVar("_T")
@@ -126,6 +138,8 @@ class Attachment:
     """Timezone-aware, UTC."""
     raw: AttachmentWire = field(repr=False, compare=False)
     """The wire object, as received."""
+    idle_release: IdleNotice | None = None
+    """Set while the agent's idle policy has announced this GPU's release."""
 
     @classmethod
     def from_wire(cls, value: object, *, where: str = "attachment") -> Attachment:
@@ -134,11 +148,7 @@ class Attachment:
         holder = _member(wire, "holder", object, where)
         if holder is not None and not isinstance(holder, str):
             raise ValueError(f"{where}.holder must be str or null, not {type(holder).__name__}")
-        stamp = _member(wire, "attached_at", str, where)
-        try:
-            attached_at = parse_timestamp(stamp)
-        except ValueError as error:
-            raise ValueError(f"{where}.attached_at: {error}") from error
+        attached_at = _stamp(wire, "attached_at", where)
         return cls(
             uuid=GpuUuid(_member(wire, "uuid", str, where)),
             index=_member(wire, "index", int, where),
@@ -149,7 +159,94 @@ class Attachment:
             holder=holder,
             attached_at=attached_at,
             raw=cast(AttachmentWire, wire),
+            idle_release=IdleNotice.from_wire(wire["idle_release"], where=f"{where}.idle_release")
+            if "idle_release" in wire
+            else None,
         )
+
+
+def _stamp(wire: Mapping[str, object], name: str, where: str) -> datetime:
+    try:
+        return parse_timestamp(_member(wire, name, str, where))
+    except ValueError as error:
+        raise ValueError(f"{where}.{name}: {error}") from error
+
+
+@dataclass(frozen=True)
+class IdleNotice:
+    """The idle policy will release a GPU at ``release_at`` unless it is used before."""
+
+    reason: str
+    """``idle`` (unused for the idle period) or ``lease`` (its maximum lease ended)."""
+    release_at: datetime
+
+    @classmethod
+    def from_wire(cls, value: object, *, where: str) -> IdleNotice:
+        wire = _object(value, where)
+        return cls(_member(wire, "reason", str, where), _stamp(wire, "release_at", where))
+
+
+@dataclass(frozen=True)
+class IdleRelease:
+    """A GPU the idle policy took back (``GET /v1/idle-releases``)."""
+
+    uuid: GpuUuid
+    target: TargetRef
+    reason: str
+    released_at: datetime
+
+    @classmethod
+    def from_wire(cls, value: object, *, where: str) -> IdleRelease:
+        wire = _object(value, where)
+        return cls(
+            uuid=GpuUuid(_member(wire, "uuid", str, where)),
+            target=_target(_member(wire, "target", object, where), f"{where}.target"),
+            reason=_member(wire, "reason", str, where),
+            released_at=_stamp(wire, "released_at", where),
+        )
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    """An attach waiting for GPUs in the node's queue; ``position`` 1 is served next."""
+
+    request_id: str
+    target: TargetRef
+    count: int
+    position: int
+    length: int
+    """How many requests wait on the node in all."""
+    queued_at: datetime
+
+
+def parse_idle_releases(value: object) -> tuple[IdleRelease, ...]:
+    """The body of ``GET /v1/idle-releases``."""
+    body = _object(value, "body")
+    return tuple(
+        IdleRelease.from_wire(item, where=f"releases[{i}]")
+        for i, item in enumerate(_list(body, "releases", "body"))
+    )
+
+
+def parse_queue(value: object) -> tuple[QueuedRequest, ...]:
+    """The body of ``GET /v1/queue``: the target's waiting requests."""
+    body = _object(value, "body")
+    length = _member(body, "length", int, "body")
+    requests = []
+    for i, item in enumerate(_list(body, "requests", "body")):
+        where = f"requests[{i}]"
+        wire = _object(item, where)
+        requests.append(
+            QueuedRequest(
+                request_id=_member(wire, "request_id", str, where),
+                target=_target(_member(wire, "target", object, where), f"{where}.target"),
+                count=_member(wire, "count", int, where),
+                position=_member(wire, "position", int, where),
+                length=length,
+                queued_at=_stamp(wire, "queued_at", where),
+            )
+        )
+    return tuple(requests)
 
 
 @dataclass(frozen=True)

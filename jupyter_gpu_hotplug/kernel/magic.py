@@ -17,8 +17,9 @@ What the user sees when something goes wrong:
   ``message`` (written for people); IPython shows exceptions that define ``_render_traceback_``
   as that text alone, and the cell counts as failed, so "Run all" stops before training on CPU.
 
-Long waits: an attach may take up to ``--wait`` seconds (a bound on the attach, not a queue).
-The blocking client call then runs in a worker thread while the kernel's own thread keeps one
+Long waits: with ``--wait S`` an attach that finds no GPU free waits in the agent's queue (first
+come, first served) for up to S seconds; without it, it fails at once. The blocking client call
+then runs in a worker thread while the kernel's own thread keeps one
 progress line up to date — in place in a notebook (a display updated by id), with ``\\r`` on a
 terminal, as a single line when output is not a terminal. Output only ever comes from the
 kernel's thread.
@@ -45,7 +46,7 @@ from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from .._structs import MAX_WAIT_SECONDS, NVIDIA_MAJOR
+from .._structs import MAX_IDLE_RELEASE_SECONDS, MAX_WAIT_SECONDS, MIG_PROFILE_RE, NVIDIA_MAJOR
 from .._version import __version__
 from ..client import (
     AgentClient,
@@ -257,9 +258,25 @@ def _seconds(text: str, *, what: str, low: float, high: float, low_inclusive: bo
 
 
 def wait_seconds(text: str) -> float:
-    """``--wait S`` of ``attach``: the longest the attach may take (the agent's
-    ``wait_seconds``); with no GPU free it fails at once, it does not queue."""
+    """``--wait S`` of ``attach``: how long the attach may wait in the agent's queue for free
+    GPUs (the agent's ``wait_seconds``)."""
     return _seconds(text, what="--wait", low=0.0, high=MAX_WAIT_SECONDS, low_inclusive=False)
+
+
+def idle_seconds(text: str) -> float:
+    """``--idle S`` of ``attach``: give the GPUs back after ``S`` seconds unused."""
+    return _seconds(
+        text, what="--idle", low=0.0, high=MAX_IDLE_RELEASE_SECONDS, low_inclusive=False
+    )
+
+
+def mig_profile(text: str) -> str:
+    """``--mig P`` of ``attach``: a MIG profile such as ``1g.10gb``."""
+    if MIG_PROFILE_RE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"--mig takes a MIG profile such as 1g.10gb (<slices>g.<memory>gb), not {text!r}"
+        )
+    return text
 
 
 def refresh_interval(text: str) -> float:
@@ -310,8 +327,15 @@ def _plural(count: int, word: str = "GPU") -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicContext) -> _T:
-    """``call()`` in a worker thread while this thread keeps a progress line up to date.
+def _wait_with_progress(
+    call: Callable[[], _T],
+    *,
+    label: str,
+    context: MagicContext,
+    detail: Callable[[], str] = lambda: "",
+) -> _T:
+    """``call()`` in a worker thread while this thread keeps a progress line up to date;
+    ``detail()`` adds to the line what is known of the wait (its place in the queue).
 
     The worker only makes the blocking request; everything shown is shown from here.
     """
@@ -327,7 +351,7 @@ def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicCon
                 result = future.result(timeout=timeout)
             except concurrent.futures.TimeoutError:
                 progress = progress or context.new_progress()
-                progress.update(label, time.monotonic() - started)
+                progress.update(label + detail(), time.monotonic() - started)
                 timeout = context.progress_tick
                 continue
             outcome = "done"
@@ -345,6 +369,32 @@ def _wait_with_progress(call: Callable[[], _T], *, label: str, context: MagicCon
             progress.finish(f"{label}: {outcome} after {time.monotonic() - started:.1f} s")
 
 
+class QueuePlace:
+    """ ", waiting, position 2 of 3" while this kernel's attach waits in the agent's queue;
+    asked of the agent at most every ``interval`` seconds, and empty when it does not say."""
+
+    def __init__(self, client: AgentClient, *, interval: float = 1.0) -> None:
+        self._client = client
+        self._interval = interval
+        self._asked = float("-inf")
+        self._text = ""
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if now - self._asked >= self._interval:
+            self._asked = now
+            try:
+                waiting = self._client.queued()
+            except AgentClientError:
+                waiting = ()  # an older agent, or none: the line shows the time only
+            self._text = (
+                f", waiting, position {waiting[0].position} of {waiting[0].length}"
+                if waiting
+                else ""
+            )
+        return self._text
+
+
 def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "count",
@@ -359,19 +409,39 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         type=wait_seconds,
         default=None,
         metavar="S",
-        help=f"the longest the attach may take before it is given up and rolled back "
-        f"(default 60 s, at most {MAX_WAIT_SECONDS:g}); it does not queue for busy GPUs",
+        help=f"when no GPU is free, wait in the agent's queue (first come, first served) for "
+        f"up to S seconds (at most {MAX_WAIT_SECONDS:g}); without --wait the attach fails at "
+        "once",
+    )
+    parser.add_argument(
+        "--mig",
+        type=mig_profile,
+        default=None,
+        metavar="PROFILE",
+        help="attach MIG slices of this profile (e.g. 1g.10gb) instead of whole GPUs",
+    )
+    parser.add_argument(
+        "--idle",
+        type=idle_seconds,
+        default=None,
+        metavar="S",
+        help="let the agent take the GPUs back after S seconds unused (it never waits longer "
+        "than its own idle policy)",
     )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     count: int = args.count
     client = context.client()
-    limit = "" if args.wait is None else f" (at most {args.wait:g} s)"
+    limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
+    what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
     try:
         attachments = _wait_with_progress(
-            lambda: client.attach(count, wait_seconds=args.wait),
-            label=f"Attaching {_plural(count)}{limit}",
+            lambda: client.attach(
+                count, wait_seconds=args.wait, mig=args.mig, idle_release_seconds=args.idle
+            ),
+            label=f"Attaching {what}{limit}",
+            detail=QueuePlace(client) if args.wait is not None else lambda: "",
             context=context,
         )
     except (InsufficientGpus, InvalidRequest) as error:
@@ -512,12 +582,14 @@ def _status_lines(context: MagicContext) -> list[str]:
     client = context.client()
     try:
         attachments = client.attachments()
+        released = client.idle_releases()
     except AgentClientError as error:
         lines = [f"GPU agent ({client.agent_url}): {error.message}"]
     else:
         lines = [
             f"GPU agent ({client.agent_url}): {_plural(len(attachments))} attached to this kernel",
             *render.attachment_lines(attachments),
+            *render.idle_release_lines(released),
         ]
     with context.monitor() as monitor:
         lines.extend(render.snapshot_lines(monitor.snapshot()))

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Final
 
 from .._structs import TargetRef
-from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus
+from ..client import AgentClientError, Attachment, Gpu, IdleRelease, InsufficientGpus
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "gpu_row_html",
     "gpu_summary",
     "human_bytes",
+    "idle_release_lines",
     "memory_level",
     "node_gpu_lines",
     "percent",
@@ -107,10 +108,17 @@ def _power(gpu: GpuState) -> str:
 
 
 def gpu_summary(gpu: GpuState) -> str:
-    """One line per GPU: index, name, utilisation, memory, temperature and power."""
+    """One line per GPU: index, name, utilisation, memory, temperature and power. A MIG slice
+    is shown as a slice of its GPU (NVML gives it memory, not the GPU's other metrics)."""
     if gpu.lost:
         return f"[{gpu.index}] {gpu.name or 'GPU'}  {gpu.uuid or ''}  LOST (stopped answering)"
     memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    if gpu.mig is not None:
+        return (
+            f"[{gpu.index}] └ MIG slice {gpu.mig.profile or ''}  GPU instance "
+            f"{gpu.mig.gpu_instance_id}, compute instance {gpu.mig.compute_instance_id}  "
+            f"memory {memory}"
+        )
     return (
         f"[{gpu.index}] {gpu.name or 'GPU'}  util {_number(gpu.utilization_gpu, '%')}  "
         f"memory {memory}  temp {_number(gpu.temperature, '°C')}  power {_power(gpu)}"
@@ -140,11 +148,28 @@ def _local_time(moment: datetime) -> str:
 
 
 def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
-    """One line per hot-attached GPU."""
-    return [
-        f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}"
-        for a in attachments
-    ]
+    """One line per hot-attached GPU (and a warning under one the agent will release)."""
+    lines = []
+    for a in attachments:
+        lines.append(f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}")
+        if a.idle_release is not None:
+            why = "unused" if a.idle_release.reason == "idle" else "its lease ends"
+            lines.append(
+                f"      ! the agent releases it at {_local_time(a.idle_release.release_at)} "
+                f"({why}) unless a process uses it"
+            )
+    return lines
+
+
+def idle_release_lines(releases: Sequence[IdleRelease]) -> list[str]:
+    """What the agent's idle policy took back from this kernel lately."""
+    if not releases:
+        return []
+    lines = ["  Released by the agent's idle policy:"]
+    for release in releases:
+        why = "unused" if release.reason == "idle" else "lease ended"
+        lines.append(f"    {release.uuid}  at {_local_time(release.released_at)} ({why})")
+    return lines
 
 
 def node_gpu_lines(gpus: Iterable[Gpu], *, holder: Callable[[TargetRef | None], str]) -> list[str]:
@@ -227,6 +252,20 @@ def gpu_row_html(gpu: GpuState) -> str:
         return title + '<div class="gpuhp-error">lost: the GPU stopped answering</div>'
     ratio = usage_ratio(gpu.memory_used, gpu.memory_total)
     memory = f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+    if gpu.mig is not None:
+        # A slice: its memory and processes are its own; utilisation and sensors are the GPU's.
+        where = (
+            f"MIG slice {gpu.mig.profile or ''} of GPU {gpu.index} · GPU instance "
+            f"{gpu.mig.gpu_instance_id}, compute instance {gpu.mig.compute_instance_id}"
+        )
+        return (
+            title
+            + f'<div class="gpuhp-muted">{html.escape(where)}</div>'
+            + '<div class="gpuhp-metrics"><span class="gpuhp-muted">memory</span>'
+            + bar_html(ratio, label="slice memory in use", level=memory_level(ratio))
+            + f"<span>{html.escape(memory)}</span></div>"
+            + process_table_html(gpu.processes)
+        )
     sensors = f"{_number(gpu.temperature, '°C')} · power {_power(gpu)}"
     metrics = (
         '<div class="gpuhp-metrics">'

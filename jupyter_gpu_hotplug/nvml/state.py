@@ -21,6 +21,15 @@ seven), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plu
 exactly as ``snapshot()`` does, because all three share the same initialisation and
 enumeration.
 
+MIG slices are shown as slices: a GPU in MIG mode is followed, in a snapshot, by each MIG
+device this process can see, with ``mig`` saying which GPU and instances it is and its profile
+(``1g.10gb``). A slice has its own UUID (``MIG-…``), memory and processes; NVML offers no
+utilisation, temperature or power for it (they are the GPU's), so those are ``None``. The
+device nodes watched for re-initialisation include ``/dev/nvidia-caps/nvidia-cap<N>``, through
+which a MIG device is attached. ``roster(slices=True)`` lists the slices too, for the agent,
+which hands them out; ``processes(minor)`` stays with whole GPUs (a GPU's list includes the
+processes of its slices).
+
 Failures never escape as exceptions: no NVML library, no driver, or a broken NVML yield an
 empty ``Snapshot`` whose ``status`` and ``message`` say why ("no GPU attached: ..."); a GPU
 that fell off the bus is reported with ``lost=True``; a metric the GPU or driver does not offer
@@ -35,6 +44,7 @@ other holder's view allows.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -60,6 +70,8 @@ __all__ = [
     "GpuProcessJson",
     "GpuState",
     "GpuStateJson",
+    "MigSlice",
+    "MigSliceJson",
     "NvmlStatus",
     "Roster",
     "Snapshot",
@@ -67,6 +79,10 @@ __all__ = [
 ]
 
 _GPU_NODE: Final = re.compile(r"nvidia[0-9]+")
+_CAPS_DIR: Final = "nvidia-caps"
+_CAPS_NODE: Final = re.compile(r"nvidia-cap[0-9]+")
+_MIG_PROFILE_PREFIX: Final = "MIG "
+"""NVML names GPU instance profiles ``MIG 1g.10gb``; the profile is the rest."""
 _MILLIWATTS_PER_WATT: Final = 1000.0
 _T = TypeVar("_T")
 
@@ -112,16 +128,37 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """Where a MIG device sits: its GPU and its GPU and compute instance."""
+
+    parent_uuid: GpuUuid | None
+    """The GPU the slice is part of (``None`` only if NVML would not say)."""
+    profile: str | None
+    """The GPU instance profile, e.g. ``1g.10gb``; ``None`` when NVML does not tell this
+    process (instance queries may need privileges that a container lacks)."""
+    gpu_instance_id: int
+    compute_instance_id: int
+
+    def to_json(self) -> MigSliceJson:
+        return MigSliceJson(
+            parent_uuid=self.parent_uuid,
+            profile=self.profile,
+            gpu_instance_id=self.gpu_instance_id,
+            compute_instance_id=self.compute_instance_id,
+        )
+
+
+@dataclass(frozen=True)
 class GpuState:
     """One GPU at one moment. Metrics are ``None`` when NVML does not offer them."""
 
     uuid: GpuUuid | None
     """``None`` only for a GPU that was lost before this monitor could read its UUID."""
     index: int
-    """NVML index as seen from this container."""
+    """NVML index as seen from this container (a MIG slice has its GPU's)."""
     name: str | None
     minor: int | None
-    """Driver minor: the device is ``/dev/nvidia<minor>``."""
+    """Driver minor: the device is ``/dev/nvidia<minor>`` (a MIG slice's GPU's)."""
     utilization_gpu: int | None
     """Percent of time a kernel was running."""
     utilization_memory: int | None
@@ -141,6 +178,8 @@ class GpuState:
     simulated: bool
     lost: bool = False
     """The GPU stopped answering (``GPU_IS_LOST``); its metrics are then all ``None``."""
+    mig: MigSlice | None = None
+    """Set for a MIG slice; ``None`` for a whole GPU."""
 
     def metrics_json(self) -> GpuMetricsJson:
         """What the GPU is doing, without who it is: the server extension joins this to the
@@ -171,6 +210,7 @@ class GpuState:
             minor=self.minor,
             **self.metrics_json(),
             simulated=self.simulated,
+            mig=None if self.mig is None else self.mig.to_json(),
         )
 
 
@@ -216,6 +256,10 @@ class GpuIdentity:
     """Bytes; read each time, since that query is also what tells a lost GPU."""
     simulated: bool
     lost: bool = False
+    mig: MigSlice | None = None
+    """Set for a MIG slice (``roster(slices=True)``)."""
+    mig_enabled: bool = False
+    """A whole GPU in MIG mode: only its slices can be used, not the GPU as one."""
 
 
 @dataclass(frozen=True)
@@ -249,12 +293,20 @@ class GpuMetricsJson(TypedDict):
     lost: bool
 
 
+class MigSliceJson(TypedDict):
+    parent_uuid: str | None
+    profile: str | None
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
 class GpuStateJson(GpuMetricsJson):
     uuid: str | None
     index: int
     name: str | None
     minor: int | None
     simulated: bool
+    mig: MigSliceJson | None
 
 
 class SnapshotJson(TypedDict):
@@ -313,6 +365,8 @@ class _Device:
     uuid: GpuUuid | None
     name: str | None
     minor: int | None
+    mig: MigSlice | None = None
+    mig_enabled: bool = False
 
 
 def _required(read: Callable[..., _T], *args: Any) -> _T:
@@ -332,8 +386,65 @@ def _identify(index: int) -> _Device:
     return _Device(index, handle, uuid, None if name is None else _text(name), minor)
 
 
+def _found(read: Callable[..., _T], *args: Any) -> _T | None:
+    """As ``_value``, and ``None`` also for ``NOT_FOUND`` (no such instance or slice here)."""
+    try:
+        return _value(read, *args)
+    except _NvmlBroken as broken:
+        if broken.error.value == pynvml.NVML_ERROR_NOT_FOUND:
+            return None
+        raise
+
+
+def _with_slices(gpu: _Device) -> list[_Device]:
+    """``gpu`` (marked when MIG is enabled on it) followed by its MIG devices that this
+    process can see, in NVML's order. Walks every index up to the maximum, as NVIDIA's tools
+    do: an index without a device (``NOT_FOUND``) is skipped."""
+    mode = _value(pynvml.nvmlDeviceGetMigMode, gpu.handle)
+    if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return [gpu]
+    gpu = dataclasses.replace(gpu, mig_enabled=True)
+    slices = [gpu]
+    for position in range(_value(pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0):
+        handle = _found(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, position)
+        if handle is None:
+            continue
+        gpu_instance = _required(pynvml.nvmlDeviceGetGpuInstanceId, handle)
+        where = MigSlice(
+            parent_uuid=gpu.uuid,
+            profile=_mig_profile(gpu.handle, gpu_instance),
+            gpu_instance_id=gpu_instance,
+            compute_instance_id=_required(pynvml.nvmlDeviceGetComputeInstanceId, handle),
+        )
+        name = _value(pynvml.nvmlDeviceGetName, handle)
+        uuid = GpuUuid(_text(_required(pynvml.nvmlDeviceGetUUID, handle)))
+        name_text = None if name is None else _text(name)
+        slices.append(_Device(gpu.index, handle, uuid, name_text, gpu.minor, where))
+    return slices
+
+
+def _mig_profile(gpu: Any, gpu_instance_id: int) -> str | None:
+    """The profile name (``1g.10gb``) of a GPU instance: its profile id, matched among the
+    GPU's instance profiles. ``None`` when NVML will not describe the instance here."""
+    instance = _found(pynvml.nvmlDeviceGetGpuInstanceById, gpu, gpu_instance_id)
+    info = None if instance is None else _value(pynvml.nvmlGpuInstanceGetInfo, instance)
+    if info is None:
+        return None
+    for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            described = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu, profile)
+        except pynvml.NVMLError as error:
+            if error.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost from error
+            continue  # a profile this GPU (or driver) does not offer
+        if described.id == info.profileId:
+            return _text(described.name).removeprefix(_MIG_PROFILE_PREFIX)
+    return None
+
+
 def _lost_state(device: _Device, *, simulated: bool) -> GpuState:
     return GpuState(
+        mig=device.mig,
         uuid=device.uuid,
         index=device.index,
         name=device.name,
@@ -425,14 +536,15 @@ class GpuMonitor:
         """The GPUs now. Never raises for NVML or driver trouble: see ``status``."""
         return self._guarded(self._read, self._empty)
 
-    def roster(self) -> Roster:
-        """Who the GPUs are now and whether each answers, without their metrics.
+    def roster(self, *, slices: bool = False) -> Roster:
+        """Who the GPUs are now and whether each answers, without their metrics; with
+        ``slices``, each GPU in MIG mode is followed by its MIG slices.
 
         What is read per GPU: its memory size, the one query that also shows whether it fell
         off the bus (UUID, name and minor are read once per enumeration, as for snapshots).
         Never raises for NVML or driver trouble: see ``status``.
         """
-        return self._guarded(self._read_roster, self._empty_roster)
+        return self._guarded(lambda: self._read_roster(slices), self._empty_roster)
 
     def processes(self, minor: int) -> tuple[GpuProcess, ...] | None:
         """The processes using the GPU whose node is ``/dev/nvidia<minor>``; ``None`` when
@@ -459,12 +571,10 @@ class GpuMonitor:
     # --- initialisation ------------------------------------------------------------------------
 
     def _gpu_nodes(self) -> frozenset[str]:
-        try:
-            names = os.listdir(self._dev_dir)
-        except OSError:
-            # No device directory (or not readable): no GPU node can be there.
-            return frozenset()
-        return frozenset(name for name in names if _GPU_NODE.fullmatch(name))
+        """The GPU nodes and the MIG access nodes (``nvidia-caps/nvidia-cap<N>``) now."""
+        return frozenset(_list(self._dev_dir, _GPU_NODE)) | frozenset(
+            f"{_CAPS_DIR}/{name}" for name in _list(self._dev_dir / _CAPS_DIR, _CAPS_NODE)
+        )
 
     def _initialise(self, nodes: frozenset[str]) -> bool:
         retry_due = self._clock() - self._failed_at >= self._retry_interval
@@ -527,12 +637,13 @@ class GpuMonitor:
     # --- reading -------------------------------------------------------------------------------
 
     def _devices_now(self) -> tuple[_Device, ...]:
-        """The enumerated GPUs, enumerated again when NVML's count changed or one was lost."""
+        """The enumerated GPUs (each followed by its MIG slices), enumerated again when NVML's
+        count changed or one was lost."""
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as error:
             raise _NvmlBroken(error) from error
-        if self._stale or count != len(self._devices):
+        if self._stale or count != sum(device.mig is None for device in self._devices):
             self._enumerate(count)
         return self._devices
 
@@ -540,7 +651,11 @@ class GpuMonitor:
         devices = self._devices_now()
         names: dict[int, str | None] = {}  # one /proc read per pid and snapshot
         gpus = tuple(self._state(device, names) for device in devices)
-        status, message = _summary(len(gpus), lost=sum(gpu.lost for gpu in gpus))
+        status, message = _summary(
+            sum(gpu.mig is None for gpu in gpus),
+            lost=sum(gpu.lost for gpu in gpus if gpu.mig is None),
+            slices=sum(gpu.mig is not None for gpu in gpus),
+        )
         return Snapshot(
             gpus=gpus,
             status=status,
@@ -552,11 +667,12 @@ class GpuMonitor:
         )
 
     def _enumerate(self, count: int) -> None:
-        known = {device.index: device for device in self._devices}
-        devices = []
+        known = {device.index: device for device in self._devices if device.mig is None}
+        devices: list[_Device] = []
         for index in range(count):
             try:
-                devices.append(_identify(index))
+                gpu = _identify(index)
+                devices += _with_slices(gpu)
             except _GpuLost:
                 # Keep what was known of the GPU at this index, so a lost GPU keeps its name.
                 previous = known.get(index)
@@ -569,9 +685,15 @@ class GpuMonitor:
         self._devices = tuple(devices)
         self._stale = False
 
-    def _read_roster(self) -> Roster:
-        gpus = tuple(self._identity(device) for device in self._devices_now())
-        status, message = _summary(len(gpus), lost=sum(gpu.lost for gpu in gpus))
+    def _read_roster(self, slices: bool) -> Roster:
+        gpus = tuple(
+            self._identity(device) for device in self._devices_now() if slices or device.mig is None
+        )
+        status, message = _summary(
+            sum(gpu.mig is None for gpu in gpus),
+            lost=sum(gpu.lost for gpu in gpus if gpu.mig is None),
+            slices=sum(gpu.mig is not None for gpu in gpus),
+        )
         return Roster(gpus=gpus, status=status, message=message, simulated=self._simulated)
 
     def _identity(self, device: _Device) -> GpuIdentity:
@@ -592,11 +714,13 @@ class GpuMonitor:
             memory_total=None if memory is None else memory.total,
             simulated=self._is_simulated(device),
             lost=lost,
+            mig=device.mig,
+            mig_enabled=device.mig_enabled,
         )
 
     def _read_processes(self, minor: int) -> tuple[GpuProcess, ...] | None:
         for device in self._devices_now():
-            if device.minor != minor or device.handle is None:
+            if device.minor != minor or device.handle is None or device.mig is not None:
                 continue
             try:
                 return self._processes(device.handle, {})
@@ -640,6 +764,7 @@ class GpuMonitor:
             power_limit=_watts(power_limit),
             processes=processes,
             simulated=simulated,
+            mig=device.mig,
         )
 
     def _processes(
@@ -669,12 +794,25 @@ class GpuMonitor:
             return None
 
 
-def _summary(count: int, *, lost: int) -> tuple[NvmlStatus, str]:
-    """Status and message of a read that found ``count`` GPUs, ``lost`` of them lost."""
+def _summary(count: int, *, lost: int, slices: int = 0) -> tuple[NvmlStatus, str]:
+    """Status and message of a read that found ``count`` GPUs, ``lost`` of them lost, and
+    ``slices`` MIG slices of them."""
     if not count:
         return NvmlStatus.NO_GPU, "no GPU attached"
     message = f"{count} GPU{'' if count == 1 else 's'}"
+    if slices:
+        message += f", {slices} MIG slice{'' if slices == 1 else 's'}"
     return NvmlStatus.OK, message + (f" ({lost} lost)" if lost else "")
+
+
+def _list(directory: Path, pattern: re.Pattern[str]) -> list[str]:
+    """The names in ``directory`` that match ``pattern``; none when it cannot be listed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        # No such directory (or not readable): no node can be there.
+        return []
+    return [name for name in names if pattern.fullmatch(name)]
 
 
 def _init_failure(error: pynvml.NVMLError) -> tuple[NvmlStatus, str]:

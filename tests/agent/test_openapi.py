@@ -72,6 +72,26 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("post", "/v1/attachments"): ALL_CODES,
     ("delete", "/v1/attachments"): DETACH_ERRORS,
     ("delete", "/v1/attachments/{uuid}"): DETACH_ERRORS,
+    ("get", "/v1/queue"): {
+        "invalid_request",
+        "unauthenticated",
+        "forbidden",
+        "not_found",
+        "internal_error",
+    },
+    ("delete", "/v1/queue/{request_id}"): {
+        "invalid_request",
+        "unauthenticated",
+        "not_found",
+        "internal_error",
+    },
+    ("get", "/v1/idle-releases"): {
+        "invalid_request",
+        "unauthenticated",
+        "forbidden",
+        "not_found",
+        "internal_error",
+    },
 }
 UNAUTHENTICATED_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/openapi.json"}
 
@@ -188,12 +208,20 @@ SHAPES = [
     (_structs.PodTargetWire, "PodTarget"),
     (_structs.PidTargetWire, "PidTarget"),
     (_structs.ProcessInfo, "ProcessInfo"),
+    (_structs.IdleReleaseWire, "Attachment/idle_release"),
+    (_structs.IdleReleaseRecord, "IdleRelease"),
+    (_structs.IdleReleaseList, "IdleReleaseList"),
+    (_structs.QueuedRequest, "QueuedRequest"),
+    (_structs.QueueView, "QueueView"),
 ]
 
 
 @pytest.mark.parametrize(("typed_dict", "schema_name"), SHAPES, ids=[s[1] for s in SHAPES])
 def test_typed_dicts_match_schemas(typed_dict: Any, schema_name: str) -> None:
-    schema = DOC["components"]["schemas"][schema_name]
+    name, _, member = schema_name.partition("/")
+    schema = DOC["components"]["schemas"][name]
+    if member:
+        schema = schema["properties"][member]
     assert set(schema["properties"]) == typed_dict.__required_keys__ | typed_dict.__optional_keys__
     assert set(schema["required"]) == typed_dict.__required_keys__
     assert schema["additionalProperties"] is False

@@ -61,7 +61,9 @@ VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
                 "request_id": "A-z_0.9:x",
             }
         ),
-        AttachRequest(2, PodTarget("jhub", "jupyter-a.b", "nb"), 600.0, RequestId("A-z_0.9:x")),
+        AttachRequest(
+            2, PodTarget("jhub", "jupyter-a.b", "nb"), 600.0, RequestId("A-z_0.9:x"), queued=True
+        ),
     ),
     ("pod-no-container", body(pod()), AttachRequest(1, PodTarget("jhub", "jupyter-a"), 60.0, None)),
     (
@@ -77,7 +79,12 @@ VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
     (
         "fractional-wait",
         body({"count": 1, "wait_seconds": 0.001}),
-        AttachRequest(1, None, 0.001, None),
+        AttachRequest(1, None, 0.001, None, queued=True),
+    ),
+    (
+        "idle-release",
+        body({"count": 1, "idle_release_seconds": 90}),
+        AttachRequest(1, None, 60.0, None, idle_release_seconds=90.0),
     ),
     (
         "long-names",
@@ -533,4 +540,5 @@ def test_valid_requests_round_trip(
         target,
         wait,
         None if request_id is None else RequestId(request_id),
+        queued=True,
     )

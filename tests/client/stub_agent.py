@@ -36,7 +36,15 @@ from tests.fixtures.agent import Listening
 DOC: Final[dict[str, Any]] = json.loads(openapi_document())
 _BASE: Final = "urn:gpu-hotplug-agent-openapi"
 _REGISTRY: Final[Registry[Any]] = Registry().with_resource(_BASE, DRAFT202012.create_resource(DOC))
-ROUTES: Final = ("/healthz", "/v1/gpus", "/v1/attachments", "/v1/attachments/{uuid}")
+ROUTES: Final = (
+    "/healthz",
+    "/v1/gpus",
+    "/v1/attachments",
+    "/v1/attachments/{uuid}",
+    "/v1/idle-releases",
+    "/v1/queue",
+    "/v1/queue/{request_id}",
+)
 _START_TIMEOUT: Final = 30.0
 
 
@@ -125,6 +133,8 @@ def _route_of(path: str) -> str | None:
         return path
     if path.startswith("/v1/attachments/") and path.count("/") == 3:
         return "/v1/attachments/{uuid}"
+    if path.startswith("/v1/queue/") and path.count("/") == 3:
+        return "/v1/queue/{request_id}"
     return None
 
 

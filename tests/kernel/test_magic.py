@@ -50,11 +50,11 @@ def test_help_of_one_subcommand(
 def test_wait_is_described_as_what_it_does(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--wait`` bounds the attach; it does not wait in a queue for GPUs (issue 14)."""
+    """``--wait`` is the time in the agent's queue; without it nothing waits (issues 11, 14)."""
     out = " ".join(_run(shell, "help attach", capsys).split())
 
-    assert "the longest the attach may take before it is given up and rolled back" in out
-    assert "it does not queue for busy GPUs" in out
+    assert "wait in the agent's queue (first come, first served) for up to S seconds" in out
+    assert "without --wait the attach fails at once" in out
 
 
 @pytest.mark.parametrize(

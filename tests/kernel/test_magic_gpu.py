@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,15 +22,18 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, GpuUuid, PidRef
 from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
     Attachment,
     Busy,
     Gpu,
+    IdleNotice,
+    IdleRelease,
     InsufficientGpus,
     InvalidRequest,
+    QueuedRequest,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.holders import HolderNames
@@ -79,6 +83,8 @@ class FakeAgent:
         self.calls: list[tuple[Any, ...]] = []
         self.attached: list[Attachment] = []
         self.node: list[Gpu] = []
+        self.released: list[IdleRelease] = []
+        self.waiting: list[QueuedRequest] = []
         self.errors: dict[str, Exception] = {}
         self.attach_started = threading.Event()
         self.release = threading.Event()
@@ -90,7 +96,8 @@ class FakeAgent:
             raise self.errors[method]
 
     def attach(self, count: int = 1, **kwargs: Any) -> tuple[Attachment, ...]:
-        self.calls.append(("attach", count, kwargs.get("wait_seconds")))
+        call: tuple[Any, ...] = ("attach", count, kwargs.get("wait_seconds"))
+        self.calls.append(call if kwargs.get("mig") is None else (*call, kwargs["mig"]))
         self.attach_started.set()
         if not self.release.wait(WAIT_S):
             raise AssertionError("the test never released the attach")
@@ -103,6 +110,16 @@ class FakeAgent:
         self.calls.append(("attachments",))
         self._maybe_fail("attachments")
         return tuple(self.attached)
+
+    def queued(self, target: Any = None) -> tuple[QueuedRequest, ...]:
+        self.calls.append(("queued",))
+        self._maybe_fail("queued")
+        return tuple(self.waiting)
+
+    def idle_releases(self, target: Any = None) -> tuple[IdleRelease, ...]:
+        self.calls.append(("idle_releases",))
+        self._maybe_fail("idle_releases")
+        return tuple(self.released)
 
     def detach(self, uuid: str, *, force: bool = False) -> None:
         self.calls.append(("detach", uuid, force))
@@ -200,6 +217,9 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach 2 --wait 30", "attach", {"count": 2, "wait": 30.0}),
         ("attach --wait=0.5", "attach", {"count": 1, "wait": 0.5}),
         ("attach --wait 600", "attach", {"count": 1, "wait": 600.0}),
+        ("attach 1 --mig 1g.10gb", "attach", {"count": 1, "mig": "1g.10gb"}),
+        ("attach --mig=1g.10gb+me", "attach", {"count": 1, "mig": "1g.10gb+me"}),
+        ("attach 2 --idle 300", "attach", {"count": 2, "idle": 300.0}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
         ("detach ALL", "detach", {"gpu": "all", "force": False}),
@@ -235,6 +255,9 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --wait nan", "got 'nan'"),
         ("attach --wait inf", "got 'inf'"),
         ("attach --wait", "expected one argument"),
+        ("attach --mig 1g", "--mig takes a MIG profile such as 1g.10gb"),
+        ("attach --mig 9g.10gb", "not '9g.10gb'"),
+        ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
         ("detach foo", "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -287,6 +310,15 @@ def test_attach_passes_the_wait(shell: InteractiveShell, agent: FakeAgent) -> No
     assert agent.calls == [("attach", 1, 12.5)]
 
 
+def test_attach_a_mig_slice(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_line_magic("gpu", "attach 1 --mig 1g.10gb")
+
+    assert agent.calls == [("attach", 1, None, "1g.10gb")]
+    assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+
+
 def test_slow_attach_shows_progress(
     shell: InteractiveShell,
     agent: FakeAgent,
@@ -310,6 +342,29 @@ def test_slow_attach_shows_progress(
     assert shown.summaries[0].startswith("Attaching 2 GPUs (at most 60 s): done after ")
     assert "Attached 1 GPU" in out
     assert progress == [], "the context's own progress factory was replaced"
+
+
+def test_a_waiting_attach_shows_its_place_in_the_queue(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.release.clear()
+    agent.waiting = [
+        QueuedRequest("r1", PidRef(os.getpid()), 1, 2, 3, datetime(2026, 11, 24, tzinfo=UTC))
+    ]
+    shown = RecordingProgress(on_update=agent.release.set)
+    shell.register_magics(
+        GPUMagics(
+            shell, context=dataclasses.replace(context, progress=lambda: shown, progress_after=0.0)
+        )
+    )
+
+    run(shell, "attach --wait 30", capsys)
+
+    assert shown.updates[0][0] == "Attaching 1 GPU (waiting up to 30 s), waiting, position 2 of 3"
+    assert ("queued",) in agent.calls
 
 
 def test_interrupting_the_wait_is_reported_not_raised(
@@ -575,7 +630,11 @@ def test_status(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    agent.attached = [attachment(UUID_A, 0)]
+    release_at = datetime(2026, 11, 24, 1, 2, 3, tzinfo=UTC)
+    agent.attached = [
+        dataclasses.replace(attachment(UUID_A, 0), idle_release=IdleNotice("idle", release_at))
+    ]
+    agent.released = [IdleRelease(GpuUuid(UUID_B), PidRef(os.getpid()), "idle", release_at)]
     shell.register_magics(
         GPUMagics(
             shell,
@@ -585,10 +644,18 @@ def test_status(
 
     lines = run(shell, "status", capsys).splitlines()
 
+    local = release_at.astimezone().strftime("%H:%M:%S")
     assert lines[0] == "GPU agent (unix:/fake/agent.sock): 1 GPU attached to this kernel"
     assert lines[1].startswith(f"  {UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0")
-    assert lines[2] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
-    assert lines[3].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
+    assert lines[2] == (
+        f"      ! the agent releases it at {local} (unused) unless a process uses it"
+    )
+    assert lines[3:5] == [
+        "  Released by the agent's idle policy:",
+        f"    {UUID_B}  at {local} (unused)",
+    ]
+    assert lines[5] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
+    assert lines[6].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
     assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
 
 

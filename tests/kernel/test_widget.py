@@ -31,7 +31,7 @@ from jupyter_gpu_hotplug.kernel import render
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.holders import SESSION_ENV, HolderNames
 from jupyter_gpu_hotplug.kernel.widget import TASK_PREFIX, GpuMonitorWidget
-from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus, with_mig_devices
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor, GpuProcess
 from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
@@ -548,3 +548,18 @@ def test_bar_is_clamped(percent: float | None, width: str, now: str | None) -> N
         assert "aria-valuenow" not in bar
     else:
         assert f'aria-valuenow="{now}"' in bar
+
+
+def test_mig_slice_is_shown_as_a_slice_of_its_gpu(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
+    whole, other = fake_nvml.gpus
+    fake_nvml.write([with_mig_devices(whole, ["2g.20gb"]), other])
+
+    gpu, mig_slice, _ = monitor.snapshot().gpus
+
+    assert render.gpu_summary(mig_slice).startswith(
+        "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 18.6 GiB"
+    )
+    assert "util" in render.gpu_summary(gpu)
+    row = render.gpu_row_html(mig_slice)
+    assert "MIG slice 2g.20gb of GPU 0 · GPU instance 1, compute instance 0" in row
+    assert "slice memory in use" in row and "GPU utilisation" not in row

@@ -35,26 +35,13 @@ from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
 from tests.fixtures.host_state import process_state
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
+from tests.linux.conftest import BACKEND_SETS
 
 pytestmark = needs_root
-
-BACKEND_SETS = {
-    "v1": frozenset({Backend.V1}),
-    "v2": frozenset({Backend.V2}),
-    "hybrid": frozenset({Backend.V1, Backend.V2}),
-}
 
 
 def gpu(minor: int) -> DeviceNode:
     return DeviceNode(f"nvidia{minor}", CharDevice(NVIDIA_MAJOR, minor))
-
-
-@pytest.fixture(params=sorted(BACKEND_SETS))
-def backends(request: pytest.FixtureRequest) -> frozenset[Backend]:
-    wanted = BACKEND_SETS[request.param]
-    if not wanted <= host_backends():
-        pytest.skip(f"this host lacks the {request.param} device cgroup backend")
-    return wanted
 
 
 @pytest.fixture

@@ -20,9 +20,12 @@ from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
     FakeNvmlConfigError,
     GpuModel,
+    MigMode,
     SimulatedGpu,
+    SimulatedMigDevice,
     SimulatedProcess,
     default_gpus,
+    mig_caps_minors,
     parse_config,
     read_config,
     render_config,
@@ -159,8 +162,41 @@ texts = (
 
 
 @st.composite
+def mig_devices(
+    draw: st.DrawFn, gpu_index: int, gpu_minor: int, memory: int
+) -> tuple[SimulatedMigDevice, ...]:
+    """Up to three 1g/2g MIG devices (at most 7 slices) whose memory fits ``memory``."""
+    count = draw(st.integers(0, 3))
+    devices = []
+    for gi in draw(st.lists(st.integers(0, 14), unique=True, min_size=count, max_size=count)):
+        ci = draw(st.integers(0, 7))
+        gi_minor, ci_minor = mig_caps_minors(gpu_minor, gi, ci)
+        total = draw(st.integers(0, memory // 3))
+        devices.append(
+            SimulatedMigDevice(
+                uuid=GpuUuid(f"MIG-{draw(texts)}-{gpu_index}-{gi}"),
+                profile=draw(st.sampled_from(["1g.10gb", "2g.20gb"])),
+                gpu_instance_id=gi,
+                compute_instance_id=ci,
+                gi_access_minor=gi_minor,
+                ci_access_minor=ci_minor,
+                placement_start=draw(st.integers(0, 7)),
+                name=draw(st.just("") | texts),
+                memory_total=total,
+                memory_used=draw(st.integers(0, total)),
+                processes=tuple(
+                    SimulatedProcess(pid, None)
+                    for pid in draw(st.lists(st.integers(1, 2**32 - 1), max_size=2))
+                ),
+            )
+        )
+    return tuple(devices)
+
+
+@st.composite
 def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
     total = draw(st.integers(0, 2**64 - 1))
+    devices = draw(mig_devices(index, minor, total))
     return SimulatedGpu(
         uuid=GpuUuid(f"GPU-{draw(texts)}-{index}"),  # the index suffix keeps UUIDs unique
         minor=minor,
@@ -186,6 +222,8 @@ def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
             )
         ),
         lost=draw(st.booleans()),
+        mig=MigMode.ENABLED if devices else draw(st.sampled_from(MigMode)),
+        mig_devices=devices,
     )
 
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
+    MigMode,
     SimulatedGpu,
     SimulatedProcess,
     default_gpus,
@@ -64,8 +65,38 @@ def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
     processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     assert [(p.pid, p.usedGpuMemory) for p in processes] == [
         (p.pid, p.used_memory) for p in gpu.processes
-    ]
+    ] + [(p.pid, p.used_memory) for device in gpu.mig_devices for p in device.processes]
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
+    assert_reports_mig(gpu, handle)
+
+
+def assert_reports_mig(gpu: SimulatedGpu, handle: object) -> None:
+    """The MIG mode and every MIG device of ``gpu``, read back through pynvml."""
+    if gpu.mig is MigMode.UNSUPPORTED:
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetMigMode(handle)
+        return
+    enabled = gpu.mig is MigMode.ENABLED
+    assert pynvml.nvmlDeviceGetMigMode(handle) == [int(enabled)] * 2
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(handle) == (7 if enabled else 0)
+    for index, device in enumerate(gpu.mig_devices):
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+        assert pynvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1
+        assert pynvml.nvmlDeviceGetUUID(mig) == device.uuid
+        assert pynvml.nvmlDeviceGetName(mig) == device.name
+        assert pynvml.nvmlDeviceGetGpuInstanceId(mig) == device.gpu_instance_id
+        assert pynvml.nvmlDeviceGetComputeInstanceId(mig) == device.compute_instance_id
+        memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
+        assert (memory.total, memory.used) == (device.memory_total, device.memory_used)
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+        assert pynvml.nvmlDeviceGetUUID(parent) == gpu.uuid
+        assert [
+            (p.pid, p.gpuInstanceId, p.computeInstanceId)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+        ] == [(p.pid, device.gpu_instance_id, device.compute_instance_id) for p in device.processes]
+    if enabled:
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, len(gpu.mig_devices))
 
 
 def busy_gpus() -> tuple[SimulatedGpu, ...]:

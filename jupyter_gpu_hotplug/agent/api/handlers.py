@@ -45,6 +45,7 @@ from .validation import (
     parse_attach_request,
     parse_force,
     parse_gpu_uuid,
+    parse_request_id,
     parse_target_query,
 )
 
@@ -53,8 +54,11 @@ __all__ = [
     "ATTACHMENT_URL",
     "GPUS_URL",
     "HEALTH_URL",
+    "IDLE_RELEASES_URL",
     "METRICS_URL",
     "OPENAPI_URL",
+    "QUEUED_URL",
+    "QUEUE_URL",
     "READY_URL",
     "ApiContext",
     "Unwell",
@@ -70,6 +74,9 @@ OPENAPI_URL: Final = r"/v1/openapi\.json"
 GPUS_URL: Final = r"/v1/gpus"
 ATTACHMENTS_URL: Final = r"/v1/attachments"
 ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
+IDLE_RELEASES_URL: Final = r"/v1/idle-releases"
+QUEUE_URL: Final = r"/v1/queue"
+QUEUED_URL: Final = r"/v1/queue/([^/]+)"
 
 _JSON: Final = "application/json"
 _TARGET_QUERY: Final = ("pod", "container", "pid")
@@ -341,6 +348,34 @@ class AttachmentHandler(ApiHandler):
         self.reply_empty()
 
 
+class IdleReleasesHandler(ApiHandler):
+    route = "/v1/idle-releases"
+
+    async def get(self) -> None:
+        caller = await self.authenticate()
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        self.reply(await self.context.service.idle_releases(caller, target))
+
+
+class QueueHandler(ApiHandler):
+    route = "/v1/queue"
+
+    async def get(self) -> None:
+        caller = await self.authenticate()
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        self.reply(await self.context.service.queued(caller, target))
+
+
+class QueuedRequestHandler(ApiHandler):
+    route = "/v1/queue/{request_id}"
+
+    async def delete(self, raw_request_id: str) -> None:
+        caller = await self.authenticate()
+        self.query()
+        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id))
+        self.reply_empty()
+
+
 class UnknownRouteHandler(ApiHandler):
     """Every other path: a JSON 404 (without authentication: probing paths tells nothing)."""
 
@@ -360,5 +395,8 @@ default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (GPUS_URL, GpusHandler),
     (ATTACHMENTS_URL, AttachmentsHandler),
     (ATTACHMENT_URL, AttachmentHandler),
+    (IDLE_RELEASES_URL, IdleReleasesHandler),
+    (QUEUE_URL, QueueHandler),
+    (QUEUED_URL, QueuedRequestHandler),
 ]
 """Every route of the API, in the order of ``openapi.json``."""

@@ -21,7 +21,9 @@ from ..._structs import (
     DNS1123_LABEL_MAX,
     DNS1123_SUBDOMAIN_MAX,
     GPU_UUID_RE,
+    MAX_IDLE_RELEASE_SECONDS,
     MAX_WAIT_SECONDS,
+    MIG_PROFILE_RE,
     PID_MAX_LIMIT,
     REQUEST_ID_MAX,
     REQUEST_ID_RE,
@@ -40,7 +42,7 @@ from ..core.seams import AttachRequest
 
 MAX_BODY_BYTES = 64 * 1024
 _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
-_BODY_FIELDS = ("count", "request_id", "target", "wait_seconds")
+_BODY_FIELDS = ("count", "idle_release_seconds", "mig", "request_id", "target", "wait_seconds")
 _POD_FIELDS = ("namespace", "name", "container")
 _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
@@ -206,30 +208,54 @@ def parse_attach_request(
     if count is None or not 1 <= count <= max_count:
         raise InvalidRequest(f"{count_rule}, got {_describe(obj['count'])}", field="count")
 
-    wait_seconds = DEFAULT_WAIT_SECONDS
-    if "wait_seconds" in obj:
-        wait = obj["wait_seconds"]
-        if (
-            isinstance(wait, bool)
-            or not isinstance(wait, int | float)
-            or not math.isfinite(wait)
-            or not 0 < wait <= MAX_WAIT_SECONDS
-        ):
-            raise InvalidRequest(
-                "wait_seconds must be a number of seconds greater than 0 and at most "
-                f"{MAX_WAIT_SECONDS:g}, got {_describe(wait)}",
-                field="wait_seconds",
-            )
-        wait_seconds = float(wait)
+    wait_seconds = _seconds(obj, "wait_seconds", MAX_WAIT_SECONDS)
+    idle_release_seconds = _seconds(obj, "idle_release_seconds", MAX_IDLE_RELEASE_SECONDS)
 
     request_id = None
     if "request_id" in obj:
         request_id = parse_request_id(obj["request_id"])
+    mig = _mig_profile(obj["mig"]) if "mig" in obj else None
 
     target = _parse_target(obj["target"]) if "target" in obj else None
     return AttachRequest(
-        count=count, target=target, wait_seconds=wait_seconds, request_id=request_id
+        count=count,
+        target=target,
+        wait_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+        request_id=request_id,
+        idle_release_seconds=idle_release_seconds,
+        mig=mig,
+        queued=wait_seconds is not None,
     )
+
+
+def _mig_profile(value: object) -> str:
+    """A MIG GPU instance profile as NVIDIA names them: ``<slices>g.<memory>gb``."""
+    if not isinstance(value, str) or MIG_PROFILE_RE.fullmatch(value) is None:
+        raise InvalidRequest(
+            f"mig must be a MIG profile such as 1g.10gb (<slices>g.<memory>gb), got "
+            f"{_describe(value)}",
+            field="mig",
+        )
+    return value
+
+
+def _seconds(obj: dict[str, object], name: str, maximum: float) -> float | None:
+    """The optional member ``name``: a number of seconds above 0 and at most ``maximum``."""
+    if name not in obj:
+        return None
+    value = obj[name]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= maximum
+    ):
+        raise InvalidRequest(
+            f"{name} must be a number of seconds greater than 0 and at most {maximum:g}, "
+            f"got {_describe(value)}",
+            field=name,
+        )
+    return float(value)
 
 
 def parse_request_id(value: object) -> RequestId:

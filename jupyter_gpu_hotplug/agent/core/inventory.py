@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..._structs import GpuUuid
-from ...nvml.state import GpuIdentity, GpuMonitor, NvmlStatus
+from ...nvml.state import GpuIdentity, GpuMonitor, MigSlice, NvmlStatus
 
 __all__ = ["GpuDevice", "Inventory", "InventorySnapshot", "LostGpu", "NvmlInventory"]
 
@@ -47,6 +47,15 @@ class GpuDevice:
     memory_total: int
     """Bytes."""
     simulated: bool
+    mig: MigSlice | None = None
+    """Set for a MIG slice: ``uuid`` is its ``MIG-`` UUID, ``minor`` its GPU's."""
+    mig_enabled: bool = False
+    """A GPU in MIG mode: handed out only as slices, never whole."""
+
+    @property
+    def whole(self) -> bool:
+        """A GPU that can be handed out as one."""
+        return self.mig is None and not self.mig_enabled
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,7 @@ class NvmlInventory:
         self._monitor.close()
 
     def snapshot(self) -> InventorySnapshot:
-        snap = self._monitor.roster()
+        snap = self._monitor.roster(slices=True)
         if snap.status not in (NvmlStatus.OK, NvmlStatus.NO_GPU):
             self._note_unavailable(snap.message)
             return InventorySnapshot(gpus=(), unavailable=snap.message)
@@ -110,15 +119,24 @@ class NvmlInventory:
         lost: list[LostGpu] = []
         for gpu in snap.gpus:
             device, reason = _device(gpu)
-            if device is None:
-                lost.append(self._lost(gpu.index, reason))
-            else:
+            if device is not None:
                 gpus.append(device)
-        self._note_healthy(gpus)
+            elif gpu.mig is None:  # a lost slice is its lost GPU's business
+                lost.append(self._lost(gpu.index, reason))
+        self._note_healthy([gpu for gpu in gpus if gpu.mig is None])
         return InventorySnapshot(gpus=tuple(gpus), lost=tuple(lost))
 
     def running_pids(self, minor: int) -> list[int]:
         return sorted(process.pid for process in self._monitor.processes(minor) or ())
+
+    def utilization(self) -> dict[GpuUuid, int | None]:
+        """GPU utilisation in percent by UUID, from one NVML snapshot (the idle policy's
+        ``Usage``); ``None`` where NVML cannot say."""
+        return {
+            gpu.uuid: gpu.utilization_gpu
+            for gpu in self._monitor.snapshot().gpus
+            if gpu.uuid is not None
+        }
 
     # --- what changed, for the log ---------------------------------------------------------
 
@@ -162,6 +180,8 @@ def _device(gpu: GpuIdentity) -> tuple[GpuDevice | None, str]:
             name=gpu.name or "NVIDIA GPU",
             memory_total=gpu.memory_total or 0,
             simulated=gpu.simulated,
+            mig=gpu.mig,
+            mig_enabled=gpu.mig_enabled,
         ),
         "",
     )

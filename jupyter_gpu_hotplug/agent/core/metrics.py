@@ -11,7 +11,10 @@ the agent exports is declared here, once, so the names are reviewable in one pla
 - ``gpu_hotplug_gpus{state}``: GPUs by state (``free``, ``attached``, ``allocated``, ``lost``),
   as of the last inventory read;
 - ``gpu_hotplug_operations_in_flight``: attaches and detaches running now;
+- ``gpu_hotplug_queue_length``: attach requests waiting for GPUs now;
 - ``gpu_hotplug_reconcile_actions_total{action}``: what reconciliation had to repair;
+- ``gpu_hotplug_idle_warnings_total{reason}`` / ``gpu_hotplug_idle_releases_total{reason}``:
+  announced and done releases of unused GPUs by the idle policy (``idle`` or ``lease``);
 - ``gpu_hotplug_http_requests_total{method,route,status}``: every API response;
 - ``gpu_hotplug_simulated``: 1 when the GPUs are simulated.
 """
@@ -73,10 +76,27 @@ class AgentMetrics:
             "Attach and detach operations running now.",
             registry=self.registry,
         )
+        self.queue_length = Gauge(
+            "gpu_hotplug_queue_length",
+            "Attach requests waiting in the queue for free GPUs now.",
+            registry=self.registry,
+        )
         self.reconcile_actions = Counter(
             "gpu_hotplug_reconcile_actions",
             "Repairs made by reconciliation (released, regranted, revoked, finished, ...).",
             ["action"],
+            registry=self.registry,
+        )
+        self.idle_warnings = Counter(
+            "gpu_hotplug_idle_warnings",
+            "Releases of unused GPUs announced by the idle policy, by reason (idle, lease).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.idle_releases = Counter(
+            "gpu_hotplug_idle_releases",
+            "GPUs released by the idle policy, by reason (idle, lease).",
+            ["reason"],
             registry=self.registry,
         )
         self.http_requests = Counter(

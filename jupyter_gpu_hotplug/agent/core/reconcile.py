@@ -33,17 +33,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..._structs import GpuUuid, Target, TargetKey
 from ...linux.devnodes import DeviceNode
+from .devices import GpuNodes, flat
 from .injector import (
     DeviceInUse,
     InjectionFailed,
     Injector,
     InjectorError,
     TargetGone,
-    gpu_node,
 )
 from .inventory import Inventory
 from .locks import TargetLocks
@@ -95,7 +96,13 @@ class Reconciler:
         metrics: AgentMetrics,
         workers: Workers,
         device_major: int,
+        on_change: Callable[[], None] = lambda: None,
+        nodes: GpuNodes | None = None,
     ) -> None:
+        self._nodes = nodes or GpuNodes(major=device_major)
+        """Which device nodes each reserved GPU or MIG slice needs (shared with the service)."""
+        self._on_change = on_change
+        """Called after a pass that changed anything (GPUs may have been freed)."""
         self._allocator = allocator
         self._inventory = inventory
         self._injector = injector
@@ -103,7 +110,6 @@ class Reconciler:
         self._locks = locks
         self._metrics = metrics
         self._workers = workers
-        self._major = device_major
 
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
@@ -122,12 +128,15 @@ class Reconciler:
                     log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
         for action, items in report.actions.items():
             self._metrics.reconcile_actions.labels(action=action).inc(len(items))
+        if report.changed:
+            self._on_change()
         return report
 
     async def _known_gpus(self) -> list[GpuRecord]:
         """Every GPU the node has or had: the live inventory, the lost ones as last seen, and
         those of the reservations."""
         snapshot = await self._workers.host(self._inventory.snapshot)
+        self._nodes.learn(snapshot)
         records = {entry.gpu.uuid: entry.gpu for entry in self._allocator.all_attachments()}
         seen = [*snapshot.gpus, *(lost.last_known for lost in snapshot.lost if lost.last_known)]
         for gpu in seen:
@@ -180,7 +189,7 @@ class Reconciler:
             )
             return current
         if current is not None:
-            nodes = [self._node(row.gpu) for row in rows]
+            nodes = flat(self._nodes.of(row.gpu) for row in rows)
             await self._workers.host(self._injector.grant, current, nodes)
             await self._allocator.rebind(uuids, current)
             for uuid in uuids:
@@ -191,7 +200,7 @@ class Reconciler:
         if remains is not None:
             # Its cgroups outlived it and still carry the grant: withdraw it first (a failure
             # keeps the reservation for the next pass).
-            nodes = [self._node(row.gpu) for row in rows]
+            nodes = flat(self._nodes.of(row.gpu) for row in rows)
             await self._workers.host(self._injector.withdraw, remains, nodes)
             for uuid in uuids:
                 report.add("withdrew_remains", uuid)
@@ -202,8 +211,15 @@ class Reconciler:
         log.warning("released %s: %s has exited", ", ".join(uuids), target)
         return None
 
-    def _node(self, gpu: GpuRecord) -> DeviceNode:
-        return gpu_node(gpu.minor, major=self._major)
+    def _revocable(self, container: HostContainer, row: Reservation) -> list[DeviceNode]:
+        """The nodes taking ``row`` back revokes: none that the container's other
+        reservations need (the GPU node that two of its slices share)."""
+        keeping = [
+            entry.gpu
+            for entry in self._allocator.all_attachments()
+            if entry.container == container.key and entry.gpu.uuid != row.gpu.uuid
+        ]
+        return self._nodes.to_revoke(row.gpu, keeping=keeping)
 
     async def _reserving(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
@@ -211,9 +227,13 @@ class Reconciler:
         try:
             # Whether the cut-short grant created the node is unknown: it stays (without the
             # permission it opens nothing).
-            node = self._node(row.gpu)
+            nodes = self._revocable(container, row)
             await self._workers.host(
-                self._injector.revoke, container, [node], force=False, keep_nodes=[node.name]
+                self._injector.revoke,
+                container,
+                nodes,
+                force=False,
+                keep_nodes=[node.name for node in nodes],
             )
         except DeviceInUse as e:
             await self._allocator.mark_granted([row.gpu.uuid])
@@ -233,13 +253,13 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            node = self._node(row.gpu)
+            nodes = self._revocable(container, row)
             await self._workers.host(
                 self._injector.revoke,
                 container,
-                [node],
+                nodes,
                 force=False,
-                keep_nodes=() if row.node_created else [node.name],
+                keep_nodes=() if row.node_created else [node.name for node in nodes],
             )
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
@@ -260,11 +280,11 @@ class Reconciler:
     async def _granted(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
-        node = self._node(row.gpu)
-        (state,) = await self._workers.host(self._injector.status, container, [node])
-        if state.usable:
+        nodes = self._nodes.of(row.gpu)
+        states = await self._workers.host(self._injector.status, container, nodes)
+        if all(state.usable for state in states):
             return
-        await self._workers.host(self._injector.grant, container, [node])
+        await self._workers.host(self._injector.grant, container, nodes)
         report.add("regranted", row.gpu.uuid)
         log.warning("%s had lost access to %s; granted it again", container, row.gpu.uuid)
 
@@ -279,10 +299,22 @@ class Reconciler:
             if entry.container == container.key
             or (not entry.container and entry.target.key == container.target.key)
         }
-        others = [gpu for gpu in known if gpu.uuid not in owned]
+        # What the container's own reservations need is never a stray (two slices of one GPU
+        # held by different containers share that GPU's node: each keeps it).
+        needed = {
+            node.device for gpu in known if gpu.uuid in owned for node in self._nodes_or_none(gpu)
+        }
+        candidates: dict[str, tuple[GpuRecord, DeviceNode]] = {}
+        for gpu in known:
+            if gpu.uuid in owned:
+                continue
+            for node in self._nodes_or_none(gpu):
+                if node.device not in needed:
+                    candidates.setdefault(node.name, (gpu, node))
+        others = [gpu for gpu, _ in candidates.values()]
+        nodes = [node for _, node in candidates.values()]
         if not others:
             return
-        nodes = [self._node(gpu) for gpu in others]
         states = await self._workers.host(self._injector.status, container, nodes)
         stray = [
             (gpu, node)
@@ -318,6 +350,15 @@ class Reconciler:
             ", ".join(gpu.uuid for gpu, _ in stray),
             container,
         )
+
+    def _nodes_or_none(self, gpu: GpuRecord) -> list[DeviceNode]:
+        """``gpu``'s nodes, or none when they cannot be told (a slice NVML no longer lists,
+        and that no reservation holds): a stray check has nothing to look for then."""
+        try:
+            return self._nodes.of(gpu)
+        except InjectionFailed as e:
+            log.debug("no stray check for %s: %s", gpu.uuid, e)
+            return []
 
     async def run_forever(self, interval: float) -> None:
         """Reconcile every ``interval`` seconds until cancelled; a failed pass is logged."""

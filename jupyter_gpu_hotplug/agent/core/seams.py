@@ -140,6 +140,13 @@ class AttachRequest:
     target: TargetRef | None
     wait_seconds: float
     request_id: RequestId | None
+    idle_release_seconds: float | None = None
+    """A stricter idle period for these GPUs than the agent's own (see ``core/idle.py``)."""
+    mig: str | None = None
+    """A MIG profile (``1g.10gb``): attach that many slices of it instead of whole GPUs."""
+    queued: bool = False
+    """The request gave ``wait_seconds``: it waits in the queue when too few GPUs are free
+    (``core/queue.py``); without it, it is answered at once."""
 
 
 # --- the allocator -------------------------------------------------------------------------------

@@ -25,6 +25,11 @@ allocator's reads come from memory.
 
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
+
+Waiting: an attach that gives ``wait_seconds`` and finds too few free GPUs, or others already
+waiting, joins the node's FIFO queue (``queue.py``) before it takes its target's lock, so a
+waiting request never blocks its target's other operations; one that does not wait is refused
+at once (409) unless GPUs beyond what the waiters need are free. Every release wakes the queue.
 """
 
 from __future__ import annotations
@@ -43,7 +48,12 @@ from ..._structs import (
     GpuInfo,
     GpuList,
     GpuUuid,
+    IdleReleaseList,
+    IdleReleaseRecord,
+    IdleReleaseWire,
     ProcessInfo,
+    QueuedRequest,
+    QueueView,
     RequestId,
     Target,
     TargetRef,
@@ -51,6 +61,7 @@ from ..._structs import (
 )
 from ...linux.devnodes import DeviceNode
 from .checkpoints import Checkpoints
+from .devices import GpuNodes, flat
 from .errors import (
     AgentError,
     Busy,
@@ -60,6 +71,7 @@ from .errors import (
     NotFound,
     TargetNotReady,
 )
+from .idle import IdleBook, IdleWarning
 from .injector import (
     DeviceInUse,
     HolderInfo,
@@ -67,11 +79,11 @@ from .injector import (
     Injector,
     InjectorError,
     TargetGone,
-    gpu_node,
 )
-from .inventory import Inventory, InventorySnapshot
+from .inventory import GpuDevice, Inventory, InventorySnapshot
 from .locks import TargetLocks
 from .metrics import AgentMetrics
+from .queue import Waiter, WaitQueue
 from .seams import (
     Allocator,
     AttachRequest,
@@ -109,10 +121,10 @@ class _Measure:
     """How many GPUs it concerned (detach counts per GPU)."""
 
 
-def attachment_of(entry: Reservation) -> Attachment:
-    """The wire form of a reservation."""
+def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Attachment:
+    """The wire form of a reservation, with the idle policy's warning if one is in force."""
     moment = entry.granted_at or entry.created_at
-    return Attachment(
+    attachment = Attachment(
         uuid=entry.gpu.uuid,
         index=entry.gpu.index,
         minor=entry.gpu.minor,
@@ -122,6 +134,11 @@ def attachment_of(entry: Reservation) -> Attachment:
         holder=entry.holder,
         attached_at=format_timestamp(moment),
     )
+    if warning is not None:
+        attachment["idle_release"] = IdleReleaseWire(
+            reason=warning.reason.value, release_at=format_timestamp(warning.release_at)
+        )
+    return attachment
 
 
 def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
@@ -144,6 +161,9 @@ class AgentService:
         config: ServiceConfig,
         locks: TargetLocks | None = None,
         checkpoints: Checkpoints | None = None,
+        idle: IdleBook | None = None,
+        queue: WaitQueue | None = None,
+        nodes: GpuNodes | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -155,6 +175,12 @@ class AgentService:
         self._config = config
         self.locks = locks or TargetLocks()
         self._checkpoints = checkpoints or Checkpoints()
+        self.idle = idle or IdleBook()
+        """The idle policy's shared state: requested periods, warnings, releases."""
+        self.queue = queue or WaitQueue(on_change=metrics.queue_length.set)
+        """Attach requests waiting for GPUs, first come, first served."""
+        self.nodes = nodes or GpuNodes(major=config.device_major)
+        """Which device nodes each reserved GPU or MIG slice needs."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -199,8 +225,22 @@ class AgentService:
                 counter.labels(result=result).inc(measure.gpus)
                 histogram.observe(time.monotonic() - started)
 
-    def _node(self, gpu: GpuRecord) -> DeviceNode:
-        return gpu_node(gpu.minor, major=self._config.device_major)
+    def _nodes_of(self, entries: Sequence[Reservation]) -> list[list[DeviceNode]]:
+        """The nodes of each entry (``InjectorError`` when a slice's cannot be told)."""
+        return [self.nodes.of(entry.gpu) for entry in entries]
+
+    def _revocable(
+        self, container: HostContainer, entries: Sequence[Reservation]
+    ) -> list[list[DeviceNode]]:
+        """The nodes taking ``entries`` back revokes from ``container``: never one that a GPU
+        or slice it keeps still needs (the node of a GPU whose other slice it holds)."""
+        leaving = {entry.gpu.uuid for entry in entries}
+        keeping = [
+            entry.gpu
+            for entry in self._allocator.attachments_of(container.target)
+            if entry.gpu.uuid not in leaving and entry.container == container.key
+        ]
+        return [self.nodes.to_revoke(entry.gpu, keeping=keeping) for entry in entries]
 
     @property
     def _label(self) -> str:
@@ -266,24 +306,166 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry)
+                attachment_of(entry, self.idle.warnings.get(entry.gpu.uuid))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
+            ]
+        )
+
+    async def idle_releases(self, caller: Caller, ref: TargetRef | None) -> IdleReleaseList:
+        """What the idle policy took back from the target lately, oldest first."""
+        container = await self._target(caller, ref, "get")
+        return IdleReleaseList(
+            releases=[
+                IdleReleaseRecord(
+                    uuid=release.uuid,
+                    target=release.target.to_wire(),
+                    reason=release.reason.value,
+                    released_at=format_timestamp(release.released_at),
+                )
+                for release in self.idle.releases_of(container.target)
             ]
         )
 
     # --- attach ----------------------------------------------------------------------------------
 
     async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
-        """Attach ``request.count`` GPUs to the request's target (201 body)."""
+        """Attach ``request.count`` GPUs to the request's target (201 body); a request that
+        waits and finds too few free GPUs waits in the queue for its turn first."""
         with self._measured("attach"):
             deadline = time.monotonic() + request.wait_seconds
             container, snapshot = await self._workers.host(
                 self._attach_inputs, caller, request.target
             )
             await self._identity.authorize(caller, "create", container)
-            async with self.locks.operation(container.target):
-                return await self._attach_locked(container, request, snapshot, deadline)
+            if not request.queued or not self._must_queue(container, request, snapshot):
+                async with self.locks.operation(container.target):
+                    return await self._attach_locked(container, request, snapshot, deadline)
+            waiter = self.queue.join(
+                container,
+                request.count,
+                request_id=request.request_id,
+                deadline=deadline,
+                kind=request.mig,
+            )
+            log.info(
+                "%s waits for %d GPU(s): number %d in the queue",
+                container,
+                request.count,
+                self.queue.position(waiter),
+            )
+            try:
+                await self.queue.turn(
+                    waiter,
+                    free=lambda: self._free(snapshot, request.mig),
+                    alive=lambda: self._alive(container),
+                    wait_seconds=request.wait_seconds,
+                )
+                # The node may have changed while it waited: hand out what NVML sees now.
+                snapshot = await self._workers.host(self._inventory.snapshot)
+                async with self.locks.operation(container.target):
+                    return await self._attach_locked(
+                        container, request, snapshot, deadline, waiter=waiter
+                    )
+            finally:
+                self.queue.leave(waiter)
+
+    def _must_queue(
+        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
+    ) -> bool:
+        """Whether a waiting request has to queue: others wait, or too few GPUs are free. A
+        retry of a request that was already served, or one that is refused anyway, does not."""
+        self._admit(container, request, snapshot)
+        if request.request_id is not None and any(
+            entry.request_id == request.request_id
+            for entry in self._allocator.attachments_of(container.target)
+        ):
+            return False
+        waiting = self.queue.demand(request.mig)
+        return waiting > 0 or self._free(snapshot, request.mig) < request.count
+
+    @staticmethod
+    def _candidates(snapshot: InventorySnapshot, mig: str | None) -> list[GpuDevice]:
+        """What a request may get: whole GPUs, or the MIG slices of profile ``mig``."""
+        if mig is None:
+            return [gpu for gpu in snapshot.gpus if gpu.whole]
+        return [gpu for gpu in snapshot.gpus if gpu.mig is not None and gpu.mig.profile == mig]
+
+    def _free(self, snapshot: InventorySnapshot, mig: str | None) -> int:
+        """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
+        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
+        return sum(1 for gpu in self._candidates(snapshot, mig) if gpu.uuid not in taken)
+
+    async def _alive(self, container: HostContainer) -> bool:
+        found = await self._workers.host(self._resolver.lookup, container.target, container.key)
+        return found is not None
+
+    def _admit(
+        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
+    ) -> None:
+        """Refuse a request that can never be served: more GPUs (or slices of the profile)
+        than the node has, or more than the target may hold."""
+        if request.mig is None:
+            total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
+        else:
+            total = len(self._candidates(snapshot, request.mig))
+            if total == 0:
+                profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
+                raise InvalidRequest(
+                    f"this node has no MIG slice of profile {request.mig}",
+                    field="mig",
+                    hint=f"its slices are {', '.join(profiles)}"
+                    if profiles
+                    else "no GPU of this node is in MIG mode",
+                )
+        if 0 < total < request.count:
+            raise InvalidRequest(
+                f"count {request.count} is more than this node's {total} GPU(s)",
+                field="count",
+                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
+            )
+        existing = self._allocator.attachments_of(container.target)
+        limit = self._config.max_gpus_per_target
+        if len(existing) + request.count > limit:
+            raise Forbidden.over_gpu_limit(
+                limit=limit, attached=len(existing), requested=request.count
+            )
+
+    async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
+        """The target's requests waiting in the queue, with their positions."""
+        container = await self._target(caller, ref, "get")
+        waiters = self.queue.waiters
+        return QueueView(
+            length=len(waiters),
+            requests=[
+                QueuedRequest(
+                    request_id=waiter.request_id,
+                    target=waiter.target.to_wire(),
+                    count=waiter.count,
+                    position=position,
+                    queued_at=format_timestamp(waiter.queued_at),
+                )
+                for position, waiter in enumerate(waiters, start=1)
+                if waiter.target.key == container.target.key
+            ],
+        )
+
+    async def cancel_queued(self, caller: Caller, request_id: RequestId) -> None:
+        """Cancel a waiting request (its ``POST`` answers that it was cancelled)."""
+        waiters = self.queue.find(request_id)
+        allowed = []
+        for waiter in waiters:
+            try:
+                await self._identity.authorize(caller, "delete", waiter.container)
+            except Forbidden:
+                continue
+            allowed.append(waiter)
+        if not allowed:
+            # Someone else's request is reported as absent: its id tells nothing.
+            raise NotFound("queued request", request_id)
+        for waiter in allowed:
+            self.queue.cancel(waiter)
+            log.info("queued request %s for %s cancelled", request_id, waiter.target)
 
     def _attach_inputs(
         self, caller: Caller, ref: TargetRef | None
@@ -301,31 +483,34 @@ class AgentService:
         request: AttachRequest,
         snapshot: InventorySnapshot,
         deadline: float,
+        *,
+        waiter: Waiter | None = None,
     ) -> AttachmentList:
         target = container.target
-        existing = self._allocator.attachments_of(target)
         if request.request_id is not None:
+            existing = self._allocator.attachments_of(target)
             earlier = [entry for entry in existing if entry.request_id == request.request_id]
             if earlier:
                 return self._repeat(target, request.request_id, request.count, earlier)
-        total = len(snapshot.gpus) + len(snapshot.lost)
-        if 0 < total < request.count:
-            raise InvalidRequest(
-                f"count {request.count} is more than this node's {total} GPU(s)",
-                field="count",
-                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
-            )
-        limit = self._config.max_gpus_per_target
-        if len(existing) + request.count > limit:
-            raise Forbidden.over_gpu_limit(
-                limit=limit, attached=len(existing), requested=request.count
-            )
-        candidates = [GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in snapshot.gpus]
-        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
-        free = sum(1 for gpu in candidates if gpu.uuid not in taken)
+        self._admit(container, request, snapshot)
+        self.nodes.learn(snapshot)
+        candidates = [
+            GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
+            for gpu in self._candidates(snapshot, request.mig)
+        ]
+        # A request that did not wait its turn takes only GPUs that no waiter needs.
+        free = self._free(snapshot, request.mig) - (
+            0 if waiter is not None else self.queue.demand(request.mig)
+        )
         if free < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
-            raise InsufficientGpus(free=free, requested=request.count)
+            raise InsufficientGpus(
+                free=max(free, 0),
+                requested=request.count,
+                hint="ask with wait_seconds to wait in the queue for your turn"
+                if len(self.queue)
+                else None,
+            )
         entries = await self._allocator.reserve(
             container,
             request.count,
@@ -335,7 +520,13 @@ class AgentService:
         )
         await self._checkpoints.reach("after_reserve")
         uuids = [entry.gpu.uuid for entry in entries]
-        nodes = [self._node(entry.gpu) for entry in entries]
+        try:
+            per_entry = self._nodes_of(entries)
+        except InjectorError as e:
+            await self._allocator.release(uuids)
+            self.queue.notify()
+            raise _attach_error(container, e) from e
+        nodes = flat(per_entry)
         try:
             created = await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
@@ -350,14 +541,15 @@ class AgentService:
                 uuids,
                 nodes_created=[
                     entry.gpu.uuid
-                    for entry, node in zip(entries, nodes, strict=True)
-                    if node.name in created
+                    for entry, own in zip(entries, per_entry, strict=True)
+                    if all(node.name in created for node in own)
                 ],
             )
         except BaseException:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
         await self._checkpoints.reach("after_mark_granted")
+        self.idle.request(uuids, request.idle_release_seconds)
         log.info(
             "attached %s to %s%s",
             ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
@@ -411,6 +603,7 @@ class AgentService:
                 )
                 return
         await self._allocator.release(uuids)
+        self.queue.notify()
 
     # --- detach ----------------------------------------------------------------------------------
 
@@ -441,6 +634,21 @@ class AgentService:
                 if entries:
                     await self._detach_locked(container, entries, force=force)
 
+    async def release_unused(self, entry: Reservation, container: HostContainer) -> bool:
+        """Detach one GPU for the idle policy, without force; the caller holds the target (as
+        the reconciler does). False, with nothing changed, when the GPU turned out to be in
+        use or could not be taken back cleanly (the next pass looks again)."""
+        if self._allocator.get(entry.gpu.uuid) != entry:
+            return False  # changed since the pass read it
+        try:
+            await self._detach_locked(container, [entry], force=False)
+        except Busy:
+            return False
+        except AgentError as e:
+            log.warning("idle release of %s from %s failed: %s", entry.gpu.uuid, container, e)
+            return False
+        return True
+
     async def _detach_gone(
         self, caller: Caller, target: Target, entries: list[Reservation]
     ) -> None:
@@ -453,8 +661,8 @@ class AgentService:
         async with self.locks.operation(target):
             remains = await self._workers.host(self._resolver.remains, entries[0].container)
             if remains is not None:
-                nodes = [self._node(entry.gpu) for entry in entries]
                 try:
+                    nodes = flat(self._nodes_of(entries))
                     await self._workers.host(self._injector.withdraw, remains, nodes)
                 except InjectorError as e:
                     raise TargetNotReady(
@@ -463,6 +671,7 @@ class AgentService:
                         retryable=True,
                     ) from e
             await self._allocator.release([entry.gpu.uuid for entry in entries])
+        self.queue.notify()
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
     async def _detach_locked(
@@ -471,7 +680,15 @@ class AgentService:
         uuids = [entry.gpu.uuid for entry in entries]
         if any(entry.state is ReservationState.RESERVING for entry in entries):
             raise Busy.operation_in_progress(str(container.target))
-        nodes = [self._node(entry.gpu) for entry in entries]
+        try:
+            per_entry = self._revocable(container, entries)
+        except InjectionFailed as e:
+            raise TargetNotReady(
+                f"the GPU could not be taken from {container}: {e}",
+                hint="the GPU is still attached; see the agent's log",
+                retryable=False,
+            ) from e
+        nodes = flat(per_entry)
         await self._allocator.begin_release(uuids)
         await self._checkpoints.reach("after_begin_release")
         try:
@@ -480,7 +697,7 @@ class AgentService:
                 container,
                 nodes,
                 force=force,
-                keep_nodes=_not_created(entries, nodes),
+                keep_nodes=_not_created(entries, per_entry),
             )
         except TargetGone:
             log.info("%s exited during the detach; releasing its record", container)
@@ -502,6 +719,7 @@ class AgentService:
             ) from e
         await self._checkpoints.reach("after_revoke")
         await self._allocator.release(uuids)
+        self.queue.notify()
         log.info(
             "detached %s from %s%s%s",
             ", ".join(uuids),
@@ -511,9 +729,16 @@ class AgentService:
         )
 
 
-def _not_created(entries: Sequence[Reservation], nodes: Sequence[DeviceNode]) -> list[str]:
+def _not_created(
+    entries: Sequence[Reservation], nodes: Sequence[Sequence[DeviceNode]]
+) -> list[str]:
     """The nodes a release must leave in place: those the agent did not create."""
-    return [node.name for entry, node in zip(entries, nodes, strict=True) if not entry.node_created]
+    return [
+        node.name
+        for entry, own in zip(entries, nodes, strict=True)
+        if not entry.node_created
+        for node in own
+    ]
 
 
 def _is_clean(error: InjectorError) -> bool:

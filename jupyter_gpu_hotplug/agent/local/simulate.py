@@ -20,11 +20,12 @@ import dataclasses
 import logging
 import os
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..._structs import GpuUuid
+from ...linux.devnodes import parse_proc_devices
 from ...nvml.sim import (
     CONFIG_ENV,
     FakeNvmlConfig,
@@ -34,14 +35,21 @@ from ...nvml.sim import (
     fake_nvml_environ,
     load_in_process,
     read_config,
+    render_mig_minors,
+    with_mig_devices,
     write_config,
 )
 
-__all__ = ["CONFIG_NAME", "Simulation", "drift"]
+__all__ = ["CONFIG_NAME", "MIG_MINORS_NAME", "PROC_DEVICES_NAME", "Simulation", "drift"]
 
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "fake-nvml.conf"
+PROC_DEVICES_NAME = "devices"
+MIG_MINORS_NAME = "mig-minors"
+_LOCAL_MAJORS = range(240, 255)
+"""Char majors Linux keeps for local use: the simulated ``nvidia-caps`` major is a free one,
+so a capability node opens with ENXIO where the cgroup allows it, as a GPU's node does."""
 _CACHE_NAME = "build"
 
 
@@ -52,6 +60,10 @@ class Simulation:
     library_dir: Path
     config_path: Path
     count: int
+    proc_devices: Path | None = None
+    """With MIG slices: the simulated node's ``/proc/devices`` (its ``nvidia-caps`` major)."""
+    mig_minors: Path | None = None
+    """With MIG slices: the simulated ``/proc/driver/nvidia-caps/mig-minors``."""
 
     @classmethod
     def prepare(
@@ -61,8 +73,14 @@ class Simulation:
         *,
         cache_dir: Path | None = None,
         node: str = "simulated-node",
+        mig_profiles: Sequence[str] = (),
+        host_proc_devices: Path = Path("/proc/devices"),
     ) -> Simulation:
         """Build the fake NVML (once), write ``count`` idle GPUs to ``directory``'s config.
+
+        ``mig_profiles`` puts GPU 0 in MIG mode with one slice per profile, and writes the
+        node's capability tables beside the config: a ``devices`` file with an ``nvidia-caps``
+        major that ``host_proc_devices`` does not list, and ``mig-minors``.
 
         The directory is made world-readable (0755): processes of other users must load the
         library and read the config. Raises ``nvml.sim.FakeNvmlError`` subclasses.
@@ -71,13 +89,30 @@ class Simulation:
         directory.chmod(0o755)
         library_dir = ensure_fake_nvml(cache_dir or directory / _CACHE_NAME)
         config_path = directory / CONFIG_NAME
-        write_config(config_path, FakeNvmlConfig(gpus=default_gpus(count, node=node)))
+        gpus = list(default_gpus(count, node=node))
+        if mig_profiles and gpus:
+            gpus[0] = with_mig_devices(gpus[0], mig_profiles, node=node)
+        config = FakeNvmlConfig(gpus=tuple(gpus))
+        write_config(config_path, config)
         log.warning(
             "SIMULATED: %d simulated GPU(s), no hardware behind them (config %s)",
             count,
             config_path,
         )
-        return cls(library_dir=library_dir, config_path=config_path, count=count)
+        if not mig_profiles:
+            return cls(library_dir=library_dir, config_path=config_path, count=count)
+        taken = set(parse_proc_devices(host_proc_devices.read_text()).values())
+        major = next(m for m in _LOCAL_MAJORS if m not in taken)
+        proc_devices = directory / PROC_DEVICES_NAME
+        proc_devices.write_text(f"Character devices:\n195 nvidia-frontend\n{major} nvidia-caps\n")
+        mig_minors = directory / MIG_MINORS_NAME
+        mig_minors.write_text(render_mig_minors(config))
+        log.warning(
+            "SIMULATED: GPU 0 in MIG mode with %s; nvidia-caps major %d",
+            ", ".join(mig_profiles),
+            major,
+        )
+        return cls(library_dir, config_path, count, proc_devices, mig_minors)
 
     def load_in_process(self) -> None:
         """Make the fake this process's NVML; call before pynvml's first ``nvmlInit``.

@@ -3,8 +3,9 @@
 Used by the agent's ``--simulate N`` mode, local demos and the tests, on machines with no GPU.
 The pieces, each in its own module:
 
-- ``config``: the simulated GPUs as frozen dataclasses and the versioned file the library
-  reads; rewrite it (atomically) to change utilisation or hot-plug GPUs while processes run.
+- ``config``: the simulated GPUs (and their MIG devices) as frozen dataclasses and the
+  versioned file the library reads; rewrite it (atomically) to change utilisation or hot-plug
+  GPUs while processes run. It also writes the ``nvidia-caps`` minors file of a simulated node.
 - ``build``: compiles ``fakenvml.c`` once into a cache keyed by source and compiler.
 - ``runtime``: the environment for a child process, or a load into this process.
 
@@ -31,17 +32,23 @@ from .config import (
     H100_SXM,
     MAX_GPU_MINOR,
     MAX_GPUS,
+    MAX_MIG_DEVICES,
     MAX_PROCESSES,
     SIMULATED_SUFFIX,
     FakeNvmlConfig,
     GpuModel,
     GpuUuid,
+    MigMode,
     SimulatedGpu,
+    SimulatedMigDevice,
     SimulatedProcess,
     default_gpus,
+    mig_caps_minors,
     parse_config,
     read_config,
     render_config,
+    render_mig_minors,
+    with_mig_devices,
     write_config,
 )
 from .errors import FakeNvmlBuildError, FakeNvmlConfigError, FakeNvmlError, FakeNvmlLoadError
@@ -68,6 +75,7 @@ __all__ = [
     "LIBRARY_NAME",
     "MAX_GPUS",
     "MAX_GPU_MINOR",
+    "MAX_MIG_DEVICES",
     "MAX_PROCESSES",
     "SIMULATED_SUFFIX",
     "FakeNvmlBuildError",
@@ -77,7 +85,9 @@ __all__ = [
     "FakeNvmlLoadError",
     "GpuModel",
     "GpuUuid",
+    "MigMode",
     "SimulatedGpu",
+    "SimulatedMigDevice",
     "SimulatedProcess",
     "build_key",
     "default_cache_dir",
@@ -89,8 +99,11 @@ __all__ = [
     "is_fake_library",
     "last_error",
     "load_in_process",
+    "mig_caps_minors",
     "parse_config",
     "read_config",
     "render_config",
+    "render_mig_minors",
+    "with_mig_devices",
     "write_config",
 ]

@@ -32,19 +32,40 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     compute_capability=9.0
     processes=4242:1073741824,4243:na
     lost=0
+    mig=enabled
+
+    [mig]
+    uuid=MIG-0b4c9a5e-...
+    profile=1g.10gb
+    gpu_instance_id=1
+    compute_instance_id=0
+    placement_start=0
+    gi_access_minor=12
+    ci_access_minor=13
+    name=NVIDIA H100 80GB HBM3 MIG 1g.10gb (simulated)
+    memory_total=10000000000
+    memory_used=0
+    processes=
 
 Every ``[gpu]`` section needs ``uuid`` and ``minor``; other keys default as in
 ``SimulatedGpu``. A process's memory of ``na`` means NVML reports it as not available.
+A ``[mig]`` section is a MIG device (one GPU instance with one compute instance) of the
+``[gpu]`` above it, which needs ``mig=enabled``; it needs ``uuid``, ``profile``,
+``gpu_instance_id`` and the two ``nvidia-caps`` minors, other keys default as in
+``SimulatedMigDevice``. MIG sections came after version 1 was first written; they were added
+to it compatibly (an older reader rejects them loudly as an unknown section).
 Unknown or repeated keys are errors, so a typo cannot pass silently.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import re
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Final
@@ -59,17 +80,23 @@ __all__ = [
     "H100_SXM",
     "MAX_GPUS",
     "MAX_GPU_MINOR",
+    "MAX_MIG_DEVICES",
     "MAX_PROCESSES",
     "SIMULATED_SUFFIX",
     "FakeNvmlConfig",
     "GpuModel",
     "GpuUuid",
+    "MigMode",
     "SimulatedGpu",
+    "SimulatedMigDevice",
     "SimulatedProcess",
     "default_gpus",
+    "mig_caps_minors",
     "parse_config",
     "read_config",
     "render_config",
+    "render_mig_minors",
+    "with_mig_devices",
     "write_config",
 ]
 
@@ -84,6 +111,12 @@ MAX_GPUS: Final = 64
 MAX_PROCESSES: Final = 64
 MAX_GPU_MINOR: Final = 254
 """Highest GPU minor: 255 is ``/dev/nvidiactl``."""
+
+MAX_MIG_DEVICES: Final = 7
+"""MIG devices per GPU: what ``nvmlDeviceGetMaxMigDeviceCount`` reports for an A100 or H100
+in MIG mode (seven 1g slices)."""
+MIG_SLICE_COUNTS: Final = (1, 2, 3, 4, 7)
+"""Compute slices of the GPU instance profiles the simulator offers (``<n>g.<m>gb``)."""
 
 SIMULATED_SUFFIX: Final = " (simulated)"
 """Appended to every generated GPU name, so no screen can pass a fake GPU off as real."""
@@ -101,6 +134,10 @@ _BUS_ID = re.compile(
 )
 _DECIMAL = re.compile(r"[0-9]+")
 _HEX = re.compile(r"0[xX](?P<digits>[0-9A-Fa-f]+)")
+_MIG_PROFILE = re.compile(r"(?P<slices>[1-9])g\.(?P<gigabytes>[1-9][0-9]{0,3})gb")
+_MAX_GPU_INSTANCE_ID: Final = 14
+_MAX_COMPUTE_INSTANCE_ID: Final = 7
+_MAX_CAPS_MINOR: Final = 2**20 - 1  # MINORMASK: the widest minor Linux has
 
 
 def _check_int(name: str, value: int, maximum: int, *, minimum: int = 0) -> None:
@@ -148,6 +185,94 @@ class SimulatedProcess:
             _check_int("used_memory", self.used_memory, _ULLONG_MAX - 1)
 
 
+class MigMode(enum.StrEnum):
+    """What ``nvmlDeviceGetMigMode`` answers for a GPU."""
+
+    UNSUPPORTED = "unsupported"
+    """Not a MIG-capable GPU: ``NVML_ERROR_NOT_SUPPORTED``."""
+    DISABLED = "disabled"
+    ENABLED = "enabled"
+
+
+def mig_caps_minors(
+    gpu_minor: int, gpu_instance_id: int, compute_instance_id: int
+) -> tuple[int, int]:
+    """The ``nvidia-caps`` minors of a GPU instance's and a compute instance's ``access`` file,
+    laid out as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``.
+
+    ``config`` is 1 and ``monitor`` 2; then, per GPU minor, 15 GPU instances of nine minors
+    each: the GI's ``access`` and its eight compute instances'. So ``gpu0/gi0/access`` is 3 and
+    ``gpu0/gi0/ci0/access`` is 4, as NVIDIA's container toolkit tests show. Only the simulator
+    uses this: the product always reads the file.
+    """
+    _check_int("gpu minor", gpu_minor, MAX_GPU_MINOR)
+    _check_int("gpu_instance_id", gpu_instance_id, _MAX_GPU_INSTANCE_ID)
+    _check_int("compute_instance_id", compute_instance_id, _MAX_COMPUTE_INSTANCE_ID)
+    stride = _MAX_COMPUTE_INSTANCE_ID + 2
+    gi_minor = 3 + stride * ((_MAX_GPU_INSTANCE_ID + 1) * gpu_minor + gpu_instance_id)
+    return gi_minor, gi_minor + 1 + compute_instance_id
+
+
+@dataclass(frozen=True)
+class SimulatedMigDevice:
+    """One MIG device: a GPU instance with one compute instance spanning it (the layout
+    ``nvidia-smi mig -cgi <profile> -C`` makes), field for field what ``pynvml`` reports.
+
+    Several compute instances in one GPU instance are not simulated.
+    """
+
+    uuid: GpuUuid
+    """``MIG-<uuid>``, as NVML writes MIG UUIDs since R470."""
+    profile: str
+    """The GPU instance profile, ``<slices>g.<memory>gb`` (e.g. ``1g.10gb``)."""
+    gpu_instance_id: int
+    gi_access_minor: int
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` for ``gpu<G>/gi<I>/access``."""
+    ci_access_minor: int
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` for ``gpu<G>/gi<I>/ci<C>/access``."""
+    compute_instance_id: int = 0
+    placement_start: int = 0
+    """First memory slice of the GPU instance (``nvmlGpuInstanceGetInfo``)."""
+    name: str = ""
+    """Empty: ``NVIDIA MIG <profile> (simulated)``."""
+    memory_total: int = 0
+    """Bytes."""
+    memory_used: int = 0
+    """Bytes, at most ``memory_total``."""
+    processes: tuple[SimulatedProcess, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_text("uuid", self.uuid, _MAX_TEXT_BYTES)
+        if not self.uuid.startswith("MIG-"):
+            raise FakeNvmlConfigError(f"MIG uuid {self.uuid!r} must start with MIG-")
+        _check_text("profile", self.profile, _MAX_TEXT_BYTES)
+        if _MIG_PROFILE.fullmatch(self.profile) is None or self.slices not in MIG_SLICE_COUNTS:
+            raise FakeNvmlConfigError(
+                f"profile {self.profile!r}: expected <slices>g.<memory>gb with slices one of "
+                f"{', '.join(map(str, MIG_SLICE_COUNTS))}"
+            )
+        _check_int("gpu_instance_id", self.gpu_instance_id, _MAX_GPU_INSTANCE_ID)
+        _check_int("compute_instance_id", self.compute_instance_id, _MAX_COMPUTE_INSTANCE_ID)
+        _check_int("placement_start", self.placement_start, 7)
+        for key in ("gi_access_minor", "ci_access_minor"):
+            _check_int(key, getattr(self, key), _MAX_CAPS_MINOR)
+        if self.gi_access_minor == self.ci_access_minor:
+            raise FakeNvmlConfigError(f"MIG {self.uuid}: the GI and CI access minors are equal")
+        _check_int("memory_total", self.memory_total, _ULLONG_MAX)
+        _check_int("memory_used", self.memory_used, self.memory_total)
+        if len(self.processes) > MAX_PROCESSES:
+            raise FakeNvmlConfigError(f"MIG {self.uuid}: more than {MAX_PROCESSES} processes")
+        object.__setattr__(self, "processes", tuple(self.processes))
+        if not self.name:
+            object.__setattr__(self, "name", f"NVIDIA MIG {self.profile}{SIMULATED_SUFFIX}")
+        _check_text("name", self.name, _MAX_TEXT_BYTES)
+
+    @property
+    def slices(self) -> int:
+        """Compute slices of the GPU instance (the ``1`` of ``1g.10gb``)."""
+        return int(self.profile.partition("g")[0])
+
+
 @dataclass(frozen=True)
 class SimulatedGpu:
     """One fake GPU, field for field what ``pynvml`` will report for it.
@@ -182,6 +307,9 @@ class SimulatedGpu:
     processes: tuple[SimulatedProcess, ...] = ()
     lost: bool = False
     """The GPU "fell off the bus": NVML answers ``NVML_ERROR_GPU_IS_LOST`` for it."""
+    mig: MigMode = MigMode.UNSUPPORTED
+    mig_devices: tuple[SimulatedMigDevice, ...] = ()
+    """In MIG device index order; only with ``mig=ENABLED``."""
 
     def __post_init__(self) -> None:
         _check_text("uuid", self.uuid, _MAX_TEXT_BYTES)
@@ -203,11 +331,35 @@ class SimulatedGpu:
             raise FakeNvmlConfigError("lost must be a bool")
         if len(self.processes) > MAX_PROCESSES:
             raise FakeNvmlConfigError(f"GPU {self.uuid}: more than {MAX_PROCESSES} processes")
+        object.__setattr__(self, "mig", MigMode(self.mig))
+        self._check_mig()
         bus_id = self.pci_bus_id or f"00000000:{self.minor + 1:02X}:00.0"
         # Normalising a frozen field: the one place a frozen dataclass writes itself.
         object.__setattr__(self, "pci_bus_id", _canonical_bus_id(bus_id))
         object.__setattr__(self, "processes", tuple(self.processes))
         object.__setattr__(self, "compute_capability", tuple(self.compute_capability))
+
+    def _check_mig(self) -> None:
+        devices = tuple(self.mig_devices)
+        object.__setattr__(self, "mig_devices", devices)
+        if devices and self.mig is not MigMode.ENABLED:
+            raise FakeNvmlConfigError(f"GPU {self.uuid} has MIG devices but mig={self.mig}")
+        if len(devices) > MAX_MIG_DEVICES:
+            raise FakeNvmlConfigError(f"GPU {self.uuid}: more than {MAX_MIG_DEVICES} MIG devices")
+        ids = [device.gpu_instance_id for device in devices]
+        if len(set(ids)) != len(ids):
+            raise FakeNvmlConfigError(f"GPU {self.uuid}: a gpu_instance_id appears twice")
+        if sum(device.slices for device in devices) > MAX_MIG_DEVICES:
+            raise FakeNvmlConfigError(f"GPU {self.uuid}: MIG devices use more than 7 slices")
+        if sum(device.memory_total for device in devices) > self.memory_total:
+            raise FakeNvmlConfigError(f"GPU {self.uuid}: MIG devices hold more than its memory")
+        profiles: dict[int, str] = {}
+        for device in devices:
+            if profiles.setdefault(device.slices, device.profile) != device.profile:
+                raise FakeNvmlConfigError(
+                    f"GPU {self.uuid}: profiles {profiles[device.slices]} and {device.profile} "
+                    "have the same slice count (one profile per slice count is simulated)"
+                )
 
 
 @dataclass(frozen=True)
@@ -225,11 +377,18 @@ class FakeNvmlConfig:
         _check_int("cuda_driver_version", self.cuda_driver_version, _INT_MAX)
         if len(self.gpus) > MAX_GPUS:
             raise FakeNvmlConfigError(f"more than {MAX_GPUS} GPUs")
-        for attribute in ("uuid", "minor"):
-            values = [getattr(gpu, attribute) for gpu in self.gpus]
-            duplicates = sorted({str(v) for v in values if values.count(v) > 1})
+        devices = [device for gpu in self.gpus for device in gpu.mig_devices]
+        unique: dict[str, list[str]] = {
+            "uuid": [str(g.uuid) for g in self.gpus] + [str(d.uuid) for d in devices],
+            "minor": [str(gpu.minor) for gpu in self.gpus],
+            "nvidia-caps minor": [
+                str(minor) for d in devices for minor in (d.gi_access_minor, d.ci_access_minor)
+            ],
+        }
+        for what, values in unique.items():
+            duplicates = sorted({v for v in values if values.count(v) > 1})
             if duplicates:
-                raise FakeNvmlConfigError(f"{attribute} appears twice: {', '.join(duplicates)}")
+                raise FakeNvmlConfigError(f"{what} appears twice: {', '.join(duplicates)}")
 
     def gpu(self, uuid: GpuUuid | str) -> SimulatedGpu:
         """The GPU with this UUID; ``KeyError`` if there is none."""
@@ -302,6 +461,71 @@ def default_gpus(
     )
 
 
+def with_mig_devices(
+    gpu: SimulatedGpu, profiles: Sequence[str], *, node: str = "simulated-node"
+) -> SimulatedGpu:
+    """``gpu`` in MIG mode with one MIG device per profile (e.g. ``("1g.10gb", "1g.10gb")``).
+
+    GPU instance ids count from 1 and placements follow each other, as ``nvidia-smi mig -cgi
+    ... -C`` leaves them on an empty GPU; each device gets the memory its profile names (in
+    decimal gigabytes, so that seven slices fit an 80 GB GPU), a stable ``MIG-`` UUID derived
+    from ``node``, the GPU's UUID and the instance id, the ``nvidia-caps`` minors the driver
+    would give it (``mig_caps_minors``) and a name labelled as simulated.
+    """
+    devices = []
+    placement = 0
+    model = gpu.name.removesuffix(SIMULATED_SUFFIX)
+    for gpu_instance_id, profile in enumerate(profiles, start=1):
+        match = _MIG_PROFILE.fullmatch(profile)
+        if match is None:
+            raise FakeNvmlConfigError(f"profile {profile!r}: expected <slices>g.<memory>gb")
+        gi_minor, ci_minor = mig_caps_minors(gpu.minor, gpu_instance_id, 0)
+        devices.append(
+            SimulatedMigDevice(
+                uuid=GpuUuid(
+                    f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{gpu.uuid}/{gpu_instance_id}')}"
+                ),
+                profile=profile,
+                gpu_instance_id=gpu_instance_id,
+                gi_access_minor=gi_minor,
+                ci_access_minor=ci_minor,
+                placement_start=min(placement, 7),
+                name=f"{model} MIG {profile}{SIMULATED_SUFFIX}",
+                memory_total=int(match["gigabytes"]) * 10**9,
+            )
+        )
+        placement += int(match["slices"])
+    return dataclasses.replace(gpu, mig=MigMode.ENABLED, mig_devices=tuple(devices))
+
+
+def render_mig_minors(config: FakeNvmlConfig) -> str:
+    """``/proc/driver/nvidia-caps/mig-minors`` for a simulated node: ``config``, ``monitor`` and
+    every GPU and compute instance access file that MIG-capable GPUs can have, numbered as
+    ``mig_caps_minors`` says (the driver lists them all, whether the instances exist or not).
+    Devices whose minors were chosen by hand are listed with those minors instead."""
+    chosen = {
+        (gpu.minor, device.gpu_instance_id): device
+        for gpu in config.gpus
+        for device in gpu.mig_devices
+    }
+    lines = ["config 1", "monitor 2"]
+    for gpu in config.gpus:
+        if gpu.mig is MigMode.UNSUPPORTED:
+            continue
+        for gi in range(_MAX_GPU_INSTANCE_ID + 1):
+            device = chosen.get((gpu.minor, gi))
+            gi_minor, _ = mig_caps_minors(gpu.minor, gi, 0)
+            lines.append(
+                f"gpu{gpu.minor}/gi{gi}/access {device.gi_access_minor if device else gi_minor}"
+            )
+            for ci in range(_MAX_COMPUTE_INSTANCE_ID + 1):
+                _, ci_minor = mig_caps_minors(gpu.minor, gi, ci)
+                if device is not None and device.compute_instance_id == ci:
+                    ci_minor = device.ci_access_minor
+                lines.append(f"gpu{gpu.minor}/gi{gi}/ci{ci}/access {ci_minor}")
+    return "\n".join(lines) + "\n"
+
+
 # ----- the text format -----------------------------------------------------------------------
 
 
@@ -321,11 +545,32 @@ def _render_gpu(gpu: SimulatedGpu) -> Iterator[str]:
     yield f"power_usage={gpu.power_usage}"
     yield f"power_limit={gpu.power_limit}"
     yield f"compute_capability={major}.{minor}"
-    yield "processes=" + ",".join(
-        f"{p.pid}:{_NOT_AVAILABLE if p.used_memory is None else p.used_memory}"
-        for p in gpu.processes
-    )
+    yield _render_processes(gpu.processes)
     yield f"lost={int(gpu.lost)}"
+    yield f"mig={gpu.mig}"
+    for device in gpu.mig_devices:
+        yield from _render_mig(device)
+
+
+def _render_processes(processes: Iterable[SimulatedProcess]) -> str:
+    return "processes=" + ",".join(
+        f"{p.pid}:{_NOT_AVAILABLE if p.used_memory is None else p.used_memory}" for p in processes
+    )
+
+
+def _render_mig(device: SimulatedMigDevice) -> Iterator[str]:
+    yield "[mig]"
+    yield f"uuid={device.uuid}"
+    yield f"profile={device.profile}"
+    yield f"gpu_instance_id={device.gpu_instance_id}"
+    yield f"compute_instance_id={device.compute_instance_id}"
+    yield f"placement_start={device.placement_start}"
+    yield f"gi_access_minor={device.gi_access_minor}"
+    yield f"ci_access_minor={device.ci_access_minor}"
+    yield f"name={device.name}"
+    yield f"memory_total={device.memory_total}"
+    yield f"memory_used={device.memory_used}"
+    yield _render_processes(device.processes)
 
 
 def render_config(config: FakeNvmlConfig) -> str:
@@ -360,7 +605,7 @@ class _Parser:
 
     def parse(self, text: str) -> FakeNvmlConfig:
         globals_: dict[str, str] = {}
-        sections: list[tuple[int, dict[str, str]]] = []
+        sections: list[_Section] = []
         current = globals_
         have_version = False
         for self.line, raw in enumerate(text.split("\n"), start=1):
@@ -368,16 +613,21 @@ class _Parser:
             if not line or line.startswith("#"):
                 continue
             if line.startswith("["):
-                if line != "[gpu]":
+                if line not in ("[gpu]", "[mig]"):
                     raise self.fail(f"unknown section {line}")
                 if not have_version:
                     raise self.fail(f"the first setting must be version={FORMAT_VERSION}")
                 current = {}
-                sections.append((self.line, current))
+                if line == "[gpu]":
+                    sections.append(_Section(self.line, current))
+                elif not sections:
+                    raise self.fail("a [mig] section must follow the [gpu] it belongs to")
+                else:
+                    sections[-1].migs.append((self.line, current))
                 continue
             key, sep, value = line.partition("=")
             if not sep:
-                raise self.fail("expected key=value or [gpu]")
+                raise self.fail("expected key=value, [gpu] or [mig]")
             key, value = key.strip(_WHITESPACE), value.strip(_WHITESPACE)
             if not have_version:
                 if key != "version":
@@ -389,9 +639,13 @@ class _Parser:
                     )
                 have_version = True
                 continue
-            allowed = _GPU_KEYS if current is not globals_ else _GLOBAL_KEYS
+            if current is globals_:
+                allowed, kind = _GLOBAL_KEYS, "global"
+            elif sections and any(current is mig for _, mig in sections[-1].migs):
+                allowed, kind = _MIG_KEYS, "MIG"
+            else:
+                allowed, kind = _GPU_KEYS, "GPU"
             if key not in allowed:
-                kind = "GPU" if current is not globals_ else "global"
                 raise self.fail(f"unknown {kind} key {key}")
             if key in current:
                 raise self.fail(f"{key} given twice")
@@ -399,9 +653,7 @@ class _Parser:
         if not have_version:
             self.line = 0
             raise self.fail(f"no version={FORMAT_VERSION} line (is this a fake NVML config?)")
-        gpus = []
-        for self.line, section in sections:
-            gpus.append(self.gpu(section))
+        gpus = [self.gpu(section) for section in sections]
         self.line = 0
         try:
             return FakeNvmlConfig(
@@ -415,15 +667,34 @@ class _Parser:
         except FakeNvmlConfigError as error:
             raise self.fail(str(error)) from error
 
-    def gpu(self, section: dict[str, str]) -> SimulatedGpu:
+    def gpu(self, section: _Section) -> SimulatedGpu:
+        devices = tuple(self.mig_device(values) for self.line, values in section.migs)
+        self.line = section.line
         for required in ("uuid", "minor"):
-            if required not in section:
+            if required not in section.values:
                 raise self.fail(f"GPU section without {required}")
+        values: dict[str, object] = {
+            key: self.gpu_value(key, value) for key, value in section.values.items()
+        }
+        try:
+            return SimulatedGpu(**values, mig_devices=devices)  # type: ignore[arg-type]
+        except FakeNvmlConfigError as error:
+            raise self.fail(str(error)) from error
+
+    def mig_device(self, section: dict[str, str]) -> SimulatedMigDevice:
+        for required in _MIG_REQUIRED:
+            if required not in section:
+                raise self.fail(f"MIG section without {required}")
         values: dict[str, object] = {}
         for key, value in section.items():
-            values[key] = self.gpu_value(key, value)
+            if key in ("uuid", "profile", "name"):
+                values[key] = value
+            elif key == "processes":
+                values[key] = self.processes(value)
+            else:
+                values[key] = self.uint(key, value)
         try:
-            return SimulatedGpu(**values)  # type: ignore[arg-type]  # checked by __post_init__
+            return SimulatedMigDevice(**values)  # type: ignore[arg-type]  # checked by __post_init__
         except FakeNvmlConfigError as error:
             raise self.fail(str(error)) from error
 
@@ -439,13 +710,20 @@ class _Parser:
                 raise self.fail("compute_capability: expected MAJOR.MINOR")
             return (self.uint(key, major), self.uint(key, minor))
         if key == "processes":
-            return tuple(self.process(item) for item in value.split(",")) if value else ()
+            return self.processes(value)
         if key == "lost":
             lowered = value.lower()
             if lowered not in ("0", "1", "true", "false", "yes", "no"):
                 raise self.fail(f"lost {value}: expected 0 or 1")
             return lowered in ("1", "true", "yes")
+        if key == "mig":
+            if value not in set(MigMode):
+                raise self.fail(f"mig {value}: expected {', '.join(MigMode)}")
+            return MigMode(value)
         return self.uint(key, value)
+
+    def processes(self, value: str) -> tuple[SimulatedProcess, ...]:
+        return tuple(self.process(item) for item in value.split(",")) if value else ()
 
     def process(self, item: str) -> SimulatedProcess:
         pid, sep, used = (part.strip(_WHITESPACE) for part in item.partition(":"))
@@ -458,7 +736,18 @@ class _Parser:
             raise self.fail(f"process {item.strip(_WHITESPACE)}: {error}") from error
 
 
-_GPU_KEYS: Final = frozenset(f.name for f in fields(SimulatedGpu))
+@dataclass
+class _Section:
+    """A ``[gpu]`` section being read: its keys, and the ``[mig]`` sections below it."""
+
+    line: int
+    values: dict[str, str]
+    migs: list[tuple[int, dict[str, str]]] = dataclasses.field(default_factory=list)
+
+
+_GPU_KEYS: Final = frozenset(f.name for f in fields(SimulatedGpu)) - {"mig_devices"}
+_MIG_KEYS: Final = frozenset(f.name for f in fields(SimulatedMigDevice))
+_MIG_REQUIRED: Final = ("uuid", "profile", "gpu_instance_id", "gi_access_minor", "ci_access_minor")
 _GLOBAL_KEYS: Final = frozenset({"driver_version", "cuda_driver_version"})
 
 

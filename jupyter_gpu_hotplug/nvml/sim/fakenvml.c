@@ -24,8 +24,12 @@
  *                                  Real NVML inside a container sees exactly the
  *                                  GPUs whose nodes exist in its /dev, so this
  *                                  is how a sandboxed process sees only its
- *                                  hot-attached GPUs.  Re-evaluated by every
- *                                  count and handle lookup (no re-init needed).
+ *                                  hot-attached GPUs.  A MIG device is visible
+ *                                  only while its GPU is and both its access
+ *                                  nodes <dir>/nvidia-caps/nvidia-cap<N> (GPU
+ *                                  and compute instance) are character devices.
+ *                                  Re-evaluated by every count and handle
+ *                                  lookup (no re-init needed).
  *
  * CONFIG FILE, format version 1 (jupyter_gpu_hotplug/nvml/sim/config.py
  * writes and reads the same format)
@@ -61,9 +65,31 @@
  *                                   gives None), as NVML does in many containers
  *     lost=0                        1: the GPU "fell off the bus": every query
  *                                   returns 15 (NVML_ERROR_GPU_IS_LOST)
+ *     mig=unsupported               nvmlDeviceGetMigMode: unsupported (the
+ *                                   default: NOT_SUPPORTED), disabled, enabled
  *
- *   GPUs are enumerated (NVML index) in file order among the visible ones.
- *   At most 64 GPUs, 64 processes per GPU, 1 MiB of file.
+ *     [mig]                         a MIG device of the [gpu] above (needs
+ *                                   mig=enabled): one GPU instance with one
+ *                                   compute instance spanning it
+ *     uuid=MIG-...                  required, unique among all UUIDs
+ *     profile=1g.10gb               required, <slices>g.<memory>gb, slices one
+ *                                   of 1, 2, 3, 4, 7 (one profile per slice
+ *                                   count on a GPU)
+ *     gpu_instance_id=1             required, 0..14, unique on its GPU
+ *     gi_access_minor=12            required: /dev/nvidia-caps/nvidia-cap<N>
+ *     ci_access_minor=13            required   of the GI's and CI's access file
+ *                                   (unique on the node, 0..2^20-1)
+ *     compute_instance_id=0         0..7
+ *     placement_start=0             0..7 (nvmlGpuInstanceGetInfo)
+ *     name=...                      default "NVIDIA MIG <profile> (simulated)"
+ *     memory_total=0                bytes; the GPU's MIG devices together hold
+ *     memory_used=0                 at most its memory_total
+ *     processes=...                 as for a GPU; the GPU's own list adds them
+ *
+ *   GPUs are enumerated (NVML index) in file order among the visible ones;
+ *   MIG devices (nvmlDeviceGetMigDeviceHandleByIndex) in file order among the
+ *   visible ones of their GPU.  At most 64 GPUs, 7 MIG devices per GPU (as
+ *   many slices), 64 processes per GPU or MIG device, 1 MiB of file.
  *
  * RE-READING
  *
@@ -82,10 +108,21 @@
  *   re-check the device filter: like a process that opened a GPU before it was
  *   revoked, a holder of a handle keeps reading it.
  *
+ * MIG
+ *
+ *   A MIG device handle answers what real NVML answers for one: its UUID,
+ *   name, memory, processes and instance ids, its parent GPU; metrics of the
+ *   whole GPU (utilisation, temperature, power, PCI, minor) are NOT_SUPPORTED
+ *   on it, as on hardware.  GPU and compute instance handles point into the
+ *   MIG device's slot and share its lifetime.  Instance profile queries know
+ *   the profiles that the GPU's MIG devices use (others are NOT_SUPPORTED);
+ *   the profile ids are those of A100/H100 (1g 19, 2g 14, 3g 9, 4g 5, 7g 0).
+ *   Creating or destroying instances and changing the MIG mode are not
+ *   simulated: rewrite the config instead.
+ *
  * All entry points are thread-safe (one mutex guards all state).
- * Not simulated: MIG (nvmlDeviceGetMigMode answers NOT_SUPPORTED), graphics
- * processes (always none), every function not defined here (pynvml then
- * raises NVMLError_FunctionNotFound).
+ * Not simulated: graphics processes (always none), every function not defined
+ * here (pynvml then raises NVMLError_FunctionNotFound).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -174,7 +211,54 @@ typedef struct {
     char busId[32];
 } nvmlPciInfo_t;
 
+typedef struct {
+    unsigned int start, size;
+} nvmlInstancePlacement_t; /* nvmlGpuInstancePlacement_t and nvmlComputeInstancePlacement_t */
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+#define nvmlGpuInstanceProfileInfo_v2 NVML_STRUCT_VERSION(nvmlGpuInstanceProfileInfo_v2_t, 2)
+
+struct nvmlDevice_st;
+struct nvmlGpuInstance_st;
+struct nvmlComputeInstance_st;
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+
+typedef struct {
+    struct nvmlDevice_st *device;
+    unsigned int id, profileId;
+    nvmlInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    struct nvmlDevice_st *device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+#define NVML_DEVICE_MIG_DISABLE 0u
+#define NVML_DEVICE_MIG_ENABLE 1u
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 0x9u
+
 _Static_assert(nvmlMemory_v2 == 0x02000028u, "nvmlMemory_v2_t layout differs from pynvml");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_t) == 48, "GPU instance profile info differs");
+_Static_assert(nvmlGpuInstanceProfileInfo_v2 == 0x02000098u, "profile info v2 differs from pynvml");
+_Static_assert(sizeof(nvmlGpuInstanceInfo_t) == 24, "nvmlGpuInstanceInfo_t differs from pynvml");
+_Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "nvmlComputeInstanceInfo_t differs");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout differs from pynvml");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout differs from pynvml");
 
@@ -187,10 +271,30 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout differs from p
 #define MAX_GPU_MINOR 254u /* 255 is /dev/nvidiactl */
 #define TEXT_LEN 96        /* NVML_DEVICE_{UUID,NAME}_V2_BUFFER_SIZE */
 #define VERSION_LEN 80     /* NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE */
+#define MAX_MIGS 7         /* MIG devices (and slices) per GPU */
+#define MIG_SLICES 7u
+#define PROFILE_LEN 32
+#define MAX_GPU_INSTANCE_ID 14u
+#define MAX_COMPUTE_INSTANCE_ID 7u
+#define MAX_CAPS_MINOR ((1u << 20) - 1)
+#define SIMULATED_SUFFIX " (simulated)"
 
 struct sim_process {
     unsigned int pid;
     unsigned long long used_memory;
+};
+
+enum mig_mode { MIG_UNSUPPORTED, MIG_DISABLED, MIG_ENABLED };
+
+struct mig_spec {
+    char uuid[TEXT_LEN];
+    char name[TEXT_LEN];
+    char profile[PROFILE_LEN];
+    unsigned int slices; /* from the profile */
+    unsigned int gi_id, ci_id, placement_start, gi_minor, ci_minor;
+    unsigned long long memory_total, memory_used;
+    unsigned int nprocs;
+    struct sim_process procs[MAX_PROCS];
 };
 
 struct gpu_spec {
@@ -205,6 +309,9 @@ struct gpu_spec {
     int lost;
     unsigned int nprocs;
     struct sim_process procs[MAX_PROCS];
+    enum mig_mode mig_mode;
+    unsigned int nmigs;
+    struct mig_spec migs[MAX_MIGS];
 };
 
 struct sim_config {
@@ -216,12 +323,24 @@ struct sim_config {
 
 /*
  * A device handle points at a slot.  Slots are created the first time a UUID
- * appears and are never freed, so a handle stays bound to its GPU across
- * reloads and can always be validated by address.
+ * appears and are never freed, so a handle stays bound to its GPU (or MIG
+ * device) across reloads and can always be validated by address.  A MIG
+ * device's slot also holds its GPU and compute instance handles.
  */
+struct nvmlGpuInstance_st {
+    struct nvmlDevice_st *owner;
+};
+struct nvmlComputeInstance_st {
+    struct nvmlDevice_st *owner;
+};
 struct nvmlDevice_st {
-    struct gpu_spec spec;
-    int present; /* in the currently loaded config */
+    struct gpu_spec spec; /* a GPU's; for a MIG device only spec.uuid is used */
+    int present;          /* in the currently loaded config */
+    int is_mig;
+    struct nvmlDevice_st *parent; /* MIG device: its GPU's slot */
+    struct mig_spec mig;
+    struct nvmlGpuInstance_st gi;
+    struct nvmlComputeInstance_st ci;
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -384,9 +503,10 @@ static int set_text(struct parser *p, char *dst, const char *key, const char *va
     return 0;
 }
 
-static int parse_processes(struct parser *p, struct gpu_spec *g, char *value)
+static int parse_processes(struct parser *p, struct sim_process *procs, unsigned int *nprocs,
+                           char *value)
 {
-    g->nprocs = 0;
+    *nprocs = 0;
     if (*value == '\0')
         return 0;
     for (char *rest = value, *tok; (tok = strsep(&rest, ",")) != NULL;) {
@@ -401,11 +521,11 @@ static int parse_processes(struct parser *p, struct gpu_spec *g, char *value)
         if (parse_uint(trim(tok), UINT_MAX, &pid) != 0 || pid == 0 ||
             (strcmp(used_text, "na") != 0 && parse_ull(used_text, 10, ULLONG_MAX - 1, &used) != 0))
             return parse_fail(p, "process %s:%s: expected pid:used_bytes or pid:na", tok, used_text);
-        if (g->nprocs == MAX_PROCS)
+        if (*nprocs == MAX_PROCS)
             return parse_fail(p, "more than %d processes", MAX_PROCS);
-        g->procs[g->nprocs].pid = pid;
-        g->procs[g->nprocs].used_memory = used;
-        g->nprocs++;
+        procs[*nprocs].pid = pid;
+        procs[*nprocs].used_memory = used;
+        (*nprocs)++;
     }
     return 0;
 }
@@ -413,13 +533,24 @@ static int parse_processes(struct parser *p, struct gpu_spec *g, char *value)
 enum gpu_key {
     K_UUID, K_MINOR, K_NAME, K_PCI_BUS_ID, K_PCI_DEVICE_ID, K_MEMORY_TOTAL, K_MEMORY_USED,
     K_UTILIZATION_GPU, K_UTILIZATION_MEMORY, K_TEMPERATURE, K_POWER_USAGE, K_POWER_LIMIT,
-    K_COMPUTE_CAPABILITY, K_PROCESSES, K_LOST, K_GPU_KEY_COUNT
+    K_COMPUTE_CAPABILITY, K_PROCESSES, K_LOST, K_MIG, K_GPU_KEY_COUNT
 };
 static const char *const gpu_keys[K_GPU_KEY_COUNT] = {
     "uuid", "minor", "name", "pci_bus_id", "pci_device_id", "memory_total", "memory_used",
     "utilization_gpu", "utilization_memory", "temperature", "power_usage", "power_limit",
-    "compute_capability", "processes", "lost",
+    "compute_capability", "processes", "lost", "mig",
 };
+
+enum mig_key {
+    M_UUID, M_PROFILE, M_GPU_INSTANCE_ID, M_COMPUTE_INSTANCE_ID, M_PLACEMENT_START,
+    M_GI_ACCESS_MINOR, M_CI_ACCESS_MINOR, M_NAME, M_MEMORY_TOTAL, M_MEMORY_USED, M_PROCESSES,
+    M_MIG_KEY_COUNT
+};
+static const char *const mig_keys[M_MIG_KEY_COUNT] = {
+    "uuid", "profile", "gpu_instance_id", "compute_instance_id", "placement_start",
+    "gi_access_minor", "ci_access_minor", "name", "memory_total", "memory_used", "processes",
+};
+static const char *const mig_modes[] = {"unsupported", "disabled", "enabled"};
 
 enum global_key { G_VERSION, G_DRIVER_VERSION, G_CUDA_DRIVER_VERSION, G_KEY_COUNT };
 static const char *const global_keys[G_KEY_COUNT] = {"version", "driver_version", "cuda_driver_version"};
@@ -500,16 +631,90 @@ static int set_gpu_key(struct parser *p, struct gpu_spec *g, enum gpu_key k, cha
         return 0;
     }
     case K_PROCESSES:
-        return parse_processes(p, g, value);
+        return parse_processes(p, g->procs, &g->nprocs, value);
     case K_LOST:
         if (parse_bool(value, &g->lost) != 0)
             return parse_fail(p, "lost %s: expected 0 or 1", value);
         return 0;
+    case K_MIG:
+        for (unsigned int i = 0; i < sizeof mig_modes / sizeof *mig_modes; i++)
+            if (strcmp(value, mig_modes[i]) == 0) {
+                g->mig_mode = (enum mig_mode)i;
+                return 0;
+            }
+        return parse_fail(p, "mig %s: expected unsupported, disabled or enabled", value);
     case K_GPU_KEY_COUNT:
         break;
     }
     if (!uint_field || parse_uint(value, uint_max, uint_field) != 0)
         return parse_fail(p, "%s %s: expected a whole number from 0 to %u", gpu_keys[k], value,
+                          uint_max);
+    return 0;
+}
+
+/* "<slices>g.<gigabytes>gb": slices one of 1, 2, 3, 4, 7; gigabytes 1..9999 without a
+ * leading zero (the simulator's profile names, as config.py checks them). */
+static int parse_profile(const char *s, unsigned int *slices)
+{
+    if (s[0] < '1' || s[0] > '9' || s[1] != 'g' || s[2] != '.' || s[3] < '1' || s[3] > '9')
+        return -1;
+    size_t digits = strspn(s + 3, "0123456789");
+    if (digits > 4 || strcmp(s + 3 + digits, "gb") != 0)
+        return -1;
+    *slices = (unsigned int)(s[0] - '0');
+    return *slices == 5 || *slices == 6 || *slices > 7 ? -1 : 0;
+}
+
+static int set_mig_key(struct parser *p, struct mig_spec *m, enum mig_key k, char *value)
+{
+    unsigned int *uint_field = NULL;
+    unsigned int uint_max = UINT_MAX;
+    switch (k) {
+    case M_UUID:
+        if (strncmp(value, "MIG-", 4) != 0)
+            return parse_fail(p, "MIG uuid %s must start with MIG-", value);
+        return set_text(p, m->uuid, "uuid", value);
+    case M_NAME:
+        return set_text(p, m->name, "name", value);
+    case M_PROFILE:
+        if (parse_profile(value, &m->slices) != 0)
+            return parse_fail(p, "profile %s: expected <slices>g.<memory>gb with slices one of 1, "
+                                 "2, 3, 4, 7", value);
+        snprintf(m->profile, sizeof m->profile, "%s", value);
+        return 0;
+    case M_GPU_INSTANCE_ID:
+        uint_field = &m->gi_id;
+        uint_max = MAX_GPU_INSTANCE_ID;
+        break;
+    case M_COMPUTE_INSTANCE_ID:
+        uint_field = &m->ci_id;
+        uint_max = MAX_COMPUTE_INSTANCE_ID;
+        break;
+    case M_PLACEMENT_START:
+        uint_field = &m->placement_start;
+        uint_max = 7;
+        break;
+    case M_GI_ACCESS_MINOR:
+        uint_field = &m->gi_minor;
+        uint_max = MAX_CAPS_MINOR;
+        break;
+    case M_CI_ACCESS_MINOR:
+        uint_field = &m->ci_minor;
+        uint_max = MAX_CAPS_MINOR;
+        break;
+    case M_MEMORY_TOTAL:
+    case M_MEMORY_USED:
+        if (parse_ull(value, 10, ULLONG_MAX,
+                      k == M_MEMORY_TOTAL ? &m->memory_total : &m->memory_used) != 0)
+            return parse_fail(p, "%s %s: expected bytes", mig_keys[k], value);
+        return 0;
+    case M_PROCESSES:
+        return parse_processes(p, m->procs, &m->nprocs, value);
+    case M_MIG_KEY_COUNT:
+        break;
+    }
+    if (!uint_field || parse_uint(value, uint_max, uint_field) != 0)
+        return parse_fail(p, "%s %s: expected a whole number from 0 to %u", mig_keys[k], value,
                           uint_max);
     return 0;
 }
@@ -536,7 +741,27 @@ static int set_global_key(struct parser *p, struct sim_config *cfg, enum global_
     return parse_fail(p, "unknown setting");
 }
 
-/* Checks that need the whole GPU section. */
+/* Checks that need the whole MIG section. */
+static int finish_mig(struct parser *p, struct mig_spec *m, unsigned int seen, unsigned int line)
+{
+    unsigned int here = p->line;
+    p->line = line; /* errors name the section's first line */
+    static const enum mig_key required[] = {M_UUID, M_PROFILE, M_GPU_INSTANCE_ID,
+                                            M_GI_ACCESS_MINOR, M_CI_ACCESS_MINOR};
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++)
+        if (!(seen & (1u << required[i])))
+            return parse_fail(p, "MIG section without %s", mig_keys[required[i]]);
+    if (m->gi_minor == m->ci_minor)
+        return parse_fail(p, "MIG %s: the GI and CI access minors are equal", m->uuid);
+    if (m->memory_used > m->memory_total)
+        return parse_fail(p, "MIG %s: memory_used exceeds memory_total", m->uuid);
+    if (!(seen & (1u << M_NAME)))
+        snprintf(m->name, sizeof m->name, "NVIDIA MIG %s" SIMULATED_SUFFIX, m->profile);
+    p->line = here;
+    return 0;
+}
+
+/* Checks that need the whole GPU section, its MIG sections included. */
 static int finish_gpu(struct parser *p, struct gpu_spec *g, unsigned int seen)
 {
     if (!(seen & (1u << K_UUID)))
@@ -547,6 +772,41 @@ static int finish_gpu(struct parser *p, struct gpu_spec *g, unsigned int seen)
         return parse_fail(p, "GPU %s: memory_used exceeds memory_total", g->uuid);
     if (!(seen & (1u << K_PCI_BUS_ID)))
         g->pci_bus = g->minor + 1;
+    if (g->nmigs && g->mig_mode != MIG_ENABLED)
+        return parse_fail(p, "GPU %s has MIG devices but mig=%s", g->uuid, mig_modes[g->mig_mode]);
+    unsigned int slices = 0;
+    unsigned long long memory = 0;
+    for (unsigned int i = 0; i < g->nmigs; i++) {
+        const struct mig_spec *m = &g->migs[i];
+        slices += m->slices;
+        memory += m->memory_total;
+        if (memory < m->memory_total || memory > g->memory_total)
+            return parse_fail(p, "GPU %s: MIG devices hold more than its memory", g->uuid);
+        for (unsigned int j = 0; j < i; j++) {
+            if (g->migs[j].gi_id == m->gi_id)
+                return parse_fail(p, "GPU %s: a gpu_instance_id appears twice", g->uuid);
+            if (g->migs[j].slices == m->slices && strcmp(g->migs[j].profile, m->profile) != 0)
+                return parse_fail(p, "GPU %s: profiles %s and %s have the same slice count (one "
+                                     "profile per slice count is simulated)",
+                                  g->uuid, g->migs[j].profile, m->profile);
+        }
+    }
+    if (slices > MIG_SLICES)
+        return parse_fail(p, "GPU %s: MIG devices use more than 7 slices", g->uuid);
+    return 0;
+}
+
+/* Whether a MIG device before gpus[gi].migs[mi] (in file order) has `uuid` or
+ * uses caps minor `minor`. */
+static int mig_clash(const struct sim_config *cfg, unsigned int gi, unsigned int mi,
+                     const char *uuid, unsigned int minor)
+{
+    for (unsigned int i = 0; i <= gi; i++)
+        for (unsigned int j = 0; j < (i == gi ? mi : cfg->gpus[i].nmigs); j++) {
+            const struct mig_spec *m = &cfg->gpus[i].migs[j];
+            if ((uuid && strcmp(m->uuid, uuid) == 0) || m->gi_minor == minor || m->ci_minor == minor)
+                return 1;
+        }
     return 0;
 }
 
@@ -556,9 +816,22 @@ static int check_unique(struct parser *p, const struct sim_config *cfg)
     for (unsigned int i = 0; i < cfg->ngpus; i++)
         for (unsigned int j = 0; j < i; j++) {
             if (strcmp(cfg->gpus[i].uuid, cfg->gpus[j].uuid) == 0)
-                return parse_fail(p, "uuid %s appears twice", cfg->gpus[i].uuid);
+                return parse_fail(p, "uuid appears twice: %s", cfg->gpus[i].uuid);
             if (cfg->gpus[i].minor == cfg->gpus[j].minor)
-                return parse_fail(p, "minor %u appears twice", cfg->gpus[i].minor);
+                return parse_fail(p, "minor appears twice: %u", cfg->gpus[i].minor);
+        }
+    for (unsigned int i = 0; i < cfg->ngpus; i++)
+        for (unsigned int j = 0; j < cfg->gpus[i].nmigs; j++) {
+            const struct mig_spec *m = &cfg->gpus[i].migs[j];
+            for (unsigned int k = 0; k < cfg->ngpus; k++)
+                if (strcmp(cfg->gpus[k].uuid, m->uuid) == 0)
+                    return parse_fail(p, "uuid appears twice: %s", m->uuid);
+            if (mig_clash(cfg, i, j, m->uuid, UINT_MAX))
+                return parse_fail(p, "uuid appears twice: %s", m->uuid);
+            if (mig_clash(cfg, i, j, NULL, m->gi_minor))
+                return parse_fail(p, "nvidia-caps minor appears twice: %u", m->gi_minor);
+            if (mig_clash(cfg, i, j, NULL, m->ci_minor))
+                return parse_fail(p, "nvidia-caps minor appears twice: %u", m->ci_minor);
         }
     return 0;
 }
@@ -568,7 +841,11 @@ static int parse_config(char *text, const char *path, struct sim_config *cfg, ch
 {
     struct parser p = {.path = path, .err = err, .errlen = errlen};
     struct gpu_spec *gpu = NULL;
-    unsigned int seen = 0; /* keys seen in the current section, as bits */
+    struct mig_spec *mig = NULL;  /* the current section is this [mig] of `gpu` */
+    unsigned int seen = 0;        /* keys seen in the current GPU section, as bits */
+    unsigned int mig_seen = 0;    /* ... and in the current MIG section */
+    unsigned int gpu_line = 0;    /* where the current GPU section starts */
+    unsigned int mig_line = 0;    /* ... and the current MIG section */
     int have_version = 0;
 
     memset(cfg, 0, sizeof *cfg);
@@ -598,38 +875,67 @@ static int parse_config(char *text, const char *path, struct sim_config *cfg, ch
             continue;
         }
         if (*line == '[') {
-            if (strcmp(line, "[gpu]") != 0)
+            int is_gpu = strcmp(line, "[gpu]") == 0;
+            if (!is_gpu && strcmp(line, "[mig]") != 0)
                 return parse_fail(&p, "unknown section %s", line);
-            if (gpu && finish_gpu(&p, gpu, seen) != 0)
+            if (mig && finish_mig(&p, mig, mig_seen, mig_line) != 0)
                 return -1;
+            mig = NULL;
+            if (!is_gpu) {
+                if (!gpu)
+                    return parse_fail(&p, "a [mig] section must follow the [gpu] it belongs to");
+                if (gpu->nmigs == MAX_MIGS)
+                    return parse_fail(&p, "GPU %s: more than %d MIG devices", gpu->uuid, MAX_MIGS);
+                mig = &gpu->migs[gpu->nmigs++];
+                memset(mig, 0, sizeof *mig);
+                mig_seen = 0;
+                mig_line = p.line;
+                continue;
+            }
+            if (gpu) {
+                unsigned int here = p.line;
+                p.line = gpu_line;
+                if (finish_gpu(&p, gpu, seen) != 0)
+                    return -1;
+                p.line = here;
+            }
             if (cfg->ngpus == MAX_GPUS)
                 return parse_fail(&p, "more than %d GPUs", MAX_GPUS);
             gpu = &cfg->gpus[cfg->ngpus++];
             gpu_defaults(gpu);
             seen = 0;
+            gpu_line = p.line;
             continue;
         }
         char *eq = strchr(line, '=');
         if (!eq)
-            return parse_fail(&p, "expected key=value or [gpu]");
+            return parse_fail(&p, "expected key=value, [gpu] or [mig]");
         *eq = '\0';
         char *key = trim(line), *value = trim(eq + 1);
-        int k = gpu ? lookup_key(gpu_keys, K_GPU_KEY_COUNT, key)
-                    : lookup_key(global_keys, G_KEY_COUNT, key);
+        unsigned int *bits = mig ? &mig_seen : &seen;
+        int k = mig   ? lookup_key(mig_keys, M_MIG_KEY_COUNT, key)
+                : gpu ? lookup_key(gpu_keys, K_GPU_KEY_COUNT, key)
+                      : lookup_key(global_keys, G_KEY_COUNT, key);
         if (k < 0)
-            return parse_fail(&p, "unknown %s key %s", gpu ? "GPU" : "global", key);
-        if (seen & (1u << k))
+            return parse_fail(&p, "unknown %s key %s", mig ? "MIG" : gpu ? "GPU" : "global", key);
+        if (*bits & (1u << k))
             return parse_fail(&p, "%s given twice", key);
-        seen |= 1u << k;
-        int rc = gpu ? set_gpu_key(&p, gpu, (enum gpu_key)k, value)
-                     : set_global_key(&p, cfg, (enum global_key)k, value);
+        *bits |= 1u << k;
+        int rc = mig   ? set_mig_key(&p, mig, (enum mig_key)k, value)
+                 : gpu ? set_gpu_key(&p, gpu, (enum gpu_key)k, value)
+                       : set_global_key(&p, cfg, (enum global_key)k, value);
         if (rc != 0)
             return -1;
     }
     if (!have_version)
         return parse_fail(&p, "no version=%u line (is this a fake NVML config?)", CONFIG_FORMAT);
-    if (gpu && finish_gpu(&p, gpu, seen) != 0)
+    if (mig && finish_mig(&p, mig, mig_seen, mig_line) != 0)
         return -1;
+    if (gpu) {
+        p.line = gpu_line;
+        if (finish_gpu(&p, gpu, seen) != 0)
+            return -1;
+    }
     return check_unique(&p, cfg);
 }
 
@@ -672,6 +978,8 @@ static int add_slot_locked(const char *uuid)
     if (!d)
         return -1;
     snprintf(d->spec.uuid, sizeof d->spec.uuid, "%s", uuid);
+    d->gi.owner = d;
+    d->ci.owner = d;
     st.slots[st.nslots++] = d;
     return 0;
 }
@@ -680,16 +988,30 @@ static int add_slot_locked(const char *uuid)
  * changes, so running out of memory leaves the previous state intact. */
 static nvmlReturn_t commit_locked(const struct sim_config *cfg)
 {
-    for (unsigned int i = 0; i < cfg->ngpus; i++)
-        if (!find_slot_locked(cfg->gpus[i].uuid) && add_slot_locked(cfg->gpus[i].uuid) != 0)
+    for (unsigned int i = 0; i < cfg->ngpus; i++) {
+        const struct gpu_spec *g = &cfg->gpus[i];
+        if (!find_slot_locked(g->uuid) && add_slot_locked(g->uuid) != 0)
             return NVML_ERROR_MEMORY;
+        for (unsigned int j = 0; j < g->nmigs; j++)
+            if (!find_slot_locked(g->migs[j].uuid) && add_slot_locked(g->migs[j].uuid) != 0)
+                return NVML_ERROR_MEMORY;
+    }
     for (unsigned int i = 0; i < st.nslots; i++)
         st.slots[i]->present = 0;
     for (unsigned int i = 0; i < cfg->ngpus; i++) {
         nvmlDevice_t d = find_slot_locked(cfg->gpus[i].uuid);
         d->spec = cfg->gpus[i];
         d->present = 1;
+        d->is_mig = 0;
+        d->parent = NULL;
         st.order[i] = d;
+        for (unsigned int j = 0; j < d->spec.nmigs; j++) {
+            nvmlDevice_t m = find_slot_locked(d->spec.migs[j].uuid);
+            m->mig = d->spec.migs[j];
+            m->present = 1;
+            m->is_mig = 1;
+            m->parent = d;
+        }
     }
     st.norder = cfg->ngpus;
     memcpy(st.driver_version, cfg->driver_version, sizeof st.driver_version);
@@ -811,17 +1133,38 @@ static void refresh_locked(void)
     (void)load_config_locked();
 }
 
-/* The container view: with a filter, only GPUs whose node exists are visible. */
+/* Whether <filter dir>/<prefix><minor> is a character device. */
+static int char_node_exists(const char *prefix, unsigned int minor)
+{
+    char path[PATH_MAX + 64];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s%u", st.filter_dir, prefix, minor);
+    return stat(path, &sb) == 0 && S_ISCHR(sb.st_mode);
+}
+
+/* The container view: with a filter, only GPUs whose node exists are visible,
+ * and only MIG devices of visible GPUs whose two access nodes exist. */
 static int visible_locked(nvmlDevice_t d)
 {
     if (!d->present)
         return 0;
-    if (!st.filtered)
-        return 1;
-    char path[PATH_MAX + 32];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/nvidia%u", st.filter_dir, d->spec.minor);
-    return stat(path, &sb) == 0 && S_ISCHR(sb.st_mode);
+    if (d->is_mig)
+        return visible_locked(d->parent) &&
+               (!st.filtered || (char_node_exists("nvidia-caps/nvidia-cap", d->mig.gi_minor) &&
+                                 char_node_exists("nvidia-caps/nvidia-cap", d->mig.ci_minor)));
+    return !st.filtered || char_node_exists("nvidia", d->spec.minor);
+}
+
+/* The visible MIG devices of GPU `d`, in file order. */
+static unsigned int visible_migs_locked(nvmlDevice_t d, nvmlDevice_t out[MAX_MIGS])
+{
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < d->spec.nmigs; i++) {
+        nvmlDevice_t m = find_slot_locked(d->spec.migs[i].uuid);
+        if (m && m->parent == d && visible_locked(m))
+            out[n++] = m;
+    }
+    return n;
 }
 
 static unsigned int visible_gpus_locked(nvmlDevice_t out[MAX_GPUS])
@@ -851,24 +1194,50 @@ static void leave(void)
     pthread_mutex_unlock(&st.lock);
 }
 
+/* Any valid handle, GPU or MIG device, whose GPU is present and not lost. */
 static nvmlReturn_t check_handle_locked(nvmlDevice_t d)
 {
     if (!d || !is_slot_locked(d))
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (!d->present || d->spec.lost)
+    if (!d->present || (d->is_mig ? d->parent->spec.lost : d->spec.lost))
         return NVML_ERROR_GPU_IS_LOST;
     return NVML_SUCCESS;
 }
 
-/* Copy one GPU's state out, so callers fill NVML structures without the lock. */
+/* Copy one GPU's state out, so callers fill NVML structures without the lock.
+ * A MIG device handle gets NOT_SUPPORTED: whole-GPU queries do not apply to it. */
 static nvmlReturn_t snapshot(nvmlDevice_t d, struct gpu_spec *out)
 {
     nvmlReturn_t rc = enter();
     if (rc != NVML_SUCCESS)
         return rc;
     rc = check_handle_locked(d);
+    if (rc == NVML_SUCCESS && d->is_mig)
+        rc = NVML_ERROR_NOT_SUPPORTED;
     if (rc == NVML_SUCCESS)
         *out = d->spec;
+    leave();
+    return rc;
+}
+
+/* The state of handle `d` as a MIG device (`is_mig` says whether it is one),
+ * copied out like snapshot(); `parent` (optional) receives its GPU's handle. */
+static nvmlReturn_t device_snapshot(nvmlDevice_t d, int *is_mig, struct gpu_spec *gpu,
+                                    struct mig_spec *mig, nvmlDevice_t *parent)
+{
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = check_handle_locked(d);
+    if (rc == NVML_SUCCESS) {
+        *is_mig = d->is_mig;
+        if (d->is_mig && mig)
+            *mig = d->mig;
+        if (!d->is_mig && gpu)
+            *gpu = d->spec;
+        if (parent)
+            *parent = d->parent;
+    }
     leave();
     return rc;
 }
@@ -1104,6 +1473,13 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *devic
             break;
         }
     }
+    /* MIG UUIDs are accepted too (R470 and later). */
+    nvmlDevice_t mig = rc == NVML_ERROR_NOT_FOUND ? find_slot_locked(uuid) : NULL;
+    if (mig && mig->is_mig && visible_locked(mig)) {
+        rc = mig->parent->spec.lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+        if (rc == NVML_SUCCESS)
+            *device = mig;
+    }
     leave();
     return rc;
 }
@@ -1148,6 +1524,8 @@ API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     if (rc != NVML_SUCCESS)
         return rc;
     rc = check_handle_locked(device);
+    if (rc == NVML_SUCCESS && device->is_mig)
+        rc = NVML_ERROR_NOT_SUPPORTED;
     if (rc == NVML_SUCCESS) {
         unsigned int n = visible_gpus_locked(visible);
         rc = NVML_ERROR_NOT_FOUND;
@@ -1182,16 +1560,29 @@ static nvmlReturn_t get_uint(nvmlDevice_t device, unsigned int *out, size_t offs
     return NVML_SUCCESS;
 }
 
+/* Text of a GPU or a MIG device: `gpu_text`/`mig_text` point into the spec. */
+static nvmlReturn_t get_text(nvmlDevice_t device, char *dst, unsigned int length, size_t gpu_text,
+                             size_t mig_text)
+{
+    int is_mig;
+    struct gpu_spec g;
+    struct mig_spec m;
+    nvmlReturn_t rc = device_snapshot(device, &is_mig, &g, &m, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return copy_string(dst, length, is_mig ? (const char *)&m + mig_text : (const char *)&g + gpu_text);
+}
+
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    WITH_GPU(device, g);
-    return copy_string(name, length, g.name);
+    return get_text(device, name, length, offsetof(struct gpu_spec, name),
+                    offsetof(struct mig_spec, name));
 }
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    WITH_GPU(device, g);
-    return copy_string(uuid, length, g.uuid);
+    return get_text(device, uuid, length, offsetof(struct gpu_spec, uuid),
+                    offsetof(struct mig_spec, uuid));
 }
 
 API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
@@ -1199,28 +1590,49 @@ API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *min
     return get_uint(device, minor, offsetof(struct gpu_spec, minor));
 }
 
+/* Total and used bytes of a GPU, or of a MIG device (its slice's memory). */
+static nvmlReturn_t get_memory(nvmlDevice_t device, unsigned long long *total,
+                               unsigned long long *used)
+{
+    int is_mig;
+    struct gpu_spec g;
+    struct mig_spec m;
+    nvmlReturn_t rc = device_snapshot(device, &is_mig, &g, &m, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    *total = is_mig ? m.memory_total : g.memory_total;
+    *used = is_mig ? m.memory_used : g.memory_used;
+    return NVML_SUCCESS;
+}
+
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    unsigned long long total, used;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    WITH_GPU(device, g);
-    memory->total = g.memory_total;
-    memory->used = g.memory_used;
-    memory->free = g.memory_total - g.memory_used;
+    nvmlReturn_t rc = get_memory(device, &total, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memory->total = total;
+    memory->used = used;
+    memory->free = total - used;
     return NVML_SUCCESS;
 }
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    unsigned long long total, used;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    WITH_GPU(device, g);
-    memory->total = g.memory_total;
+    nvmlReturn_t rc = get_memory(device, &total, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memory->total = total;
     memory->reserved = 0;
-    memory->used = g.memory_used;
-    memory->free = g.memory_total - g.memory_used;
+    memory->used = used;
+    memory->free = total - used;
     return NVML_SUCCESS;
 }
 
@@ -1288,37 +1700,53 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return NVML_SUCCESS;
 }
 
-API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+/* Append `n` processes to infos[*at...] (only counted when `infos` is NULL);
+ * `mig` names the MIG device they run in, or is NULL. */
+static void add_processes(nvmlProcessInfo_t *infos, unsigned int *at, const struct sim_process *procs,
+                          unsigned int n, const struct mig_spec *mig)
 {
-    if (!current || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    WITH_GPU(device, g);
-    (void)g;
-    return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < n; i++, (*at)++) {
+        if (!infos)
+            continue;
+        infos[*at].pid = procs[i].pid;
+        infos[*at].usedGpuMemory = procs[i].used_memory;
+        infos[*at].gpuInstanceId = mig ? mig->gi_id : NVML_VALUE_NOT_AVAILABLE_UINT;
+        infos[*at].computeInstanceId = mig ? mig->ci_id : NVML_VALUE_NOT_AVAILABLE_UINT;
+    }
 }
 
 /* NVML's two-call protocol: a short buffer gets INSUFFICIENT_SIZE and the
- * needed count; no processes is SUCCESS with a count of 0. */
+ * needed count; no processes is SUCCESS with a count of 0.  A GPU lists its
+ * own processes and those of its MIG devices; a MIG device lists its own. */
 static nvmlReturn_t get_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos,
                                   int graphics)
 {
+    int is_mig;
+    struct gpu_spec g;
+    struct mig_spec m;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    WITH_GPU(device, g);
-    unsigned int n = graphics ? 0 : g.nprocs;
-    if (n == 0) {
-        *count = 0;
-        return NVML_SUCCESS;
+    nvmlReturn_t rc = device_snapshot(device, &is_mig, &g, &m, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    /* Two passes over the same lists: count, then (with room enough) fill. */
+    unsigned int n = 0;
+    for (int fill = 0; fill < 2 && !graphics; fill++) {
+        nvmlProcessInfo_t *out = fill ? infos : NULL;
+        if (fill && (n == 0 || !infos || *count < n))
+            break;
+        n = 0;
+        if (is_mig) {
+            add_processes(out, &n, m.procs, m.nprocs, &m);
+            continue;
+        }
+        add_processes(out, &n, g.procs, g.nprocs, NULL);
+        for (unsigned int i = 0; i < g.nmigs; i++)
+            add_processes(out, &n, g.migs[i].procs, g.migs[i].nprocs, &g.migs[i]);
     }
-    if (!infos || *count < n) {
+    if (n > 0 && (!infos || *count < n)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    }
-    for (unsigned int i = 0; i < n; i++) {
-        infos[i].pid = g.procs[i].pid;
-        infos[i].usedGpuMemory = g.procs[i].used_memory;
-        infos[i].gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
-        infos[i].computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
     }
     *count = n;
     return NVML_SUCCESS;
@@ -1346,6 +1774,359 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, u
                                                           nvmlProcessInfo_t *infos)
 {
     return get_processes(device, count, infos, 1);
+}
+
+/* ----- MIG ----- */
+
+/* GPU instance profiles by slice count: NVML's profile enum (what
+ * nvmlDeviceGetGpuInstanceProfileInfo takes) and the profile id it reports
+ * (what nvidia-smi lists and instance infos carry), as on A100 and H100.
+ * Compute instance profiles use the same enum values. */
+static const struct {
+    unsigned int slices, profile, id;
+} mig_profiles[] = {{1, 0, 19}, {2, 1, 14}, {3, 2, 9}, {4, 3, 5}, {7, 4, 0}};
+
+static unsigned int profile_enum(unsigned int slices)
+{
+    for (size_t i = 0; i < sizeof mig_profiles / sizeof *mig_profiles; i++)
+        if (mig_profiles[i].slices == slices)
+            return mig_profiles[i].profile;
+    return UINT_MAX; /* unreachable: the parser admits only these slice counts */
+}
+
+static unsigned int profile_id(unsigned int slices)
+{
+    for (size_t i = 0; i < sizeof mig_profiles / sizeof *mig_profiles; i++)
+        if (mig_profiles[i].slices == slices)
+            return mig_profiles[i].id;
+    return UINT_MAX;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    WITH_GPU(device, g);
+    if (g.mig_mode == MIG_UNSUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = g.mig_mode == MIG_ENABLED ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return NVML_SUCCESS;
+}
+
+/* Zero unless MIG is enabled, as NVML documents. */
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    WITH_GPU(device, g);
+    *count = g.mig_mode == MIG_ENABLED ? MAX_MIGS : 0;
+    return NVML_SUCCESS;
+}
+
+/* Indices below the maximum that hold no (visible) MIG device are NOT_FOUND,
+ * which is what callers that walk 0..max-1 expect. */
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                     nvmlDevice_t *mig)
+{
+    nvmlDevice_t visible[MAX_MIGS];
+    if (!mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = check_handle_locked(device);
+    if (rc == NVML_SUCCESS && (device->is_mig || device->spec.mig_mode != MIG_ENABLED))
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    else if (rc == NVML_SUCCESS && index >= MAX_MIGS)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        unsigned int n = visible_migs_locked(device, visible);
+        if (index < n)
+            *mig = visible[index];
+        else
+            rc = NVML_ERROR_NOT_FOUND;
+    }
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig)
+{
+    int mig;
+    if (!is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = device_snapshot(device, &mig, NULL, NULL, NULL);
+    if (rc == NVML_SUCCESS)
+        *is_mig = (unsigned int)mig;
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *device)
+{
+    int is_mig;
+    nvmlDevice_t parent;
+    if (!device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = device_snapshot(mig, &is_mig, NULL, NULL, &parent);
+    if (rc == NVML_SUCCESS && !is_mig)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *device = parent;
+    return rc;
+}
+
+/* An instance id of a MIG device; NOT_SUPPORTED for a GPU handle. */
+static nvmlReturn_t get_instance_id(nvmlDevice_t device, unsigned int *id, int compute)
+{
+    int is_mig;
+    struct mig_spec m;
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = device_snapshot(device, &is_mig, NULL, &m, NULL);
+    if (rc == NVML_SUCCESS && !is_mig)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *id = compute ? m.ci_id : m.gi_id;
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return get_instance_id(device, id, 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return get_instance_id(device, id, 1);
+}
+
+/* Fill a v1 profile info from a MIG device that uses the profile. */
+static void fill_profile_info(nvmlGpuInstanceProfileInfo_t *info, const struct mig_spec *m)
+{
+    memset(info, 0, sizeof *info);
+    info->id = profile_id(m->slices);
+    info->sliceCount = m->slices;
+    info->instanceCount = MIG_SLICES / m->slices;
+    info->multiprocessorCount = 16 * m->slices;
+    info->copyEngineCount = m->slices;
+    info->memorySizeMB = m->memory_total >> 20;
+}
+
+/* The profile info of GPU `device` for profile enum `profile`, from one of its
+ * MIG devices that uses it; `name` gets "MIG <profile>". */
+static nvmlReturn_t get_profile_info(nvmlDevice_t device, unsigned int profile,
+                                     nvmlGpuInstanceProfileInfo_t *info, char *name, size_t len)
+{
+    if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    WITH_GPU(device, g);
+    if (g.mig_mode == MIG_UNSUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < g.nmigs; i++)
+        if (profile_enum(g.migs[i].slices) == profile) {
+            fill_profile_info(info, &g.migs[i]);
+            snprintf(name, len, "MIG %s", g.migs[i].profile);
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                     nvmlGpuInstanceProfileInfo_t *info)
+{
+    char name[TEXT_LEN];
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return get_profile_info(device, profile, info, name, sizeof name);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                      nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    nvmlGpuInstanceProfileInfo_t v1;
+    char name[TEXT_LEN];
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlGpuInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t rc = get_profile_info(device, profile, &v1, name, sizeof name);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    info->id = v1.id;
+    info->isP2pSupported = v1.isP2pSupported;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->copyEngineCount = v1.copyEngineCount;
+    info->decoderCount = v1.decoderCount;
+    info->encoderCount = v1.encoderCount;
+    info->jpegCount = v1.jpegCount;
+    info->ofaCount = v1.ofaCount;
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "%s", name);
+    return NVML_SUCCESS;
+}
+
+/* The GPU's visible MIG device whose GPU instance matches; lock held. */
+static nvmlReturn_t find_instance_locked(nvmlDevice_t device, unsigned int gi_id, nvmlDevice_t *out)
+{
+    nvmlDevice_t visible[MAX_MIGS];
+    nvmlReturn_t rc = check_handle_locked(device);
+    if (rc == NVML_SUCCESS && (device->is_mig || device->spec.mig_mode != MIG_ENABLED))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    unsigned int n = visible_migs_locked(device, visible);
+    for (unsigned int i = 0; i < n; i++)
+        if (visible[i]->mig.gi_id == gi_id) {
+            *out = visible[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                              nvmlGpuInstance_t *instance)
+{
+    nvmlDevice_t mig;
+    if (!instance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = find_instance_locked(device, id, &mig);
+    if (rc == NVML_SUCCESS)
+        *instance = &mig->gi;
+    leave();
+    return rc;
+}
+
+/* NVML sizes the array by the profile's instance count; so does the caller. */
+API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile_id_wanted,
+                                           nvmlGpuInstance_t *instances, unsigned int *count)
+{
+    nvmlDevice_t visible[MAX_MIGS];
+    if (!instances || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = check_handle_locked(device);
+    if (rc == NVML_SUCCESS && (device->is_mig || device->spec.mig_mode != MIG_ENABLED))
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS) {
+        unsigned int n = visible_migs_locked(device, visible), found = 0;
+        for (unsigned int i = 0; i < n; i++)
+            if (profile_id(visible[i]->mig.slices) == profile_id_wanted)
+                instances[found++] = &visible[i]->gi;
+        *count = found;
+    }
+    leave();
+    return rc;
+}
+
+/* The MIG device slot behind a GPU (compute: 0) or compute instance handle,
+ * if that handle is valid and its device present; lock held. */
+static nvmlReturn_t instance_owner_locked(const void *instance, int compute, nvmlDevice_t *out)
+{
+    for (unsigned int i = 0; i < st.nslots; i++) {
+        nvmlDevice_t d = st.slots[i];
+        if (instance != (compute ? (const void *)&d->ci : (const void *)&d->gi))
+            continue;
+        if (!d->is_mig || !d->present)
+            return NVML_ERROR_INVALID_ARGUMENT; /* destroyed: the handle is stale */
+        if (d->parent->spec.lost)
+            return NVML_ERROR_GPU_IS_LOST;
+        *out = d;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t instance, nvmlGpuInstanceInfo_t *info)
+{
+    nvmlDevice_t d;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = instance_owner_locked(instance, 0, &d);
+    if (rc == NVML_SUCCESS) {
+        info->device = d->parent;
+        info->id = d->mig.gi_id;
+        info->profileId = profile_id(d->mig.slices);
+        info->placement.start = d->mig.placement_start;
+        info->placement.size = d->mig.slices;
+    }
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t instance, unsigned int id,
+                                                       nvmlComputeInstance_t *compute)
+{
+    nvmlDevice_t d;
+    if (!compute)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = instance_owner_locked(instance, 0, &d);
+    if (rc == NVML_SUCCESS && d->mig.ci_id != id)
+        rc = NVML_ERROR_NOT_FOUND;
+    if (rc == NVML_SUCCESS)
+        *compute = &d->ci;
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t instance, unsigned int profile,
+                                                    nvmlComputeInstance_t *computes,
+                                                    unsigned int *count)
+{
+    nvmlDevice_t d;
+    if (!computes || !count || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = instance_owner_locked(instance, 0, &d);
+    if (rc == NVML_SUCCESS) {
+        *count = profile_enum(d->mig.slices) == profile;
+        if (*count)
+            computes[0] = &d->ci;
+    }
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t compute,
+                                               nvmlComputeInstanceInfo_t *info)
+{
+    nvmlDevice_t d;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = instance_owner_locked(compute, 1, &d);
+    if (rc == NVML_SUCCESS) {
+        info->device = d->parent;
+        info->gpuInstance = &d->gi;
+        info->id = d->mig.ci_id;
+        info->profileId = profile_enum(d->mig.slices);
+        info->placement.start = 0;
+        info->placement.size = d->mig.slices;
+    }
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t compute,
+                                            nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(compute, info);
 }
 
 /* ----- not part of NVML: identification and diagnostics for the simulator ----- */

@@ -1,0 +1,305 @@
+"""Idle release: GPUs come back by themselves from targets that stopped using them.
+
+Why it exists, in the agent rather than a client: an attached GPU that nobody uses is the
+expensive failure mode of hot-plug (a forgotten notebook holds it for days), and only the agent
+sees every attachment whichever client made it (toolbar, magic, CLI, REST). So the agent
+watches each granted GPU and releases it when, for the whole idle period, no process of the
+target's container held it open *and* NVML saw no utilisation; optionally a lease also ends at
+a maximum age. A GPU in use is never released: the release itself goes through the ordinary
+detach path without ``force``, whose busy check refuses while any process holds the device.
+
+Before a release, a *warning* is recorded for the attachment (``warning_seconds`` ahead): the
+API shows it on the attachment (``idle_release``), where the server extension's stream and the
+``%gpu`` magic read it, and it is logged. Any use in the meantime cancels it. A release is
+logged, counted (``gpu_hotplug_idle_releases_total{reason}``) and kept in a short history per
+target (``GET /v1/idle-releases``), so a user who finds the GPU gone learns why.
+
+Policy: the agent's settings give the default (off unless set: see ``docs/usage.md`` for why).
+A request may ask for a *stricter* policy for the GPUs it attaches (a shorter idle period, or
+one at all when the agent has none), never a laxer one — the platform's setting is a promise to
+the other users of the node. That per-attachment choice is kept in memory: a restarted agent
+applies its own setting, and idle periods start again (they are never shortened by a restart).
+
+Timing: one pass every ``interval`` seconds (a few), so a release comes at most one interval
+after it is due; the pass reads NVML once for all GPUs and scans each target's processes for
+open fds (the same scan as a detach's busy check). Clocks are injected, so tests move time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from ..._structs import GpuUuid, Target, TargetKey
+from .devices import GpuNodes
+from .injector import Injector, InjectorError
+from .locks import TargetLocks
+from .metrics import AgentMetrics
+from .seams import Allocator, HostContainer, Reservation, ReservationState, Resolver
+from .workers import Workers
+
+__all__ = [
+    "IdleBook",
+    "IdlePolicy",
+    "IdleReason",
+    "IdleRelease",
+    "IdleReleaser",
+    "IdleWarning",
+    "Usage",
+]
+
+log = logging.getLogger(__name__)
+
+Usage = Callable[[], Mapping[GpuUuid, int | None]]
+"""GPU utilisation in percent by UUID, read from NVML (blocking); ``None``: NVML cannot say."""
+
+_HISTORY: int = 20
+"""Releases remembered per target."""
+
+
+class IdleReason(enum.StrEnum):
+    IDLE = "idle"
+    """Unused for the whole idle period."""
+    LEASE = "lease"
+    """The maximum lease ran out (and nothing used the GPU at that moment)."""
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """When an attached GPU goes back; ``0`` switches a part off."""
+
+    idle_seconds: float = 0.0
+    """Release after this long without use; 0: never for being idle."""
+    warning_seconds: float = 60.0
+    """Warn this long before a release (a release is never earlier because of it)."""
+    max_lease_seconds: float = 0.0
+    """Release an unused GPU once it has been attached this long; 0: no maximum."""
+
+    def __post_init__(self) -> None:
+        for name in ("idle_seconds", "warning_seconds", "max_lease_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_seconds > 0 or self.max_lease_seconds > 0
+
+    def stricter(self, idle_seconds: float | None) -> IdlePolicy:
+        """This policy with a request's idle period, if that one is stricter (shorter, or
+        any when this policy has none); a laxer request changes nothing."""
+        if idle_seconds is None or idle_seconds <= 0:
+            return self
+        if self.idle_seconds and idle_seconds >= self.idle_seconds:
+            return self
+        return replace(self, idle_seconds=idle_seconds)
+
+
+@dataclass(frozen=True)
+class IdleWarning:
+    """An attachment that will be released unless it is used before ``release_at``."""
+
+    uuid: GpuUuid
+    target: Target
+    reason: IdleReason
+    release_at: datetime
+
+
+@dataclass(frozen=True)
+class IdleRelease:
+    """An attachment the policy released."""
+
+    uuid: GpuUuid
+    target: Target
+    reason: IdleReason
+    released_at: datetime
+
+
+@dataclass
+class IdleBook:
+    """What the service and the releaser share: per-attachment policies asked for at attach,
+    warnings in force, and recent releases. Touched only on the event loop's thread."""
+
+    policy: IdlePolicy = field(default_factory=IdlePolicy)
+    """The agent's setting."""
+    requested: dict[GpuUuid, float] = field(default_factory=dict)
+    """Idle periods asked for by attach requests (applied only when stricter)."""
+    warnings: dict[GpuUuid, IdleWarning] = field(default_factory=dict)
+    releases: dict[TargetKey, deque[IdleRelease]] = field(default_factory=dict)
+
+    def policy_for(self, uuid: GpuUuid) -> IdlePolicy:
+        return self.policy.stricter(self.requested.get(uuid))
+
+    def request(self, uuids: list[GpuUuid], idle_seconds: float | None) -> None:
+        """Remember an attach request's idle period for its GPUs."""
+        for uuid in uuids:
+            if idle_seconds is None:
+                self.requested.pop(uuid, None)
+            else:
+                self.requested[uuid] = idle_seconds
+
+    def forget(self, uuid: GpuUuid) -> None:
+        """The attachment is gone (released by anyone): drop what is known of it."""
+        self.requested.pop(uuid, None)
+        self.warnings.pop(uuid, None)
+
+    def record(self, release: IdleRelease) -> None:
+        history = self.releases.setdefault(release.target.key, deque(maxlen=_HISTORY))
+        history.append(release)
+
+    def releases_of(self, target: Target) -> list[IdleRelease]:
+        return list(self.releases.get(target.key, ()))
+
+
+ReleaseUnused = Callable[[Reservation, HostContainer], Awaitable[bool]]
+"""Detach one reservation without force; False when the GPU turned out to be in use."""
+
+
+class IdleReleaser:
+    """The background pass that applies the idle policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        book: IdleBook,
+        allocator: Allocator,
+        resolver: Resolver,
+        injector: Injector,
+        usage: Usage,
+        release: ReleaseUnused,
+        locks: TargetLocks,
+        metrics: AgentMetrics,
+        workers: Workers,
+        nodes: GpuNodes,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._book = book
+        self._allocator = allocator
+        self._resolver = resolver
+        self._injector = injector
+        self._usage = usage
+        self._release = release
+        self._locks = locks
+        self._metrics = metrics
+        self._workers = workers
+        self._nodes = nodes
+        self._clock = clock
+        self._wall = wall
+        self._idle_since: dict[GpuUuid, float] = {}
+
+    async def run_once(self) -> list[IdleRelease]:
+        """One pass over every granted attachment; returns what it released."""
+        entries = [
+            entry
+            for entry in self._allocator.all_attachments()
+            if entry.state is ReservationState.GRANTED
+        ]
+        current = {entry.gpu.uuid for entry in entries}
+        for uuid in [*self._idle_since, *self._book.warnings, *self._book.requested]:
+            if uuid not in current:
+                self._idle_since.pop(uuid, None)
+                self._book.forget(uuid)
+        watched = [entry for entry in entries if self._book.policy_for(entry.gpu.uuid).enabled]
+        if not watched:
+            return []
+        usage = await self._workers.host(self._usage)
+        released = []
+        for entry in watched:
+            with self._locks.reconciling(entry.target) as held:
+                if not held:
+                    continue  # an operation is running on it: look again next pass
+                try:
+                    done = await self._consider(entry, usage)
+                except InjectorError as e:
+                    log.warning("idle check of %s skipped: %s", entry.gpu.uuid, e)
+                    continue
+            if done is not None:
+                released.append(done)
+        return released
+
+    async def run_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.run_once()
+            except Exception:
+                # The next pass tries again; a broken pass must not end the loop.
+                log.exception("idle release pass failed")
+
+    async def _consider(
+        self, entry: Reservation, usage: Mapping[GpuUuid, int | None]
+    ) -> IdleRelease | None:
+        uuid = entry.gpu.uuid
+        container = await self._workers.host(self._resolver.lookup, entry.target, entry.container)
+        if container is None:
+            return None  # gone: the reconciler releases it
+        nodes = self._nodes.of(entry.gpu)
+        holders = await self._workers.host(self._injector.holders, container, nodes)
+        now = self._clock()
+        if holders or (usage.get(uuid) or 0) > 0:
+            self._idle_since[uuid] = now
+            if self._book.warnings.pop(uuid, None) is not None:
+                log.info("%s of %s is in use again: idle release called off", uuid, entry.target)
+            return None
+        since = self._idle_since.setdefault(uuid, now)
+        policy = self._book.policy_for(uuid)
+        due = self._due(entry, policy, idle_for=now - since)
+        if due is None:
+            return None
+        reason, remaining = due
+        if remaining > 0:
+            if remaining <= policy.warning_seconds and uuid not in self._book.warnings:
+                self._warn(entry, reason, remaining)
+            return None
+        if not await self._release(entry, container):
+            self._idle_since[uuid] = self._clock()  # opened just now: it is in use
+            self._book.warnings.pop(uuid, None)
+            return None
+        release = IdleRelease(uuid, entry.target, reason, self._wall())
+        self._idle_since.pop(uuid, None)
+        self._book.forget(uuid)
+        self._book.record(release)
+        self._metrics.idle_releases.labels(reason=str(reason)).inc()
+        log.warning("released %s from %s: %s", uuid, entry.target, _explain(reason, policy))
+        return release
+
+    def _due(
+        self, entry: Reservation, policy: IdlePolicy, *, idle_for: float
+    ) -> tuple[IdleReason, float] | None:
+        """The first reason that will release this unused GPU, and the seconds until then."""
+        candidates = []
+        if policy.idle_seconds:
+            candidates.append((policy.idle_seconds - idle_for, IdleReason.IDLE))
+        if policy.max_lease_seconds and entry.granted_at is not None:
+            ends = entry.granted_at + timedelta(seconds=policy.max_lease_seconds)
+            candidates.append(((ends - self._wall()).total_seconds(), IdleReason.LEASE))
+        if not candidates:
+            return None
+        remaining, reason = min(candidates)
+        return reason, remaining
+
+    def _warn(self, entry: Reservation, reason: IdleReason, remaining: float) -> None:
+        warning = IdleWarning(
+            entry.gpu.uuid, entry.target, reason, self._wall() + timedelta(seconds=remaining)
+        )
+        self._book.warnings[entry.gpu.uuid] = warning
+        self._metrics.idle_warnings.labels(reason=str(reason)).inc()
+        log.warning(
+            "%s of %s will be released in %.0f s unless it is used (%s)",
+            entry.gpu.uuid,
+            entry.target,
+            remaining,
+            reason,
+        )
+
+
+def _explain(reason: IdleReason, policy: IdlePolicy) -> str:
+    if reason is IdleReason.IDLE:
+        return f"unused for {policy.idle_seconds:g} s"
+    return f"its lease of {policy.max_lease_seconds:g} s ended and nothing used it"

@@ -1,0 +1,193 @@
+"""A fair FIFO queue for attach requests that wait for GPUs on this node (local mode).
+
+Why it exists: users who ask for a GPU when none is free should be served in the order they
+asked, not by who retries fastest. An attach that gives ``wait_seconds`` and finds too few free
+GPUs (or others already waiting) joins the queue; only the first waiter may take GPUs, as soon
+as enough are free; it stays first until its reservation is made, then leaves, and the next one
+becomes first. Nobody can overtake a waiter — a request that does not wait is served only from
+GPUs beyond what the waiters need — so no waiter starves, not even one that asks for more GPUs
+than the others. Each kind of request has its own order: whole GPUs, and the slices of each MIG
+profile (a freed slice serves no one who waits for a whole GPU).
+
+Waking up: every release the agent makes (detach, idle release, reconciliation) calls
+``notify``, which wakes every waiter at once; the first one finds its GPUs within that
+scheduling step. A waiter also looks again every ``recheck`` seconds by itself, which is when
+it notices that its target has gone (the notebook was closed: it leaves the queue).
+
+Leaving: served (it got its GPUs), cancelled (``DELETE /v1/queue/{request_id}``: the waiting
+``POST`` answers ``insufficient_gpus`` saying so), deadline passed (``504 timeout``), target
+gone (``404``). In every case nothing was reserved for it and nothing is left behind.
+
+Kubernetes mode does not use this queue: there a pending holder pod is the queue and the
+scheduler orders it (by priority).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ..._structs import RequestId, Target
+from .errors import Busy, InsufficientGpus, NotFound, Timeout
+from .seams import HostContainer
+
+__all__ = ["WaitQueue", "Waiter"]
+
+_RECHECK_SECONDS = 1.0
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One attach request in the queue."""
+
+    container: HostContainer
+    count: int
+    request_id: RequestId
+    """The request's own id, or one the agent made up: what ``DELETE /v1/queue/{id}`` names."""
+    deadline: float
+    """``time.monotonic()`` value after which the request answers 504."""
+    queued_at: datetime
+    kind: str | None = None
+    """What it waits for: whole GPUs (``None``) or slices of a MIG profile; each kind has
+    its own order (a slice freed serves no one waiting for a whole GPU)."""
+    cancelled: bool = False
+    number: int = 0
+    """Arrival order (for logs)."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def target(self) -> Target:
+        return self.container.target
+
+
+class WaitQueue:
+    """The node's queue of waiting attach requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        recheck: float = _RECHECK_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[int], None] = lambda length: None,
+    ) -> None:
+        self._waiters: list[Waiter] = []
+        self._recheck = recheck
+        self._clock = clock
+        self._on_change = on_change
+        self._numbers = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def waiters(self) -> list[Waiter]:
+        """In order: the first one is served next."""
+        return list(self._waiters)
+
+    def position(self, waiter: Waiter) -> int:
+        """1 for the first waiter."""
+        return self._waiters.index(waiter) + 1
+
+    def demand(self, kind: str | None = None) -> int:
+        """GPUs (or slices) of ``kind`` the waiters need together: a request that does not wait
+        may take only more."""
+        return sum(waiter.count for waiter in self._waiters if waiter.kind == kind)
+
+    def find(self, request_id: str) -> list[Waiter]:
+        return [waiter for waiter in self._waiters if waiter.request_id == request_id]
+
+    def join(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        kind: str | None = None,
+    ) -> Waiter:
+        """Queue a request at the end. A request id already waiting for the same target is a
+        retry of a request still in the queue: ``Busy`` (its answer is on its way)."""
+        if request_id is not None:
+            for waiter in self.find(request_id):
+                if waiter.target.key == container.target.key:
+                    raise Busy(
+                        f"request {request_id} for {container.target} is already waiting for "
+                        f"GPUs (position {self.position(waiter)} of {len(self)})",
+                        hint="wait for its answer, or cancel it with DELETE /v1/queue/"
+                        f"{request_id}",
+                    )
+        waiter = Waiter(
+            container=container,
+            count=count,
+            request_id=request_id or RequestId(f"queued-{secrets.token_hex(8)}"),
+            deadline=deadline,
+            kind=kind,
+            queued_at=datetime.now(UTC),
+            number=next(self._numbers),
+        )
+        self._waiters.append(waiter)
+        self._on_change(len(self))
+        return waiter
+
+    def leave(self, waiter: Waiter) -> None:
+        """Take ``waiter`` out (served, failed or cancelled) and let the next one look."""
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+            self._on_change(len(self))
+        self.notify()
+
+    def cancel(self, waiter: Waiter) -> None:
+        """Make ``waiter``'s request give up now (its ``POST`` answers that it was cancelled)."""
+        waiter.cancelled = True
+        waiter.changed.set()
+
+    def notify(self) -> None:
+        """GPUs were freed, or the queue changed: every waiter looks again now."""
+        for waiter in self._waiters:
+            waiter.changed.set()
+
+    async def turn(
+        self,
+        waiter: Waiter,
+        *,
+        free: Callable[[], int],
+        alive: Callable[[], Awaitable[bool]],
+        wait_seconds: float,
+    ) -> None:
+        """Return when ``waiter`` is first and ``free()`` GPUs are enough for it; it stays
+        first (the caller reserves, then calls ``leave``). Raises, with the waiter still in the
+        queue (the caller's ``leave`` removes it): ``InsufficientGpus`` when cancelled,
+        ``Timeout`` at the deadline, ``NotFound`` when ``alive()`` says the target is gone."""
+        while True:
+            if waiter.cancelled:
+                raise InsufficientGpus(
+                    free=free(),
+                    requested=waiter.count,
+                    hint=f"the request was cancelled while it waited (id {waiter.request_id})",
+                )
+            first = next(w for w in self._waiters if w.kind == waiter.kind)
+            if first is waiter and free() >= waiter.count:
+                return
+            remaining = waiter.deadline - self._clock()
+            if remaining <= 0:
+                raise Timeout(
+                    f"no {waiter.count} GPU(s) became free for {waiter.target} within "
+                    f"{wait_seconds:g} s (it was number {self.position(waiter)} in the queue)",
+                    wait_seconds=wait_seconds,
+                    hint="nothing was left behind; try again later, or with a larger wait_seconds",
+                )
+            waiter.changed.clear()
+            try:
+                await asyncio.wait_for(waiter.changed.wait(), min(remaining, self._recheck))
+            except TimeoutError:
+                if not await alive():
+                    raise NotFound(
+                        "process",
+                        str(waiter.container.pid),
+                        hint="the target exited while it waited for GPUs; nothing was left",
+                    ) from None

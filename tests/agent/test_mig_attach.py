@@ -1,0 +1,155 @@
+"""MIG slices through the service, against in-memory host fakes and a real ledger.
+
+The node: GPU 0 in MIG mode with two 1g.10gb slices, GPUs 1-3 whole. The capability tables
+are test files (the simulator's ``mig-minors``, an ``nvidia-caps`` major of 241). What must
+hold: a slice's attach grants its GPU's node and its two capability nodes, nothing of the other
+slice; a GPU in MIG mode is never handed out whole; detaching a slice takes back exactly its
+capabilities (and its GPU's node only when no other slice of that GPU stays with the
+container); the reconciler leaves the shared GPU node alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
+from jupyter_gpu_hotplug.agent.core.devices import GpuNodes
+from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus, InvalidRequest
+from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from jupyter_gpu_hotplug.linux.mig import MigCaps
+from jupyter_gpu_hotplug.nvml.sim import (
+    FakeNvmlConfig,
+    default_gpus,
+    render_mig_minors,
+    with_mig_devices,
+)
+from jupyter_gpu_hotplug.nvml.state import MigSlice
+
+from .service_harness import ADMIN, MAJOR, Harness
+
+CAPS_MAJOR = 241
+PROFILE = "1g.10gb"
+
+
+def mig_request(pid: int, count: int = 1, profile: str = PROFILE) -> AttachRequest:
+    return AttachRequest(
+        count=count, target=PidRef(pid), wait_seconds=60, request_id=None, mig=profile
+    )
+
+
+@pytest.fixture
+def node(harness: Harness, tmp_path: Path) -> FakeNvmlConfig:
+    """Put GPU 0 of the harness in MIG mode with two slices, as NVML and the driver show it."""
+    first, *_ = default_gpus(4)
+    config = FakeNvmlConfig(gpus=(with_mig_devices(first, [PROFILE, PROFILE]),))
+    (tmp_path / "devices").write_text(f"Character devices:\n{CAPS_MAJOR} nvidia-caps\n")
+    (tmp_path / "mig-minors").write_text(render_mig_minors(config))
+    gpus = harness.inventory.gpus
+    gpus[0] = dataclasses.replace(gpus[0], mig_enabled=True)
+    for device in config.gpus[0].mig_devices:
+        gpus.insert(
+            1,
+            GpuDevice(
+                uuid=device.uuid,
+                index=0,
+                minor=0,
+                name=device.name,
+                memory_total=device.memory_total,
+                simulated=True,
+                mig=MigSlice(gpus[0].uuid, PROFILE, device.gpu_instance_id, 0),
+            ),
+        )
+    nodes = GpuNodes(
+        major=MAJOR,
+        mig_caps=lambda: MigCaps.read(
+            proc_devices=tmp_path / "devices", mig_minors=tmp_path / "mig-minors"
+        ),
+    )
+    harness.service.nodes = nodes
+    harness.reconciler._nodes = nodes  # as the runtime shares it
+    return config
+
+
+def caps(node: FakeNvmlConfig, index: int) -> set[CharDevice]:
+    device = node.gpus[0].mig_devices[index]
+    return {
+        CharDevice(CAPS_MAJOR, device.gi_access_minor),
+        CharDevice(CAPS_MAJOR, device.ci_access_minor),
+    }
+
+
+GPU0 = CharDevice(195, 0)
+
+
+async def test_two_kernels_each_get_one_slice(harness: Harness, node: FakeNvmlConfig) -> None:
+    first, second = (harness.host.spawn(pid, f"kernel-{pid}") for pid in (100, 200))
+
+    one = await harness.service.attach(ADMIN, mig_request(100))
+    two = await harness.service.attach(ADMIN, mig_request(200))
+
+    slices = {device.uuid: i for i, device in enumerate(node.gpus[0].mig_devices)}
+    (a,), (b,) = one["attachments"], two["attachments"]
+    assert {a["uuid"], b["uuid"]} == set(slices)
+    assert (a["minor"], a["device"]) == (0, "/dev/nvidia0")
+    assert harness.injector.usable(first.target) == {GPU0} | caps(node, slices[a["uuid"]])
+    assert harness.injector.usable(second.target) == {GPU0} | caps(node, slices[b["uuid"]])
+    with pytest.raises(InsufficientGpus):
+        await harness.service.attach(ADMIN, mig_request(100))
+
+    await harness.reconciler.run_once()  # the shared GPU node is nobody's stray
+    assert harness.injector.usable(first.target) == {GPU0} | caps(node, slices[a["uuid"]])
+
+    await harness.service.detach(ADMIN, GpuUuid(a["uuid"]), force=False)
+
+    assert harness.injector.usable(first.target) == set()
+    assert harness.injector.usable(second.target) == {GPU0} | caps(node, slices[b["uuid"]])
+
+
+async def test_a_gpu_in_mig_mode_is_never_handed_out_whole(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    harness.host.spawn(100, "kernel-100")
+
+    result = await harness.service.attach(
+        ADMIN, AttachRequest(count=3, target=PidRef(100), wait_seconds=60, request_id=None)
+    )
+
+    assert sorted(a["minor"] for a in result["attachments"]) == [1, 2, 3]
+    assert all(a["uuid"].startswith("GPU-") for a in result["attachments"])
+    harness.host.spawn(200, "kernel-200")
+    with pytest.raises(InsufficientGpus):
+        await harness.service.attach(
+            ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
+        )
+
+
+async def test_detaching_one_of_two_slices_keeps_the_other(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    kernel = harness.host.spawn(100, "kernel-100")
+    both = await harness.service.attach(ADMIN, mig_request(100, count=2))
+    slices = {device.uuid: i for i, device in enumerate(node.gpus[0].mig_devices)}
+    first, second = (a["uuid"] for a in both["attachments"])
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 0) | caps(node, 1)
+
+    await harness.service.detach(ADMIN, GpuUuid(first), force=False)
+
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[second])
+
+
+async def test_unknown_profile(harness: Harness, node: FakeNvmlConfig) -> None:
+    harness.host.spawn(100, "kernel-100")
+    with pytest.raises(InvalidRequest, match=r"no MIG slice of profile 2g\.20gb") as caught:
+        await harness.service.attach(ADMIN, mig_request(100, profile="2g.20gb"))
+    assert "1g.10gb" in caught.value.message
+
+
+async def test_no_mig_on_the_node(harness: Harness) -> None:
+    harness.host.spawn(100, "kernel-100")
+    with pytest.raises(InvalidRequest, match="no GPU of this node is in MIG mode"):
+        await harness.service.attach(ADMIN, mig_request(100))

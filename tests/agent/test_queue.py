@@ -1,0 +1,199 @@
+"""The fair wait queue, through the service, against in-memory host fakes and a real ledger.
+
+What must hold: requests that wait are served first come, first served; each can see its
+position; a freed GPU goes to the first waiter; nobody overtakes a waiter (not even a request
+that does not wait); a cancelled waiter, one whose deadline passes and one whose target exits
+leave the queue with nothing reserved for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import AttachmentList, GpuUuid, PidRef, RequestId
+from jupyter_gpu_hotplug.agent.core.errors import Busy, InsufficientGpus, NotFound, Timeout
+from jupyter_gpu_hotplug.agent.core.queue import WaitQueue
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
+from jupyter_gpu_hotplug.agent.core.service import AgentService
+from tests.fixtures.waiting import eventually
+
+from .service_harness import ADMIN, Harness
+
+
+def waiting(
+    pid: int, *, count: int = 1, wait: float = 60.0, request_id: str | None = None
+) -> AttachRequest:
+    return AttachRequest(
+        count=count,
+        target=PidRef(pid),
+        wait_seconds=wait,
+        request_id=None if request_id is None else RequestId(request_id),
+        queued=True,
+    )
+
+
+class Queue:
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.tasks: list[asyncio.Task[AttachmentList]] = []
+
+    @property
+    def service(self) -> AgentService:
+        return self.harness.service
+
+    def ask(
+        self, pid: int, *, count: int = 1, wait: float = 60.0, request_id: str | None = None
+    ) -> asyncio.Task[AttachmentList]:
+        """Start an attach for a new kernel ``pid`` that waits (in the background)."""
+        self.harness.host.spawn(pid, f"kernel-{pid}")
+        request = waiting(pid, count=count, wait=wait, request_id=request_id)
+        task = asyncio.create_task(self.service.attach(ADMIN, request))
+        self.tasks.append(task)
+        return task
+
+    async def positions(self, pid: int) -> list[int]:
+        view = await self.service.queued(ADMIN, PidRef(pid))
+        return [request["position"] for request in view["requests"]]
+
+    async def until_waiting(self, count: int) -> None:
+        await eventually(lambda: len(self.service.queue) == count, f"{count} request(s) wait")
+
+    def held_by(self, pid: int) -> list[GpuUuid]:
+        target = self.harness.host.processes[pid].target
+        return [entry.gpu.uuid for entry in self.harness.allocator.attachments_of(target)]
+
+
+@pytest.fixture
+async def queue(harness: Harness) -> AsyncIterator[Queue]:
+    # Look again every 50 ms by itself (a target that exited is noticed then).
+    harness.service.queue = WaitQueue(recheck=0.05, on_change=harness.metrics.queue_length.set)
+    helper = Queue(harness)
+    # Three of the four GPUs are held by someone who stays: one is free.
+    harness.host.spawn(900, "hog")
+    await harness.service.attach(
+        ADMIN, AttachRequest(count=3, target=PidRef(900), wait_seconds=60, request_id=None)
+    )
+    yield helper
+    for task in helper.tasks:
+        task.cancel()
+    await asyncio.gather(*helper.tasks, return_exceptions=True)
+
+
+async def test_three_kernels_one_gpu_first_come_first_served(queue: Queue) -> None:
+    first = queue.ask(100)
+    served = await first
+    assert [a["target"] for a in served["attachments"]] == [{"pid": 100}]
+
+    second = queue.ask(200)
+    await queue.until_waiting(1)
+    third = queue.ask(300)
+    await queue.until_waiting(2)
+
+    assert await queue.positions(200) == [1]
+    assert await queue.positions(300) == [2]
+    assert (await queue.service.queued(ADMIN, PidRef(300)))["length"] == 2
+    assert queue.harness.sample("gpu_hotplug_queue_length") == 2
+    assert not second.done() and not third.done()
+
+    await queue.service.detach(ADMIN, served["attachments"][0]["uuid"], force=False)
+    got = await second
+
+    assert [a["target"] for a in got["attachments"]] == [{"pid": 200}]
+    assert not third.done()
+    assert await queue.positions(300) == [1]
+    assert queue.held_by(100) == []
+
+    (pending,) = (await queue.service.queued(ADMIN, PidRef(300)))["requests"]
+    await queue.service.cancel_queued(ADMIN, RequestId(pending["request_id"]))
+    with pytest.raises(InsufficientGpus, match="GPU") as cancelled:
+        await third
+    assert "cancelled while it waited" in cancelled.value.message
+    assert len(queue.service.queue) == 0
+    assert queue.held_by(300) == []
+    assert queue.harness.sample("gpu_hotplug_queue_length") == 0
+
+
+async def test_deadline_answers_504_and_leaves_nothing(queue: Queue) -> None:
+    await queue.ask(100)  # takes the free GPU
+    before = queue.harness.ledger.attachments()
+
+    with pytest.raises(Timeout, match=r"within 0\.2 s"):
+        await queue.ask(200, wait=0.2)
+
+    assert len(queue.service.queue) == 0
+    assert queue.harness.ledger.attachments() == before
+    assert queue.held_by(200) == []
+
+
+async def test_nobody_overtakes_a_waiter(queue: Queue) -> None:
+    big = queue.ask(100, count=2)  # one is free: it waits
+    await queue.until_waiting(1)
+
+    queue.harness.host.spawn(200, "kernel-200")
+    with pytest.raises(InsufficientGpus, match="0 free") as refused:
+        await queue.service.attach(
+            ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
+        )
+    assert "wait_seconds" in refused.value.message
+    small = queue.ask(300)  # waits behind the big one, although one GPU is free
+    await queue.until_waiting(2)
+    await asyncio.sleep(0.2)  # several rechecks: still nobody served
+    assert not big.done() and not small.done()
+
+    hog = queue.held_by(900)
+    await queue.service.detach(ADMIN, hog[0], force=False)
+
+    assert len((await big)["attachments"]) == 2
+    assert not small.done()
+
+
+async def test_freed_by_the_reconciler_wakes_the_first_waiter(queue: Queue) -> None:
+    await queue.ask(100)
+    second = queue.ask(200)
+    await queue.until_waiting(1)
+    queue.harness.reconciler._on_change = queue.service.queue.notify  # as the runtime wires it
+
+    queue.harness.host.remove_container("kernel-100")  # the kernel exits, and its container
+    await queue.harness.reconciler.run_once()
+
+    assert [a["target"] for a in (await second)["attachments"]] == [{"pid": 200}]
+
+
+async def test_waiter_whose_target_exits_leaves(queue: Queue) -> None:
+    await queue.ask(100)
+    gone = queue.ask(200)
+    await queue.until_waiting(1)
+
+    queue.harness.host.kill(200)
+
+    with pytest.raises(NotFound, match="process"):
+        await gone
+    assert len(queue.service.queue) == 0
+
+
+async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
+    await queue.ask(100)
+    queue.ask(200, request_id="retry-me")
+    await queue.until_waiting(1)
+
+    with pytest.raises(Busy, match="already waiting"):
+        await queue.service.attach(ADMIN, waiting(200, request_id="retry-me"))
+    assert len(queue.service.queue) == 1
+
+
+async def test_cancel_of_an_unknown_request(queue: Queue) -> None:
+    with pytest.raises(NotFound, match="queued request"):
+        await queue.service.cancel_queued(ADMIN, RequestId("nothing-waits"))
+
+
+async def test_a_request_that_does_not_wait_is_answered_at_once(queue: Queue) -> None:
+    await queue.ask(100)
+    queue.harness.host.spawn(200, "kernel-200")
+    with pytest.raises(InsufficientGpus):
+        await queue.service.attach(
+            ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
+        )
+    assert len(queue.service.queue) == 0
