@@ -337,9 +337,9 @@ def test_slow_attach_shows_progress(
     out = run(shell, "attach 2 --wait 60", capsys)
 
     assert shown.updates
-    assert shown.updates[0][0] == "Attaching 2 GPUs (at most 60 s)"
+    assert shown.updates[0][0] == "Attaching 2 GPUs (waiting up to 60 s)"
     assert len(shown.summaries) == 1
-    assert shown.summaries[0].startswith("Attaching 2 GPUs (at most 60 s): done after ")
+    assert shown.summaries[0].startswith("Attaching 2 GPUs (waiting up to 60 s): done after ")
     assert "Attached 1 GPU" in out
     assert progress == [], "the context's own progress factory was replaced"
 
