@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypedDict
 
 from .._structs import Attachment as AttachmentWire
+from .._structs import GpuState as GpuStateName
 from .._structs import GpuUuid, format_timestamp
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
@@ -28,6 +29,7 @@ __all__ = [
     "GpusJson",
     "MetricsJson",
     "Mode",
+    "NodeGpuJson",
     "NvmlJson",
     "ProgressJson",
     "ProgressState",
@@ -60,6 +62,23 @@ class NvmlJson(TypedDict):
     cuda_driver_version: str | None
 
 
+class NodeGpuJson(TypedDict):
+    """One GPU of the node, for the panel that shows who holds what."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+    memory_total: int
+    """Bytes."""
+    state: GpuStateName
+    """``free``; ``attached``: hot-attached by the agent; ``allocated``: held by a pod through
+    the device plugin (the scheduler's)."""
+    mine: bool
+    """Attached to the kernel (or pod) asked about. Who else holds a GPU is not said: another
+    user's kernel or pod is not this user's business."""
+
+
 class GpusJson(TypedDict):
     """``GET gpus`` and every ``metrics`` event of the stream."""
 
@@ -72,6 +91,8 @@ class GpusJson(TypedDict):
     """GPUs of the node that nobody holds: what an attach may get now."""
     total: int
     """GPUs of the node."""
+    node: list[NodeGpuJson]
+    """Every GPU of the node (added after ``free`` and ``total``; older clients ignore it)."""
     simulated: bool
     """The node's GPUs are simulated (``--simulate``): no hardware behind them."""
     nvml: NvmlJson
@@ -138,12 +159,26 @@ def gpus_json(
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``)."""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
+    attached = [_attached(attachment, seen) for attachment in attachments]
+    mine = {gpu["uuid"] for gpu in attached}
     return GpusJson(
         mode=mode,
         kernel_id=kernel_id,
-        attached=[_attached(attachment, seen) for attachment in attachments],
+        attached=attached,
         free=sum(1 for gpu in node if gpu.state == "free"),
         total=len(node),
+        node=[
+            NodeGpuJson(
+                uuid=gpu.uuid,
+                index=gpu.index,
+                minor=gpu.minor,
+                name=gpu.name,
+                memory_total=gpu.memory_total,
+                state=gpu.state,
+                mine=gpu.uuid in mine,
+            )
+            for gpu in sorted(node, key=lambda gpu: gpu.index)
+        ],
         simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
         nvml=NvmlJson(
             status=snapshot.status.value,
