@@ -234,6 +234,7 @@ class HotplugManager:
             attachments=() if own is None else own.result(),
             node=node.result(),
             snapshot=snapshot.result(),
+            max_count=self.max_count,
         )
 
     # --- attach and detach ---------------------------------------------------------------------

@@ -93,6 +93,8 @@ class GpusJson(TypedDict):
     """GPUs of the node."""
     node: list[NodeGpuJson]
     """Every GPU of the node (added after ``free`` and ``total``; older clients ignore it)."""
+    max_count: int
+    """The most GPUs one attach may ask for (``GPUHotplug.max_gpus_per_request``)."""
     simulated: bool
     """The node's GPUs are simulated (``--simulate``): no hardware behind them."""
     nvml: NvmlJson
@@ -155,6 +157,7 @@ def gpus_json(
     attachments: Iterable[Attachment],
     node: Sequence[Gpu],
     snapshot: Snapshot,
+    max_count: int,
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``)."""
@@ -179,6 +182,7 @@ def gpus_json(
             )
             for gpu in sorted(node, key=lambda gpu: gpu.index)
         ],
+        max_count=max_count,
         simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
         nvml=NvmlJson(
             status=snapshot.status.value,

@@ -244,6 +244,7 @@ def _view(key: str | None) -> GpusJson:
         free=0,
         total=0,
         node=[],
+        max_count=8,
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
         taken_at=0.0,
