@@ -55,7 +55,9 @@ def take(out: Path) -> None:
                 lab.choose("Attach 1 GPU")
                 expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
                 time.sleep(CHART_SECONDS)  # the success notification closes itself meanwhile
-                lab.panel.screenshot(path=out / f"gpu-panel-{name}.png")
+                lab.panel.locator(".jp-GpuHotplug-panel-body").screenshot(
+                    path=out / f"gpu-panel-{name}.png"
+                )
                 status = page.locator(".jp-StatusBar-Left")
                 status.screenshot(path=out / f"gpu-statusbar-{name}.png")
                 lab.button.click()
