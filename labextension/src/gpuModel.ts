@@ -63,7 +63,8 @@ export interface IOperation {
 }
 
 /** How the kernel's live updates arrive now. */
-export type Connection = 'connecting' | 'open' | 'reconnecting' | 'off';
+export type Connection =
+  'connecting' | 'open' | 'reconnecting' | 'off' | 'paused';
 
 /** Everything the views know about one kernel's GPUs. */
 export interface IKernelGpus {
@@ -152,6 +153,24 @@ export class GpuModel implements IDisposable {
       for (const watched of this._watched.values()) {
         this._connect(watched);
       }
+    }
+  }
+
+  /**
+   * Standby: while the page is hidden the streams are closed (the server then
+   * reads nothing for this page); they reopen when it shows again.
+   */
+  get paused(): boolean {
+    return this._paused;
+  }
+
+  set paused(paused: boolean) {
+    if (paused === this._paused) {
+      return;
+    }
+    this._paused = paused;
+    for (const watched of this._watched.values()) {
+      this._connect(watched);
     }
   }
 
@@ -329,6 +348,10 @@ export class GpuModel implements IDisposable {
     watched.stream?.dispose();
     watched.stream = null;
     const kernelId = watched.state.kernelId;
+    if (this._paused) {
+      this._update(kernelId, { connection: 'paused' });
+      return;
+    }
     if (!this._settings.stream) {
       this._update(kernelId, { connection: 'off' });
       void this.refresh(kernelId);
@@ -396,6 +419,7 @@ export class GpuModel implements IDisposable {
   private readonly _now: () => number;
   private _settings: IGpuSettings;
   private _current: string | null = null;
+  private _paused = false;
   private _disposed = false;
   private readonly _watched = new Map<string, Watched>();
   private readonly _changed = new Signal<this, string>(this);

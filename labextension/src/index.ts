@@ -95,6 +95,10 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
   ): void => {
     const trans = (translator ?? nullTranslator).load(TRANSLATION_DOMAIN);
     const model = new GpuModel();
+    // Standby while the page is hidden: no stream, no cost on the server.
+    document.addEventListener('visibilitychange', () => {
+      model.paused = document.visibilityState === 'hidden';
+    });
 
     const buttons = new WeakMap<NotebookPanel, GpuToolbarButton>();
     toolbarRegistry.addFactory<NotebookPanel>(

@@ -168,6 +168,18 @@ describe('GpuModel', () => {
     expect([...streams.keys()]).toEqual(['k1']);
   });
 
+  it('closes its streams while paused (page hidden) and reopens them after', () => {
+    const { model, streams, disposed } = setUp();
+    model.watch('k1');
+    const first = streams.get('k1');
+    model.paused = true;
+    expect(disposed).toEqual(['k1']);
+    expect(model.state('k1')!.connection).toBe('paused');
+    model.paused = false;
+    expect(streams.get('k1')).not.toBe(first);
+    expect(model.state('k1')!.connection).toBe('connecting');
+  });
+
   it('announces the current kernel', () => {
     const { model } = setUp();
     const seen: (string | null)[] = [];
