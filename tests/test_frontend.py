@@ -7,6 +7,7 @@ They use the node modules that ``.ci/setup`` installed when it built the labexte
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,6 @@ def test_frontend_check_passes(script: str) -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env={"CI": "true", "PATH": f"{JLPM.parent}:/usr/local/bin:/usr/bin:/bin"},
+        env={**os.environ, "CI": "true", "PATH": f"{JLPM.parent}:{os.environ.get('PATH', '')}"},
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
