@@ -7,7 +7,10 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandRegistry } from '@lumino/commands';
-import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
+import {
+  ReadonlyJSONValue,
+  ReadonlyPartialJSONObject
+} from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { Classes, CommandIds } from './constants';
@@ -83,6 +86,38 @@ export function addCommands(ctx: ICommandContext): void {
   });
 }
 
+/** How long a progress notification shows before it turns into its outcome. */
+const MIN_SHOWN_MS = 400;
+
+/**
+ * A progress notification that later becomes its outcome. The outcome waits
+ * until the progress has been on screen for `MIN_SHOWN_MS`: JupyterLab draws
+ * notifications asynchronously, and an update that arrives before the first
+ * drawing is lost (a fast error left "Attaching…" on screen); it also spares
+ * the user a flicker.
+ */
+class ProgressNote {
+  constructor(message: string) {
+    this._id = Notification.emit(message, 'in-progress', { autoClose: false });
+  }
+
+  async finish(
+    options: Omit<Notification.IOptions<ReadonlyJSONValue>, 'id'> & {
+      message: string;
+      type: Notification.TypeOptions;
+    }
+  ): Promise<void> {
+    const left = this._since + MIN_SHOWN_MS - Date.now();
+    if (left > 0) {
+      await new Promise(resolve => setTimeout(resolve, left));
+    }
+    Notification.update({ id: this._id, ...options });
+  }
+
+  private readonly _id: string;
+  private readonly _since = Date.now();
+}
+
 function noKernel(trans: TranslationBundle): void {
   Notification.warning(
     trans.__('Open a notebook with a running kernel to manage its GPUs.'),
@@ -102,17 +137,14 @@ async function attach(
   const count =
     typeof args.count === 'number' ? args.count : model.settings.defaultCount;
   const wait = args.wait === true;
-  const id = Notification.emit(
-    trans._n('Attaching %1 GPU…', 'Attaching %1 GPUs…', count),
-    'in-progress',
-    { autoClose: false }
+  const note = new ProgressNote(
+    trans._n('Attaching %1 GPU…', 'Attaching %1 GPUs…', count)
   );
   const onChanged = (_: GpuModel, changed: string) => {
     const operation = model.state(kernelId)?.operation;
     if (changed === kernelId && operation?.waiting) {
       model.changed.disconnect(onChanged);
-      Notification.update({
-        id,
+      void note.finish({
         message: wait
           ? trans.__('Waiting for a free GPU…')
           : trans.__('Still attaching…'),
@@ -143,15 +175,13 @@ async function attach(
           'CUDA is already initialised in this kernel, so it will not see the new GPU: start a new process (e.g. !python train.py) or restart the kernel and attach before importing torch/jax/cupy.'
         );
     }
-    Notification.update({
-      id,
+    await note.finish({
       message,
       type: cuda === true ? 'warning' : 'success',
       autoClose: cuda === true ? false : 6000
     });
   } catch (error) {
-    Notification.update({
-      id,
+    await note.finish({
       message: describeError(error).message,
       type: 'error',
       autoClose: false
@@ -257,13 +287,10 @@ async function runDetach(
   actionsFor: (body: IErrorBody) => Notification.IAction[]
 ): Promise<void> {
   const { model, trans } = ctx;
-  const id = Notification.emit(trans.__('Detaching %1…', what), 'in-progress', {
-    autoClose: false
-  });
+  const note = new ProgressNote(trans.__('Detaching %1…', what));
   try {
     await model.detach(kernelId, uuid, force);
-    Notification.update({
-      id,
+    await note.finish({
       message: force
         ? trans.__('Detached %1 (forced).', what)
         : trans.__('Detached %1.', what),
@@ -272,8 +299,7 @@ async function runDetach(
     });
   } catch (error) {
     const body = describeError(error);
-    Notification.update({
-      id,
+    await note.finish({
       message: body.message,
       type: 'error',
       autoClose: false,

@@ -38,14 +38,21 @@ export function menuEntries(
     });
   }
   if (allowed === 0) {
+    // Only Kubernetes can wait: the holder pod queues at the scheduler until a
+    // GPU frees up. A local agent answers "no free GPU" at once.
+    const canWait = reply?.mode === 'kubernetes';
     entries.push({
       command: CommandIds.attach,
-      args: { kernelId, count: 1, wait: true },
+      args: canWait
+        ? { kernelId, count: 1, wait: true }
+        : { kernelId, count: 1 },
       label:
         reply === null
           ? trans.__('Attach a GPU (GPU service not reachable)')
-          : trans.__('Wait for a free GPU and attach it'),
-      enabled: idle && reachable
+          : canWait
+            ? trans.__('Wait for a free GPU and attach it')
+            : trans.__('No free GPU on this node'),
+      enabled: idle && reachable && canWait
     });
   }
 

@@ -43,8 +43,21 @@ describe('menuEntries', () => {
     expect(entries[1].args).toEqual({ kernelId: 'k1', count: 2 });
   });
 
-  it('with no free GPU offers to wait for one', () => {
+  it('with no free GPU says so (local mode cannot wait)', () => {
     const entries = menuEntries(state(reply([gpu(0)], { free: 0 })), trans);
+    expect(entries[0]).toMatchObject({
+      command: CommandIds.attach,
+      label: 'No free GPU on this node',
+      enabled: false
+    });
+  });
+
+  it('with no free GPU in Kubernetes offers to wait for one', () => {
+    const queued = {
+      ...reply([gpu(0)], { free: 0 }),
+      mode: 'kubernetes' as const
+    };
+    const entries = menuEntries(state(queued), trans);
     expect(entries[0]).toMatchObject({
       command: CommandIds.attach,
       args: { kernelId: 'k1', count: 1, wait: true },

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,12 +37,17 @@ OpenLab = Callable[[str], GpuLab]
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoProcess]:
-    factory = DemoFactory(tmp_path_factory.mktemp("gpu-ui"))
+    home = tmp_path_factory.mktemp("gpu-ui")
+    factory = DemoFactory(home)
     try:
         started = factory(simulate=GPUS)
         quiet_lab(started.server)
         yield started
     finally:
+        for demo in factory.demos:  # kept for a post-mortem: the demo's dir goes
+            for log in (demo.layout.agent_log, demo.layout.lab_log):
+                if log.exists():
+                    shutil.copy(log, home / log.name)
         factory.close()
 
 
@@ -141,15 +147,16 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     for gpu in taken:
         expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "attached")
         expect(other.panel_gpu(gpu["uuid"])).to_contain_text("another kernel or pod")
-    other.button.click()
-    expect(other.menu_item("Wait for a free GPU and attach it")).to_be_visible()
-    other.page.keyboard.press("Escape")
 
     # No free GPU: the command says what the server said.
     other.palette("Attach GPUs to this kernel")
     refused = other.page.locator(".Toastify__toast--error")
     expect(refused).to_contain_text("free", timeout=SETTLE_MS)
     expect(refused).not_to_contain_text("Traceback")
+    # The menu offers no attach (a local agent cannot wait for one), and says why.
+    other.button.click()
+    expect(other.menu_item("No free GPU on this node")).to_have_class(re.compile("lm-mod-disabled"))
+    other.page.keyboard.press("Escape")
 
     # A process in the owner's sandbox uses a GPU: a plain detach is refused and says so.
     gpu = taken[0]
@@ -178,6 +185,9 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     assert [g["uuid"] for g in owner.attached()] == [taken[1]["uuid"]]
     assert _ended(worker)
     expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "free", timeout=SETTLE_MS)
+    expect(other.button).to_have_attribute(
+        "aria-label", "GPUs: none attached to this kernel, 1 free", timeout=SETTLE_MS
+    )
 
 
 def test_agent_unreachable_is_shown_then_recovers_without_reload(
