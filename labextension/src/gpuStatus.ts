@@ -50,7 +50,12 @@ export function statusText(
         used === null || total === null
           ? ''
           : ` · ${(used / GIB).toFixed(1)}/${(total / GIB).toFixed(0)} GiB`;
-      return `GPU ${gpu.index} ${util === null ? '–' : `${util}%`}${memory}`;
+      return trans.__(
+        'GPU %1 %2%3',
+        gpu.index,
+        util === null ? '–' : `${util}%`,
+        memory
+      );
     })
     .join('  ');
 }

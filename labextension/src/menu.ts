@@ -91,9 +91,12 @@ export function menuEntries(
 }
 
 /** The toolbar item's text: "GPU", "GPU ×2". */
-export function buttonLabel(state: IKernelGpus | null): string {
+export function buttonLabel(
+  state: IKernelGpus | null,
+  trans: TranslationBundle
+): string {
   const count = state?.reply?.attached.length ?? 0;
-  return count > 1 ? `GPU ×${count}` : 'GPU';
+  return count > 1 ? trans.__('GPU ×%1', count) : trans.__('GPU');
 }
 
 /** The toolbar item's accessible name and tooltip. */

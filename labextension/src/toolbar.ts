@@ -106,8 +106,8 @@ export class GpuToolbarButton extends Widget {
     const state = this._model.state(this.kernelId);
     const description = buttonDescription(state, this._trans);
     this._label.textContent = state?.operation
-      ? `${buttonLabel(state)} …`
-      : buttonLabel(state);
+      ? `${buttonLabel(state, this._trans)} …`
+      : buttonLabel(state, this._trans);
     this._button.title = description;
     this._button.setAttribute('aria-label', description);
     this.toggleClass(Classes.attaching, state?.operation != null);

@@ -106,9 +106,9 @@ describe('menuEntries', () => {
 
 describe('the toolbar button', () => {
   it('reads "GPU" then "GPU ×N"', () => {
-    expect(buttonLabel(null)).toBe('GPU');
-    expect(buttonLabel(state(reply([gpu(0)])))).toBe('GPU');
-    expect(buttonLabel(state(reply([gpu(0), gpu(1)])))).toBe('GPU ×2');
+    expect(buttonLabel(null, trans)).toBe('GPU');
+    expect(buttonLabel(state(reply([gpu(0)])), trans)).toBe('GPU');
+    expect(buttonLabel(state(reply([gpu(0), gpu(1)])), trans)).toBe('GPU ×2');
   });
 
   it('has an accessible name for every state', () => {

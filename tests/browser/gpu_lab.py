@@ -37,6 +37,10 @@ LOAD_TIMEOUT_MS: Final = 120_000
 SETTLE_MS: Final = 60_000
 """Upper bounds for waiting (shared 2-core machines); never asserted as durations."""
 
+# Every expectation waits up to SETTLE_MS (Playwright's default is 5 s: too short on a
+# loaded 2-core machine). An upper bound for waiting, never an asserted duration.
+expect.set_options(timeout=SETTLE_MS)
+
 PROBE: Final = "import glob; print('NODES', sorted(glob.glob('/dev/nvidia[0-9]*')))"
 """The notebook's one cell: which GPU device nodes the kernel's sandbox has."""
 _NODES: Final = re.compile(r"NODES (\[.*\])")
