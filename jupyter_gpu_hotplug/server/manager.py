@@ -19,13 +19,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
-from ..client import AsyncAgentClient, Attachment
+from ..client import AsyncAgentClient, Attachment, Gpu
 from ..nvml.state import GpuMonitor, Snapshot
 from .errors import (
     GpuNotAttached,
+    HotplugError,
     KernelIdRequired,
     KernelNotFound,
     ShuttingDown,
@@ -42,7 +43,7 @@ from .models import (
     attachment_json,
     gpus_json,
 )
-from .stream import EventHub, Subscription
+from .stream import EventHub, Reading, Subscription
 from .targets import KernelSandboxes
 from .validation import AttachRequest, DetachRequest, KernelId
 
@@ -132,7 +133,9 @@ class HotplugManager:
         self._monitor = monitor
         self._log = log
         self._nvml = ThreadPoolExecutor(1, thread_name_prefix="gpu-hotplug-nvml")
-        self._hub = EventHub()
+        self._hub = EventHub(
+            read=self.read, interval=interval, ends_stream=(KernelNotFound, ShuttingDown)
+        )
         self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
         self._closed = False
 
@@ -140,6 +143,11 @@ class HotplugManager:
     def subscriptions(self) -> frozenset[Subscription]:
         """The streams open now."""
         return self._hub.subscriptions
+
+    @property
+    def hub(self) -> EventHub:
+        """The streams and their shared poller (tests and benchmarks count its polls)."""
+        return self._hub
 
     # --- targets -------------------------------------------------------------------------------
 
@@ -191,28 +199,72 @@ class HotplugManager:
     async def gpus(self, kernel_id: KernelId | None) -> GpusJson:
         """The target's GPUs with live metrics, the node's GPUs with who holds them, and
         the free and total counts."""
+        result = (await self.read(frozenset({kernel_id})))[kernel_id]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def read(self, kernel_ids: frozenset[str | None]) -> Reading:
+        """One reading for each of ``kernel_ids``, at the cost of one: the agent is asked once
+        for the node's GPUs and once per distinct target for its attachments, NVML is read
+        once. A failure belongs to the kernels it concerns (an unknown kernel, a target the
+        agent refuses); a failure to read the node or NVML concerns them all."""
         self._check_open()
-        target = self._target(kernel_id)
-        # The three reads run concurrently; the first failure cancels the others.
+        targets: dict[str | None, PidRef | BaseException | None] = {}
+        for kernel_id in kernel_ids:
+            try:
+                targets[kernel_id] = self._target(
+                    None if kernel_id is None else KernelId(kernel_id)
+                )
+            except HotplugError as error:
+                targets[kernel_id] = error
+        asked = {
+            target
+            for kernel_id, target in targets.items()
+            if not isinstance(target, BaseException)
+            and not (self.mode == "local" and kernel_id is None)
+        }
+        # Every read runs concurrently; each outcome is used below, or settled.
         node = asyncio.ensure_future(self.client.gpus())
-        attached = (
-            None
-            if self.mode == "local" and target is None
-            else asyncio.ensure_future(self.client.attachments(target))
-        )
         snapshot = asyncio.ensure_future(self._snapshot())
+        attached = {
+            target: asyncio.ensure_future(self.client.attachments(target)) for target in asked
+        }
         try:
-            view = gpus_json(
-                mode=self.mode,
-                kernel_id=kernel_id,
-                attachments=() if attached is None else await attached,
-                node=await node,
-                snapshot=await snapshot,
-                kernels=await self._kernel_holders(),
-            )
+            await asyncio.wait([node, snapshot, *attached.values()])
+            kernels = await self._kernel_holders()
         finally:
-            await _settle(node, attached, snapshot)
-        return view
+            await _settle(node, snapshot, *attached.values())
+        reading: dict[str | None, GpusJson | BaseException] = {}
+        for kernel_id, target in targets.items():
+            reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
+        return reading
+
+    def _view(
+        self,
+        kernel_id: str | None,
+        target: PidRef | BaseException | None,
+        node: asyncio.Future[tuple[Gpu, ...]],
+        snapshot: asyncio.Future[Snapshot],
+        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+        kernels: Mapping[int, KernelHolder],
+    ) -> GpusJson | BaseException:
+        """One kernel's part of a reading; its failure, first the kernel's own, if any."""
+        if isinstance(target, BaseException):
+            return target
+        own = attached.get(target)
+        for future in (own, node, snapshot):
+            if future is not None and future.exception() is not None:
+                return cast(BaseException, future.exception())
+        return gpus_json(
+            mode=self.mode,
+            kernel_id=kernel_id,
+            attachments=() if own is None else own.result(),
+            node=node.result(),
+            snapshot=snapshot.result(),
+            max_count=self.max_count,
+            kernels=kernels,
+        )
 
     # --- attach and detach ---------------------------------------------------------------------
 
@@ -289,12 +341,7 @@ class HotplugManager:
         the stream starts). The caller must ``unsubscribe`` it when done."""
         self._check_open()
         self._target(kernel_id)
-        subscription = Subscription(
-            scope=self._scope(kernel_id),
-            view=lambda: self.gpus(kernel_id),
-            interval=self.interval,
-            ends_stream=(KernelNotFound, ShuttingDown),
-        )
+        subscription = Subscription(key=kernel_id, scope=self._scope(kernel_id))
         self._hub.add(subscription)
         return subscription
 

@@ -77,20 +77,6 @@ class AttachedGpuJson(AttachmentWire):
     held_by: HeldByJson
 
 
-class NodeGpuJson(TypedDict):
-    """One GPU of the node and who holds it (``target``: the agent's id; ``held_by``: in
-    words a user knows; both ``None`` when free)."""
-
-    uuid: str
-    index: int
-    minor: int
-    device: str
-    name: str
-    state: GpuStateName
-    target: TargetWire | None
-    held_by: HeldByJson | None
-
-
 class NvmlJson(TypedDict):
     """Whether this server could read GPUs through NVML, and if not, why."""
 
@@ -98,6 +84,28 @@ class NvmlJson(TypedDict):
     message: str
     driver_version: str | None
     cuda_driver_version: str | None
+
+
+class NodeGpuJson(TypedDict):
+    """One GPU of the node, for the panel that shows who holds what."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+    memory_total: int
+    """Bytes."""
+    state: GpuStateName
+    """``free``; ``attached``: hot-attached by the agent; ``allocated``: held by a pod through
+    the device plugin (the scheduler's)."""
+    mine: bool
+    """Attached to the kernel (or pod) asked about."""
+    device: str
+    target: TargetWire | None
+    """Who holds it, as the agent names it (``None`` when free); the agent tells every
+    authenticated caller the same (``GET /v1/gpus``)."""
+    held_by: HeldByJson | None
+    """The same in words a user knows: a notebook of this server, a pod, a process."""
 
 
 class GpusJson(TypedDict):
@@ -112,8 +120,11 @@ class GpusJson(TypedDict):
     """GPUs of the node that nobody holds: what an attach may get now."""
     total: int
     """GPUs of the node."""
-    gpus: list[NodeGpuJson]
-    """Every GPU of the node, with who holds it."""
+    node: list[NodeGpuJson]
+    """Every GPU of the node, with who holds it (added after ``free`` and ``total``; older
+    clients ignore it)."""
+    max_count: int
+    """The most GPUs one attach may ask for (``GPUHotplug.max_gpus_per_request``)."""
     simulated: bool
     """The node's GPUs are simulated (``--simulate``): no hardware behind them."""
     nvml: NvmlJson
@@ -189,14 +200,20 @@ def _attached(
     )
 
 
-def _node_gpu(gpu: Gpu, kernels: Mapping[int, KernelHolder]) -> NodeGpuJson:
+def _index(gpu: Gpu) -> int:
+    return gpu.index
+
+
+def _node_gpu(gpu: Gpu, kernels: Mapping[int, KernelHolder], *, mine: bool) -> NodeGpuJson:
     return NodeGpuJson(
         uuid=gpu.uuid,
         index=gpu.index,
         minor=gpu.minor,
-        device=gpu.device,
         name=gpu.name,
+        memory_total=gpu.memory_total,
         state=gpu.state,
+        mine=mine,
+        device=gpu.device,
         target=None if gpu.target is None else gpu.target.to_wire(),
         held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
     )
@@ -209,6 +226,7 @@ def gpus_json(
     attachments: Iterable[Attachment],
     node: Sequence[Gpu],
     snapshot: Snapshot,
+    max_count: int,
     kernels: Mapping[int, KernelHolder] | None = None,
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
@@ -216,13 +234,16 @@ def gpus_json(
     sandbox pid: local mode's holders are named by their notebooks)."""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
     known = kernels or {}
+    attached = [_attached(attachment, seen, known) for attachment in attachments]
+    mine = {gpu["uuid"] for gpu in attached}
     return GpusJson(
         mode=mode,
         kernel_id=kernel_id,
-        attached=[_attached(attachment, seen, known) for attachment in attachments],
+        attached=attached,
         free=sum(1 for gpu in node if gpu.state == "free"),
         total=len(node),
-        gpus=[_node_gpu(gpu, known) for gpu in node],
+        node=[_node_gpu(gpu, known, mine=gpu.uuid in mine) for gpu in sorted(node, key=_index)],
+        max_count=max_count,
         simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
         nvml=NvmlJson(
             status=snapshot.status.value,

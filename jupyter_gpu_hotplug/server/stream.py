@@ -1,25 +1,29 @@
-"""The live stream's machinery: subscriptions, their events, and the hub that routes progress.
+"""The live stream's machinery: subscriptions, their events, one shared poller, and progress.
 
-Boundary: asyncio only. A ``Subscription`` produces the events of one open stream — a
-``metrics`` event every interval (computed on demand by a callable the manager gives it),
-the ``progress`` events the ``EventHub`` delivers, and an ``error`` event when the metrics
-cannot be read — until it is closed. Encoding follows the server-sent events format. Nothing
-here knows about tornado or the agent.
+Boundary: asyncio only. A ``Subscription`` holds the events of one open stream — the latest
+``metrics`` (or ``error``) reading of its kernel and the ``progress`` events of attaches —
+until it is closed. The ``EventHub`` owns the open subscriptions and the one ``poll`` loop of
+this server: every interval it asks a callable the manager gives it for a reading of every
+kernel that has a stream open (all of them at once), then hands each subscription its
+kernel's part. Encoding follows the server-sent events format. Nothing here knows about
+tornado or the agent.
 
-Why pull rather than push for metrics: each stream reads metrics only when it is about to
-send them, so an idle server with no open stream reads nothing, and a slow client delays
-only its own stream. Progress is pushed (a queue per subscription) because it happens at
-moments the stream cannot predict.
+Why one shared poller rather than a read per stream: the cost upstream (agent requests, NVML
+reads) must not grow with the number of browser tabs. Fifty tabs on one notebook used to mean
+fifty streams each asking the agent twice a second; now the server asks once per interval
+for the node and once per *kernel* watched, and every stream of that kernel gets the same
+reading. The poller runs only while at least one stream is open (started by the first
+subscriber, cancelled when the last leaves), so an idle server reads nothing.
 
-Why no background tasks: a stream's events are produced in the task of the request that
-reads them (the tornado handler), which ends when the client disconnects or the server
-stops; the only task created here is the one reading metrics, which a close cancels — so a
-closed stream leaves nothing running (the tests check that the handler's task has ended).
+Why the latest reading replaces an unsent one: a slow client must not make the server queue
+readings for it. Progress is different — each event matters — so it is queued per stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Coroutine, Mapping
@@ -29,7 +33,7 @@ from typing import Any, Final, Literal
 from .errors import error_reply
 from .models import GpusJson, ProgressJson
 
-__all__ = ["STREAM_PREAMBLE", "EventHub", "StreamEvent", "Subscription"]
+__all__ = ["STREAM_PREAMBLE", "EventHub", "Reading", "StreamEvent", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,11 @@ STREAM_PREAMBLE: Final = f"retry: {RECONNECT_MS}\n\n".encode()
 """Sent first: tells an ``EventSource`` to reconnect after 5 s if the stream breaks."""
 
 EventKind = Literal["metrics", "progress", "error"]
+
+Reading = Mapping[str | None, GpusJson | BaseException]
+"""One poll: for each kernel id asked about (``None``: no kernel), its view or its failure."""
+
+ReadAll = Callable[[frozenset[str | None]], Coroutine[Any, Any, Reading]]
 
 
 @dataclass(frozen=True)
@@ -56,27 +65,17 @@ class StreamEvent:
 class Subscription:
     """One open stream. Read it with ``next()`` until that returns ``None``; ``close()`` ends it.
 
-    ``scope``: whose progress it receives (``None``: everyone's). ``view``: reads the metrics.
-    ``ends_stream``: errors after which the stream ends (its subject is gone) instead of
-    reporting the error and trying again at the next interval.
+    ``key``: the kernel whose readings it gets (``None``: the node's counts only). ``scope``:
+    whose progress it receives (``None``: everyone's).
     """
 
-    def __init__(
-        self,
-        *,
-        scope: str | None,
-        view: Callable[[], Coroutine[Any, Any, GpusJson]],
-        interval: float,
-        ends_stream: tuple[type[BaseException], ...] = (),
-    ) -> None:
+    def __init__(self, *, key: str | None, scope: str | None) -> None:
+        self.key = key
         self.scope = scope
-        self._view = view
-        self._interval = interval
-        self._ends_stream = ends_stream
-        self._queue: asyncio.Queue[StreamEvent | None] = asyncio.Queue()
+        self._progress: collections.deque[StreamEvent] = collections.deque()
+        self._reading: StreamEvent | None = None
+        self._wake = asyncio.Event()
         self._closed = False
-        self._reading: asyncio.Task[GpusJson] | None = None
-        self._next_metrics: float | None = None
         self.task: asyncio.Task[object] | None = None
         """The task reading this stream (set at the first ``next()``), for shutdown and tests."""
 
@@ -89,81 +88,76 @@ class Subscription:
         return self.scope is None or self.scope == scope
 
     def deliver(self, event: StreamEvent) -> None:
+        """Queue a progress event."""
         if not self._closed:
-            self._queue.put_nowait(event)
+            self._progress.append(event)
+            self._wake.set()
+
+    def offer(self, event: StreamEvent) -> None:
+        """The newest reading (``metrics`` or ``error``); replaces one not yet sent."""
+        if not self._closed:
+            self._reading = event
+            self._wake.set()
 
     def close(self) -> None:
-        """End the stream after the events already queued: ``next()`` returns those, then
-        ``None``. A metrics read in flight is cancelled. Idempotent."""
-        if self._closed:
-            return
+        """End the stream after the events already held: ``next()`` returns those, then
+        ``None``. Idempotent."""
         self._closed = True
-        if self._reading is not None:
-            self._reading.cancel()
-        self._queue.put_nowait(None)
+        self._wake.set()
 
     async def next(self) -> StreamEvent | None:
         """The next event, or ``None`` once the stream is closed and drained."""
         if self.task is None:
             self.task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        while not self._closed:
-            due = self._next_metrics
-            if due is None or loop.time() >= due:
-                event = await self._metrics()
-                self._next_metrics = loop.time() + self._interval
-                if event is not None:
-                    return event
-                continue
-            try:
-                async with asyncio.timeout(due - loop.time()):
-                    queued = await self._queue.get()
-            except TimeoutError:
-                continue
-            if queued is not None:
-                return queued
-        return None if self._queue.empty() else self._queue.get_nowait()
-
-    async def _metrics(self) -> StreamEvent | None:
-        """A ``metrics`` or ``error`` event; ``None`` when the stream was closed meanwhile."""
-        reading = asyncio.create_task(self._view())
-        self._reading = reading
-        try:
-            # wait() rather than await: a close() cancels the reading, not this task.
-            await asyncio.wait({reading})
-        finally:
-            self._reading = None
-            if not reading.done():
-                reading.cancel()
-        if reading.cancelled():
-            return None
-        error = reading.exception()
-        if error is None:
-            return StreamEvent("metrics", reading.result())
-        reply = error_reply(error)
-        if reply is None:
-            raise error  # a bug: the stream breaks and the server logs it
-        if isinstance(error, self._ends_stream):
-            self.close()
-        return StreamEvent("error", {**reply.body, "status": reply.status})
+        while True:
+            if self._progress:
+                return self._progress.popleft()
+            if self._reading is not None:
+                event, self._reading = self._reading, None
+                return event
+            if self._closed:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
 
 
 class EventHub:
-    """The open streams, and the progress of attaches in flight.
+    """The open streams, the one poller that feeds them, and the progress of attaches.
 
-    A stream that opens while an attach is in flight first receives that attach's latest
-    progress, so a reloaded page still sees it finish.
+    ``read``: one reading of every kernel asked about. ``interval``: seconds between two
+    polls. ``ends_stream``: failures after which a stream ends (its subject is gone) instead of
+    reporting the error and going on. A stream that opens while an attach is in flight first
+    receives that attach's latest progress, so a reloaded page still sees it finish.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        read: ReadAll,
+        interval: float,
+        ends_stream: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self._read = read
+        self._interval = interval
+        self._ends_stream = ends_stream
         self._subscriptions: set[Subscription] = set()
         self._in_flight: dict[str, tuple[str | None, StreamEvent]] = {}
+        self._latest: dict[str | None, StreamEvent] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
+        self.polls = 0
+        """How many polls the poller has made (for tests and benchmarks)."""
 
     @property
     def subscriptions(self) -> frozenset[Subscription]:
         return frozenset(self._subscriptions)
+
+    @property
+    def polling(self) -> bool:
+        """Whether the poller runs (it does exactly while a stream is open)."""
+        return self._poller is not None and not self._poller.done()
 
     def add(self, subscription: Subscription) -> None:
         for scope, event in self._in_flight.values():
@@ -171,12 +165,20 @@ class EventHub:
                 subscription.deliver(event)
         self._subscriptions.add(subscription)
         self._empty.clear()
+        latest = self._latest.get(subscription.key)
+        if latest is not None:
+            subscription.offer(latest)
+        else:
+            self._kick.set()  # a kernel nobody watched yet: read it now, not in a second
+        if not self.polling:
+            self._poller = asyncio.create_task(self._poll(), name="gpu-hotplug-stream-poller")
 
     def remove(self, subscription: Subscription) -> None:
         subscription.close()
         self._subscriptions.discard(subscription)
         if not self._subscriptions:
             self._empty.set()
+            self._stop_polling()
 
     def publish(self, progress: ProgressJson, *, scope: str | None) -> None:
         """Send ``progress`` to every stream that wants ``scope``."""
@@ -193,6 +195,9 @@ class EventHub:
         """Close every stream and wait (up to ``timeout`` s) until their readers are done."""
         for subscription in self._subscriptions:
             subscription.close()
+        poller = self._stop_polling()
+        if poller is not None:
+            await asyncio.wait({poller})
         try:
             async with asyncio.timeout(timeout):
                 await self._empty.wait()
@@ -202,3 +207,49 @@ class EventHub:
                 len(self._subscriptions),
                 timeout,
             )
+
+    def _stop_polling(self) -> asyncio.Task[None] | None:
+        poller, self._poller = self._poller, None
+        self._latest.clear()
+        if poller is not None:
+            poller.cancel()
+        return poller
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._subscriptions:
+            started = loop.time()
+            self._kick.clear()
+            keys = frozenset(subscription.key for subscription in self._subscriptions)
+            try:
+                reading = await self._read(keys)
+            except Exception as error:  # the reader's own failure: every stream hears of it
+                reading = dict.fromkeys(keys, error)
+            self.polls += 1
+            self._fan_out(reading)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, started + self._interval - loop.time())):
+                    await self._kick.wait()
+
+    def _fan_out(self, reading: Reading) -> None:
+        events: dict[str | None, StreamEvent] = {}
+        for key, result in reading.items():
+            if isinstance(result, BaseException):
+                reply = error_reply(result)
+                if reply is None:  # a bug: logged with its traceback; the streams end
+                    log.error("reading GPUs for the live stream failed", exc_info=result)
+                    continue
+                events[key] = StreamEvent("error", {**reply.body, "status": reply.status})
+            else:
+                events[key] = StreamEvent("metrics", result)
+        self._latest = events
+        for subscription in list(self._subscriptions):
+            event = events.get(subscription.key)
+            if event is None:
+                if subscription.key in reading:  # the bug above
+                    subscription.close()
+                continue  # opened while this poll ran: the next one includes it
+            subscription.offer(event)
+            failure = reading[subscription.key]
+            if isinstance(failure, self._ends_stream):
+                subscription.close()

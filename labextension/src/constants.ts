@@ -8,7 +8,9 @@ export const EXTENSION_NAME = 'jupyter-gpu-hotplug';
 
 /** Plugin ids (`<package>:<plugin>`), as listed in JupyterLab's plugin manager. */
 export const PluginIds = {
-  statusItem: `${EXTENSION_NAME}:status-item`
+  statusItem: `${EXTENSION_NAME}:status-item`,
+  /** Owns the settings schema (`schema/plugin.json`): toolbar, commands, panel. */
+  gpus: `${EXTENSION_NAME}:plugin`
 } as const;
 
 /**
@@ -20,10 +22,49 @@ export const STATUS_ITEM_ID = 'jp-gpu-hotplug-status';
 /** CSS class on the status bar item (see `style/base.css`). */
 export const STATUS_ITEM_CLASS = 'jp-GpuHotplug-status';
 
+/** The GPU status bar item (this kernel's GPUs at a glance). */
+export const GPU_STATUS_ITEM_ID = 'jp-gpu-hotplug-gpus-status';
+
+/** Name of the notebook toolbar item (settings `jupyter.lab.toolbars`). */
+export const TOOLBAR_ITEM_NAME = 'gpu-hotplug';
+
+/** The side panel's widget id (restorer, `shell.activateById`, tests). */
+export const PANEL_ID = 'jp-gpu-hotplug-panel';
+
+/** CSS classes (see `style/base.css`). */
+export const Classes = {
+  toolbarButton: 'jp-GpuHotplug-toolbarButton',
+  attaching: 'jp-mod-attaching',
+  unreachable: 'jp-mod-unreachable',
+  active: 'jp-mod-gpus',
+  menu: 'jp-GpuHotplug-menu',
+  panel: 'jp-GpuHotplug-panel',
+  gpuStatus: 'jp-GpuHotplug-gpuStatus',
+  chart: 'jp-GpuHotplug-chart',
+  dialog: 'jp-GpuHotplug-dialog'
+} as const;
+
+/** Command ids: palette entries, menu items, settable shortcuts. */
+export const CommandIds = {
+  attach: 'gpu-hotplug:attach',
+  detach: 'gpu-hotplug:detach',
+  detachAll: 'gpu-hotplug:detach-all',
+  forceDetach: 'gpu-hotplug:force-detach',
+  openPanel: 'gpu-hotplug:open-panel',
+  openMenu: 'gpu-hotplug:open-menu'
+} as const;
+
 /** Where the server extension mounts its REST API, relative to the server's base URL. */
 export const API_NAMESPACE = 'gpu-hotplug/api';
 
 /** REST endpoints below `API_NAMESPACE`. */
 export const Endpoints = {
-  version: 'version'
+  version: 'version',
+  gpus: 'gpus',
+  attach: 'attach',
+  detach: 'detach',
+  stream: 'stream'
 } as const;
+
+/** The translation domain of every user-visible string. */
+export const TRANSLATION_DOMAIN = 'jupyter_gpu_hotplug';

@@ -22,9 +22,7 @@ export type ServerState =
  * survive quietly: the state becomes `unavailable` rather than an error.
  */
 export class ServerVersionModel {
-  constructor(
-    private readonly _request: typeof requestAPI = requestAPI
-  ) {}
+  constructor(private readonly _request: typeof requestAPI = requestAPI) {}
 
   /** The latest known state; starts as `loading` until `refresh` settles. */
   get state(): ServerState {

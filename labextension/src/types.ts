@@ -1,11 +1,124 @@
 /**
  * TypeScript mirrors of the JSON bodies the server extension returns. Each
- * interface names its endpoint so that a change on the Python side has one
- * obvious place to be reflected here.
+ * interface names its endpoint (or stream event) so that a change on the Python
+ * side (`jupyter_gpu_hotplug/server/models.py`, `_structs.py`) has one obvious
+ * place to be reflected here.
  */
 
 /** `GET <base_url>/gpu-hotplug/api/version` */
 export interface IVersionReply {
   /** The installed `jupyter_gpu_hotplug` Python package version, e.g. "0.1.0". */
   version: string;
+}
+
+/** `GpuProcessJson` (nvml/state.py): one process using a GPU. */
+export interface IGpuProcess {
+  pid: number;
+  name: string | null;
+  used_memory: number | null;
+}
+
+/** `MetricsJson` (server/models.py): what one GPU is doing now; `null`: not offered. */
+export interface IGpuMetrics {
+  utilization_gpu: number | null;
+  utilization_memory: number | null;
+  memory_used: number | null;
+  memory_total: number | null;
+  temperature: number | null;
+  power_draw: number | null;
+  power_limit: number | null;
+  processes: IGpuProcess[] | null;
+  lost: boolean;
+}
+
+/** `Attachment` (_structs.py) plus `metrics`: `AttachedGpuJson` (server/models.py). */
+export interface IAttachedGpu {
+  uuid: string;
+  index: number;
+  minor: number;
+  name: string;
+  device: string;
+  target:
+    { pid: number } | { pod: string; namespace: string; container?: string };
+  holder: string | null;
+  attached_at: string;
+  metrics: IGpuMetrics | null;
+}
+
+/** Agent GPU states (`GpuState` in _structs.py). */
+export type NodeGpuState = 'free' | 'attached' | 'allocated';
+
+/** `NodeGpuJson` (server/models.py): one GPU of the node. */
+export interface INodeGpu {
+  uuid: string;
+  index: number;
+  minor: number;
+  name: string;
+  memory_total: number;
+  state: NodeGpuState;
+  /** Attached to the kernel (or pod) the reading is about. */
+  mine: boolean;
+}
+
+/**
+ * `GET <base_url>/gpu-hotplug/api/gpus[?kernel_id=K]` and every `metrics`
+ * event of `GET .../stream` (`GpusJson`).
+ */
+export interface IGpusReply {
+  mode: 'local' | 'kubernetes';
+  kernel_id: string | null;
+  attached: IAttachedGpu[];
+  free: number;
+  total: number;
+  /** Every GPU of the node; absent from servers older than the GPU panel. */
+  node?: INodeGpu[];
+  /** The most GPUs one attach may ask for; absent from older servers. */
+  max_count?: number;
+  simulated: boolean;
+  nvml: {
+    status: string;
+    message: string;
+    driver_version: string | null;
+    cuda_driver_version: string | null;
+  };
+  taken_at: number;
+}
+
+/** `POST <base_url>/gpu-hotplug/api/attach` → 201 (`AttachJson`). */
+export interface IAttachReply {
+  request_id: string;
+  kernel_id: string | null;
+  attachments: Omit<IAttachedGpu, 'metrics'>[];
+}
+
+/** A process a `busy` error lists (`ProcessInfo` in _structs.py). */
+export interface IBusyProcess {
+  pid: number;
+  command: string;
+}
+
+/**
+ * Every error answer of the API, and the `error` event of the stream (which
+ * adds `status`): `ErrorBody` (_structs.py) as `server/errors.py` writes it.
+ */
+export interface IErrorBody {
+  error: string;
+  message: string;
+  reason?: string;
+  retryable: boolean;
+  status?: number;
+  processes?: IBusyProcess[];
+  free?: number;
+  requested?: number;
+}
+
+/** A `progress` event of `GET .../stream` (`ProgressJson`). */
+export interface IProgress {
+  request_id: string;
+  kernel_id: string | null;
+  state: 'started' | 'waiting' | 'attached' | 'failed';
+  count: number;
+  elapsed: number;
+  attachments?: Omit<IAttachedGpu, 'metrics'>[];
+  error?: IErrorBody;
 }

@@ -88,7 +88,7 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
     [held] = view.body["attached"]
     notebook_holder = {"kind": "notebook", "name": NOTEBOOK, "kernel_id": kernel}
     assert (held["target"], held["held_by"]) == ({"pid": pid}, notebook_holder)
-    assert [g["held_by"] for g in view.body["gpus"] if g["uuid"] == held["uuid"]] == [
+    assert [g["held_by"] for g in view.body["node"] if g["uuid"] == held["uuid"]] == [
         notebook_holder
     ]
 

@@ -332,9 +332,9 @@ async def test_attach_list_detach(
     assert {k: v for k, v in gpu.items() if k not in ("metrics", "held_by")} == attachment
     holder = {"kind": "kernel", "name": f"kernel {kernel}", "kernel_id": kernel}
     assert gpu["held_by"] == holder, "named as the user knows it (no session: the kernel)"
-    [node_gpu] = [g for g in view["gpus"] if g["uuid"] == attachment["uuid"]]
+    [node_gpu] = [g for g in view["node"] if g["uuid"] == attachment["uuid"]]
     assert (node_gpu["target"], node_gpu["held_by"]) == ({"pid": sandbox.pid}, holder)
-    assert [g["held_by"] for g in view["gpus"] if g["state"] == "free"] == [None]
+    assert [g["held_by"] for g in view["node"] if g["state"] == "free"] == [None]
     assert gpu["metrics"]["utilization_gpu"] == 42
     assert gpu["metrics"]["temperature"] == 61
     assert gpu["metrics"]["lost"] is False

@@ -7,6 +7,8 @@ server-side reader (the request's task) has ended and no subscription is left.
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from traitlets.config import Config
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxProbe
-from tests.fixtures.waiting import eventually
+from tests.fixtures.waiting import DEADLINE, eventually
 
 from .api_support import (
     Fetch,
@@ -77,6 +79,10 @@ async def test_metrics_arrive_and_disconnect_ends_the_server_side(served: Served
     for event in (first, second):
         assert event is not None and event.kind == "metrics"
         assert (event.data["free"], event.data["total"], event.data["attached"]) == (2, 2, [])
+        assert [(g["index"], g["state"], g["mine"]) for g in event.data["node"]] == [
+            (0, "free", False),
+            (1, "free", False),
+        ]
     (subscription,) = manager.subscriptions
     assert subscription.task is not None and not subscription.task.done()
 
@@ -183,3 +189,44 @@ async def test_progress_of_an_attach_then_metrics_show_the_gpu(
     for stream in (client, elsewhere):
         await stream.close()
     await eventually(lambda: not manager_of(served.app).subscriptions, "no subscription")
+
+
+async def _agent_requests(agent: LocalAgent) -> int:
+    """API requests the agent has answered so far (its own ``/metrics`` counter; scrapes not
+    counted)."""
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"{agent.tcp_url}/metrics", timeout=DEADLINE) as response:
+            return str(response.read().decode())
+
+    total = 0.0
+    for line in (await asyncio.to_thread(scrape)).splitlines():
+        if line.startswith("gpu_hotplug_http_requests_total{") and 'route="/metrics"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+@pytest.mark.parametrize("tabs", [1, 12])
+async def test_open_streams_share_one_upstream_poll(
+    served: Served, local_agent: LocalAgent, tabs: int
+) -> None:
+    """However many tabs watch a kernel, each poll asks the agent twice: the node's GPUs and
+    the kernel's attachments (the agent refuses this one, which costs the same request)."""
+    manager = manager_of(served.app)
+    kernel_id = sandboxes_of(served.app).register("k", local_agent.pid)
+    clients = [await _open(served, kernel_id) for _ in range(tabs)]
+    clients += [await _open(served) for _ in range(tabs)]  # the node's counts only: no request
+    for client in clients:
+        assert (await client.next_event()) is not None
+    polls, requests = manager.hub.polls, await _agent_requests(local_agent)
+
+    await eventually(lambda: manager.hub.polls >= polls + 20, "twenty more polls")
+
+    requests = await _agent_requests(local_agent) - requests
+    polls = manager.hub.polls - polls
+    # A poll in flight at either end may be counted on one side only.
+    assert 2 * (polls - 1) <= requests <= 2 * (polls + 1), (tabs, polls, requests)
+    for client in clients:
+        await client.close()
+    await eventually(lambda: not manager.subscriptions, "no subscription")
+    assert not manager.hub.polling

@@ -33,7 +33,7 @@ from jupyter_gpu_hotplug.server.errors import (
     internal_error_reply,
 )
 from jupyter_gpu_hotplug.server.models import GpusJson, NvmlJson, ProgressJson
-from jupyter_gpu_hotplug.server.stream import EventHub, StreamEvent, Subscription
+from jupyter_gpu_hotplug.server.stream import EventHub, Reading, StreamEvent, Subscription
 from jupyter_gpu_hotplug.server.validation import (
     AttachRequest,
     DetachRequest,
@@ -41,6 +41,7 @@ from jupyter_gpu_hotplug.server.validation import (
     parse_detach,
     parse_kernel_query,
 )
+from tests.fixtures.waiting import eventually
 
 UUID = GpuUuid("GPU-0123abcd-4567-89ef-0123-456789abcdef")
 
@@ -273,45 +274,85 @@ def _progress(request_id: str, state: str) -> ProgressJson:
     )
 
 
-async def _never() -> GpusJson:
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
-
-
-async def _empty_view() -> GpusJson:
+def _view(key: str | None) -> GpusJson:
     return GpusJson(
         mode="local",
-        kernel_id=None,
+        kernel_id=key,
         attached=[],
         free=0,
         total=0,
-        gpus=[],
+        node=[],
+        max_count=8,
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
         taken_at=0.0,
     )
 
 
-async def test_close_cancels_a_metrics_read_in_flight() -> None:
-    reads: list[asyncio.Task[object]] = []
+class CountingReader:
+    """The hub's ``read``: answers every key at once and records what each poll asked."""
 
-    async def slow_view() -> GpusJson:
-        task = asyncio.current_task()
-        assert task is not None
-        reads.append(task)
-        return await _never()
+    def __init__(self) -> None:
+        self.asked: list[frozenset[str | None]] = []
+        self.fail: dict[str | None, BaseException] = {}
 
-    subscription = Subscription(scope=None, view=slow_view, interval=1.0)
-    reader = asyncio.create_task(subscription.next())
-    while not reads:
-        await asyncio.sleep(0)
+    async def __call__(self, keys: frozenset[str | None]) -> Reading:
+        self.asked.append(keys)
+        return {key: self.fail.get(key) or _view(key) for key in keys}
 
-    subscription.close()
 
-    assert await reader is None
-    (read,) = reads
-    assert read.cancelled()
-    assert subscription.task is reader
+async def test_one_poll_feeds_every_stream_and_stops_with_the_last() -> None:
+    reader = CountingReader()
+    hub = EventHub(read=reader, interval=0.01)
+    streams = [Subscription(key=key, scope=key) for key in ("k1", "k1", "k1", "k2", None)]
+    for subscription in streams:
+        hub.add(subscription)
+
+    for subscription in streams:
+        event = await subscription.next()
+        assert event is not None and event.kind == "metrics"
+        assert event.data["kernel_id"] == subscription.key
+    await eventually(lambda: len(reader.asked) >= 5, "five polls")
+
+    assert set(reader.asked) == {frozenset({"k1", "k2", None})}  # one read of all, each time
+    assert hub.polling
+    for subscription in streams:
+        hub.remove(subscription)
+    assert not hub.polling
+    polls = len(reader.asked)
+    await asyncio.sleep(0.05)
+    assert len(reader.asked) == polls  # nobody listens: nothing is read
+
+
+async def test_a_slow_stream_gets_the_latest_reading_not_a_backlog() -> None:
+    reader = CountingReader()
+    hub = EventHub(read=reader, interval=0.001)
+    slow = Subscription(key="k", scope="k")
+    hub.add(slow)
+    await eventually(lambda: len(reader.asked) >= 20, "twenty polls while nobody reads")
+
+    assert (await slow.next()) is not None
+    hub.remove(slow)
+    assert await slow.next() is None  # at most one reading was held
+
+
+async def test_errors_are_events_and_a_gone_kernel_ends_its_stream_only() -> None:
+    reader = CountingReader()
+    reader.fail["gone"] = KernelNotFound("gone")
+    hub = EventHub(read=reader, interval=0.01, ends_stream=(KernelNotFound,))
+    gone, alive = Subscription(key="gone", scope="gone"), Subscription(key="k", scope="k")
+    hub.add(gone)
+    hub.add(alive)
+
+    error = await gone.next()
+    assert error is not None and error.kind == "error"
+    assert (error.data["status"], error.data["error"]) == (404, "not_found")
+    assert await gone.next() is None
+    first, second = await alive.next(), await alive.next()
+    assert first is not None and second is not None and second.kind == "metrics"
+    hub.remove(gone)
+    await hub.close(timeout=0)
+    assert not hub.polling
 
 
 async def _drain(hub: EventHub, subscription: Subscription) -> list[str]:
@@ -325,18 +366,16 @@ async def _drain(hub: EventHub, subscription: Subscription) -> list[str]:
 
 
 async def test_hub_routes_progress_by_scope_and_replays_what_is_in_flight() -> None:
-    hub = EventHub()
-    mine, theirs, everyone = (
-        Subscription(scope=scope, view=_empty_view, interval=3600) for scope in ("k1", "k2", None)
-    )
+    hub = EventHub(read=CountingReader(), interval=3600)
+    mine, theirs, everyone = (Subscription(key=None, scope=scope) for scope in ("k1", "k2", None))
     for subscription in (mine, theirs, everyone):
         hub.add(subscription)
 
     hub.publish(_progress("r1", "started"), scope="k1")
-    late = Subscription(scope="k1", view=_empty_view, interval=3600)
+    late = Subscription(key=None, scope="k1")
     hub.add(late)
     hub.publish(_progress("r1", "attached"), scope="k1")
-    after = Subscription(scope=None, view=_empty_view, interval=3600)
+    after = Subscription(key=None, scope=None)
     hub.add(after)
     readers = [asyncio.create_task(_drain(hub, s)) for s in (mine, theirs, everyone, late, after)]
 

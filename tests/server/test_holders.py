@@ -63,7 +63,7 @@ def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id(
         snapshot=snapshot,
         kernels=KERNELS,
     )
-    assert [(g["index"], g["target"], g["held_by"]) for g in view["gpus"]] == [
+    assert [(g["index"], g["target"], g["held_by"]) for g in view["node"]] == [
         (0, {"pid": 101}, {"kind": "notebook", "name": "work/train.ipynb", "kernel_id": "k-1"}),
         (1, None, None),
         (2, {"pid": 103}, {"kind": "process", "name": "process 103", "kernel_id": None}),

@@ -1,0 +1,435 @@
+/**
+ * The one model of "which GPUs does this kernel have, and what are they
+ * doing", shared by the notebook toolbar item, the GPU panel and the status
+ * bar: views render it, none of them polls or streams on its own.
+ *
+ * It keeps a state per *watched* kernel (each open notebook's toolbar watches
+ * its own kernel; the panel and the status bar watch the current one), fed by
+ * one live stream per kernel (`GpuStream`; the server feeds all of them from a
+ * single poll of the agent) or, with the stream turned off in the settings, by
+ * a `GET gpus` when watching starts and after every action. Attach and detach
+ * go through it too, so every view sees an action start and end.
+ */
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { Endpoints } from './constants';
+import { apiUrl, describeError, requestAPI } from './handler';
+import { GpuStream, IStreamHandlers } from './stream';
+import {
+  IAttachReply,
+  IErrorBody,
+  IGpusReply,
+  IProgress,
+  INodeGpu
+} from './types';
+
+/** The user's settings (`schema/plugin.json`). */
+export interface IGpuSettings {
+  /** GPUs the "attach" command asks for when given no count. */
+  defaultCount: number;
+  /** Ask before detaching. */
+  confirmDetach: boolean;
+  /** Live updates from the server's stream; off: refresh after actions only. */
+  stream: boolean;
+  /** Samples kept per GPU for the panel's charts. */
+  chartHistory: number;
+  /** Seconds an attach from "wait for a free GPU" may wait. */
+  waitSeconds: number;
+}
+
+export const DEFAULT_SETTINGS: IGpuSettings = {
+  defaultCount: 1,
+  confirmDetach: true,
+  stream: true,
+  chartHistory: 60,
+  waitSeconds: 120
+};
+
+/** One point of a GPU's charts: percentages, `null` when not offered. */
+export interface ISample {
+  time: number;
+  utilization: number | null;
+  memory: number | null;
+}
+
+/** An action of the user in flight. */
+export interface IOperation {
+  kind: 'attach' | 'detach';
+  count: number;
+  /** The attach waits for a GPU to become free. */
+  waiting: boolean;
+  requestId?: string;
+}
+
+/** How the kernel's live updates arrive now. */
+export type Connection =
+  'connecting' | 'open' | 'reconnecting' | 'off' | 'paused';
+
+/** Everything the views know about one kernel's GPUs. */
+export interface IKernelGpus {
+  readonly kernelId: string;
+  /** The latest reading; `null` until the first one. */
+  readonly reply: IGpusReply | null;
+  /** Why the latest reading failed (cleared by the next good one). */
+  readonly error: IErrorBody | null;
+  readonly operation: IOperation | null;
+  readonly connection: Connection;
+  /** Chart samples by GPU uuid, for the GPUs the kernel has now. */
+  readonly history: ReadonlyMap<string, readonly ISample[]>;
+}
+
+/** The GPUs of the reading's kernel. */
+export function attachedCount(state: IKernelGpus | null): number {
+  return state?.reply?.attached.length ?? 0;
+}
+
+/** Whether the GPU service cannot be reached (the agent, or the server itself). */
+export function isUnreachable(state: IKernelGpus | null): boolean {
+  if (state === null) {
+    return false;
+  }
+  if (state.connection === 'reconnecting') {
+    return true;
+  }
+  const status = state.error?.status;
+  return (
+    state.error?.error === 'network_error' ||
+    (status !== undefined && status >= 502 && status <= 504)
+  );
+}
+
+/** The node's GPUs (older servers: none listed). */
+export function nodeGpus(state: IKernelGpus | null): readonly INodeGpu[] {
+  return state?.reply?.node ?? [];
+}
+
+/** Opens a stream for a kernel (tests replace it). */
+export type StreamOpener = (
+  kernelId: string,
+  handlers: IStreamHandlers
+) => IDisposable;
+
+export interface IGpuModelOptions {
+  request?: typeof requestAPI;
+  openStream?: StreamOpener;
+  settings?: IGpuSettings;
+  now?: () => number;
+}
+
+class Watched {
+  constructor(kernelId: string) {
+    this.state = {
+      kernelId,
+      reply: null,
+      error: null,
+      operation: null,
+      connection: 'connecting',
+      history: new Map()
+    };
+  }
+  state: IKernelGpus;
+  watchers = 0;
+  stream: IDisposable | null = null;
+}
+
+export class GpuModel implements IDisposable {
+  constructor(options: IGpuModelOptions = {}) {
+    this._request = options.request ?? requestAPI;
+    this._openStream = options.openStream ?? openStream;
+    this._settings = options.settings ?? DEFAULT_SETTINGS;
+    this._now = options.now ?? Date.now;
+  }
+
+  get settings(): IGpuSettings {
+    return this._settings;
+  }
+
+  /** New settings; streams open or close at once when `stream` changes. */
+  set settings(settings: IGpuSettings) {
+    const streamChanged = settings.stream !== this._settings.stream;
+    this._settings = settings;
+    if (streamChanged) {
+      for (const watched of this._watched.values()) {
+        this._connect(watched);
+      }
+    }
+  }
+
+  /**
+   * Standby: while the page is hidden the streams are closed (the server then
+   * reads nothing for this page); they reopen when it shows again.
+   */
+  get paused(): boolean {
+    return this._paused;
+  }
+
+  set paused(paused: boolean) {
+    if (paused === this._paused) {
+      return;
+    }
+    this._paused = paused;
+    for (const watched of this._watched.values()) {
+      this._connect(watched);
+    }
+  }
+
+  /** The kernel of the notebook in focus (panel, status bar), or `null`. */
+  get current(): string | null {
+    return this._current;
+  }
+
+  set current(kernelId: string | null) {
+    if (kernelId === this._current) {
+      return;
+    }
+    this._current = kernelId;
+    this._currentChanged.emit(kernelId);
+    this._anyChanged.emit();
+  }
+
+  /** Emitted with the kernel id whose state changed. */
+  get changed(): ISignal<this, string> {
+    return this._changed;
+  }
+
+  /** Emitted when anything the views show may have changed (status bar `isActive`). */
+  get anyChanged(): ISignal<this, void> {
+    return this._anyChanged;
+  }
+
+  /** Emitted when `current` changes. */
+  get currentChanged(): ISignal<this, string | null> {
+    return this._currentChanged;
+  }
+
+  /** Call `slot` whenever what the current kernel's views show may change. */
+  onCurrent(slot: () => void, owner: object): void {
+    this._changed.connect((_, kernelId) => {
+      if (kernelId === this._current) {
+        slot.call(owner);
+      }
+    }, owner);
+    this._currentChanged.connect(() => slot.call(owner), owner);
+  }
+
+  /** Every `progress` event of the watched kernels' streams. */
+  get progress(): ISignal<this, IProgress> {
+    return this._progress;
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  /** The state of a watched kernel; `null` if nobody watches it. */
+  state(kernelId: string | null): IKernelGpus | null {
+    return kernelId === null
+      ? null
+      : (this._watched.get(kernelId)?.state ?? null);
+  }
+
+  /** Start following a kernel; the returned disposable stops (reference counted). */
+  watch(kernelId: string): IDisposable {
+    let watched = this._watched.get(kernelId);
+    if (watched === undefined) {
+      watched = new Watched(kernelId);
+      this._watched.set(kernelId, watched);
+      this._connect(watched);
+    }
+    watched.watchers += 1;
+    const entry = watched;
+    let done = false;
+    return {
+      get isDisposed() {
+        return done;
+      },
+      dispose: () => {
+        if (done) {
+          return;
+        }
+        done = true;
+        entry.watchers -= 1;
+        if (entry.watchers === 0 && this._watched.get(kernelId) === entry) {
+          entry.stream?.dispose();
+          this._watched.delete(kernelId);
+        }
+      }
+    };
+  }
+
+  /** Read the kernel's GPUs now (`GET gpus`); never rejects. */
+  async refresh(kernelId: string): Promise<void> {
+    try {
+      const reply = await this._request<IGpusReply>(
+        `${Endpoints.gpus}?kernel_id=${encodeURIComponent(kernelId)}`
+      );
+      this._onMetrics(kernelId, reply);
+    } catch (error) {
+      this._update(kernelId, { error: describeError(error) });
+    }
+  }
+
+  /**
+   * Attach `count` GPUs to the kernel. With `waitSeconds`, the server waits
+   * that long for GPUs to become free. Rejects with the request's error.
+   */
+  async attach(
+    kernelId: string,
+    count: number,
+    waitSeconds?: number
+  ): Promise<IAttachReply> {
+    const requestId = `lab-${Math.random().toString(16).slice(2, 14)}`;
+    const body: Record<string, unknown> = {
+      count,
+      kernel_id: kernelId,
+      request_id: requestId
+    };
+    if (waitSeconds !== undefined) {
+      body.wait_seconds = waitSeconds;
+    }
+    return this._act(
+      kernelId,
+      { kind: 'attach', count, waiting: false, requestId },
+      () =>
+        this._request<IAttachReply>(Endpoints.attach, {
+          method: 'POST',
+          body: JSON.stringify(body)
+        })
+    );
+  }
+
+  /** Detach one GPU (`uuid`) or all (`null`) of the kernel. Rejects with the error. */
+  async detach(
+    kernelId: string,
+    uuid: string | null,
+    force = false
+  ): Promise<void> {
+    const count = uuid === null ? attachedCount(this.state(kernelId)) : 1;
+    await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
+      this._request<null>(Endpoints.detach, {
+        method: 'POST',
+        body: JSON.stringify({
+          uuid: uuid ?? 'all',
+          force,
+          kernel_id: kernelId
+        })
+      })
+    );
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    for (const watched of this._watched.values()) {
+      watched.stream?.dispose();
+    }
+    this._watched.clear();
+    Signal.clearData(this);
+  }
+
+  private async _act<T>(
+    kernelId: string,
+    operation: IOperation,
+    call: () => Promise<T>
+  ): Promise<T> {
+    this._update(kernelId, { operation });
+    try {
+      return await call();
+    } finally {
+      this._update(kernelId, { operation: null });
+      void this.refresh(kernelId);
+    }
+  }
+
+  private _connect(watched: Watched): void {
+    watched.stream?.dispose();
+    watched.stream = null;
+    const kernelId = watched.state.kernelId;
+    if (this._paused) {
+      this._update(kernelId, { connection: 'paused' });
+      return;
+    }
+    if (!this._settings.stream) {
+      this._update(kernelId, { connection: 'off' });
+      void this.refresh(kernelId);
+      return;
+    }
+    this._update(kernelId, { connection: 'connecting' });
+    watched.stream = this._openStream(kernelId, {
+      metrics: reply => this._onMetrics(kernelId, reply),
+      progress: progress => this._onProgress(kernelId, progress),
+      error: body => this._update(kernelId, { error: body }),
+      connection: state => this._update(kernelId, { connection: state })
+    });
+  }
+
+  private _onMetrics(kernelId: string, reply: IGpusReply): void {
+    const watched = this._watched.get(kernelId);
+    if (watched === undefined) {
+      return;
+    }
+    const keep = Math.max(2, this._settings.chartHistory);
+    const history = new Map<string, readonly ISample[]>();
+    for (const gpu of reply.attached) {
+      const metrics = gpu.metrics;
+      const sample: ISample = {
+        time: this._now(),
+        utilization: metrics?.utilization_gpu ?? null,
+        memory:
+          metrics?.memory_used !== null &&
+          metrics?.memory_used !== undefined &&
+          metrics.memory_total
+            ? (100 * metrics.memory_used) / metrics.memory_total
+            : null
+      };
+      // A GPU detached meanwhile loses its history; a new one starts its own.
+      const before = watched.state.history.get(gpu.uuid) ?? [];
+      history.set(gpu.uuid, [...before, sample].slice(-keep));
+    }
+    this._update(kernelId, { reply, error: null, history });
+  }
+
+  private _onProgress(kernelId: string, progress: IProgress): void {
+    const operation = this.state(kernelId)?.operation;
+    if (
+      operation?.requestId === progress.request_id &&
+      progress.state === 'waiting' &&
+      !operation.waiting
+    ) {
+      this._update(kernelId, { operation: { ...operation, waiting: true } });
+    }
+    this._progress.emit(progress);
+  }
+
+  private _update(kernelId: string, change: Partial<IKernelGpus>): void {
+    const watched = this._watched.get(kernelId);
+    if (watched === undefined || this._disposed) {
+      return;
+    }
+    watched.state = { ...watched.state, ...change };
+    this._changed.emit(kernelId);
+    this._anyChanged.emit();
+  }
+
+  private readonly _request: typeof requestAPI;
+  private readonly _openStream: StreamOpener;
+  private readonly _now: () => number;
+  private _settings: IGpuSettings;
+  private _current: string | null = null;
+  private _paused = false;
+  private _disposed = false;
+  private readonly _watched = new Map<string, Watched>();
+  private readonly _changed = new Signal<this, string>(this);
+  private readonly _currentChanged = new Signal<this, string | null>(this);
+  private readonly _anyChanged = new Signal<this, void>(this);
+  private readonly _progress = new Signal<this, IProgress>(this);
+}
+
+/** The real stream of a kernel. */
+function openStream(kernelId: string, handlers: IStreamHandlers): IDisposable {
+  const url = `${apiUrl(Endpoints.stream)}?kernel_id=${encodeURIComponent(kernelId)}`;
+  return new GpuStream({ url, handlers });
+}

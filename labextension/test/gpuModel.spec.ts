@@ -1,0 +1,192 @@
+import { ServerConnection } from '@jupyterlab/services';
+
+import { GpuModel, IGpuSettings, DEFAULT_SETTINGS } from '../src/gpuModel';
+import { ApiError, describeError } from '../src/handler';
+import { IStreamHandlers } from '../src/stream';
+import { gpu, reply, response } from './fixtures';
+
+const makeRequest = ServerConnection.makeRequest as jest.Mock;
+
+function setUp(settings: Partial<IGpuSettings> = {}) {
+  const streams = new Map<string, IStreamHandlers>();
+  const disposed: string[] = [];
+  let clock = 0;
+  const model = new GpuModel({
+    settings: { ...DEFAULT_SETTINGS, ...settings },
+    now: () => ++clock,
+    openStream: (kernelId, handlers) => {
+      streams.set(kernelId, handlers);
+      return {
+        isDisposed: false,
+        dispose: () => disposed.push(kernelId)
+      };
+    }
+  });
+  const changes: string[] = [];
+  model.changed.connect((_, kernelId) => changes.push(kernelId));
+  return { model, streams, disposed, changes };
+}
+
+beforeEach(() => {
+  makeRequest.mockReset();
+  makeRequest.mockResolvedValue(response(200, reply([])));
+});
+
+describe('GpuModel', () => {
+  it('opens one stream per kernel however many views watch it', () => {
+    const { model, streams, disposed } = setUp();
+    const a = model.watch('k1');
+    const b = model.watch('k1');
+    model.watch('k2');
+    expect([...streams.keys()]).toEqual(['k1', 'k2']);
+
+    a.dispose();
+    a.dispose();
+    expect(disposed).toEqual([]);
+    b.dispose();
+    expect(disposed).toEqual(['k1']);
+    expect(model.state('k1')).toBeNull();
+    expect(model.state('k2')?.connection).toBe('connecting');
+  });
+
+  it('keeps chart history per attached GPU, trimmed, following hot-plug', () => {
+    const { model, streams } = setUp({ chartHistory: 3 });
+    model.watch('k1');
+    const stream = streams.get('k1')!;
+    for (const utilization of [10, 20, 30, 40]) {
+      stream.metrics(reply([gpu(0, utilization)]));
+    }
+    const history = model.state('k1')!.history.get('GPU-0')!;
+    expect(history.map(s => s.utilization)).toEqual([20, 30, 40]);
+    expect(history[2].memory).toBeCloseTo(10);
+
+    stream.metrics(reply([gpu(1, 50)])); // GPU 0 detached, GPU 1 attached
+    expect([...model.state('k1')!.history.keys()]).toEqual(['GPU-1']);
+    expect(model.state('k1')!.reply!.attached[0].index).toBe(1);
+  });
+
+  it('records stream errors until the next good reading', () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    const stream = streams.get('k1')!;
+    stream.error({
+      error: 'agent_unavailable',
+      message: 'No GPU agent',
+      retryable: true,
+      status: 503
+    });
+    expect(model.state('k1')!.error?.message).toBe('No GPU agent');
+    stream.metrics(reply([]));
+    expect(model.state('k1')!.error).toBeNull();
+  });
+
+  it('attaches through the API and shows the operation meanwhile', async () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    makeRequest.mockResolvedValueOnce(
+      response(201, { request_id: 'r', kernel_id: 'k1', attachments: [gpu(0)] })
+    );
+    const pending = model.attach('k1', 2, 30);
+    const operation = model.state('k1')!.operation!;
+    expect(operation).toMatchObject({
+      kind: 'attach',
+      count: 2,
+      waiting: false
+    });
+
+    streams.get('k1')!.progress({
+      request_id: operation.requestId!,
+      kernel_id: 'k1',
+      state: 'waiting',
+      count: 2,
+      elapsed: 1
+    });
+    expect(model.state('k1')!.operation!.waiting).toBe(true);
+
+    const done = await pending;
+    expect(done.attachments[0].device).toBe('/dev/nvidia0');
+    expect(model.state('k1')!.operation).toBeNull();
+    const [url, init] = makeRequest.mock.calls[0];
+    expect(url).toBe('http://localhost:8888/base/gpu-hotplug/api/attach');
+    expect(init.method).toBe('POST');
+    expect(JSON.parse(init.body)).toEqual({
+      count: 2,
+      kernel_id: 'k1',
+      request_id: operation.requestId,
+      wait_seconds: 30
+    });
+    // and it refreshes at once, without the cache buster our API rejects
+    expect(makeRequest.mock.calls[1][0]).toBe(
+      'http://localhost:8888/base/gpu-hotplug/api/gpus?kernel_id=k1'
+    );
+    expect(makeRequest.mock.calls[1][1].cache).toBe('no-cache');
+  });
+
+  it('rejects with the server error body (a busy GPU lists its processes)', async () => {
+    const { model } = setUp();
+    model.watch('k1');
+    const busy = {
+      error: 'busy',
+      message: 'GPU-0 is in use by 1 process',
+      retryable: false,
+      processes: [{ pid: 77, command: 'python train.py' }]
+    };
+    makeRequest.mockResolvedValueOnce(response(409, busy));
+    const error = await model.detach('k1', 'GPU-0').catch(e => e);
+
+    expect(error).toBeInstanceOf(ApiError);
+    expect(describeError(error)).toEqual({ ...busy, status: 409 });
+    const [, init] = makeRequest.mock.calls[0];
+    expect(JSON.parse(init.body)).toEqual({
+      uuid: 'GPU-0',
+      force: false,
+      kernel_id: 'k1'
+    });
+  });
+
+  it('turns a network failure into a message, never a stack', () => {
+    const error = new ServerConnection.NetworkError(
+      new TypeError('Failed to fetch')
+    );
+    expect(describeError(error)).toEqual({
+      error: 'network_error',
+      message: 'The Jupyter server cannot be reached: Failed to fetch',
+      retryable: true
+    });
+  });
+
+  it('without the stream reads the GPUs once per watch and after actions', async () => {
+    const { model, streams } = setUp({ stream: false });
+    makeRequest.mockResolvedValue(response(200, reply([gpu(0)])));
+    model.watch('k1');
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(streams.size).toBe(0);
+    expect(model.state('k1')!.connection).toBe('off');
+    expect(model.state('k1')!.reply!.attached).toHaveLength(1);
+
+    model.settings = { ...DEFAULT_SETTINGS, stream: true };
+    expect([...streams.keys()]).toEqual(['k1']);
+  });
+
+  it('closes its streams while paused (page hidden) and reopens them after', () => {
+    const { model, streams, disposed } = setUp();
+    model.watch('k1');
+    const first = streams.get('k1');
+    model.paused = true;
+    expect(disposed).toEqual(['k1']);
+    expect(model.state('k1')!.connection).toBe('paused');
+    model.paused = false;
+    expect(streams.get('k1')).not.toBe(first);
+    expect(model.state('k1')!.connection).toBe('connecting');
+  });
+
+  it('announces the current kernel', () => {
+    const { model } = setUp();
+    const seen: (string | null)[] = [];
+    model.currentChanged.connect((_, k) => seen.push(k));
+    model.current = 'k1';
+    model.current = 'k1';
+    model.current = null;
+    expect(seen).toEqual(['k1', null]);
+  });
+});

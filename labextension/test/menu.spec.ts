@@ -1,0 +1,139 @@
+import { CommandIds } from '../src/constants';
+import { IKernelGpus } from '../src/gpuModel';
+import { buttonDescription, buttonLabel, menuEntries } from '../src/menu';
+import { IGpusReply } from '../src/types';
+import { gpu, reply, trans } from './fixtures';
+
+function state(
+  r: IGpusReply | null,
+  change: Partial<IKernelGpus> = {}
+): IKernelGpus {
+  return {
+    kernelId: 'k1',
+    reply: r,
+    error: null,
+    operation: null,
+    connection: 'open',
+    history: new Map(),
+    ...change
+  };
+}
+
+const summary = (s: IKernelGpus | null) =>
+  menuEntries(s, trans).map(e => `${e.label}${e.enabled ? '' : ' [off]'}`);
+
+describe('menuEntries', () => {
+  it('offers attach 1..N with N the free GPUs, and the panel', () => {
+    expect(summary(state(reply([], { free: 3 })))).toEqual([
+      'Attach 1 GPU',
+      'Attach 2 GPUs',
+      'Attach 3 GPUs',
+      'Open the GPU panel'
+    ]);
+  });
+
+  it('never offers more than one request may ask for', () => {
+    const entries = menuEntries(
+      state(reply([], { free: 6, maxCount: 2 })),
+      trans
+    );
+    expect(entries.filter(e => e.command === CommandIds.attach)).toHaveLength(
+      2
+    );
+    expect(entries[1].args).toEqual({ kernelId: 'k1', count: 2 });
+  });
+
+  it('with no free GPU says so (local mode cannot wait)', () => {
+    const entries = menuEntries(state(reply([gpu(0)], { free: 0 })), trans);
+    expect(entries[0]).toMatchObject({
+      command: CommandIds.attach,
+      label: 'No free GPU on this node',
+      enabled: false
+    });
+  });
+
+  it('with no free GPU in Kubernetes offers to wait for one', () => {
+    const queued = {
+      ...reply([gpu(0)], { free: 0 }),
+      mode: 'kubernetes' as const
+    };
+    const entries = menuEntries(state(queued), trans);
+    expect(entries[0]).toMatchObject({
+      command: CommandIds.attach,
+      args: { kernelId: 'k1', count: 1, wait: true },
+      label: 'Wait for a free GPU and attach it',
+      enabled: true
+    });
+  });
+
+  it('detaches one, all, and force-detaches each GPU of the kernel', () => {
+    const entries = menuEntries(
+      state(reply([gpu(0), gpu(1)], { free: 0 })),
+      trans
+    );
+    expect(entries.map(e => [e.command, e.args.uuid ?? null])).toEqual([
+      [CommandIds.attach, null],
+      [CommandIds.detach, 'GPU-0'],
+      [CommandIds.detach, 'GPU-1'],
+      [CommandIds.detachAll, null],
+      [CommandIds.forceDetach, 'GPU-0'],
+      [CommandIds.forceDetach, 'GPU-1'],
+      [CommandIds.openPanel, null]
+    ]);
+  });
+
+  it('disables actions while one is in flight or the service is unreachable', () => {
+    const busy = state(reply([gpu(0)], { free: 1 }), {
+      operation: { kind: 'attach', count: 1, waiting: false }
+    });
+    expect(summary(busy)).toEqual([
+      'Attach 1 GPU [off]',
+      'Detach GPU 0 (NVIDIA H100 80GB HBM3 (simulated)) [off]',
+      'Force-detach GPU 0… [off]',
+      'Open the GPU panel'
+    ]);
+    const down = state(reply([], { free: 1 }), { connection: 'reconnecting' });
+    expect(summary(down)[0]).toBe('Attach 1 GPU [off]');
+  });
+
+  it('without a reading says the service is not reachable', () => {
+    expect(summary(state(null))).toEqual([
+      'Attach a GPU (GPU service not reachable) [off]',
+      'Open the GPU panel'
+    ]);
+  });
+});
+
+describe('the toolbar button', () => {
+  it('reads "GPU" then "GPU ×N"', () => {
+    expect(buttonLabel(null, trans)).toBe('GPU');
+    expect(buttonLabel(state(reply([gpu(0)])), trans)).toBe('GPU');
+    expect(buttonLabel(state(reply([gpu(0), gpu(1)])), trans)).toBe('GPU ×2');
+  });
+
+  it('has an accessible name for every state', () => {
+    expect(buttonDescription(state(reply([], { free: 2 })), trans)).toBe(
+      'GPUs: none attached to this kernel, 2 free'
+    );
+    expect(buttonDescription(state(reply([gpu(0)], { free: 1 })), trans)).toBe(
+      'GPUs: 1 attached to this kernel, 1 free'
+    );
+    const waiting = state(null, {
+      operation: { kind: 'attach', count: 1, waiting: true }
+    });
+    expect(buttonDescription(waiting, trans)).toBe(
+      'GPUs: waiting for a free GPU…'
+    );
+    const down = state(null, {
+      error: {
+        error: 'agent_unavailable',
+        message: 'x',
+        retryable: true,
+        status: 503
+      }
+    });
+    expect(buttonDescription(down, trans)).toBe(
+      'GPUs: the GPU service cannot be reached'
+    );
+  });
+});

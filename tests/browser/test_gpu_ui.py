@@ -1,0 +1,265 @@
+"""The GPU toolbar item, panel, status bar and notifications in a real browser, against the
+demo: a real ``jupyter lab`` with the server extension, sandboxed kernels and a local-mode
+agent with two simulated GPUs.
+
+One demo and one Chromium serve the whole module (each start costs seconds); every test opens
+its own notebooks (their own kernels) in pages of their own and leaves every GPU free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
+from tests.demo.conftest import DemoFactory
+from tests.demo.demo_process import DemoProcess
+from tests.fixtures.agent import update_simulated_gpu
+from tests.fixtures.browser import needs_chromium
+from tests.fixtures.requirements import needs_root
+
+from .gpu_lab import PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
+
+pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
+
+GPUS = 2
+
+OpenLab = Callable[[str], GpuLab]
+"""``open_lab(name)``: a page on a new notebook."""
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoProcess]:
+    home = tmp_path_factory.mktemp("gpu-ui")
+    factory = DemoFactory(home)
+    try:
+        started = factory(simulate=GPUS)
+        quiet_lab(started.server)
+        yield started
+    finally:
+        for demo in factory.demos:  # kept for a post-mortem: the demo's dir goes
+            for log in (demo.layout.agent_log, demo.layout.lab_log):
+                if log.exists():
+                    shutil.copy(log, home / log.name)
+        factory.close()
+
+
+@pytest.fixture
+def open_lab(chromium: Browser, demo: DemoProcess) -> Iterator[OpenLab]:
+    """``open_lab(name)``: a page on a new notebook; pages close and GPUs are freed after."""
+    pages: list[GpuLab] = []
+
+    def open_page(name: str) -> GpuLab:
+        lab = GpuLab.open(chromium, demo, name)
+        pages.append(lab)
+        return lab
+
+    yield open_page
+    for lab in pages:
+        with contextlib.suppress(Exception):
+            demo.server.request(
+                "POST",
+                "gpu-hotplug/api/detach",
+                {"uuid": "all", "force": True, "kernel_id": lab.kernel_id()},
+            )
+        assert lab.log.page_errors == [], lab.log.page_errors
+        lab.close()
+
+
+def test_attach_through_the_toolbar_shows_everywhere_and_detach_takes_it_away(
+    open_lab: OpenLab,
+) -> None:
+    lab = open_lab("first.ipynb")
+    expect(lab.button).to_have_text("GPU")
+    expect(lab.button).to_have_attribute("aria-label", "GPUs: none attached to this kernel, 2 free")
+    expect(lab.status).to_be_hidden()
+    assert lab.run_probe() == "[]"
+    lab.open_panel()
+    expect(lab.panel.locator("li[data-state='free']")).to_have_count(GPUS)
+
+    lab.choose("Attach 1 GPU")
+
+    [gpu] = lab.attached()
+    expect(lab.toast(f"Attached 1 GPU: {gpu['device']}")).to_be_visible(timeout=SETTLE_MS)
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    expect(lab.button).to_have_attribute("aria-label", "GPUs: 1 attached to this kernel, 1 free")
+    expect(lab.status).to_contain_text(re.compile(rf"GPU {gpu['index']} \d+%"))
+    expect(lab.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "mine")
+    expect(lab.panel_gpu(gpu["uuid"])).to_contain_text("this kernel")
+    chart = lab.panel.locator(f"figure[data-uuid='{gpu['uuid']}'] polyline").first
+    expect(chart).to_have_attribute("points", re.compile(r"\d+\.\d,\d+\.\d \d"), timeout=SETTLE_MS)
+    assert lab.run_probe() == f"['{gpu['device']}']"
+
+    lab.choose(f"Detach GPU {gpu['index']} (")
+    lab.confirm("Detach")
+
+    expect(lab.toast(f"Detached GPU {gpu['index']}.")).to_be_visible(timeout=SETTLE_MS)
+    expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    expect(lab.status).to_be_hidden(timeout=SETTLE_MS)
+    expect(lab.panel.locator("li[data-state='free']")).to_have_count(GPUS, timeout=SETTLE_MS)
+    assert lab.run_probe() == "[]"
+    assert lab.attached() == []
+
+
+def _host_pid_of(argv: list[str]) -> int:
+    """The pid (host's view) of the one process whose command line is ``argv``."""
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "cmdline").read_text() == wanted:
+                    found.append(int(entry.name))
+    assert len(found) == 1, (argv, found)
+    return found[0]
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for its parent (the kernel) to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_second_notebook_no_free_gpu_busy_gpu_and_force(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    owner, other = open_lab("owner.ipynb"), open_lab("other.ipynb")
+    owner.choose("Attach 2 GPUs")
+    expect(owner.toast("Attached 2 GPUs")).to_be_visible(timeout=SETTLE_MS)
+    taken = owner.attached()
+    assert len(taken) == GPUS
+
+    # The other notebook shows only its own GPUs (none); its panel shows them taken.
+    expect(other.button).to_have_attribute(
+        "aria-label", "GPUs: none attached to this kernel, 0 free", timeout=SETTLE_MS
+    )
+    other.open_panel()
+    for gpu in taken:
+        expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "attached")
+        expect(other.panel_gpu(gpu["uuid"])).to_contain_text("another kernel or pod")
+
+    # No free GPU: the command says what the server said.
+    other.palette("Attach GPUs to this kernel")
+    refused = other.page.locator(".Toastify__toast--error")
+    expect(refused).to_contain_text("free", timeout=SETTLE_MS)
+    expect(refused).not_to_contain_text("Traceback")
+    # The menu offers no attach (a local agent cannot wait for one), and says why.
+    other.button.click()
+    expect(other.menu_item("No free GPU on this node")).to_have_class(re.compile("lm-mod-disabled"))
+    other.page.keyboard.press("Escape")
+
+    # A process in the owner's sandbox uses a GPU: a plain detach is refused and says so.
+    gpu = taken[0]
+    marker = str(6000 + os.getpid() % 1000)
+    with demo.server.connect(owner.kernel_id()) as kernel:
+        kernel.run(f"import subprocess; worker = subprocess.Popen(['sleep', '{marker}'])")
+    worker = _host_pid_of(["sleep", marker])
+    update_simulated_gpu(
+        demo.layout.simulation_config,
+        gpu["uuid"],
+        processes=(SimulatedProcess(pid=worker, used_memory=None),),
+    )
+    owner.choose(f"Detach GPU {gpu['index']} (")
+    owner.confirm("Detach")
+    busy = owner.page.locator(".Toastify__toast--error")
+    expect(busy).to_contain_text(str(worker), timeout=SETTLE_MS)
+    assert [g["uuid"] for g in owner.attached()] == [g["uuid"] for g in taken]
+
+    # Force, from the notification: the dialog lists what will be ended.
+    busy.locator("button", has_text="Force-detach").click()
+    dialog = owner.page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text(f"{worker} sleep", timeout=SETTLE_MS)
+    owner.confirm("End processes and detach")
+
+    expect(owner.toast(f"Detached GPU {gpu['index']} (forced).")).to_be_visible(timeout=SETTLE_MS)
+    assert [g["uuid"] for g in owner.attached()] == [taken[1]["uuid"]]
+    assert _ended(worker)
+    expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "free", timeout=SETTLE_MS)
+    expect(other.button).to_have_attribute(
+        "aria-label", "GPUs: none attached to this kernel, 1 free", timeout=SETTLE_MS
+    )
+
+
+def test_agent_unreachable_is_shown_then_recovers_without_reload(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    lab = open_lab("offline.ipynb")
+    lab.open_panel()
+    socket = demo.layout.agent_socket
+    away = socket.with_name(socket.name + ".away")
+    socket.rename(away)
+    try:
+        expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-unreachable"), timeout=SETTLE_MS)
+        expect(lab.button).to_have_attribute(
+            "aria-label", "GPUs: the GPU service cannot be reached"
+        )
+        expect(lab.status).to_have_text("GPU: unreachable")
+        expect(lab.panel).to_contain_text("No GPU agent")
+
+        lab.palette("Attach GPUs to this kernel")
+        expect(lab.page.locator(".Toastify__toast--error")).to_contain_text(
+            "No GPU agent", timeout=SETTLE_MS
+        )
+    finally:
+        away.rename(socket)
+
+    expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-unreachable"), timeout=SETTLE_MS)
+    expect(lab.button).to_have_attribute("aria-label", re.compile("free$"))
+    expect(lab.status).to_be_hidden()
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+
+
+def test_keyboard_only_menu_and_no_serious_accessibility_violation(
+    open_lab: OpenLab,
+) -> None:
+    lab = open_lab("keys.ipynb")
+    page = lab.page
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Escape")  # command mode: the notebook has the focus
+
+    page.keyboard.press("Alt+G")  # the settable shortcut of "open this notebook's GPU menu"
+    expect(lab.menu).to_be_visible()
+    active = lab.menu.locator(".lm-Menu-item.lm-mod-active .lm-Menu-itemLabel")
+    expect(active).to_have_text(re.compile("^Attach 1 GPU"))
+    page.keyboard.press("ArrowDown")
+    expect(active).to_have_text(re.compile("^Attach 2 GPUs"))
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("Enter")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    expect(lab.button).to_be_focused()  # back where the keyboard user was
+
+    page.keyboard.press("Enter")  # the focused button opens the menu
+    expect(lab.menu).to_be_visible()
+    expect(lab.button).to_have_attribute("aria-expanded", "true")
+    page.keyboard.press("Escape")
+    expect(lab.menu).to_be_hidden()
+    expect(lab.button).to_be_focused()
+
+    page.keyboard.press("Alt+Shift+G")
+    expect(lab.panel.locator("figure")).to_have_count(1, timeout=SETTLE_MS)
+    assert lab.axe(TOOLBAR_ITEM, PANEL) == []
+
+    lab.button.focus()
+    page.keyboard.press("Enter")
+    expect(lab.menu).to_be_visible()
+    for _ in range(lab.menu.locator(".lm-Menu-item").count()):
+        if active.inner_text().startswith("Detach GPU"):
+            break
+        page.keyboard.press("ArrowDown")
+    expect(active).to_have_text(re.compile("^Detach GPU"))
+    page.keyboard.press("Enter")
+    expect(page.locator(".jp-Dialog")).to_be_visible(timeout=SETTLE_MS)
+    page.keyboard.press("Enter")  # the dialog's default button: Detach
+    expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    assert lab.attached() == []
