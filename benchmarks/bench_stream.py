@@ -84,7 +84,7 @@ def cmdline(pid: int) -> str:
 
 class Demo:
     def __init__(self, root: Path) -> None:
-        self.layout = DemoLayout(root)
+        self.layout = DemoLayout(root, root.parent / "notebooks")
         self.output = root.parent / "demo.out"
         argv = [
             str(Path(sys.executable).with_name("jupyter")),
@@ -94,6 +94,7 @@ class Demo:
             "--no-browser",
             f"--port={free_port()}",
             f"--state-dir={root}",
+            f"--notebook-dir={self.layout.notebooks}",
         ]
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

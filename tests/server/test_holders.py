@@ -61,6 +61,7 @@ def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id(
         attachments=(),
         node=[gpu(0, {"pid": 101}), gpu(1, None), gpu(2, {"pid": 103})],
         snapshot=snapshot,
+        max_count=8,
         kernels=KERNELS,
     )
     assert [(g["index"], g["target"], g["held_by"]) for g in view["node"]] == [
