@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 for proto in *.proto; do
-  "$python" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. "$proto"
+  grpc_out=()
+  # Service stubs only where the proto declares a service (cri.proto has messages only).
+  grep -q '^service ' "$proto" && grpc_out=(--grpc_python_out=.)
+  "$python" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. "${grpc_out[@]}" "$proto"
 done
 # protoc writes `import x_pb2` (absolute); the package needs a relative import.
 sed -i -E 's/^import ([a-z_]+_pb2) as /from . import \1 as /' ./*_pb2_grpc.py
