@@ -1,0 +1,104 @@
+"""The Kubernetes adapter over the real ``kubernetes`` client against kmock's emulated API
+server on a real HTTP port: plain-dict objects, client-side filtering (kmock ignores
+selectors), watch with a deadline, and the error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from jupyter_gpu_hotplug.agent.kubernetes.kube import (
+    KubeApi,
+    KubeConflict,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    KubeUnavailable,
+    api_error,
+)
+
+
+def _pod(name: str, *, node: str = "node-a", labels: dict[str, str] | None = None) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "labels": labels or {}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+    }
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[KubeApi]:
+    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+        configuration = kubernetes.client.Configuration()
+        configuration.host = str(server.url).rstrip("/")
+        client = KubeApi(kubernetes.client.ApiClient(configuration))
+        yield client
+        client.close()
+
+
+async def test_pods_round_trip_and_lists_filter_client_side(api: KubeApi) -> None:
+    await api.create_pod("team", _pod("mine", labels={"holder": "true"}))
+    await api.create_pod("team", _pod("elsewhere", node="node-b", labels={"holder": "true"}))
+    await api.create_pod("team", _pod("unlabelled"))
+    pod = await api.get_pod("team", "mine")
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == "node-a"
+    pods, _ = await api.list_pods("team", labels={"holder": "true"}, node_name="node-a")
+    assert [p["metadata"]["name"] for p in pods] == ["mine"]
+    assert await api.get_pod("team", "nope") is None
+    with pytest.raises(KubeConflict):
+        await api.create_pod("team", _pod("mine"))
+    assert await api.delete_pod("team", "mine") is True
+    assert await api.delete_pod("team", "mine") is False
+
+
+async def test_watch_streams_matching_events_and_ends_by_its_deadline(api: KubeApi) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def watch() -> None:
+        async for event in api.watch_pods(
+            "team", labels={"holder": "true"}, deadline=time.monotonic() + 1.5
+        ):
+            seen.append((event.type, event.object["metadata"]["name"]))
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0.3)
+    await api.create_pod("team", _pod("other"))
+    await api.create_pod("team", _pod("h1", labels={"holder": "true"}))
+    await api.delete_pod("team", "h1")
+    started = time.monotonic()
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - started < 10  # ended by the deadline, not by the server
+    assert seen == [("ADDED", "h1"), ("DELETED", "h1")]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (404, KubeNotFound),
+        (409, KubeConflict),
+        (403, KubeForbidden),
+        (422, KubeInvalid),
+        (500, KubeUnavailable),
+        (429, KubeUnavailable),
+    ],
+)
+def test_api_exceptions_map_onto_our_hierarchy(status: int, kind: type[Exception]) -> None:
+    error = ApiException(status=status, reason="Reason")
+    error.body = json.dumps({"message": "exceeded quota: gpus", "reason": "Forbidden"})
+    mapped = api_error(error, "create pod")
+    assert type(mapped) is kind
+    assert "exceeded quota: gpus" in str(mapped)
+
+
+def test_transport_failures_are_unavailable() -> None:
+    assert isinstance(api_error(ConnectionRefusedError(111, "refused"), "get"), KubeUnavailable)
