@@ -353,3 +353,15 @@ def target_from_key(key: str) -> Target:
     if match := _PID_KEY_RE.fullmatch(key):
         return PidTarget(int(match[1]), int(match[2]))
     raise ValueError(f"{key!r} is not a target key")
+
+
+# --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------
+
+TOKEN_AUDIENCE = "gpu-hotplug"
+"""The audience of the projected service-account token a notebook pod sends to the agent."""
+
+MAX_GPUS_ANNOTATION = "gpu-hotplug.jupyter.org/max-gpus"
+"""Pod annotation: the most GPUs the pod may hold hot-attached (set by the spawner)."""
+
+CONTAINER_ANNOTATION = "gpu-hotplug.jupyter.org/container"
+"""Pod annotation: which container gets GPUs when a request names none (default: the only one)."""
