@@ -108,7 +108,8 @@ def engine_cycles(runs: int, *, pause: float = 0.0) -> tuple[list[float], list[f
 def ledger_commits(runs: int) -> list[float]:
     """One ledger transaction (the agent makes two per attach and two per detach)."""
     from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget
-    from jupyter_gpu_hotplug.agent.ledger import GpuRecord, Ledger
+    from jupyter_gpu_hotplug.agent.core.seams import ContainerKey, GpuRecord
+    from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 
     gpu = GpuRecord(GpuUuid("GPU-00000000-0000-4000-8000-000000000000"), 0, 0, "bench")
     samples: list[float] = []
@@ -118,7 +119,7 @@ def ledger_commits(runs: int) -> list[float]:
     ):
         for _ in range(runs):
             start = time.perf_counter()
-            ledger.reserve(PidTarget(1234, 1), 1, candidates=[gpu])
+            ledger.reserve(PidTarget(1234, 1), 1, container=ContainerKey("bench"), candidates=[gpu])
             samples.append(time.perf_counter() - start)
             ledger.release([gpu.uuid])
         ledger.close()

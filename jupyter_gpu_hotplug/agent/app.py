@@ -33,7 +33,7 @@ from traitlets import Bool, Enum, Float, Int, List, Unicode, default, observe
 from traitlets.config import Application
 
 from .._version import __version__
-from .checkpoints import STEPS
+from .core.checkpoints import STEPS
 from .logs import logging_config
 from .settings import (
     DEFAULT_SOCKET,
@@ -237,8 +237,8 @@ def _group_id(text: str) -> int:
 
 async def _serve(settings: AgentSettings, log: logging.Logger | logging.LoggerAdapter[Any]) -> int:
     """Run the agent until SIGTERM/SIGINT; the exit code."""
+    from .api.server import ListenError
     from .runtime import Agent
-    from .server import ListenError
 
     log.info("resolved configuration: %s", json.dumps(settings.describe(), sort_keys=True))
     if settings.hooks.pause_at is not None:

@@ -1,8 +1,9 @@
 """The running agent: its components wired together, started and stopped in order.
 
 Why it exists: the application (``app.py``) deals with configuration; this module deals with
-life. ``Agent.create`` builds the real components from ``AgentSettings`` (ledger, token, the
-simulated NVML when asked, inventory, engine, resolver, service, reconciler, server);
+life. ``Agent.create`` builds the real components from ``AgentSettings`` — the local backend's
+ledger, resolver and identity, the simulated NVML when asked, inventory and engine — and plugs
+them into the core's service and reconciler and the API server;
 ``start`` reconciles the ledger with the host *before* serving, then serves and runs the
 background loops (reconciliation, simulated readings, the cached health probe); ``stop``
 stops accepting, lets running operations finish, and closes everything in reverse order.
@@ -24,21 +25,22 @@ from typing import Any
 
 from .._structs import GpuUuid
 from . import openapi_document
-from .auth import Authenticator, Authorizer, load_or_create_token
-from .books import Books
-from .checkpoints import Checkpoints
-from .handlers import ApiContext
-from .injector import EngineInjector, Injector
-from .inventory import Inventory, NvmlInventory
-from .ledger import Ledger
-from .metrics import AgentMetrics
-from .reconcile import Reconciler
-from .resolver import ProcResolver, Resolver
-from .server import AgentServer, make_application
-from .service import AgentService, ServiceConfig
+from .api.handlers import ApiContext
+from .api.server import AgentServer, make_application
+from .core.checkpoints import Checkpoints
+from .core.injector import EngineInjector, Injector
+from .core.inventory import Inventory, NvmlInventory
+from .core.metrics import AgentMetrics
+from .core.reconcile import Reconciler
+from .core.seams import Identity, Resolver
+from .core.service import AgentService, ServiceConfig
+from .core.workers import Workers
+from .local.allocator import LedgerAllocator
+from .local.identity import LocalIdentity, load_or_create_token
+from .local.ledger import Ledger
+from .local.resolver import ProcResolver
+from .local.simulate import Simulation
 from .settings import AgentSettings
-from .simulate import Simulation
-from .workers import Workers
 
 __all__ = ["Agent", "Components", "HealthProbe"]
 
@@ -102,7 +104,7 @@ class Components:
     inventory: Inventory
     injector: Injector
     resolver: Resolver
-    token: str
+    identity: Identity
     simulation: Simulation | None = None
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -118,13 +120,13 @@ class Agent:
         self.settings = settings
         self.metrics = components.metrics
         self._workers = Workers(host_threads=_WORKERS)
-        self.books = Books(components.ledger, self._workers)
+        self.allocator = LedgerAllocator(components.ledger, self._workers)
         self.service = AgentService(
-            books=self.books,
+            allocator=self.allocator,
             inventory=components.inventory,
             injector=components.injector,
             resolver=components.resolver,
-            authorizer=Authorizer(components.resolver),
+            identity=components.identity,
             metrics=self.metrics,
             workers=self._workers,
             config=ServiceConfig(
@@ -137,7 +139,7 @@ class Agent:
             ),
         )
         self.reconciler = Reconciler(
-            books=self.books,
+            allocator=self.allocator,
             inventory=components.inventory,
             injector=components.injector,
             resolver=components.resolver,
@@ -151,13 +153,14 @@ class Agent:
             make_application(
                 ApiContext(
                     service=self.service,
-                    authenticator=Authenticator(components.token, token_path=settings.token_path),
+                    identity=components.identity,
                     metrics=self.metrics,
                     openapi=openapi_document(),
                     max_count=settings.max_gpus_per_target,
                     health=self.health.verdict,
                 )
-            )
+            ),
+            binder=components.identity.bind_connection,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.simulated.set(1 if settings.simulated else 0)
@@ -211,7 +214,7 @@ class Agent:
                 inventory=inventory,
                 injector=EngineInjector(engine),
                 resolver=resolver,
-                token=token,
+                identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
                 simulation=simulation,
                 closers=closers,
             )
@@ -219,11 +222,11 @@ class Agent:
 
     async def _health_check(self) -> None:
         """The ledger answers (behind whatever is queued for it)."""
-        await self.books.check()
+        await self.allocator.check()
 
     async def start(self) -> None:
         """Reconcile, then serve and run the background loops."""
-        await self.books.load()
+        await self.allocator.load()
         report = await self.reconciler.run_once()
         log.info(
             "start-up reconciliation: %s",
@@ -249,7 +252,7 @@ class Agent:
             )
 
     def _attached_uuids(self) -> list[GpuUuid]:
-        return [entry.gpu.uuid for entry in self.books.attachments()]
+        return [entry.gpu.uuid for entry in self.allocator.all_attachments()]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))

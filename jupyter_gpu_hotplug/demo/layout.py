@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from ..agent.local.simulate import CONFIG_NAME
 from ..agent.settings import TOKEN_FILE
-from ..agent.simulate import CONFIG_NAME
 
 __all__ = ["STARTER_NOTEBOOK", "DemoLayout", "starter_notebook_text"]
 

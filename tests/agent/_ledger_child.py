@@ -19,11 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget, RequestId
-from jupyter_gpu_hotplug.agent.ledger import GpuRecord, Ledger, LedgerLocked
+from jupyter_gpu_hotplug.agent.core.seams import ContainerKey, GpuRecord
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger, LedgerLocked
 
 GPUS = [
     GpuRecord(GpuUuid(f"GPU-00000000-0000-0000-0000-00000000000{i}"), i, i, "sim") for i in range(4)
 ]
+KEY = ContainerKey("local:test-container")
 NEW_GPU = GpuRecord(GpuUuid("GPU-00000000-0000-0000-0000-0000000000ff"), 9, 9, "new")
 
 
@@ -55,9 +57,11 @@ def block_in_reserve(state_dir: Path) -> None:
         return datetime.now(UTC)
 
     ledger = Ledger.open(state_dir, clock=clock)
-    ledger.reserve(PidTarget(100, 1), 1, candidates=GPUS, request_id=RequestId("first"))
+    ledger.reserve(
+        PidTarget(100, 1), 1, container=KEY, candidates=GPUS, request_id=RequestId("first")
+    )
     say("committed")
-    ledger.reserve(PidTarget(200, 1), 2, candidates=[*GPUS, NEW_GPU])
+    ledger.reserve(PidTarget(200, 1), 2, container=KEY, candidates=[*GPUS, NEW_GPU])
 
 
 def churn(state_dir: Path) -> None:
@@ -65,7 +69,7 @@ def churn(state_dir: Path) -> None:
     target = PidTarget(300, 1)
     for round_number in range(10**9):
         entries = ledger.reserve(
-            target, 2, candidates=GPUS, request_id=RequestId(f"r{round_number}")
+            target, 2, container=KEY, candidates=GPUS, request_id=RequestId(f"r{round_number}")
         )
         uuids = [entry.gpu.uuid for entry in entries]
         ledger.mark_granted(uuids)

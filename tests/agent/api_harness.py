@@ -28,7 +28,8 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.ledger import Ledger
+from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from jupyter_gpu_hotplug.agent.runtime import Agent, Components
 from jupyter_gpu_hotplug.agent.settings import AgentSettings, TcpAddress, UnixAddress
 
@@ -264,7 +265,7 @@ def serve_agent(tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8) -> Iterator
         inventory=inventory,
         injector=injector,
         resolver=resolver,
-        token=TOKEN,
+        identity=LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver),
         closers=[ledger.close],
     )
     runner = _start_loop()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.workers import Workers
+from jupyter_gpu_hotplug.agent.core.workers import Workers
 
 from .api_harness import ServedAgent, serve_agent
 from .service_harness import Harness, build
@@ -27,7 +27,7 @@ async def harness(tmp_path: Path, workers: Workers) -> AsyncIterator[Harness]:
     built = await build(tmp_path, workers=workers)
     yield built
     # Whatever the test did, the service's in-memory books still equal the database.
-    assert built.books.attachments() == built.ledger.attachments()
+    assert built.allocator.all_attachments() == built.ledger.attachments()
     built.ledger.close()
 
 

@@ -14,26 +14,27 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget
-from jupyter_gpu_hotplug.agent.errors import Forbidden, NotFound
-from jupyter_gpu_hotplug.agent.injector import (
+from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget, PodTarget, Target, TargetRef
+from jupyter_gpu_hotplug.agent.core.errors import Forbidden, InvalidRequest, NotFound
+from jupyter_gpu_hotplug.agent.core.injector import (
     DeviceInUse,
     DeviceState,
     HolderInfo,
     InjectionFailed,
     TargetGone,
 )
-from jupyter_gpu_hotplug.agent.inventory import GpuDevice, InventorySnapshot, LostGpu
-from jupyter_gpu_hotplug.agent.resolver import ContainerId, ResolvedTarget
+from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice, InventorySnapshot, LostGpu
+from jupyter_gpu_hotplug.agent.core.seams import ContainerCgroups, ContainerKey, HostContainer
+from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
 AGENT_PID = 4000
-AGENT_CONTAINER = ContainerId(devices_v1="/", unified="/")
+AGENT_CONTAINER = ContainerCgroups(devices_v1="/", unified="/")
 
 
-def container(name: str) -> ContainerId:
-    return ContainerId(devices_v1=f"/sandboxes/{name}", unified=f"/sandboxes/{name}")
+def container(name: str) -> ContainerCgroups:
+    return ContainerCgroups(devices_v1=f"/sandboxes/{name}", unified=f"/sandboxes/{name}")
 
 
 def fake_gpus(count: int) -> list[GpuDevice]:
@@ -54,7 +55,7 @@ def fake_gpus(count: int) -> list[GpuDevice]:
 class FakeProcess:
     pid: int
     start_time: int
-    container: ContainerId
+    container: ContainerCgroups
 
     @property
     def target(self) -> PidTarget:
@@ -67,12 +68,16 @@ class FakeProcess:
 
 @dataclass
 class FakeHost:
-    """The processes of a pretend host; the resolver and the injector share it."""
+    """The processes of a pretend host; the resolver and the injector share it.
+
+    A container's key is its cgroups plus a generation, bumped when ``replace`` re-creates
+    the container under the same cgroups (as a new cgroup gets a new id)."""
 
     processes: dict[int, FakeProcess] = field(default_factory=dict)
+    generations: dict[ContainerCgroups, int] = field(default_factory=dict)
     _next_start: int = 1000
 
-    def spawn(self, pid: int, container_name: str | ContainerId) -> FakeProcess:
+    def spawn(self, pid: int, container_name: str | ContainerCgroups) -> FakeProcess:
         self._next_start += 1
         where = container(container_name) if isinstance(container_name, str) else container_name
         process = FakeProcess(pid, self._next_start, where)
@@ -82,22 +87,54 @@ class FakeHost:
     def kill(self, pid: int) -> None:
         del self.processes[pid]
 
+    def remove_container(self, name: str) -> None:
+        """Every process of the container ends and its cgroups go (a new one under the same
+        cgroups is another container)."""
+        where = container(name)
+        for pid in [p.pid for p in self.processes.values() if p.container == where]:
+            self.kill(pid)
+        self.generations[where] = self.generations.get(where, 0) + 1
+
     def alive(self, target: PidTarget) -> FakeProcess | None:
         process = self.processes.get(target.pid)
         if process is None or process.start_time != target.start_time:
             return None
         return process
 
+    def key_of(self, where: ContainerCgroups) -> ContainerKey:
+        return ContainerKey(f"fake:{where}#{self.generations.get(where, 0)}")
+
+    def host_container(self, process: FakeProcess) -> HostContainer:
+        return HostContainer(
+            target=process.target,
+            key=self.key_of(process.container),
+            pid=process.pid,
+            start_time=process.start_time,
+            cgroups=process.container,
+            label=f"process {process.pid}",
+        )
+
 
 class FakeResolver:
-    """``Resolver`` over a ``FakeHost``, refusing what ``ProcResolver`` refuses."""
+    """``Resolver`` over a ``FakeHost``, refusing what ``ProcResolver`` refuses (and what
+    ``LocalIdentity`` asks of it)."""
 
     def __init__(self, host: FakeHost, *, agent_pid: int = AGENT_PID) -> None:
         self.host = host
         self.agent_pid = agent_pid
         host.processes.setdefault(agent_pid, FakeProcess(agent_pid, 1, AGENT_CONTAINER))
 
-    def resolve(self, ref: PidRef) -> ResolvedTarget:
+    @property
+    def agent_container(self) -> ContainerCgroups:
+        return AGENT_CONTAINER
+
+    def resolve(self, ref: TargetRef) -> HostContainer:
+        if isinstance(ref, PodTarget):
+            raise InvalidRequest(
+                f"this agent runs the local backend and cannot act on {ref}",
+                field="target",
+                hint=LOCAL_TARGET_HINT,
+            )
         process = self.host.processes.get(ref.pid)
         if process is None:
             raise NotFound("process", str(ref.pid))
@@ -105,23 +142,39 @@ class FakeResolver:
             raise Forbidden(f"process {ref.pid} is the GPU hot-plug agent itself")
         if process.container.in_root_cgroup:
             raise Forbidden(f"process {ref.pid} is not in a container")
-        return ResolvedTarget(process.target, process.container)
+        return self.host.host_container(process)
 
-    def lookup(self, target: PidTarget) -> ResolvedTarget | None:
-        process = self.host.alive(target)
-        return None if process is None else ResolvedTarget(process.target, process.container)
+    def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        process = self.host.alive(target) if isinstance(target, PidTarget) else None
+        if process is None:
+            return None
+        found = self.host.host_container(process)
+        return found if found.key == key else None
 
-    def container_of(self, pid: int) -> ContainerId | None:
+    def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        found = self.lookup(target, key)
+        if found is not None:
+            return found
+        members = [p for p in self.host.processes.values() if self.host.key_of(p.container) == key]
+        if not members:
+            return None
+        return self.host.host_container(min(members, key=lambda p: (p.start_time, p.pid)))
+
+    def remains(self, key: ContainerKey) -> ContainerCgroups | None:
+        return None
+
+    def container_of(self, pid: int) -> ContainerCgroups | None:
         process = self.host.processes.get(pid)
         return None if process is None else process.container
 
-    def representative(self, pid: int) -> ResolvedTarget:
-        process = self.host.processes.get(pid)
-        if process is None:
-            raise NotFound("process", str(pid))
-        members = [p for p in self.host.processes.values() if p.container == process.container]
-        oldest = min(members, key=lambda p: (p.start_time, p.pid))
-        return self.resolve(PidRef(oldest.pid))
+    def key_of(self, where: ContainerCgroups) -> ContainerKey:
+        return self.host.key_of(where)
+
+    def oldest_member(self, where: ContainerCgroups) -> int | None:
+        members = [p for p in self.host.processes.values() if p.container == where]
+        if not members:
+            return None
+        return min(members, key=lambda p: (p.start_time, p.pid)).pid
 
 
 class Gate:
@@ -154,8 +207,10 @@ class FakeInjector:
     """``Injector`` keeping grants per container in memory (as the cgroup would)."""
 
     host: FakeHost
-    granted: dict[ContainerId, set[CharDevice]] = field(default_factory=dict)
-    holders_of: dict[tuple[ContainerId, CharDevice], list[HolderInfo]] = field(default_factory=dict)
+    granted: dict[ContainerCgroups, set[CharDevice]] = field(default_factory=dict)
+    holders_of: dict[tuple[ContainerCgroups, CharDevice], list[HolderInfo]] = field(
+        default_factory=dict
+    )
     grant_error: Callable[[], Exception] | None = None
     """Raised by the next grants instead of granting (after granting, if ``partial``)."""
     partial: bool = False
@@ -165,17 +220,18 @@ class FakeInjector:
     calls: list[tuple[str, int, tuple[CharDevice, ...]]] = field(default_factory=list)
     forced: list[HolderInfo] = field(default_factory=list)
 
-    def _container(self, target: PidTarget) -> ContainerId:
-        process = self.host.alive(target)
+    def _container(self, target: HostContainer | PidTarget) -> ContainerCgroups:
+        pid_target = target.target if isinstance(target, HostContainer) else target
+        process = self.host.alive(pid_target) if isinstance(pid_target, PidTarget) else None
         if process is None:
             raise TargetGone(f"{target} has exited")
         return process.container
 
-    def usable(self, target: PidTarget | ContainerId) -> set[CharDevice]:
-        where = target if isinstance(target, ContainerId) else self._container(target)
+    def usable(self, target: HostContainer | PidTarget | ContainerCgroups) -> set[CharDevice]:
+        where = target if isinstance(target, ContainerCgroups) else self._container(target)
         return set(self.granted.get(where, set()))
 
-    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
         if self.gate is not None:
             self.gate.pass_through()
         where = self._container(target)
@@ -187,7 +243,7 @@ class FakeInjector:
             raise self.grant_error()
         self.granted.setdefault(where, set()).update(chars)
 
-    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
         self.calls.append(("revoke", target.pid, chars))
@@ -200,14 +256,14 @@ class FakeInjector:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)
 
-    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+    def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         have = self.usable(target)
         return [
             DeviceState(node.device, usable=node.device in have, exposed=node.device in have)
             for node in devices
         ]
 
-    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         where = self._container(target)
         found = {
             h.pid: h for node in devices for h in self.holders_of.get((where, node.device), [])

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from jupyter_gpu_hotplug.agent.auth import Authorizer, Caller, PeerCredentials
-from jupyter_gpu_hotplug.agent.books import Books
-from jupyter_gpu_hotplug.agent.checkpoints import Checkpoints
-from jupyter_gpu_hotplug.agent.ledger import Ledger
-from jupyter_gpu_hotplug.agent.metrics import AgentMetrics
-from jupyter_gpu_hotplug.agent.reconcile import Reconciler
-from jupyter_gpu_hotplug.agent.service import AgentService, ServiceConfig
-from jupyter_gpu_hotplug.agent.workers import Workers
+from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints
+from jupyter_gpu_hotplug.agent.core.metrics import AgentMetrics
+from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
+from jupyter_gpu_hotplug.agent.core.seams import Caller, ConnectionInfo, PeerCredentials
+from jupyter_gpu_hotplug.agent.core.service import AgentService, ServiceConfig
+from jupyter_gpu_hotplug.agent.core.workers import Workers
+from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
+from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 
 from .fakes import FakeHost, FakeInjector, FakeInventory, FakeResolver, fake_gpus
 
 MAJOR = 195
-ADMIN = Caller(transport="tcp", peer=None, has_token=True)
-
-
-def peer(pid: int) -> Caller:
-    """A caller on the unix socket, without the token."""
-    return Caller(transport="unix", peer=PeerCredentials(pid=pid, uid=0, gid=0), has_token=False)
+TOKEN = "service-harness-token-0123456789"
+ADMIN = Caller(description="token", privileged=True, connection=ConnectionInfo(transport="tcp"))
 
 
 @dataclass
@@ -32,11 +30,24 @@ class Harness:
     inventory: FakeInventory
     resolver: FakeResolver
     ledger: Ledger
-    books: Books
+    allocator: LedgerAllocator
+    identity: LocalIdentity
     metrics: AgentMetrics
     service: AgentService
     reconciler: Reconciler
     state_dir: Path
+
+    async def peer(self, pid: int) -> Caller:
+        """A caller on the unix socket, without the token, as ``pid`` connected now (its
+        container bound at accept; ``pid`` may be gone later)."""
+        pidfd = os.pidfd_open(os.getpid())  # stands in for the peer's: alive
+        try:
+            info = self.identity.bind_connection(
+                peer=PeerCredentials(pid=pid, uid=0, gid=0), pidfd=pidfd
+            )
+        finally:
+            os.close(pidfd)
+        return await self.identity.authenticate(authorization=None, connection=info)
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
@@ -56,22 +67,23 @@ async def build(
     injector = FakeInjector(host)
     inventory = FakeInventory(fake_gpus(gpus))
     ledger = Ledger.open(tmp_path / "state")
-    books = Books(ledger, workers)
-    await books.load()
+    allocator = LedgerAllocator(ledger, workers)
+    await allocator.load()
+    identity = LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver)
     metrics = AgentMetrics()
     service = AgentService(
-        books=books,
+        allocator=allocator,
         inventory=inventory,
         injector=injector,
         resolver=resolver,
-        authorizer=Authorizer(resolver),
+        identity=identity,
         metrics=metrics,
         workers=workers,
         config=ServiceConfig(max_gpus_per_target=max_gpus, device_major=MAJOR, simulated=True),
         checkpoints=checkpoints,
     )
     reconciler = Reconciler(
-        books=books,
+        allocator=allocator,
         inventory=inventory,
         injector=injector,
         resolver=resolver,
@@ -86,7 +98,8 @@ async def build(
         inventory,
         resolver,
         ledger,
-        books,
+        allocator,
+        identity,
         metrics,
         service,
         reconciler,

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.checkpoints import ATTACH_STEPS, STEPS, marker_path
-from jupyter_gpu_hotplug.agent.ledger import Ledger
+from jupyter_gpu_hotplug.agent.core.checkpoints import ATTACH_STEPS, STEPS, marker_path
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 

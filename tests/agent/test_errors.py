@@ -9,8 +9,8 @@ from typing import get_args
 import pytest
 
 from jupyter_gpu_hotplug._structs import ErrorBody, ErrorCode, GpuUuid, ProcessInfo
-from jupyter_gpu_hotplug.agent import errors
-from jupyter_gpu_hotplug.agent.errors import (
+from jupyter_gpu_hotplug.agent.core import errors
+from jupyter_gpu_hotplug.agent.core.errors import (
     ERRORS_BY_CODE,
     AgentError,
     Busy,

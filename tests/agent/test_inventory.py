@@ -7,7 +7,7 @@ initialise — reporting it, never raising.
 
 from __future__ import annotations
 
-from jupyter_gpu_hotplug.agent.inventory import NvmlInventory
+from jupyter_gpu_hotplug.agent.core.inventory import NvmlInventory
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus
 from tests.fixtures.nvml import FakeNvml
 

@@ -18,21 +18,20 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent import ledger as ledger_module
-from jupyter_gpu_hotplug.agent.errors import Busy, InsufficientGpus, InvalidRequest, NotFound
-from jupyter_gpu_hotplug.agent.ledger import (
+from jupyter_gpu_hotplug.agent.core.errors import Busy, InsufficientGpus, InvalidRequest, NotFound
+from jupyter_gpu_hotplug.agent.core.seams import GpuRecord, Reservation, ReservationState
+from jupyter_gpu_hotplug.agent.local import ledger as ledger_module
+from jupyter_gpu_hotplug.agent.local.ledger import (
     LEDGER_FILE,
     LOCK_FILE,
     MIGRATIONS,
-    EntryState,
-    GpuRecord,
     Ledger,
     LedgerError,
     LedgerLocked,
     LedgerStateError,
 )
 
-from ._ledger_child import GPUS, NEW_GPU
+from ._ledger_child import GPUS, KEY, NEW_GPU
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -67,7 +66,7 @@ def ledger(state_dir: Path, clock: FakeClock) -> Iterator[Ledger]:
         yield opened
 
 
-def uuids(entries: list[ledger_module.LedgerEntry]) -> list[GpuUuid]:
+def uuids(entries: list[Reservation]) -> list[GpuUuid]:
     return [entry.gpu.uuid for entry in entries]
 
 
@@ -121,7 +120,7 @@ def test_closed_ledger_refuses_calls(state_dir: Path) -> None:
     with pytest.raises(LedgerError, match="closed"):
         opened.attachments()
     with pytest.raises(LedgerError, match="closed"):
-        opened.reserve(BOB, 1, candidates=GPUS)
+        opened.reserve(BOB, 1, container=KEY, candidates=GPUS)
 
 
 def test_newer_schema_is_refused(state_dir: Path) -> None:
@@ -138,7 +137,7 @@ def test_newer_schema_is_refused(state_dir: Path) -> None:
 
 def test_migrations_run_once_in_order(state_dir: Path) -> None:
     with Ledger.open(state_dir) as first:
-        first.reserve(BOB, 1, candidates=GPUS)
+        first.reserve(BOB, 1, container=KEY, candidates=GPUS)
     runs: list[int] = []
 
     def add_note(conn: sqlite3.Connection) -> None:
@@ -185,7 +184,7 @@ def test_corrupt_file_is_a_ledger_error(state_dir: Path) -> None:
 
 
 def test_tampered_rows_are_a_ledger_error(ledger: Ledger, state_dir: Path) -> None:
-    ledger.reserve(ALICE, 1, candidates=GPUS)
+    ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS)
     with sqlite3.connect(state_dir / LEDGER_FILE) as raw:
         raw.execute("UPDATE attachments SET target_key = 'somebody'")
     raw.close()
@@ -206,25 +205,28 @@ def test_state_dir_that_is_a_file(tmp_path: Path) -> None:
 
 def test_reserve_takes_free_gpus_in_candidate_order(ledger: Ledger) -> None:
     preference = [GPUS[2], GPUS[0], GPUS[1], GPUS[3]]
-    entries = ledger.reserve(ALICE, 2, candidates=preference, request_id=RequestId("a-1"))
+    entries = ledger.reserve(
+        ALICE, 2, container=KEY, candidates=preference, request_id=RequestId("a-1")
+    )
     assert {entry.gpu for entry in entries} == {GPUS[2], GPUS[0]}
     assert uuids(entries) == [GPUS[0].uuid, GPUS[2].uuid]  # reported in index order
     for entry in entries:
         assert entry.target == ALICE
-        assert entry.state is EntryState.RESERVING
+        assert entry.state is ReservationState.RESERVING
         assert entry.request_id == "a-1"
-        assert entry.created_at == entry.updated_at == T0 + timedelta(seconds=1)
+        assert entry.container == KEY
+        assert entry.created_at == T0 + timedelta(seconds=1)
         assert entry.granted_at is None
-    assert uuids(ledger.reserve(BOB, 2, candidates=preference)) == [
+    assert uuids(ledger.reserve(BOB, 2, container=KEY, candidates=preference)) == [
         GPUS[1].uuid,
         GPUS[3].uuid,
     ]
 
 
 def test_insufficient_gpus_changes_nothing(ledger: Ledger) -> None:
-    ledger.reserve(ALICE, 3, candidates=GPUS)
+    ledger.reserve(ALICE, 3, container=KEY, candidates=GPUS)
     with pytest.raises(InsufficientGpus) as caught:
-        ledger.reserve(BOB, 3, candidates=[*GPUS, NEW_GPU])
+        ledger.reserve(BOB, 3, container=KEY, candidates=[*GPUS, NEW_GPU])
     assert (caught.value.free, caught.value.requested) == (2, 3)
     assert ledger.attachments(BOB) == []
     assert NEW_GPU not in ledger.known_gpus()  # its record was rolled back too
@@ -233,52 +235,58 @@ def test_insufficient_gpus_changes_nothing(ledger: Ledger) -> None:
 
 def test_only_candidates_are_handed_out(ledger: Ledger) -> None:
     with pytest.raises(InsufficientGpus) as caught:
-        ledger.reserve(ALICE, 2, candidates=GPUS[:1])
+        ledger.reserve(ALICE, 2, container=KEY, candidates=GPUS[:1])
     assert caught.value.free == 1
     with pytest.raises(InsufficientGpus):
-        ledger.reserve(ALICE, 1, candidates=[])
+        ledger.reserve(ALICE, 1, container=KEY, candidates=[])
 
 
 def test_request_id_makes_retries_idempotent(ledger: Ledger, clock: FakeClock) -> None:
-    first = ledger.reserve(ALICE, 2, candidates=GPUS, request_id=RequestId("retry-me"))
-    again = ledger.reserve(ALICE, 2, candidates=GPUS, request_id=RequestId("retry-me"))
+    first = ledger.reserve(
+        ALICE, 2, container=KEY, candidates=GPUS, request_id=RequestId("retry-me")
+    )
+    again = ledger.reserve(
+        ALICE, 2, container=KEY, candidates=GPUS, request_id=RequestId("retry-me")
+    )
     assert again == first
     assert len(ledger.attachments()) == 2
     # The same id for another target is another request.
-    other = ledger.reserve(BOB, 2, candidates=GPUS, request_id=RequestId("retry-me"))
+    other = ledger.reserve(BOB, 2, container=KEY, candidates=GPUS, request_id=RequestId("retry-me"))
     assert set(uuids(other)).isdisjoint(uuids(first))
 
 
 def test_request_id_with_another_count_is_refused(ledger: Ledger) -> None:
-    ledger.reserve(ALICE, 1, candidates=GPUS, request_id=RequestId("r"))
+    ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS, request_id=RequestId("r"))
     with pytest.raises(InvalidRequest, match="already used") as caught:
-        ledger.reserve(ALICE, 2, candidates=GPUS, request_id=RequestId("r"))
+        ledger.reserve(ALICE, 2, container=KEY, candidates=GPUS, request_id=RequestId("r"))
     assert caught.value.field == "request_id"
     assert len(ledger.attachments()) == 1
 
 
 def test_idempotent_retry_sees_the_current_state(ledger: Ledger) -> None:
-    first = ledger.reserve(ALICE, 1, candidates=GPUS, request_id=RequestId("r"))
+    first = ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS, request_id=RequestId("r"))
     ledger.mark_granted(uuids(first))
-    (again,) = ledger.reserve(ALICE, 1, candidates=GPUS, request_id=RequestId("r"))
-    assert again.state is EntryState.GRANTED
+    (again,) = ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS, request_id=RequestId("r"))
+    assert again.state is ReservationState.GRANTED
 
 
 def test_a_reused_pid_is_another_target(ledger: Ledger) -> None:
     old = PidTarget(777, 10)
-    ledger.reserve(old, 1, candidates=GPUS, request_id=RequestId("r"))
+    ledger.reserve(old, 1, container=KEY, candidates=GPUS, request_id=RequestId("r"))
     newcomer = PidTarget(777, 99)
     assert ledger.attachments(newcomer) == []
-    (fresh,) = ledger.reserve(newcomer, 1, candidates=GPUS, request_id=RequestId("r"))
+    (fresh,) = ledger.reserve(
+        newcomer, 1, container=KEY, candidates=GPUS, request_id=RequestId("r")
+    )
     assert fresh.target == newcomer
     assert [entry.target for entry in ledger.attachments(old)] == [old]
 
 
 def test_gpu_records_follow_the_inventory(ledger: Ledger) -> None:
-    ledger.reserve(ALICE, 1, candidates=GPUS)
+    ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS)
     moved = GpuRecord(GPUS[0].uuid, 0, 7, "renamed")
     assert ledger.free_gpus([moved, *GPUS[1:]]) == GPUS[1:]
-    ledger.reserve(BOB, 1, candidates=[moved, *GPUS[1:]])
+    ledger.reserve(BOB, 1, container=KEY, candidates=[moved, *GPUS[1:]])
     (alice,) = ledger.attachments(ALICE)
     assert alice.gpu == moved
     assert moved in ledger.known_gpus()
@@ -293,13 +301,13 @@ def test_programming_errors(
     ledger: Ledger, count: int, candidates: list[GpuRecord], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        ledger.reserve(ALICE, count, candidates=candidates)
+        ledger.reserve(ALICE, count, container=KEY, candidates=candidates)
 
 
 def test_duplicate_uuids_with_different_records(ledger: Ledger) -> None:
     twin = GpuRecord(GPUS[0].uuid, 5, 5, "twin")
     with pytest.raises(ValueError, match="more than once"):
-        ledger.reserve(ALICE, 1, candidates=[GPUS[0], twin])
+        ledger.reserve(ALICE, 1, container=KEY, candidates=[GPUS[0], twin])
     with pytest.raises(ValueError, match="more than once"):
         ledger.free_gpus([GPUS[0], twin])
 
@@ -307,7 +315,7 @@ def test_duplicate_uuids_with_different_records(ledger: Ledger) -> None:
 def test_naive_clock_is_refused(state_dir: Path) -> None:
     with Ledger.open(state_dir, clock=lambda: datetime(2025, 1, 1)) as naive:
         with pytest.raises(ValueError, match="timezone-aware"):
-            naive.reserve(ALICE, 1, candidates=GPUS)
+            naive.reserve(ALICE, 1, container=KEY, candidates=GPUS)
         assert naive.attachments() == []
 
 
@@ -315,15 +323,17 @@ def test_naive_clock_is_refused(state_dir: Path) -> None:
 
 
 def test_grant_then_release(ledger: Ledger) -> None:
-    reserved = ledger.reserve(ALICE, 2, candidates=GPUS)
+    reserved = ledger.reserve(ALICE, 2, container=KEY, candidates=GPUS)
     granted = ledger.mark_granted(uuids(reserved))
-    assert [entry.state for entry in granted] == [EntryState.GRANTED] * 2
-    assert all(entry.granted_at == entry.updated_at > entry.created_at for entry in granted)
+    assert [entry.state for entry in granted] == [ReservationState.GRANTED] * 2
+    assert all(
+        entry.granted_at is not None and entry.granted_at > entry.created_at for entry in granted
+    )
     assert ledger.mark_granted(uuids(reserved)) == granted  # repeating changes nothing
     assert ledger.pending() == []
 
     releasing = ledger.begin_release(reserved[0].gpu.uuid)
-    assert releasing.state is EntryState.RELEASING
+    assert releasing.state is ReservationState.RELEASING
     assert releasing.granted_at == granted[0].granted_at
     assert ledger.begin_release(reserved[0].gpu.uuid) == releasing  # idempotent
     assert ledger.pending() == [releasing]
@@ -335,7 +345,7 @@ def test_grant_then_release(ledger: Ledger) -> None:
 
 
 def test_release_is_repeatable_and_rolls_back_reservations(ledger: Ledger) -> None:
-    reserved = ledger.reserve(ALICE, 2, candidates=GPUS)
+    reserved = ledger.reserve(ALICE, 2, container=KEY, candidates=GPUS)
     ledger.release(uuids(reserved))
     ledger.release(uuids(reserved))
     ledger.release([GpuUuid("GPU-ffffffff-ffff-ffff-ffff-ffffffffffff")])
@@ -344,7 +354,7 @@ def test_release_is_repeatable_and_rolls_back_reservations(ledger: Ledger) -> No
 
 
 def test_grant_refuses_unknown_and_releasing_atomically(ledger: Ledger) -> None:
-    first, second = ledger.reserve(ALICE, 2, candidates=GPUS)
+    first, second = ledger.reserve(ALICE, 2, container=KEY, candidates=GPUS)
     ledger.mark_granted([first.gpu.uuid])
     ledger.begin_release(first.gpu.uuid)
     unknown = GpuUuid("GPU-ffffffff-ffff-ffff-ffff-ffffffffffff")
@@ -359,7 +369,7 @@ def test_begin_release_errors(ledger: Ledger) -> None:
     with pytest.raises(NotFound) as missing:
         ledger.begin_release(GPUS[0].uuid)
     assert missing.value.resource == "attachment"
-    (reserving,) = ledger.reserve(ALICE, 1, candidates=GPUS)
+    (reserving,) = ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS)
     with pytest.raises(Busy) as busy:
         ledger.begin_release(reserving.gpu.uuid)
     assert busy.value.retryable
@@ -367,8 +377,8 @@ def test_begin_release_errors(ledger: Ledger) -> None:
 
 
 def test_queries(ledger: Ledger) -> None:
-    a = ledger.reserve(ALICE, 1, candidates=GPUS[2:])
-    b = ledger.reserve(BOB, 2, candidates=GPUS)
+    a = ledger.reserve(ALICE, 1, container=KEY, candidates=GPUS[2:])
+    b = ledger.reserve(BOB, 2, container=KEY, candidates=GPUS)
     assert ledger.get(a[0].gpu.uuid) == a[0]
     assert ledger.attachments(ALICE) == a
     assert ledger.attachments(BOB) == b
@@ -378,7 +388,9 @@ def test_queries(ledger: Ledger) -> None:
 
 def test_changes_survive_reopening(state_dir: Path, clock: FakeClock) -> None:
     with Ledger.open(state_dir, clock=clock) as first:
-        reserved = first.reserve(ALICE, 2, candidates=GPUS, request_id=RequestId("keep"))
+        reserved = first.reserve(
+            ALICE, 2, container=KEY, candidates=GPUS, request_id=RequestId("keep")
+        )
         granted = first.mark_granted([reserved[0].gpu.uuid])
     with Ledger.open(state_dir, clock=clock) as second:
         assert second.attachments() == [granted[0], reserved[1]]
@@ -398,7 +410,7 @@ def test_concurrent_reservations_never_share_a_gpu(ledger: Ledger) -> None:
     def contend(n: int) -> None:
         barrier.wait()
         try:
-            (entry,) = ledger.reserve(PidTarget(100 + n, 1), 1, candidates=GPUS)
+            (entry,) = ledger.reserve(PidTarget(100 + n, 1), 1, container=KEY, candidates=GPUS)
             won.append(entry.gpu.uuid)
         except InsufficientGpus as e:
             lost.append(e)
@@ -509,7 +521,7 @@ def test_kill_inside_a_transaction_leaves_no_trace(state_dir: Path, children: li
         assert after.pending() == [survivor]  # for start-up reconciliation
         assert after.attachments(PidTarget(200, 1)) == []
         assert NEW_GPU not in after.known_gpus()
-        assert len(after.reserve(PidTarget(200, 1), 3, candidates=GPUS)) == 3
+        assert len(after.reserve(PidTarget(200, 1), 3, container=KEY, candidates=GPUS)) == 3
 
 
 @pytest.mark.parametrize("cycle", range(3))

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidTarget
-from jupyter_gpu_hotplug.agent.errors import Busy
-from jupyter_gpu_hotplug.agent.locks import TargetLocks
+from jupyter_gpu_hotplug.agent.core.errors import Busy
+from jupyter_gpu_hotplug.agent.core.locks import TargetLocks
 
 KERNEL = PidTarget(100, 1)
 OTHER = PidTarget(200, 1)

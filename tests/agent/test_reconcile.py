@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef
-from jupyter_gpu_hotplug.agent.ledger import EntryState, GpuRecord
-from jupyter_gpu_hotplug.agent.validation import AttachRequest
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, GpuRecord, ReservationState
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
@@ -30,17 +29,22 @@ async def reserve(harness: Harness, process: FakeProcess, *, granted: bool) -> G
     """A reservation as an attach leaves it when the agent dies right after ``reserve``
     (``granted=False``) or right after the host grant (``granted=True``), as the restarted
     agent reads it."""
-    (entry,) = harness.ledger.reserve(process.target, 1, candidates=records(harness))
+    (entry,) = harness.ledger.reserve(
+        process.target,
+        1,
+        container=harness.host.key_of(process.container),
+        candidates=records(harness),
+    )
     if granted:
-        harness.injector.grant(process.target, [node(entry.gpu.minor)])
-    await harness.books.load()
+        harness.injector.grant(harness.host.host_container(process), [node(entry.gpu.minor)])
+    await harness.allocator.load()
     return entry.gpu
 
 
 async def begin_release(harness: Harness, gpu: GpuRecord) -> None:
     """A detach cut short after its ledger step, as the restarted agent reads it."""
     harness.ledger.begin_release(gpu.uuid)
-    await harness.books.load()
+    await harness.allocator.load()
 
 
 async def attach(harness: Harness, process: FakeProcess) -> GpuRecord:
@@ -72,7 +76,7 @@ async def test_interrupted_attach_in_use_is_finished(harness: Harness) -> None:
 
     assert report.actions == {"finished_attach": [gpu.uuid]}
     (entry,) = harness.ledger.attachments()
-    assert entry.state is EntryState.GRANTED
+    assert entry.state is ReservationState.GRANTED
 
 
 @pytest.mark.parametrize("revoked", [False, True], ids=["before-revoke", "after-revoke"])
@@ -81,7 +85,7 @@ async def test_interrupted_detach_is_finished(harness: Harness, revoked: bool) -
     gpu = await attach(harness, kernel)
     await begin_release(harness, gpu)
     if revoked:
-        harness.injector.revoke(kernel.target, [node(gpu.minor)], force=False)
+        harness.injector.revoke(harness.host.host_container(kernel), [node(gpu.minor)], force=False)
 
     report = await harness.reconciler.run_once()
 
@@ -100,7 +104,7 @@ async def test_interrupted_detach_in_use_is_cancelled(harness: Harness) -> None:
 
     assert report.actions == {"cancelled_release": [gpu.uuid]}
     (entry,) = harness.ledger.attachments()
-    assert entry.state is EntryState.GRANTED
+    assert entry.state is ReservationState.GRANTED
     assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
 
 
@@ -182,4 +186,4 @@ async def test_targets_with_an_operation_in_flight_are_skipped(harness: Harness)
     assert report.skipped_busy == [kernel.target.key]
     assert not report.changed
     (entry,) = harness.ledger.attachments()
-    assert (entry.gpu, entry.state) == (gpu, EntryState.RESERVING)
+    assert (entry.gpu, entry.state) == (gpu, ReservationState.RESERVING)

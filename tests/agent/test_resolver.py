@@ -13,8 +13,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef, PidTarget
-from jupyter_gpu_hotplug.agent.errors import Forbidden, NotFound
-from jupyter_gpu_hotplug.agent.resolver import ContainerId, ProcResolver
+from jupyter_gpu_hotplug.agent.core.errors import Forbidden, NotFound
+from jupyter_gpu_hotplug.agent.core.seams import ContainerCgroups
+from jupyter_gpu_hotplug.agent.local.resolver import ProcResolver
 from jupyter_gpu_hotplug.linux.cgroups import CgroupHierarchies, CgroupMount
 
 AGENT = 10
@@ -72,13 +73,15 @@ def test_container_target_resolves_with_its_start_time(proc: FakeProc) -> None:
     resolved = proc.resolver().resolve(PidRef(31))
 
     assert resolved.target == PidTarget(31, 600)
-    assert resolved.container == ContainerId("/kubepods/pod-a/ctr-1", "/kubepods/pod-a/ctr-1")
+    assert (resolved.pid, resolved.start_time) == (31, 600)
+    assert resolved.cgroups == ContainerCgroups("/kubepods/pod-a/ctr-1", "/kubepods/pod-a/ctr-1")
+    assert resolved.key == proc.resolver().resolve(PidRef(30)).key
 
 
 def test_crun_inner_cgroup_is_folded_into_the_scope(proc: FakeProc) -> None:
     resolved = proc.resolver().resolve(PidRef(40))
 
-    assert resolved.container.unified == "/machine.slice/libpod-abc.scope"
+    assert resolved.cgroups.unified == "/machine.slice/libpod-abc.scope"
 
 
 @pytest.mark.parametrize(
@@ -103,30 +106,54 @@ def test_missing_process_is_not_found(proc: FakeProc) -> None:
 
 def test_lookup_tells_a_reused_pid_apart(proc: FakeProc) -> None:
     resolver = proc.resolver()
-    target = resolver.resolve(PidRef(30)).target
+    found = resolver.resolve(PidRef(30))
 
-    assert resolver.lookup(target) is not None
+    assert resolver.lookup(found.target, found.key) == found
     proc.remove(30)
-    assert resolver.lookup(target) is None
+    assert resolver.lookup(found.target, found.key) is None
     proc.add(30, "/kubepods/pod-b/ctr-9", start=900)
-    assert resolver.lookup(target) is None
+    assert resolver.lookup(found.target, found.key) is None
 
 
-def test_representative_is_the_containers_oldest_process(proc: FakeProc) -> None:
+def test_current_finds_the_container_through_another_process(proc: FakeProc) -> None:
     resolver = proc.resolver()
+    found = resolver.resolve(PidRef(31))
+    proc.remove(31)
 
-    assert resolver.representative(31).target == PidTarget(30, 500)
-    with pytest.raises(Forbidden, match="root cgroup"):
-        resolver.representative(20)
-    with pytest.raises(NotFound):
-        resolver.representative(99)
+    current = resolver.current(found.target, found.key)
+
+    assert current is not None
+    assert (current.target, current.key) == (PidTarget(30, 500), found.key)
+    proc.remove(30)
+    assert resolver.current(found.target, found.key) is None
+
+
+def test_remains_are_the_cgroups_of_the_same_container_only(proc: FakeProc) -> None:
+    resolver = proc.resolver()
+    found = resolver.resolve(PidRef(30))
+
+    assert resolver.remains(found.key) == found.cgroups
+    for mount in (proc.devices, proc.unified):
+        directory = mount / "kubepods/pod-a/ctr-1"
+        (directory / "cgroup.procs").unlink()
+        directory.rmdir()
+        directory.mkdir()  # re-created under the same name: another cgroup
+    assert resolver.remains(found.key) is None
+
+
+def test_oldest_member_is_what_the_caller_itself_means(proc: FakeProc) -> None:
+    resolver = proc.resolver()
+    cgroups = resolver.container_of(31)
+
+    assert cgroups is not None
+    assert resolver.oldest_member(cgroups) == 30
 
 
 def test_container_of_any_process(proc: FakeProc) -> None:
     resolver = proc.resolver()
 
-    assert resolver.container_of(1) == ContainerId("/", "/")
+    assert resolver.container_of(1) == ContainerCgroups("/", "/")
     assert resolver.container_of(99) is None
-    assert resolver.agent_container == ContainerId(
+    assert resolver.agent_container == ContainerCgroups(
         "/system.slice/gpu-hotplug.service", "/system.slice/gpu-hotplug.service"
     )

@@ -18,10 +18,10 @@ import pytest
 from tornado import web
 
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.handlers import ApiHandler, default_handlers
-from jupyter_gpu_hotplug.agent.server import ListenError, bind_unix_socket
+from jupyter_gpu_hotplug.agent.api.handlers import ApiHandler, default_handlers
+from jupyter_gpu_hotplug.agent.api.server import ListenError, bind_unix_socket
+from jupyter_gpu_hotplug.agent.api.validation import MAX_BODY_BYTES
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
-from jupyter_gpu_hotplug.agent.validation import MAX_BODY_BYTES
 
 from .api_harness import (
     DOC,
@@ -347,7 +347,7 @@ def test_unexpected_exception_is_a_json_500_with_request_id(
 ) -> None:
     served.inventory.error = RuntimeError("NVML exploded")
 
-    with caplog.at_level(logging.ERROR, logger="jupyter_gpu_hotplug.agent.handlers"):
+    with caplog.at_level(logging.ERROR, logger="jupyter_gpu_hotplug.agent.api.handlers"):
         response = served.tcp.get("/v1/gpus")
 
     assert (response.status, response.error) == (500, "internal_error")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent.checkpoints import Checkpoints, marker_path
-from jupyter_gpu_hotplug.agent.errors import (
+from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints, marker_path
+from jupyter_gpu_hotplug.agent.core.errors import (
     Busy,
     Forbidden,
     InsufficientGpus,
@@ -22,16 +22,14 @@ from jupyter_gpu_hotplug.agent.errors import (
     NotFound,
     TargetNotReady,
 )
-from jupyter_gpu_hotplug.agent.injector import InjectionFailed, TargetGone
-from jupyter_gpu_hotplug.agent.ledger import EntryState
-from jupyter_gpu_hotplug.agent.resolver import ContainerId
-from jupyter_gpu_hotplug.agent.validation import AttachRequest
-from jupyter_gpu_hotplug.agent.workers import Workers
+from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, TargetGone
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, ContainerCgroups, ReservationState
+from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from tests.fixtures.waiting import eventually
 
 from .fakes import Gate, clean_failure, unclean_failure
-from .service_harness import ADMIN, Harness, build, peer
+from .service_harness import ADMIN, Harness, build
 
 
 def request(count: int = 1, pid: int | None = None, request_id: str | None = None) -> AttachRequest:
@@ -58,8 +56,8 @@ async def test_attach_grants_records_and_answers(harness: Harness) -> None:
     assert harness.injector.usable(kernel.target) == {gpu(0), gpu(1)}
     entries = harness.ledger.attachments(kernel.target)
     assert [(e.gpu.minor, e.state) for e in entries] == [
-        (0, EntryState.GRANTED),
-        (1, EntryState.GRANTED),
+        (0, ReservationState.GRANTED),
+        (1, ReservationState.GRANTED),
     ]
     assert harness.sample("gpu_hotplug_attach_total", result="success") == 1
     assert harness.sample("gpu_hotplug_operations_in_flight") == 0
@@ -132,7 +130,7 @@ async def test_unrevocable_grant_stays_reserved_for_the_reconciler(harness: Harn
 
     # The GPU may still be usable: the ledger must keep saying whose it is.
     (entry,) = harness.ledger.attachments(kernel.target)
-    assert entry.state is EntryState.RESERVING
+    assert entry.state is ReservationState.RESERVING
     assert harness.injector.usable(kernel.target) == {gpu(0)}
 
     harness.injector.revoke_error = None
@@ -231,10 +229,10 @@ async def test_caller_itself_is_its_containers_oldest_process(harness: Harness) 
     kernel = harness.host.spawn(100, "kernel-a")
     terminal = harness.host.spawn(150, "kernel-a")
 
-    result = await harness.service.attach(peer(terminal.pid), request(1))
+    result = await harness.service.attach(await harness.peer(terminal.pid), request(1))
 
     assert result["attachments"][0]["target"] == {"pid": kernel.pid}
-    listed = await harness.service.attachments(peer(terminal.pid), None)
+    listed = await harness.service.attachments(await harness.peer(terminal.pid), None)
     assert listed == result
 
 
@@ -243,11 +241,11 @@ async def test_peer_may_act_on_its_own_container_only(harness: Harness) -> None:
     harness.host.spawn(150, "kernel-a")
     harness.host.spawn(200, "kernel-b")
 
-    await harness.service.attach(peer(150), request(1, pid=100))
+    await harness.service.attach(await harness.peer(150), request(1, pid=100))
     with pytest.raises(Forbidden):
-        await harness.service.attach(peer(150), request(1, pid=200))
+        await harness.service.attach(await harness.peer(150), request(1, pid=200))
     with pytest.raises(Forbidden):
-        await harness.service.attachments(peer(150), PidRef(200))
+        await harness.service.attachments(await harness.peer(150), PidRef(200))
 
     assert [e.target for e in harness.ledger.attachments()] == [kernel.target]
 
@@ -269,7 +267,7 @@ async def test_pod_targets_need_the_kubernetes_backend(harness: Harness) -> None
 
 
 async def test_refused_targets(harness: Harness) -> None:
-    harness.host.spawn(301, ContainerId(devices_v1="/", unified="/"))
+    harness.host.spawn(301, ContainerCgroups(devices_v1="/", unified="/"))
 
     with pytest.raises(Forbidden, match="agent itself"):
         await harness.service.attach(ADMIN, request(1, pid=harness.resolver.agent_pid))
@@ -305,7 +303,7 @@ async def test_busy_detach_refused_then_forced(harness: Harness) -> None:
     assert caught.value.processes == ({"pid": 101, "command": "python3"},)
     assert not caught.value.retryable
     (entry,) = harness.ledger.attachments()
-    assert entry.state is EntryState.GRANTED
+    assert entry.state is ReservationState.GRANTED
     assert harness.injector.usable(kernel.target) == {gpu(0)}
 
     await harness.service.detach(ADMIN, uuid, force=True)
@@ -323,7 +321,7 @@ async def test_failed_revoke_keeps_the_attachment(harness: Harness) -> None:
         await harness.service.detach(ADMIN, result["attachments"][0]["uuid"], force=False)
 
     (entry,) = harness.ledger.attachments()
-    assert entry.state is EntryState.GRANTED
+    assert entry.state is ReservationState.GRANTED
     assert harness.injector.usable(kernel.target) == {gpu(0)}
 
 
@@ -337,7 +335,7 @@ async def test_unclean_revoke_is_left_releasing_for_the_reconciler(harness: Harn
 
     assert caught.value.retryable
     (entry,) = harness.ledger.attachments()
-    assert entry.state is EntryState.RELEASING
+    assert entry.state is ReservationState.RELEASING
     harness.injector.revoke_error = None
     await harness.reconciler.run_once()
     assert harness.ledger.attachments() == []
@@ -348,7 +346,7 @@ async def test_detach_all(harness: Harness) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
     await harness.service.attach(ADMIN, request(3, pid=100))
 
-    await harness.service.detach_all(peer(100), None, force=False)
+    await harness.service.detach_all(await harness.peer(100), None, force=False)
 
     assert harness.ledger.attachments() == []
     assert harness.injector.usable(kernel.target) == set()
@@ -364,10 +362,11 @@ async def test_detach_of_an_exited_target_releases_for_token_holders_only(
     harness.host.spawn(150, "kernel-a")
     result = await harness.service.attach(ADMIN, request(1, pid=100))
     uuid = GpuUuid(result["attachments"][0]["uuid"])
-    harness.host.kill(100)
+    caller = await harness.peer(150)
+    harness.host.remove_container("kernel-a")
 
     with pytest.raises(Forbidden):
-        await harness.service.detach(peer(150), uuid, force=False)
+        await harness.service.detach(caller, uuid, force=False)
     await harness.service.detach(ADMIN, uuid, force=False)
 
     assert harness.ledger.attachments() == []
@@ -408,7 +407,7 @@ async def test_pause_hook_stops_an_attach_at_its_step(tmp_path: Path, workers: W
         assert not attach.done()
 
         (entry,) = harness.ledger.attachments()
-        assert entry.state is EntryState.RESERVING
+        assert entry.state is ReservationState.RESERVING
         assert harness.injector.usable(kernel.target) == {gpu(0)}
         attach.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.checkpoints import STEPS, Checkpoints
+from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
     AgentSettings,

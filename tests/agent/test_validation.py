@@ -15,11 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent.errors import InvalidRequest
-from jupyter_gpu_hotplug.agent.validation import (
+from jupyter_gpu_hotplug.agent.api.validation import (
     DEFAULT_WAIT_SECONDS,
     MAX_BODY_BYTES,
-    AttachRequest,
     check_query_names,
     parse_attach_request,
     parse_force,
@@ -27,6 +25,8 @@ from jupyter_gpu_hotplug.agent.validation import (
     parse_request_id,
     parse_target_query,
 )
+from jupyter_gpu_hotplug.agent.core.errors import InvalidRequest
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 
 MAX_COUNT = 4
 

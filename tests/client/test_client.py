@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef, PodTarget
-from jupyter_gpu_hotplug.agent import errors as agent_errors
+from jupyter_gpu_hotplug.agent.core import errors as agent_errors
 from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentConnectionLost,

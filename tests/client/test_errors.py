@@ -12,7 +12,7 @@ from typing import get_args
 import pytest
 
 from jupyter_gpu_hotplug._structs import ErrorCode, GpuUuid
-from jupyter_gpu_hotplug.agent import errors as agent_errors
+from jupyter_gpu_hotplug.agent.core import errors as agent_errors
 from jupyter_gpu_hotplug.client import errors
 from jupyter_gpu_hotplug.client.errors import (
     ERRORS_BY_CODE,

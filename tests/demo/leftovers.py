@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jupyter_gpu_hotplug.agent.ledger import LEDGER_FILE
+from jupyter_gpu_hotplug.agent.local.ledger import LEDGER_FILE
 from jupyter_gpu_hotplug.demo.labconfig import SANDBOX_NAME_PREFIX
 from jupyter_gpu_hotplug.kernel.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 from jupyter_gpu_hotplug.linux import cgroups, procfs

@@ -15,10 +15,9 @@ import json
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .._structs import (
+from ..._structs import (
     DNS1123_LABEL_MAX,
     DNS1123_SUBDOMAIN_MAX,
     PID_MAX_LIMIT,
@@ -30,7 +29,8 @@ from .._structs import (
     is_dns1123_label,
     is_dns1123_subdomain,
 )
-from .errors import InvalidRequest
+from ..core.errors import InvalidRequest
+from ..core.seams import AttachRequest
 
 MAX_BODY_BYTES = 64 * 1024
 DEFAULT_WAIT_SECONDS = 60.0
@@ -45,16 +45,6 @@ _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
 _BODY_FIELDS = ("count", "request_id", "target", "wait_seconds")
 _POD_FIELDS = ("namespace", "name", "container")
 _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
-
-
-@dataclass(frozen=True)
-class AttachRequest:
-    """A validated ``POST /v1/attachments``; ``target=None`` means "the caller itself"."""
-
-    count: int
-    target: TargetRef | None
-    wait_seconds: float
-    request_id: RequestId | None
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Final
 
 from tornado import web
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from ..settings import ListenAddress, TcpAddress, UnixAddress
+from .connection import Binder, BindingHTTPServer
 from .handlers import ApiContext, UnknownRouteHandler, default_handlers
-from .settings import ListenAddress, TcpAddress, UnixAddress
 from .validation import MAX_BODY_BYTES
 
 __all__ = ["AgentServer", "ListenError", "bind_unix_socket", "make_application"]
@@ -128,13 +128,14 @@ class BoundAddress:
 class AgentServer:
     """The HTTP server over all listening addresses."""
 
-    def __init__(self, application: web.Application) -> None:
-        self._server = HTTPServer(
+    def __init__(self, application: web.Application, *, binder: Binder) -> None:
+        self._server = BindingHTTPServer(
             application,
             max_body_size=_SERVER_MAX_BODY,
             idle_connection_timeout=_IDLE_TIMEOUT,
             body_timeout=_BODY_TIMEOUT,
         )
+        self._server.binder = binder
         self._unix_sockets: list[tuple[Path, int]] = []
         self.bound: list[BoundAddress] = []
 

@@ -6,9 +6,10 @@ business (``linux/engine.py``). The service talks only to ``Injector`` and sees 
 module's errors, so it is unit-tested against an in-memory fake and never imports the Linux
 mechanics; ``EngineInjector`` is the one adapter that does.
 
-Targets are ``PidTarget`` values (pid *and* start time): every call first checks that the pid
-still names the same process, so a GPU can never be granted to a newcomer that inherited a
-dead target's pid.
+Targets are ``HostContainer`` values (a live process of the container, pid *and* start time,
+from the resolver): every call first checks that the pid still names the same process, so a
+GPU can never be granted to a newcomer that inherited a dead target's pid. This module is the
+one place where the engine's (Linux) errors become the agent's.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._structs import PidTarget
-from ..linux import devnodes
-from ..linux.devnodes import DeviceNode
-from ..linux.devrules import CharDevice
-from ..linux.engine import (
+from ...linux import devnodes
+from ...linux.devnodes import DeviceNode
+from ...linux.devrules import CharDevice
+from ...linux.engine import (
     STEP_ERRORS,
     Container,
     DeviceBusyError,
@@ -30,6 +30,7 @@ from ..linux.engine import (
     InjectionError,
     TargetGoneError,
 )
+from .seams import HostContainer
 
 __all__ = [
     "DeviceInUse",
@@ -100,17 +101,17 @@ def gpu_node(minor: int, *, major: int) -> DeviceNode:
 class Injector(Protocol):
     """Grants and revokes device nodes in running targets. Calls block; run them in a thread."""
 
-    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
         """Make ``devices`` usable in ``target``, all or nothing (idempotent)."""
 
-    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
         """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
         ends the holders). On failure the target keeps what it had."""
 
-    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+    def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         """The state of each of ``devices`` in ``target``, in the order given."""
 
-    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
 
 
@@ -125,7 +126,7 @@ class EngineInjector:
     def __init__(self, engine: HotplugEngine) -> None:
         self._engine = engine
 
-    def _container(self, target: PidTarget) -> Container:
+    def _container(self, target: HostContainer) -> Container:
         try:
             container = self._engine.inspect(target.pid)
         except TargetGoneError as e:
@@ -136,14 +137,14 @@ class EngineInjector:
             raise TargetGone(f"{target} has exited (its pid now names another process)")
         return container
 
-    def grant(self, target: PidTarget, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
         container = self._container(target)
         try:
             self._engine.grant(container, devices)
         except EngineError as e:
             raise _change_failed(target, "grant", e) from e
 
-    def revoke(self, target: PidTarget, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
         container = self._container(target)
         try:
             self._engine.revoke(container, devices, force=force)
@@ -152,7 +153,7 @@ class EngineInjector:
         except EngineError as e:
             raise _change_failed(target, "revoke", e) from e
 
-    def status(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[DeviceState]:
+    def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         container = self._container(target)
         try:
             states = self._engine.status(container, devices)
@@ -162,7 +163,7 @@ class EngineInjector:
             raise InjectionFailed(f"cannot read the devices of {target}: {e}", clean=True) from e
         return [DeviceState(s.device, usable=s.usable, exposed=s.exposed) for s in states]
 
-    def holders(self, target: PidTarget, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         container = self._container(target)
         found: dict[int, HolderInfo] = {}
         try:
@@ -177,7 +178,7 @@ class EngineInjector:
         return [found[pid] for pid in sorted(found)]
 
 
-def _change_failed(target: PidTarget, operation: str, error: EngineError) -> InjectorError:
+def _change_failed(target: HostContainer, operation: str, error: EngineError) -> InjectorError:
     """A failed grant or revoke as the service needs it: whether the host is as before."""
     if isinstance(error, TargetGoneError):
         return TargetGone(f"{target} exited during the {operation}")

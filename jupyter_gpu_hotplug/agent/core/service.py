@@ -1,24 +1,27 @@
-"""Orchestration of local mode: attach, detach and the views of GPUs and attachments.
+"""Orchestration of every backend: attach, detach and the views of GPUs and attachments.
 
-Why it exists: an attach touches three things that can each fail — the ledger (who owns what),
-the host (device cgroups and nodes, through the ``Injector``) and NVML (which GPUs exist) — and
-the product's promise is that a GPU is never usable by a target without a ledger entry, never
-held by two targets, and never lost from the pool. This module orders the steps so that each
-durable write comes *before* the host change it announces, rolls back everything on a failure,
-and leaves what it cannot undo in a state the reconciler finishes.
+Why it exists: an attach touches three things that can each fail — the allocator (who owns
+what), the host (device cgroups and nodes, through the ``Injector``) and NVML (which GPUs
+exist) — and the product's promise is that a GPU is never usable by a container without a
+reservation, never held by two containers, and never lost from the pool. The backend's parts
+come in through the seams (``seams.py``): ``Resolver`` (request → ``HostContainer``),
+``Identity`` (may this caller do this on that container?) and ``Allocator``; this module
+knows nothing else of a backend. It orders the steps so that each durable write comes
+*before* the host change it announces, rolls back everything on a failure, and leaves what it
+cannot undo in a state the reconciler finishes.
 
-Attach: resolve and authorize the target (and read the node's GPUs, in the same trip to the
-thread pool) → per-target lock → ``reserve`` (ledger ``reserving``) → ``grant`` →
-``mark_granted``. Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) →
-``revoke`` (refused while processes hold the GPU, unless ``force``) → ``release``; a refused
-revoke is undone with ``cancel_release``.
+Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
+authorize it → per-target lock → ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
+Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) → ``revoke``
+(refused while processes hold the GPU, unless ``force``) → ``release``; a refused revoke is
+undone with ``cancel_release``.
 
 Concurrency: one operation at a time per target; a second one on the same target is answered
 409 ``busy`` at once (retryable) rather than queued, so a client never waits behind an operation
 it cannot see, while one that meets the reconciler waits the few milliseconds it takes (see
 ``locks``); operations on different targets run in parallel. Blocking work runs in threads,
-never on the event loop: the ledger's writes in its own thread, ``/proc``, NVML and the engine
-in a pool (see ``workers``); reads of the ledger come from its in-memory copy (``books``).
+never on the event loop: ``/proc``, NVML and the engine in a pool (see ``workers``); the
+allocator's reads come from memory.
 
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
@@ -30,27 +33,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .._structs import (
+from ..._structs import (
     Attachment,
     AttachmentList,
     GpuInfo,
     GpuList,
     GpuUuid,
-    PidTarget,
-    PodTarget,
     ProcessInfo,
     RequestId,
     Target,
     TargetRef,
     format_timestamp,
 )
-from ..linux.devnodes import DeviceNode
-from .auth import Authorizer, Caller
-from .books import Books
+from ...linux.devnodes import DeviceNode
 from .checkpoints import Checkpoints
 from .errors import (
     AgentError,
@@ -71,18 +70,25 @@ from .injector import (
     gpu_node,
 )
 from .inventory import Inventory, InventorySnapshot
-from .ledger import EntryState, GpuRecord, LedgerEntry
 from .locks import TargetLocks
 from .metrics import AgentMetrics
-from .resolver import ResolvedTarget, Resolver
-from .validation import AttachRequest
+from .seams import (
+    Allocator,
+    AttachRequest,
+    Caller,
+    GpuRecord,
+    HostContainer,
+    Identity,
+    Reservation,
+    ReservationState,
+    Resolver,
+    Verb,
+)
 from .workers import Workers
 
 __all__ = ["AgentService", "ServiceConfig", "attachment_of"]
 
 log = logging.getLogger(__name__)
-
-_LOCAL_TARGET_HINT = 'in local mode a target is a process: {"pid": N}'
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,8 @@ class _Measure:
     """How many GPUs it concerned (detach counts per GPU)."""
 
 
-def attachment_of(entry: LedgerEntry) -> Attachment:
-    """The wire form of a ledger entry."""
+def attachment_of(entry: Reservation) -> Attachment:
+    """The wire form of a reservation."""
     moment = entry.granted_at or entry.created_at
     return Attachment(
         uuid=entry.gpu.uuid,
@@ -113,7 +119,7 @@ def attachment_of(entry: LedgerEntry) -> Attachment:
         name=entry.gpu.name,
         device=f"/dev/nvidia{entry.gpu.minor}",
         target=entry.target.to_wire(),
-        holder=None,
+        holder=entry.holder,
         attached_at=format_timestamp(moment),
     )
 
@@ -122,35 +128,28 @@ def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
     return [ProcessInfo(pid=h.pid, command=h.command) for h in holders]
 
 
-def _pid_target(target: Target) -> PidTarget:
-    """Local mode records only process targets; anything else is a corrupt ledger."""
-    if not isinstance(target, PidTarget):
-        raise TypeError(f"local mode cannot act on {target}")
-    return target
-
-
 class AgentService:
-    """Attach and detach for local mode; every public method is a coroutine for the API."""
+    """Attach and detach for every backend; every public method is a coroutine for the API."""
 
     def __init__(
         self,
         *,
-        books: Books,
+        allocator: Allocator,
         inventory: Inventory,
         injector: Injector,
         resolver: Resolver,
-        authorizer: Authorizer,
+        identity: Identity,
         metrics: AgentMetrics,
         workers: Workers,
         config: ServiceConfig,
         locks: TargetLocks | None = None,
         checkpoints: Checkpoints | None = None,
     ) -> None:
-        self._books = books
+        self._allocator = allocator
         self._inventory = inventory
         self._injector = injector
         self._resolver = resolver
-        self._authorizer = authorizer
+        self._identity = identity
         self._metrics = metrics
         self._workers = workers
         self._config = config
@@ -209,44 +208,22 @@ class AgentService:
 
     # --- targets ---------------------------------------------------------------------------------
 
-    async def _target(self, caller: Caller, ref: TargetRef | None) -> ResolvedTarget:
-        """The target a request means, resolved and authorized for ``caller``."""
-        resolve = self._resolution(caller, ref)
-        return await self._workers.host(self._resolved_for, caller, resolve)
+    async def _target(self, caller: Caller, ref: TargetRef | None, verb: Verb) -> HostContainer:
+        """The container a request means, resolved and authorized for ``caller``."""
+        container = await self._workers.host(self._resolve, caller, ref)
+        await self._identity.authorize(caller, verb, container)
+        return container
 
-    def _resolution(self, caller: Caller, ref: TargetRef | None) -> Callable[[], ResolvedTarget]:
-        """How to resolve the target ``ref`` means (refused at once if local mode has none)."""
-        if isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                f"this agent runs the local backend and cannot act on {ref}",
-                field="target",
-                hint=_LOCAL_TARGET_HINT,
-            )
-        if ref is None:
-            if caller.peer is None:
-                raise InvalidRequest(
-                    "over TCP the agent cannot tell who 'the caller itself' is; name the target",
-                    field="target",
-                    hint=_LOCAL_TARGET_HINT,
-                )
-            pid = caller.peer.pid
-            return lambda: self._resolver.representative(pid)
-        return lambda: self._resolver.resolve(ref)
-
-    def _resolved_for(
-        self, caller: Caller, resolve: Callable[[], ResolvedTarget]
-    ) -> ResolvedTarget:
-        """Resolve, then authorize (both read ``/proc``: one trip to the thread pool)."""
-        resolved = resolve()
-        self._authorizer.check(caller, resolved)
-        return resolved
+    def _resolve(self, caller: Caller, ref: TargetRef | None) -> HostContainer:
+        """Resolve ``ref``, or "the caller itself" when it is None (blocking: in the pool)."""
+        return self._resolver.resolve(self._identity.self_target(caller) if ref is None else ref)
 
     # --- views -----------------------------------------------------------------------------------
 
     async def gpus(self) -> GpuList:
         """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target."""
         snapshot = await self._workers.host(self._inventory.snapshot)
-        entries = self._books.attachments()
+        entries = self._allocator.all_attachments()
         owners = {entry.gpu.uuid: entry for entry in entries}
         self._count_gpus(snapshot, entries)
         return GpuList(
@@ -269,10 +246,10 @@ class AgentService:
         """Re-read inventory and ledger into ``gpu_hotplug_gpus`` (before each scrape: exact
         when read, free between scrapes)."""
         snapshot = await self._workers.host(self._inventory.snapshot)
-        entries = self._books.attachments()
+        entries = self._allocator.all_attachments()
         self._count_gpus(snapshot, entries)
 
-    def _count_gpus(self, snapshot: InventorySnapshot, entries: Sequence[LedgerEntry]) -> None:
+    def _count_gpus(self, snapshot: InventorySnapshot, entries: Sequence[Reservation]) -> None:
         owned = {entry.gpu.uuid for entry in entries}
         attached = sum(1 for gpu in snapshot.gpus if gpu.uuid in owned)
         self._metrics.set_gpu_counts(
@@ -285,11 +262,13 @@ class AgentService:
 
     async def attachments(self, caller: Caller, ref: TargetRef | None) -> AttachmentList:
         """The target's attachments (granted, or being released: still usable)."""
-        resolved = await self._target(caller, ref)
-        entries = self._books.attachments(resolved.target)
+        container = await self._target(caller, ref, "get")
+        entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry) for entry in entries if entry.state is not EntryState.RESERVING
+                attachment_of(entry)
+                for entry in entries
+                if entry.state is not ReservationState.RESERVING
             ]
         )
 
@@ -298,25 +277,33 @@ class AgentService:
     async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
         """Attach ``request.count`` GPUs to the request's target (201 body)."""
         with self._measured("attach"):
-            resolve = self._resolution(caller, request.target)
-            resolved, snapshot = await self._workers.host(self._attach_inputs, caller, resolve)
-            async with self.locks.operation(resolved.target):
-                return await self._attach_locked(resolved.target, request, snapshot)
+            deadline = time.monotonic() + request.wait_seconds
+            container, snapshot = await self._workers.host(
+                self._attach_inputs, caller, request.target
+            )
+            await self._identity.authorize(caller, "create", container)
+            async with self.locks.operation(container.target):
+                return await self._attach_locked(container, request, snapshot, deadline)
 
     def _attach_inputs(
-        self, caller: Caller, resolve: Callable[[], ResolvedTarget]
-    ) -> tuple[ResolvedTarget, InventorySnapshot]:
-        """The target (resolved and authorized) and the node's GPUs, in one trip to the pool.
+        self, caller: Caller, ref: TargetRef | None
+    ) -> tuple[HostContainer, InventorySnapshot]:
+        """The target's container and the node's GPUs, in one trip to the pool.
 
         The inventory is read before the target's lock is taken: it lists the node's GPUs,
-        not who owns them (the books say that, under the lock, and the ledger decides).
+        not who owns them (the allocator says that, under the lock, and decides).
         """
-        return self._resolved_for(caller, resolve), self._inventory.snapshot()
+        return self._resolve(caller, ref), self._inventory.snapshot()
 
     async def _attach_locked(
-        self, target: PidTarget, request: AttachRequest, snapshot: InventorySnapshot
+        self,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+        deadline: float,
     ) -> AttachmentList:
-        existing = self._books.attachments(target)
+        target = container.target
+        existing = self._allocator.attachments_of(target)
         if request.request_id is not None:
             earlier = [entry for entry in existing if entry.request_id == request.request_id]
             if earlier:
@@ -334,63 +321,65 @@ class AgentService:
                 limit=limit, attached=len(existing), requested=request.count
             )
         candidates = [GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in snapshot.gpus]
-        free = len(self._books.free(candidates))
+        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
+        free = sum(1 for gpu in candidates if gpu.uuid not in taken)
         if free < request.count:
-            # The ledger would say the same; asking it would queue behind other commits.
+            # The allocator would say the same; asking it would queue behind other commits.
             raise InsufficientGpus(free=free, requested=request.count)
-        entries = await self._books.reserve(
-            target,
+        entries = await self._allocator.reserve(
+            container,
             request.count,
-            candidates=candidates,
             request_id=request.request_id,
+            deadline=deadline,
+            candidates=candidates,
         )
         await self._checkpoints.reach("after_reserve")
         uuids = [entry.gpu.uuid for entry in entries]
         nodes = [self._node(entry.gpu) for entry in entries]
         try:
-            await self._workers.host(self._injector.grant, target, nodes)
+            await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
-            await self._undo_reservation(target, uuids, nodes, clean=_is_clean(e))
-            raise _attach_error(target, e) from e
+            await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
+            raise _attach_error(container, e) from e
         except BaseException:
-            await self._undo_reservation(target, uuids, nodes, clean=False)
+            await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
         await self._checkpoints.reach("after_grant")
         try:
-            granted = await self._books.mark_granted(uuids)
+            granted = await self._allocator.mark_granted(uuids)
         except BaseException:
-            await self._undo_reservation(target, uuids, nodes, clean=False)
+            await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
         await self._checkpoints.reach("after_mark_granted")
         log.info(
             "attached %s to %s%s",
             ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
-            target,
+            container,
             self._label,
         )
         return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
 
     def _repeat(
-        self, target: PidTarget, request_id: RequestId, count: int, earlier: list[LedgerEntry]
+        self, target: Target, request_id: RequestId, count: int, earlier: list[Reservation]
     ) -> AttachmentList:
         """The answer to a retried request: the first one's attachments."""
         if len(earlier) != count:
             raise InvalidRequest.request_id_reused(request_id, used=len(earlier), requested=count)
-        if any(entry.state is EntryState.RESERVING for entry in earlier):
+        if any(entry.state is ReservationState.RESERVING for entry in earlier):
             # Left by a crash and not yet reconciled: neither done nor undone.
             raise Busy.operation_in_progress(str(target))
         log.info("request %s for %s repeated: returning its attachments", request_id, target)
         return AttachmentList(attachments=[attachment_of(entry) for entry in earlier])
 
     async def _undo_reservation(
-        self, target: PidTarget, uuids: list[GpuUuid], nodes: list[DeviceNode], *, clean: bool
+        self, target: HostContainer, uuids: list[GpuUuid], nodes: list[DeviceNode], *, clean: bool
     ) -> None:
         """Roll an attach back after its grant failed or was not recorded.
 
         ``clean``: the host is known to be as before, so only the reservation goes. Otherwise
         the devices are revoked first; if even that fails the reservation stays, still
-        ``reserving``, for the reconciler: releasing it would leave a GPU usable by a target
-        that the ledger does not know holds it.
+        ``reserving``, for the reconciler: releasing it would leave a GPU usable by a
+        container that the allocator does not know holds it.
         """
         if not clean:
             try:
@@ -406,92 +395,85 @@ class AgentService:
                     e,
                 )
                 return
-        await self._books.release(uuids)
+        await self._allocator.release(uuids)
 
     # --- detach ----------------------------------------------------------------------------------
 
     async def detach(self, caller: Caller, uuid: GpuUuid, *, force: bool) -> None:
-        """Detach one GPU from whichever target has it (the caller must be allowed to act on
-        that target)."""
+        """Detach one GPU from whichever container has it (the caller must be allowed to act
+        on that container)."""
         with self._measured("detach"):
-            entry = self._books.get(uuid)
+            entry = self._allocator.get(uuid)
             if entry is None:
                 raise NotFound("attachment", uuid)
-            target = _pid_target(entry.target)
-            resolved = await self._workers.host(self._looked_up_for, caller, target)
-            if resolved is None:
-                await self._detach_gone(caller, target, [entry])
+            container = await self._workers.host(
+                self._resolver.current, entry.target, entry.container
+            )
+            if container is None:
+                await self._detach_gone(caller, entry.target, [entry])
                 return
-            async with self.locks.operation(target):
-                await self._detach_locked(target, [entry], force=force)
-
-    def _looked_up_for(self, caller: Caller, target: PidTarget) -> ResolvedTarget | None:
-        """The recorded target if it still runs, authorized for ``caller`` (one trip to the
-        pool); None when it has exited."""
-        resolved = self._resolver.lookup(target)
-        if resolved is not None:
-            self._authorizer.check(caller, resolved)
-        return resolved
+            await self._identity.authorize(caller, "delete", container)
+            async with self.locks.operation(entry.target):
+                await self._detach_locked(container, [entry], force=force)
 
     async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
         """Detach every GPU of the target (nothing attached: nothing to do)."""
         with self._measured("detach") as measure:
-            resolved = await self._target(caller, ref)
-            async with self.locks.operation(resolved.target):
-                entries = self._books.attachments(resolved.target)
+            container = await self._target(caller, ref, "delete")
+            async with self.locks.operation(container.target):
+                entries = self._allocator.attachments_of(container.target)
                 measure.gpus = len(entries)
                 if entries:
-                    await self._detach_locked(resolved.target, entries, force=force)
+                    await self._detach_locked(container, entries, force=force)
 
     async def _detach_gone(
-        self, caller: Caller, target: PidTarget, entries: list[LedgerEntry]
+        self, caller: Caller, target: Target, entries: list[Reservation]
     ) -> None:
-        """The target process has exited: its GPUs only need to leave the ledger."""
-        if not caller.has_token:
+        """The container has no process left: its GPUs only need to leave the allocator."""
+        if not caller.privileged:
             raise Forbidden(
                 f"{target} has exited, so no caller can show it is theirs",
                 hint="the agent releases the GPUs of exited processes by itself shortly",
             )
         async with self.locks.operation(target):
-            await self._books.release([entry.gpu.uuid for entry in entries])
+            await self._allocator.release([entry.gpu.uuid for entry in entries])
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
     async def _detach_locked(
-        self, target: PidTarget, entries: Sequence[LedgerEntry], *, force: bool
+        self, container: HostContainer, entries: Sequence[Reservation], *, force: bool
     ) -> None:
         uuids = [entry.gpu.uuid for entry in entries]
-        if any(entry.state is EntryState.RESERVING for entry in entries):
-            raise Busy.operation_in_progress(str(target))
+        if any(entry.state is ReservationState.RESERVING for entry in entries):
+            raise Busy.operation_in_progress(str(container.target))
         nodes = [self._node(entry.gpu) for entry in entries]
-        for uuid in uuids:
-            await self._books.begin_release(uuid)
+        await self._allocator.begin_release(uuids)
         await self._checkpoints.reach("after_begin_release")
         try:
-            await self._workers.host(self._injector.revoke, target, nodes, force=force)
+            await self._workers.host(self._injector.revoke, container, nodes, force=force)
         except TargetGone:
-            log.info("%s exited during the detach; releasing its record", target)
+            log.info("%s exited during the detach; releasing its record", container)
         except DeviceInUse as e:
-            await self._books.cancel_release(uuids)
+            await self._allocator.cancel_release(uuids)
             raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
         except InjectionFailed as e:
             if e.clean:
-                await self._books.cancel_release(uuids)
+                await self._allocator.cancel_release(uuids)
                 raise TargetNotReady(
-                    f"the GPU could not be taken from {target}: {e}",
+                    f"the GPU could not be taken from {container}: {e}",
                     hint="the GPU is still attached; try again, and see the agent's log",
                     retryable=False,
                 ) from e
             raise TargetNotReady(
-                f"taking the GPU from {target} failed half-way: {e}",
+                f"taking the GPU from {container} failed half-way: {e}",
                 hint="the agent finishes the release by itself; see its log",
                 retryable=True,
             ) from e
         await self._checkpoints.reach("after_revoke")
-        await self._books.release(uuids)
+        await self._allocator.release(uuids)
         log.info(
             "detached %s from %s%s%s",
             ", ".join(uuids),
-            target,
+            container,
             " (forced)" if force else "",
             self._label,
         )
@@ -504,7 +486,7 @@ def _is_clean(error: InjectorError) -> bool:
     return isinstance(error, TargetGone)
 
 
-def _attach_error(target: PidTarget, error: InjectorError) -> AgentError:
+def _attach_error(target: HostContainer, error: InjectorError) -> AgentError:
     if isinstance(error, TargetGone):
         return NotFound(
             "process",

@@ -44,18 +44,17 @@ are the ones a caller would answer with anyway (``InsufficientGpus``, ``NotFound
 from __future__ import annotations
 
 import contextlib
-import enum
 import fcntl
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .._structs import GpuUuid, RequestId, Target, target_from_key
-from .errors import Busy, InsufficientGpus, InvalidRequest, NotFound
+from ..._structs import GpuUuid, RequestId, Target, target_from_key
+from ..core.errors import Busy, InsufficientGpus, InvalidRequest, NotFound
+from ..core.seams import ContainerKey, GpuRecord, Reservation, ReservationState
 
 LEDGER_FILE = "ledger.sqlite3"
 LOCK_FILE = "agent.lock"
@@ -89,37 +88,6 @@ class LedgerStateError(LedgerError):
     """A transition the entry's state does not allow: a bug in the caller, not in the request."""
 
 
-class EntryState(enum.StrEnum):
-    """An attachment's life: reserved before the host is touched, granted once it is."""
-
-    RESERVING = "reserving"
-    GRANTED = "granted"
-    RELEASING = "releasing"
-
-
-@dataclass(frozen=True)
-class GpuRecord:
-    """What the ledger remembers of a GPU: enough to revoke it even after it left NVML's view."""
-
-    uuid: GpuUuid
-    index: int
-    minor: int
-    name: str
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One GPU's ownership; ``granted_at`` is set when it became ``granted``."""
-
-    gpu: GpuRecord
-    target: Target
-    state: EntryState
-    request_id: RequestId | None
-    created_at: datetime
-    updated_at: datetime
-    granted_at: datetime | None
-
-
 def _schema_v1(conn: sqlite3.Connection) -> None:
     # STRICT tables (SQLite >= 3.37) refuse values of the wrong type instead of storing them.
     conn.execute(
@@ -144,12 +112,19 @@ def _schema_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX attachments_by_target ON attachments (target_key, request_id)")
 
 
-MIGRATIONS: Sequence[Migration] = (_schema_v1,)
+def _schema_v2(conn: sqlite3.Connection) -> None:
+    # The owner of a grant is a container, not a pid: each row names the container it was
+    # granted to. Rows of an older agent get '' ("not recorded"): the resolver then matches
+    # the target's process alone, as that agent did.
+    conn.execute("ALTER TABLE attachments ADD COLUMN container_key TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS: Sequence[Migration] = (_schema_v1, _schema_v2)
 """The schema's history; append, never edit (a deployed ledger has run the old steps)."""
 
 _ENTRY_SELECT = """
-    SELECT g.uuid, g.idx, g.minor, g.name, a.target_key, a.state, a.request_id,
-           a.created_at, a.updated_at, a.granted_at
+    SELECT g.uuid, g.idx, g.minor, g.name, a.target_key, a.container_key, a.state,
+           a.request_id, a.created_at, a.granted_at
     FROM attachments AS a JOIN gpus AS g ON g.uuid = a.uuid
 """
 _ENTRY_ORDER = " ORDER BY g.idx, g.uuid"
@@ -165,21 +140,21 @@ def _to_text(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def _entry(row: sqlite3.Row) -> LedgerEntry:
+def _entry(row: sqlite3.Row) -> Reservation:
     try:
         return _decode_entry(row)
     except ValueError as e:
         raise LedgerError(f"ledger row of {row['uuid']} is corrupt: {e}") from e
 
 
-def _decode_entry(row: sqlite3.Row) -> LedgerEntry:
-    return LedgerEntry(
+def _decode_entry(row: sqlite3.Row) -> Reservation:
+    return Reservation(
         gpu=GpuRecord(GpuUuid(row["uuid"]), row["idx"], row["minor"], row["name"]),
         target=target_from_key(row["target_key"]),
-        state=EntryState(row["state"]),
+        container=ContainerKey(row["container_key"]),
+        state=ReservationState(row["state"]),
         request_id=None if row["request_id"] is None else RequestId(row["request_id"]),
         created_at=datetime.fromisoformat(row["created_at"]),
-        updated_at=datetime.fromisoformat(row["updated_at"]),
         granted_at=None if row["granted_at"] is None else datetime.fromisoformat(row["granted_at"]),
     )
 
@@ -354,7 +329,7 @@ class Ledger:
     @staticmethod
     def _entries(
         conn: sqlite3.Connection, where: str, params: Sequence[object]
-    ) -> list[LedgerEntry]:
+    ) -> list[Reservation]:
         rows = conn.execute(_ENTRY_SELECT + where + _ENTRY_ORDER, params).fetchall()
         return [_entry(row) for row in rows]
 
@@ -365,10 +340,12 @@ class Ledger:
         target: Target,
         count: int,
         *,
+        container: ContainerKey,
         candidates: Sequence[GpuRecord],
         request_id: RequestId | None = None,
-    ) -> list[LedgerEntry]:
-        """Atomically take ``count`` free GPUs out of ``candidates`` for ``target``.
+    ) -> list[Reservation]:
+        """Atomically take ``count`` free GPUs out of ``candidates`` for ``target``, whose
+        container is ``container``.
 
         ``candidates`` are the GPUs that may be handed out now (the live inventory, in the
         order of preference); the ledger remembers their minor, index and name. New entries
@@ -404,14 +381,14 @@ class Ledger:
             now = self._now()
             conn.executemany(
                 """INSERT INTO attachments
-                   (uuid, target_key, state, request_id, created_at, updated_at)
-                   VALUES (?, ?, 'reserving', ?, ?, ?)""",
-                [(gpu.uuid, key, request_id, now, now) for gpu in free[:count]],
+                   (uuid, target_key, container_key, state, request_id, created_at, updated_at)
+                   VALUES (?, ?, ?, 'reserving', ?, ?, ?)""",
+                [(gpu.uuid, key, container, request_id, now, now) for gpu in free[:count]],
             )
             chosen = [gpu.uuid for gpu in free[:count]]
             return self._entries(conn, _where_uuid_in(chosen), chosen)
 
-    def mark_granted(self, uuids: Collection[GpuUuid]) -> list[LedgerEntry]:
+    def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
         """``reserving`` → ``granted`` once the host grants the GPUs (already granted: unchanged).
 
         Raises ``LedgerStateError`` if any of them is missing or ``releasing``; then none
@@ -424,7 +401,7 @@ class Ledger:
             wrong = [
                 f"{uuid} ({'not reserved' if uuid not in found else found[uuid].state})"
                 for uuid in wanted
-                if uuid not in found or found[uuid].state is EntryState.RELEASING
+                if uuid not in found or found[uuid].state is ReservationState.RELEASING
             ]
             if wrong:
                 raise LedgerStateError(f"cannot mark as granted: {', '.join(wrong)}")
@@ -436,7 +413,7 @@ class Ledger:
             )
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
-    def begin_release(self, uuid: GpuUuid) -> LedgerEntry:
+    def begin_release(self, uuid: GpuUuid) -> Reservation:
         """Announce the release of a ``granted`` GPU (already ``releasing``: unchanged).
 
         Raises ``NotFound`` if the GPU is not attached, ``Busy`` while its attach is still
@@ -447,9 +424,9 @@ class Ledger:
             if not entries:
                 raise NotFound("attachment", uuid)
             entry = entries[0]
-            if entry.state is EntryState.RESERVING:
+            if entry.state is ReservationState.RESERVING:
                 raise Busy.operation_in_progress(str(entry.target))
-            if entry.state is EntryState.GRANTED:
+            if entry.state is ReservationState.GRANTED:
                 conn.execute(
                     "UPDATE attachments SET state = 'releasing', updated_at = ? WHERE uuid = ?",
                     (self._now(), uuid),
@@ -457,7 +434,7 @@ class Ledger:
                 entry = self._entries(conn, "WHERE a.uuid = ?", (uuid,))[0]
             return entry
 
-    def cancel_release(self, uuids: Collection[GpuUuid]) -> list[LedgerEntry]:
+    def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
         """``releasing`` → ``granted``: the release did not happen (the GPU turned out to be in
         use, or the host refused) and the target still has the GPU. Already ``granted``:
         unchanged.
@@ -472,7 +449,7 @@ class Ledger:
             wrong = [
                 f"{uuid} ({'not attached' if uuid not in found else found[uuid].state})"
                 for uuid in wanted
-                if uuid not in found or found[uuid].state is EntryState.RESERVING
+                if uuid not in found or found[uuid].state is ReservationState.RESERVING
             ]
             if wrong:
                 raise LedgerStateError(f"cannot cancel the release of: {', '.join(wrong)}")
@@ -480,6 +457,20 @@ class Ledger:
                 f"""UPDATE attachments SET state = 'granted', updated_at = ?
                     {_where_uuid_in(wanted, alias="")} AND state = 'releasing'""",
                 (self._now(), *wanted),
+            )
+            return self._entries(conn, _where_uuid_in(wanted), wanted)
+
+    def rebind(
+        self, uuids: Collection[GpuUuid], target: Target, container: ContainerKey
+    ) -> list[Reservation]:
+        """Give these attachments (any state) to ``target`` in ``container``: the container
+        they were granted to lives on under another process. Unknown uuids are ignored."""
+        wanted = sorted(set(uuids))
+        with self._session(write=True) as conn:
+            conn.execute(
+                f"""UPDATE attachments SET target_key = ?, container_key = ?, updated_at = ?
+                    {_where_uuid_in(wanted, alias="")}""",
+                (target.key, container, self._now(), *wanted),
             )
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
@@ -493,20 +484,20 @@ class Ledger:
 
     # --- queries ---------------------------------------------------------------------------------
 
-    def get(self, uuid: GpuUuid) -> LedgerEntry | None:
+    def get(self, uuid: GpuUuid) -> Reservation | None:
         """The attachment of one GPU, if it has one."""
         with self._session(write=False) as conn:
             entries = self._entries(conn, "WHERE a.uuid = ?", (uuid,))
         return entries[0] if entries else None
 
-    def attachments(self, target: Target | None = None) -> list[LedgerEntry]:
+    def attachments(self, target: Target | None = None) -> list[Reservation]:
         """All attachments (any state), or those of one target; in GPU index order."""
         with self._session(write=False) as conn:
             if target is None:
                 return self._entries(conn, "", ())
             return self._entries(conn, "WHERE a.target_key = ?", (target.key,))
 
-    def pending(self) -> list[LedgerEntry]:
+    def pending(self) -> list[Reservation]:
         """Entries not ``granted``: what a crash left half-done, to finish or roll back."""
         with self._session(write=False) as conn:
             return self._entries(conn, "WHERE a.state != 'granted'", ())

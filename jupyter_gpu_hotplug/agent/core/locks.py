@@ -21,7 +21,7 @@ import contextlib
 import enum
 from collections.abc import AsyncIterator, Iterator
 
-from .._structs import Target, TargetKey
+from ..._structs import Target, TargetKey
 from .errors import Busy
 
 __all__ = ["TargetLocks"]

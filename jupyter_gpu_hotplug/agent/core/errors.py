@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from .._structs import ErrorBody, ErrorCode, ErrorExtra, GpuUuid, ProcessInfo
+from ..._structs import ErrorBody, ErrorCode, ErrorExtra, GpuUuid, ProcessInfo
 
 
 class AgentError(Exception):

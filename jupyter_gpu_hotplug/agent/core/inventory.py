@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .._structs import GpuUuid
-from ..nvml.state import GpuIdentity, GpuMonitor, NvmlStatus
+from ..._structs import GpuUuid
+from ...nvml.state import GpuIdentity, GpuMonitor, NvmlStatus
 
 __all__ = ["GpuDevice", "Inventory", "InventorySnapshot", "LostGpu", "NvmlInventory"]
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._structs import GpuUuid
-from ..nvml.sim import (
+from ..._structs import GpuUuid
+from ...nvml.sim import (
     CONFIG_ENV,
     FakeNvmlConfig,
     SimulatedGpu,

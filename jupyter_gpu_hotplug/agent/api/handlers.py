@@ -2,7 +2,8 @@
 
 Why the shape: every request goes through ``ApiHandler``. It refuses a body above the limit
 before reading it (from ``Content-Length``, or as chunks arrive); each protected verb starts by
-authenticating the caller (bearer token or unix-socket peer credentials), so an unsupported
+authenticating the caller (bearer token, or the unix-socket peer's container bound to the
+connection when it was accepted: see ``connection``), so an unsupported
 method is a 405 for anyone; and ``write_error`` turns an ``AgentError`` into its status and JSON
 body — and anything else into a JSON 500 ``internal_error`` carrying a request id, logged with
 its traceback (a 5xx is a bug, and the id finds it in the log). Each verb then parses its input
@@ -16,19 +17,16 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Final
 
-from tornado import httputil, iostream, web
+from tornado import web
 
-from .._structs import ErrorBody
-from .auth import Authenticator, Caller, PeerCredentials
-from .errors import (
+from ..._structs import ErrorBody
+from ..core.errors import (
     AgentError,
     Forbidden,
     InternalError,
@@ -36,8 +34,10 @@ from .errors import (
     NotFound,
     Unauthenticated,
 )
-from .metrics import CONTENT_TYPE, AgentMetrics
-from .service import AgentService
+from ..core.metrics import CONTENT_TYPE, AgentMetrics
+from ..core.seams import Caller, Identity
+from ..core.service import AgentService
+from .connection import connection_of
 from .validation import (
     MAX_BODY_BYTES,
     check_query_names,
@@ -56,7 +56,6 @@ __all__ = [
     "OPENAPI_URL",
     "ApiContext",
     "default_handlers",
-    "peer_credentials",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,6 @@ ATTACHMENT_URL: Final = r"/v1/attachments/([^/]+)"
 
 _JSON: Final = "application/json"
 _TARGET_QUERY: Final = ("pod", "container", "pid")
-_UCRED: Final = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
@@ -78,23 +76,13 @@ class ApiContext:
     """What the handlers reach through ``self.settings["gpu_hotplug"]``."""
 
     service: AgentService
-    authenticator: Authenticator
+    identity: Identity
     metrics: AgentMetrics
     openapi: bytes
     max_count: int
     """The most GPUs one request may ask for."""
     health: Callable[[], str | None]
     """The cached liveness verdict: None when healthy, else why not."""
-
-
-def peer_credentials(sock: socket.socket | None) -> PeerCredentials | None:
-    """The process at the other end of a unix socket; None for TCP."""
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
-    pid, uid, gid = _UCRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    )
-    return PeerCredentials(pid=pid, uid=uid, gid=gid)
 
 
 @web.stream_request_body
@@ -141,13 +129,13 @@ class ApiHandler(web.RequestHandler):
             self._body_too_large = True
             raise self._too_large()
 
-    def authenticate(self) -> Caller:
-        """The caller, from the bearer token or the unix socket's peer; first in every
-        protected verb, so that an unsupported method is a 405 for anyone."""
+    async def authenticate(self) -> Caller:
+        """The caller, from the bearer token or the connection's bound identity; first in
+        every protected verb, so that an unsupported method is a 405 for anyone."""
         if self.caller is None:
-            self.caller = self.context.authenticator.authenticate(
+            self.caller = await self.context.identity.authenticate(
                 authorization=self.request.headers.get("Authorization"),
-                peer=peer_credentials(_socket_of(self.request)),
+                connection=connection_of(self.request),
             )
         return self.caller
 
@@ -250,14 +238,6 @@ class ApiHandler(web.RequestHandler):
         ).inc()
 
 
-def _socket_of(request: httputil.HTTPServerRequest) -> socket.socket | None:
-    stream = getattr(request.connection, "stream", None)
-    if isinstance(stream, iostream.IOStream):
-        sock: socket.socket = stream.socket
-        return sock
-    return None
-
-
 # --- routes ------------------------------------------------------------------------------------
 
 
@@ -291,7 +271,7 @@ class GpusHandler(ApiHandler):
     route = "/v1/gpus"
 
     async def get(self) -> None:
-        self.authenticate()
+        await self.authenticate()
         self.reply(await self.context.service.gpus())
 
 
@@ -299,12 +279,12 @@ class AttachmentsHandler(ApiHandler):
     route = "/v1/attachments"
 
     async def get(self) -> None:
-        caller = self.authenticate()
+        caller = await self.authenticate()
         target = parse_target_query(self.query(*_TARGET_QUERY))
         self.reply(await self.context.service.attachments(caller, target))
 
     async def post(self) -> None:
-        caller = self.authenticate()
+        caller = await self.authenticate()
         self.query()
         request = parse_attach_request(self.body, max_count=self.context.max_count)
         result = await self.context.service.attach(caller, request)
@@ -315,7 +295,7 @@ class AttachmentsHandler(ApiHandler):
         self.reply(result, status=201)
 
     async def delete(self) -> None:
-        caller = self.authenticate()
+        caller = await self.authenticate()
         arguments = self.query(*_TARGET_QUERY, "force")
         target = parse_target_query(arguments)
         force = parse_force(arguments)
@@ -327,7 +307,7 @@ class AttachmentHandler(ApiHandler):
     route = "/v1/attachments/{uuid}"
 
     async def delete(self, raw_uuid: str) -> None:
-        caller = self.authenticate()
+        caller = await self.authenticate()
         gpu = parse_gpu_uuid(raw_uuid)
         force = parse_force(self.query("force"))
         await self.context.service.detach(caller, gpu, force=force)

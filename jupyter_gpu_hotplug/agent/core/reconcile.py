@@ -1,0 +1,305 @@
+"""Make the allocator and the host agree again: at start-up, and then every few seconds.
+
+Why it exists: the service keeps the two in step while it runs, but a crash (``kill -9``, power
+loss) can stop an operation between any two steps, targets exit without telling anyone, and
+something else on the host (systemd re-applying a unit's device list, DESIGN §5) can take a
+grant away. One reconciler serves every backend, through the seams only. The rules, per target
+with reservations, each run under the target's lock so that no operation in flight is disturbed:
+
+- the owner of a grant is the container: when the target process is gone but its container
+  lives on (``Resolver.current`` finds it under another process, same key), the reservations
+  are re-bound to it and stay — the container can still open the GPU, so returning it to the
+  pool would let a second container have it too; when the container was replaced (a new key:
+  a restarted Kubernetes container), the GPUs are granted to the new one and re-bound;
+- the container is gone: whatever grant its leftover cgroups still carry is withdrawn, then
+  the GPUs are released;
+- ``reserving`` (an attach cut short): undo any partial grant and release — unless a process of
+  the container already has the GPU open, in which case the attach is finished instead (taking
+  a GPU from a process using it would break it);
+- ``releasing`` (a detach cut short): finish it without force; if a process has the GPU open,
+  the release is cancelled and the GPU stays attached (a user's detach can force it);
+- ``granted`` but no longer usable: grant it again;
+- a GPU the container can reach although no reservation gives it to that container: revoke it.
+
+Each repair is logged and counted (``gpu_hotplug_reconcile_actions_total{action}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+
+from ..._structs import GpuUuid, Target, TargetKey
+from ...linux.devnodes import DeviceNode
+from .injector import (
+    DeviceInUse,
+    InjectionFailed,
+    Injector,
+    InjectorError,
+    TargetGone,
+    gpu_node,
+)
+from .inventory import Inventory
+from .locks import TargetLocks
+from .metrics import AgentMetrics
+from .seams import (
+    Allocator,
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+    Resolver,
+)
+from .workers import Workers
+
+__all__ = ["ReconcileReport", "Reconciler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    """What one pass did: action name → the GPUs it applied to."""
+
+    actions: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
+    skipped_busy: list[TargetKey] = field(default_factory=list)
+    """Targets with an operation in flight, left for the next pass."""
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, action: str, what: str) -> None:
+        self.actions[action].append(what)
+
+    @property
+    def changed(self) -> bool:
+        return any(self.actions.values())
+
+
+class Reconciler:
+    """One reconciliation pass over the reservations (``run_once``), and the periodic loop."""
+
+    def __init__(
+        self,
+        *,
+        allocator: Allocator,
+        inventory: Inventory,
+        injector: Injector,
+        resolver: Resolver,
+        locks: TargetLocks,
+        metrics: AgentMetrics,
+        workers: Workers,
+        device_major: int,
+    ) -> None:
+        self._allocator = allocator
+        self._inventory = inventory
+        self._injector = injector
+        self._resolver = resolver
+        self._locks = locks
+        self._metrics = metrics
+        self._workers = workers
+        self._major = device_major
+
+    async def run_once(self) -> ReconcileReport:
+        """Reconcile every target with reservations once."""
+        report = ReconcileReport()
+        targets = {entry.target.key: entry.target for entry in self._allocator.all_attachments()}
+        known = await self._known_gpus()
+        for target in targets.values():
+            with self._locks.reconciling(target) as held:
+                if not held:
+                    report.skipped_busy.append(target.key)
+                    continue
+                try:
+                    await self._target(target, known, report)
+                except InjectorError as e:
+                    report.failures.append(f"{target}: {e}")
+                    log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
+        for action, items in report.actions.items():
+            self._metrics.reconcile_actions.labels(action=action).inc(len(items))
+        return report
+
+    async def _known_gpus(self) -> list[GpuRecord]:
+        """Every GPU the node has or had: the live inventory, the lost ones as last seen, and
+        those of the reservations."""
+        snapshot = await self._workers.host(self._inventory.snapshot)
+        records = {entry.gpu.uuid: entry.gpu for entry in self._allocator.all_attachments()}
+        seen = [*snapshot.gpus, *(lost.last_known for lost in snapshot.lost if lost.last_known)]
+        for gpu in seen:
+            records[gpu.uuid] = GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
+        return list(records.values())
+
+    async def _target(
+        self, target: Target, known: list[GpuRecord], report: ReconcileReport
+    ) -> None:
+        # Read again under the lock: an operation may have finished since the pass began.
+        by_container: dict[ContainerKey, list[Reservation]] = collections.defaultdict(list)
+        for row in self._allocator.attachments_of(target):
+            by_container[row.container].append(row)
+        for key, rows in by_container.items():
+            container = await self._holder(target, key, rows, report)
+            if container is None:
+                continue
+            try:
+                for row in rows:
+                    if row.state is ReservationState.RESERVING:
+                        await self._reserving(container, row, report)
+                    elif row.state is ReservationState.RELEASING:
+                        await self._releasing(container, row, report)
+                    else:
+                        await self._granted(container, row, report)
+                await self._strays(container, known, report)
+            except TargetGone:
+                # It exited during the pass; the next pass finds out what is left of it.
+                report.failures.append(f"{target}: exited during reconciliation")
+
+    async def _holder(
+        self, target: Target, key: ContainerKey, rows: list[Reservation], report: ReconcileReport
+    ) -> HostContainer | None:
+        """The container that holds ``rows`` now, re-bound if it changed; None when there is
+        none any more (then the rows are released, after any leftover grant is withdrawn)."""
+        found = await self._workers.host(self._resolver.lookup, target, key)
+        if found is not None:
+            return found
+        uuids = [row.gpu.uuid for row in rows]
+        current = await self._workers.host(self._resolver.current, target, key)
+        if current is not None and current.key == key:
+            await self._allocator.rebind(uuids, current)
+            for uuid in uuids:
+                report.add("rebound", uuid)
+            log.warning(
+                "%s has exited but its container lives on: %s stay attached to it, now through %s",
+                target,
+                ", ".join(uuids),
+                current,
+            )
+            return current
+        if current is not None:
+            nodes = [self._node(row.gpu) for row in rows]
+            await self._workers.host(self._injector.grant, current, nodes)
+            await self._allocator.rebind(uuids, current)
+            for uuid in uuids:
+                report.add("reinjected", uuid)
+            log.warning("%s was replaced: granted %s to %s", target, ", ".join(uuids), current)
+            return current
+        await self._allocator.release(uuids)
+        for uuid in uuids:
+            report.add("released_gone", uuid)
+        log.warning("released %s: %s has exited", ", ".join(uuids), target)
+        return None
+
+    def _node(self, gpu: GpuRecord) -> DeviceNode:
+        return gpu_node(gpu.minor, major=self._major)
+
+    async def _reserving(
+        self, container: HostContainer, row: Reservation, report: ReconcileReport
+    ) -> None:
+        try:
+            await self._workers.host(
+                self._injector.revoke, container, [self._node(row.gpu)], force=False
+            )
+        except DeviceInUse as e:
+            await self._allocator.mark_granted([row.gpu.uuid])
+            report.add("finished_attach", row.gpu.uuid)
+            log.warning(
+                "finished the interrupted attach of %s to %s: %s already use it",
+                row.gpu.uuid,
+                container,
+                ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
+            )
+            return
+        await self._allocator.release([row.gpu.uuid])
+        report.add("rolled_back_attach", row.gpu.uuid)
+        log.warning("rolled back the interrupted attach of %s to %s", row.gpu.uuid, container)
+
+    async def _releasing(
+        self, container: HostContainer, row: Reservation, report: ReconcileReport
+    ) -> None:
+        try:
+            await self._workers.host(
+                self._injector.revoke, container, [self._node(row.gpu)], force=False
+            )
+        except (DeviceInUse, InjectionFailed) as e:
+            if isinstance(e, InjectionFailed) and not e.clean:
+                raise
+            await self._allocator.cancel_release([row.gpu.uuid])
+            report.add("cancelled_release", row.gpu.uuid)
+            log.warning(
+                "could not finish the interrupted detach of %s from %s (%s); it stays attached",
+                row.gpu.uuid,
+                container,
+                e,
+            )
+            return
+        await self._allocator.release([row.gpu.uuid])
+        report.add("finished_detach", row.gpu.uuid)
+        log.warning("finished the interrupted detach of %s from %s", row.gpu.uuid, container)
+
+    async def _granted(
+        self, container: HostContainer, row: Reservation, report: ReconcileReport
+    ) -> None:
+        node = self._node(row.gpu)
+        (state,) = await self._workers.host(self._injector.status, container, [node])
+        if state.usable:
+            return
+        await self._workers.host(self._injector.grant, container, [node])
+        report.add("regranted", row.gpu.uuid)
+        log.warning("%s had lost access to %s; granted it again", container, row.gpu.uuid)
+
+    async def _strays(
+        self, container: HostContainer, known: list[GpuRecord], report: ReconcileReport
+    ) -> None:
+        """Revoke GPUs the container can reach that no reservation gives to it (two targets
+        may share one container: each keeps its own)."""
+        owned: set[GpuUuid] = {
+            entry.gpu.uuid
+            for entry in self._allocator.all_attachments()
+            if entry.container == container.key
+            or (not entry.container and entry.target.key == container.target.key)
+        }
+        others = [gpu for gpu in known if gpu.uuid not in owned]
+        if not others:
+            return
+        nodes = [self._node(gpu) for gpu in others]
+        states = await self._workers.host(self._injector.status, container, nodes)
+        stray = [
+            (gpu, node)
+            for gpu, node, state in zip(others, nodes, states, strict=True)
+            if state.exposed
+        ]
+        if not stray:
+            return
+        try:
+            await self._workers.host(
+                self._injector.revoke, container, [node for _, node in stray], force=False
+            )
+        except DeviceInUse as e:
+            report.failures.append(f"{container}: unrecorded GPU access in use by {e.holders}")
+            log.error(
+                "%s can use %s without a reservation, and processes hold it open (%s); "
+                "detach it with force to end this",
+                container,
+                ", ".join(gpu.uuid for gpu, _ in stray),
+                ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
+            )
+            return
+        for gpu, _ in stray:
+            report.add("revoked_unrecorded", gpu.uuid)
+        log.warning(
+            "revoked %s from %s: access without a reservation",
+            ", ".join(gpu.uuid for gpu, _ in stray),
+            container,
+        )
+
+    async def run_forever(self, interval: float) -> None:
+        """Reconcile every ``interval`` seconds until cancelled; a failed pass is logged."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                report = await self.run_once()
+            except Exception:
+                log.exception("reconciliation pass failed; retrying in %.0f s", interval)
+                continue
+            if report.changed:
+                log.info("reconciliation: %s", dict(report.actions))

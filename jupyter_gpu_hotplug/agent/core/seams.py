@@ -1,0 +1,331 @@
+"""The seams between the agent's core and its backends: value types and Protocols, no I/O.
+
+Why it exists: one service (``service.py``) and one reconciler (``reconcile.py``) serve every
+backend. What differs between local mode and Kubernetes mode — who holds which GPU durably
+(``Allocator``), which running container a target names (``Resolver``), who the caller is and
+what it may act on (``Identity``) — sits behind the Protocols below, and the core sees nothing
+else of a backend. ``local/`` implements them today (SQLite ledger, pid resolver, peer
+credentials and token); ``kubernetes/`` implements the same ones.
+
+The rule every backend keeps: **the owner of a grant is a container, never a pid**. A grant
+reaches every process of the container (its device cgroups and its mount namespace), so a
+reservation is made to a ``ContainerKey`` and released only after that container's access is
+taken back (or the container is gone). ``HostContainer`` is what the injector acts on; nothing
+in it comes from a caller unverified.
+
+Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
+
+- ``Resolver.current`` takes the reservation's key as well as its target: local mode cannot
+  find "the same container, through another of its processes" from a pid that has exited.
+  Kubernetes may ignore the key (the pod and container name say which container is current).
+- ``Resolver.remains`` is new: the device cgroups a container left behind with no process in
+  them (local mode's empty cgroups keep their grant), so the reconciler can withdraw the grant
+  before it returns the GPU to the pool. Kubernetes returns None (the runtime removes them).
+- ``Identity.bind_connection`` is new: the API calls it once per accepted connection, with the
+  peer's credentials and a pidfd (unix socket), and keeps the ``ConnectionInfo`` it returns for
+  every request on that connection: identity is bound at accept, never looked up later from a
+  pid that may have been reused.
+- ``Identity.self_target`` blocks (local mode reads ``/proc``): the service calls it in the
+  worker pool.
+- ``Allocator.begin_release``/``cancel_release``/``mark_granted`` take several uuids at once;
+  ``Allocator.known_gpus`` is left out (the reconciler takes the GPUs from the inventory and
+  the reservations).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, NewType, Protocol
+
+from ..._structs import GpuUuid, RequestId, Target, TargetRef
+
+__all__ = [
+    "Allocator",
+    "AttachRequest",
+    "Caller",
+    "ConnectionInfo",
+    "ContainerCgroups",
+    "ContainerKey",
+    "GpuRecord",
+    "HostContainer",
+    "Identity",
+    "PeerCredentials",
+    "PodIdentity",
+    "Reservation",
+    "ReservationState",
+    "Resolver",
+    "Verb",
+]
+
+ContainerKey = NewType("ContainerKey", str)
+"""Stable identity of a running container: survives agent restarts, changes when the container
+is replaced. Local: ``local:`` + its device cgroups and their cgroup ids (directory inodes,
+which the kernel never reuses for a new cgroup). Kubernetes: the runtime's container id
+(``containerd://<64 hex>``). The core only compares keys; each backend parses its own."""
+
+Verb = Literal["get", "create", "delete"]
+
+
+@dataclass(frozen=True)
+class ContainerCgroups:
+    """The device cgroups of a container, as ``/proc/<pid>/cgroup`` names them (crun's inner
+    ``container`` leaf folded into its scope). ``None``: the hierarchy is not in use."""
+
+    devices_v1: str | None
+    unified: str | None
+
+    @property
+    def in_root_cgroup(self) -> bool:
+        """In the root of a hierarchy: no container confines it."""
+        return "/" in (self.devices_v1, self.unified)
+
+    def within(self, other: ContainerCgroups) -> bool:
+        """Whether these cgroups are ``other``'s or below them in every hierarchy in use: what
+        a grant to ``other`` reaches (a v1 allow is written to the scope and every descendant)."""
+        return _below(self.devices_v1, other.devices_v1) and _below(self.unified, other.unified)
+
+    def __str__(self) -> str:
+        parts = [
+            f"{name}:{path}"
+            for name, path in (("devices", self.devices_v1), ("unified", self.unified))
+            if path is not None
+        ]
+        return ", ".join(parts) or "no device cgroup"
+
+
+def _below(path: str | None, top: str | None) -> bool:
+    if path is None or top is None:
+        return path == top
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class HostContainer:
+    """A target resolved to the running container the agent acts on: everything the injector
+    needs, nothing in it taken from the caller unverified."""
+
+    target: Target
+    """The canonical API target (``PidTarget`` with its start time, or a ``PodTarget`` with
+    its container filled in)."""
+    key: ContainerKey
+    pid: int
+    """A live process of the container, in the agent's (the host's) pid namespace."""
+    start_time: int
+    """That process's start time (``/proc/<pid>/stat`` field 22): detects pid reuse."""
+    cgroups: ContainerCgroups
+    label: str
+    """What a person recognises: ``process 123 (python)``, ``pod ns/name (container c)``."""
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    """A validated ``POST /v1/attachments``; ``target=None`` means "the caller itself"."""
+
+    count: int
+    target: TargetRef | None
+    wait_seconds: float
+    request_id: RequestId | None
+
+
+# --- the allocator -------------------------------------------------------------------------------
+
+
+class ReservationState(enum.StrEnum):
+    """A reservation's life: made before the host is touched, granted once it is, announced
+    before it is undone."""
+
+    RESERVING = "reserving"
+    GRANTED = "granted"
+    RELEASING = "releasing"
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """What an allocator remembers of a GPU: enough to revoke it even after it left NVML's
+    view."""
+
+    uuid: GpuUuid
+    index: int
+    minor: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One GPU held for one target's container."""
+
+    gpu: GpuRecord
+    target: Target
+    container: ContainerKey
+    """The container the grant was made to (re-bound when it is re-injected elsewhere)."""
+    state: ReservationState
+    request_id: RequestId | None
+    created_at: datetime
+    granted_at: datetime | None
+    holder: str | None = None
+    """``ns/holder-pod`` in Kubernetes; None locally."""
+
+
+class Allocator(Protocol):
+    """Who holds which GPU, durably. Reads come from memory; writes are awaited.
+
+    Errors: ``InsufficientGpus`` (nothing reserved), ``Timeout`` (deadline passed; nothing left
+    behind), ``InvalidRequest.request_id_reused``, ``NotFound``/``Busy`` from ``begin_release``;
+    storage trouble as the backend's own exception (a 500: a bug or a broken node).
+    """
+
+    async def load(self) -> None:
+        """Rebuild the in-memory view from durable state (at start)."""
+
+    async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        """Take ``count`` of ``candidates`` for ``container`` (state ``RESERVING``), all or
+        nothing. A ``request_id`` this target already used returns that request's
+        reservations (same count) instead. ``deadline`` is a ``time.monotonic()`` value."""
+
+    async def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        """``RESERVING`` → ``GRANTED`` (already granted: unchanged)."""
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        """``GRANTED`` → ``RELEASING`` (already releasing: unchanged); ``Busy`` while one is
+        still ``RESERVING``, ``NotFound`` for one that is not reserved."""
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        """``RELEASING`` → ``GRANTED``: the release did not happen."""
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        """Return the GPUs to the pool (any state; unknown uuids are ignored). Call only once
+        no container can open them any more."""
+
+    async def rebind(
+        self, uuids: Collection[GpuUuid], container: HostContainer
+    ) -> list[Reservation]:
+        """Make ``container`` (and its target) the holder of these reservations: the GPUs were
+        granted to it because the container they were granted to lives on under another
+        process (local) or was replaced (Kubernetes)."""
+
+    def attachments_of(self, target: Target) -> list[Reservation]:
+        """The target's reservations (any state), in GPU index order."""
+
+    def all_attachments(self) -> list[Reservation]:
+        """Every reservation, in GPU index order."""
+
+    def get(self, uuid: GpuUuid) -> Reservation | None:
+        """The reservation of one GPU, if it has one."""
+
+    async def check(self) -> None:
+        """A cheap read of the durable store (the health probe)."""
+
+
+# --- the resolver --------------------------------------------------------------------------------
+
+
+class Resolver(Protocol):
+    """From what a request names to the running container the agent acts on. Calls block
+    (``/proc``, a runtime API); the core runs them in its worker pool."""
+
+    def resolve(self, ref: TargetRef) -> HostContainer:
+        """The container ``ref`` names now. ``NotFound`` (no such process/pod/container),
+        ``Forbidden`` (not a container the agent may touch: a root cgroup, the agent's own
+        cgroup, the agent's own mount namespace), ``TargetNotReady`` (not running, a VM
+        runtime), ``InvalidRequest`` (a kind of target this backend does not serve)."""
+
+    def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        """The same target in the same container if it still runs, else None."""
+
+    def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        """The container that holds the reservation now: the same container through another
+        of its processes when ``target``'s process exited (local), or the container that
+        replaced it after a restart (Kubernetes: a new key). None: nothing to hold it."""
+
+    def remains(self, key: ContainerKey) -> ContainerCgroups | None:
+        """The device cgroups a container with no process left behind, if they still exist
+        (their grants must be withdrawn before the GPU returns to the pool); else None."""
+
+
+# --- the identity --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """The process at the other end of a unix socket, as the kernel recorded it at connect."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """What the API learnt about a connection when it accepted it (``Identity.bind_connection``)."""
+
+    transport: Literal["unix", "tcp"]
+    peer: PeerCredentials | None = None
+    container: ContainerKey | None = None
+    """The peer's container, resolved at accept while a pidfd proved the peer alive; None over
+    TCP, or when the peer was gone or in no container by then."""
+    cgroups: ContainerCgroups | None = None
+    """That container's device cgroups (local mode's authorization compares them)."""
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """A pod, as a bound service-account token names it (Kubernetes)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller."""
+
+    description: str
+    """For logs and messages: ``pid 123 uid 0``, ``pod ns/name``, ``token``."""
+    container: ContainerKey | None = None
+    """Local unix socket: the caller's container, bound at accept."""
+    cgroups: ContainerCgroups | None = None
+    """Local unix socket: that container's device cgroups."""
+    pod: PodIdentity | None = None
+    """Kubernetes: the pod of the bound token."""
+    privileged: bool = False
+    """May act on any target the resolver accepts (local mode's agent token)."""
+    connection: ConnectionInfo | None = None
+    """What the connection was bound to (the identity's own reference)."""
+
+    def __str__(self) -> str:
+        return self.description
+
+
+class Identity(Protocol):
+    """Who the caller is, and what it may act on."""
+
+    def bind_connection(self, *, peer: PeerCredentials | None, pidfd: int | None) -> ConnectionInfo:
+        """Called once when a connection is accepted (``peer``/``pidfd``: unix socket only;
+        the pidfd is closed by the caller afterwards). Must not block for long."""
+
+    async def authenticate(
+        self, *, authorization: str | None, connection: ConnectionInfo
+    ) -> Caller:
+        """The caller of one request, or ``Unauthenticated`` (401)."""
+
+    async def authorize(self, caller: Caller, verb: Verb, target: HostContainer) -> None:
+        """``Forbidden`` (403) unless ``caller`` may do ``verb`` on ``target``."""
+
+    def self_target(self, caller: Caller) -> TargetRef:
+        """What a request without a target means ("the caller itself"); ``InvalidRequest``
+        when the caller has no such thing (local TCP). May block: runs in the worker pool."""

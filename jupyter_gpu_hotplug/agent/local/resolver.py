@@ -1,0 +1,225 @@
+"""Local mode's ``Resolver``: from a pid to the container the agent acts on.
+
+Why it exists: a request names a process by pid, which is ambiguous over time and may name
+something that must never get a GPU. This module binds a pid to one process lifetime (pid and
+start time, from ``/proc/<pid>/stat``), tells which *container* it belongs to (its device
+cgroups, read from ``/proc/<pid>/cgroup``, never constructed), and refuses targets that are not
+containers: the host's init, the agent itself, anything in a root cgroup (a grant there would
+reach the whole host) or in the agent's own cgroup (the agent, its children, and whatever else
+runs beside it).
+
+A container is the pair of cgroups that govern device access (v1 ``devices`` and the unified
+hierarchy) with crun's inner ``container`` leaf folded into its scope, as the engine does. Its
+``ContainerKey`` adds the cgroup ids (directory inodes, never reused for a new cgroup), so a
+container that is removed and re-created under the same path is another container. The owner
+of a grant is the container: when the target process exits while other processes of its
+container live on, ``current`` finds the container through its oldest remaining process, and
+``remains`` finds the empty cgroups of a container that has no process left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..._structs import PidRef, PidTarget, PodTarget, Target, TargetRef
+from ...linux import cgroups, procfs
+from ...linux.engine import CRUN_INNER_CGROUP
+from ..core.errors import Forbidden, InvalidRequest, NotFound
+from ..core.seams import ContainerCgroups, ContainerKey, HostContainer
+
+__all__ = ["ProcResolver"]
+
+_NOT_A_CONTAINER_HINT = (
+    "give the pid of a process inside a container or sandbox (for example a kernel started by "
+    "`jupyter gpu-hotplug demo`)"
+)
+LOCAL_TARGET_HINT = 'in local mode a target is a process: {"pid": N}'
+_KEY_PREFIX = "local:"
+
+
+def _fold_inner(path: str | None) -> str | None:
+    """crun runs the workload in ``<scope>/container``; the scope is the container."""
+    if path is None:
+        return None
+    head, _, leaf = path.rpartition("/")
+    return (head or "/") if leaf == CRUN_INNER_CGROUP else path
+
+
+def decode_key(key: ContainerKey) -> ContainerCgroups | None:
+    """The cgroups a local ``ContainerKey`` names; None for another backend's or an empty key."""
+    if not key.startswith(_KEY_PREFIX):
+        return None
+    v1, _, unified, _ = json.loads(key.removeprefix(_KEY_PREFIX))
+    return ContainerCgroups(devices_v1=v1, unified=unified)
+
+
+class ProcResolver:
+    """``Resolver`` over a procfs and the host's cgroup mounts.
+
+    ``host_proc`` is the procfs pids are given in; ``hierarchies`` says which device
+    hierarchies exist (a path in one that is not mounted does not count); ``agent_pid`` is this
+    agent as ``host_proc`` numbers it.
+    """
+
+    def __init__(
+        self,
+        *,
+        host_proc: Path,
+        hierarchies: cgroups.CgroupHierarchies,
+        agent_pid: int | None = None,
+    ) -> None:
+        self._proc = host_proc
+        self._hierarchies = hierarchies
+        self._agent_pid = os.getpid() if agent_pid is None else agent_pid
+        agent_container = self.container_of(self._agent_pid)
+        if agent_container is None:
+            raise ValueError(f"the agent's own pid {self._agent_pid} is not in {host_proc}")
+        self._agent_container = agent_container
+
+    @property
+    def agent_container(self) -> ContainerCgroups:
+        return self._agent_container
+
+    # --- containers ------------------------------------------------------------------------------
+
+    def container_of(self, pid: int) -> ContainerCgroups | None:
+        """The container of any process (a caller, a target), or None when it is gone."""
+        try:
+            text = (self._proc / str(pid) / "cgroup").read_text()
+        except OSError as e:
+            if procfs.is_gone(e):
+                return None
+            raise
+        paths = cgroups.parse_proc_cgroup(text)
+        return ContainerCgroups(
+            devices_v1=_fold_inner(paths.devices_v1)
+            if self._hierarchies.devices_v1 is not None
+            else None,
+            unified=_fold_inner(paths.unified) if self._hierarchies.unified is not None else None,
+        )
+
+    def key_of(self, container: ContainerCgroups) -> ContainerKey:
+        """The container's key: its cgroups and their cgroup ids (0 where unreadable)."""
+        v1 = self._cgroup_id(self._hierarchies.devices_v1, container.devices_v1)
+        unified = self._cgroup_id(self._hierarchies.unified, container.unified)
+        fields = [container.devices_v1, v1, container.unified, unified]
+        return ContainerKey(_KEY_PREFIX + json.dumps(fields, separators=(",", ":")))
+
+    @staticmethod
+    def _cgroup_id(mount: cgroups.CgroupMount | None, path: str | None) -> int:
+        if mount is None or path is None:
+            return 0
+        try:
+            return os.stat(mount.directory_of(path)).st_ino
+        except (OSError, cgroups.CgroupError):
+            return 0
+
+    def members(self, container: ContainerCgroups) -> list[int]:
+        """Every process in the container's cgroups and below (from whichever hierarchy)."""
+        for mount, path in (
+            (self._hierarchies.unified, container.unified),
+            (self._hierarchies.devices_v1, container.devices_v1),
+        ):
+            if mount is None or path is None:
+                continue
+            try:
+                return cgroups.pids_in_cgroup(mount.directory_of(path), recursive=True)
+            except cgroups.CgroupError:
+                continue
+        return []
+
+    def oldest_member(self, container: ContainerCgroups) -> int | None:
+        """The container's oldest process, which outlives short-lived ones such as a terminal
+        command (what "the caller itself" means); None when it has none."""
+        oldest: tuple[int, int] | None = None
+        for member in self.members(container):
+            who = procfs.identity(member, proc=self._proc)
+            if who is None or self.container_of(member) != container:
+                continue
+            if oldest is None or (who.start_time, member) < oldest:
+                oldest = (who.start_time, member)
+        return None if oldest is None else oldest[1]
+
+    # --- the Resolver seam -----------------------------------------------------------------------
+
+    def resolve(self, ref: TargetRef) -> HostContainer:
+        if isinstance(ref, PodTarget):
+            raise InvalidRequest(
+                f"this agent runs the local backend and cannot act on {ref}",
+                field="target",
+                hint=LOCAL_TARGET_HINT,
+            )
+        pid = ref.pid
+        if pid == self._agent_pid:
+            raise Forbidden(
+                f"process {pid} is the GPU hot-plug agent itself", hint=_NOT_A_CONTAINER_HINT
+            )
+        who = procfs.identity(pid, proc=self._proc)
+        if who is None:
+            raise NotFound("process", str(pid), hint="check the pid; the process may have exited")
+        container = self.container_of(pid)
+        # Read again: the cgroups read must belong to the process whose start time we hold.
+        if container is None or procfs.identity(pid, proc=self._proc) != who:
+            raise NotFound("process", str(pid), hint="the process exited while being looked up")
+        if container.in_root_cgroup:
+            raise Forbidden(
+                f"process {pid} ({who.comm}) is not in a container: it runs in a root cgroup, "
+                "where a GPU grant would reach the whole host",
+                hint=_NOT_A_CONTAINER_HINT,
+            )
+        if container == self._agent_container:
+            raise Forbidden(
+                f"process {pid} ({who.comm}) runs in the agent's own cgroup ({container}), "
+                "not in a container",
+                hint=_NOT_A_CONTAINER_HINT,
+            )
+        return self._host_container(pid, who, container)
+
+    def _host_container(
+        self, pid: int, who: procfs.ProcessIdentity, container: ContainerCgroups
+    ) -> HostContainer:
+        return HostContainer(
+            target=PidRef(pid).resolve(start_time=who.start_time),
+            key=self.key_of(container),
+            pid=pid,
+            start_time=who.start_time,
+            cgroups=container,
+            label=f"process {pid} ({who.comm})",
+        )
+
+    def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        if not isinstance(target, PidTarget):
+            return None
+        who = procfs.identity(target.pid, proc=self._proc)
+        if who is None or who.start_time != target.start_time:
+            return None
+        container = self.container_of(target.pid)
+        if container is None or procfs.identity(target.pid, proc=self._proc) != who:
+            return None
+        found = self._host_container(target.pid, who, container)
+        # An empty key: a reservation of an agent that did not record containers.
+        return found if not key or found.key == key else None
+
+    def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        found = self.lookup(target, key)
+        if found is not None:
+            return found
+        container = decode_key(key)
+        if container is None:
+            return None
+        pid = self.oldest_member(container)
+        if pid is None:
+            return None
+        who = procfs.identity(pid, proc=self._proc)
+        if who is None:
+            return None
+        candidate = self._host_container(pid, who, container)
+        return candidate if candidate.key == key else None
+
+    def remains(self, key: ContainerKey) -> ContainerCgroups | None:
+        container = decode_key(key)
+        if container is None or self.key_of(container) != key:
+            return None
+        return container

@@ -1,0 +1,127 @@
+"""The ledger's in-memory copy (``LedgerAllocator``) and the ledger transition it relies on
+to undo a refused release (``Ledger.cancel_release``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget
+from jupyter_gpu_hotplug.agent.core.seams import (
+    ContainerCgroups,
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    ReservationState,
+)
+from jupyter_gpu_hotplug.agent.core.workers import Workers
+from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
+from jupyter_gpu_hotplug.agent.local.ledger import (
+    Ledger,
+    LedgerError,
+    LedgerStateError,
+)
+
+GPUS = [GpuRecord(GpuUuid(f"GPU-{i:08x}-0000-4000-8000-000000000000"), i, i, "g") for i in range(3)]
+KERNEL = PidTarget(100, 1)
+KEY = ContainerKey("local:test-container")
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger.open(tmp_path / "state") as opened:
+        yield opened
+
+
+def test_cancel_release_gives_the_gpu_back(ledger: Ledger) -> None:
+    (entry,) = ledger.reserve(KERNEL, 1, container=KEY, candidates=GPUS)
+    ledger.mark_granted([entry.gpu.uuid])
+    ledger.begin_release(entry.gpu.uuid)
+
+    (back,) = ledger.cancel_release([entry.gpu.uuid])
+
+    assert back.state is ReservationState.GRANTED
+    assert back.granted_at is not None
+    # Already granted: unchanged.
+    assert ledger.cancel_release([entry.gpu.uuid]) == [back]
+
+
+def test_cancel_release_refuses_what_is_not_being_released(ledger: Ledger) -> None:
+    (reserving,) = ledger.reserve(KERNEL, 1, container=KEY, candidates=GPUS)
+
+    with pytest.raises(LedgerStateError, match="reserving"):
+        ledger.cancel_release([reserving.gpu.uuid])
+    with pytest.raises(LedgerStateError, match="not attached"):
+        ledger.cancel_release([GPUS[2].uuid])
+    (entry,) = ledger.attachments()
+    assert entry.state is ReservationState.RESERVING
+
+
+def host_container() -> HostContainer:
+    return HostContainer(
+        target=KERNEL,
+        key=KEY,
+        pid=KERNEL.pid,
+        start_time=KERNEL.start_time,
+        cgroups=ContainerCgroups("/k", "/k"),
+        label="process 100",
+    )
+
+
+async def test_allocator_follows_every_write(ledger: Ledger) -> None:
+    workers = Workers()
+    try:
+        allocator = LedgerAllocator(ledger, workers)
+        await allocator.load()
+        (entry,) = await allocator.reserve(
+            host_container(), 1, request_id=None, deadline=math.inf, candidates=GPUS
+        )
+        assert allocator.all_attachments() == ledger.attachments()
+        await allocator.mark_granted([entry.gpu.uuid])
+        await allocator.begin_release([entry.gpu.uuid])
+        await allocator.cancel_release([entry.gpu.uuid])
+        assert allocator.attachments_of(KERNEL) == ledger.attachments(KERNEL)
+        assert allocator.get(entry.gpu.uuid) == ledger.get(entry.gpu.uuid)
+        await allocator.release([entry.gpu.uuid])
+        assert allocator.all_attachments() == [] == ledger.attachments()
+    finally:
+        workers.shutdown()
+
+
+async def test_allocator_reloads_after_storage_trouble(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workers = Workers()
+    try:
+        allocator = LedgerAllocator(ledger, workers)
+        await allocator.load()
+        (entry,) = await allocator.reserve(
+            host_container(), 1, request_id=None, deadline=math.inf, candidates=GPUS
+        )
+        committed = ledger.mark_granted
+
+        def commits_then_fails(uuids: list[GpuUuid]) -> object:
+            committed(uuids)
+            raise LedgerError("disk I/O error after the commit")
+
+        monkeypatch.setattr(ledger, "mark_granted", commits_then_fails)
+
+        with pytest.raises(LedgerError):
+            await allocator.mark_granted([entry.gpu.uuid])
+
+        assert allocator.all_attachments() == ledger.attachments()
+        assert allocator.all_attachments()[0].state is ReservationState.GRANTED
+    finally:
+        workers.shutdown()
+
+
+def test_allocator_must_be_loaded_first(ledger: Ledger) -> None:
+    workers = Workers()
+    try:
+        with pytest.raises(RuntimeError, match="load"):
+            LedgerAllocator(ledger, workers).all_attachments()
+    finally:
+        workers.shutdown()
