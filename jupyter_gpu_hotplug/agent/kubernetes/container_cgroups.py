@@ -27,7 +27,7 @@ from typing import Final
 from ...linux import cgroups, procfs
 from ...linux.engine import CRUN_INNER_CGROUP
 
-__all__ = ["belongs_to", "expected_cgroup", "find_container_pid"]
+__all__ = ["belongs_to", "expected_cgroup", "find_container_pid", "fold_inner"]
 
 _SLICE: Final = ".slice"
 _SCOPE: Final = ".scope"
@@ -49,6 +49,14 @@ def expected_cgroup(cgroups_path: str) -> str:
     slice_name, prefix, name = cgroups_path.split(":")
     leaf = name if name.endswith(_SLICE) else f"{prefix}-{name}{_SCOPE}" if prefix else name
     return f"{_systemd_slice_path(slice_name)}/{leaf}"
+
+
+def fold_inner(path: str | None) -> str | None:
+    """crun runs the workload in ``<container cgroup>/container``: the container is the parent."""
+    if path is None:
+        return None
+    head, _, leaf = path.rpartition("/")
+    return (head or "/") if leaf == CRUN_INNER_CGROUP else path
 
 
 def belongs_to(cgroup_path: str, container_id: str) -> bool:

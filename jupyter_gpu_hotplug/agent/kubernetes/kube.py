@@ -162,26 +162,25 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
+    def _blocking(self, what: str, function: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """``function(**kwargs)`` here and now, the JSON body decoded, errors mapped."""
+        try:
+            response = function(_preload_content=False, _request_timeout=self._timeout, **kwargs)
+            return json.loads(response.data or b"null")
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise api_error(e, what) from e
+
     async def _call(self, what: str, function: Callable[..., Any], /, **kwargs: Any) -> Any:
-        """``function(**kwargs)`` in the pool, the JSON body decoded, errors mapped."""
-        call = functools.partial(
-            function, _preload_content=False, _request_timeout=self._timeout, **kwargs
-        )
-
-        def blocking() -> Any:
-            try:
-                response = call()
-                return json.loads(response.data or b"null")
-            except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-                raise api_error(e, what) from e
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, blocking)
+        """``_blocking`` in the adapter's pool."""
+        call = functools.partial(self._blocking, what, function, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     # -- pods ----------------------------------------------------------------------------------
 
-    async def get_pod(self, namespace: str, name: str) -> KubeObject | None:
+    def read_pod(self, namespace: str, name: str) -> KubeObject | None:
+        """The pod, or None when there is none (blocking: for the resolver's worker thread)."""
         try:
-            pod: KubeObject = await self._call(
+            pod: KubeObject = self._blocking(
                 f"get pod {namespace}/{name}",
                 self._core.read_namespaced_pod,
                 namespace=namespace,
@@ -190,6 +189,11 @@ class KubeApi:
         except KubeNotFound:
             return None
         return pod
+
+    async def get_pod(self, namespace: str, name: str) -> KubeObject | None:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self.read_pod, namespace, name
+        )
 
     async def list_pods(
         self,
@@ -232,6 +236,19 @@ class KubeApi:
             body=pod,
         )
         return created
+
+    async def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> KubeObject:
+        """Merge ``annotations`` into the pod's (the other annotations stay)."""
+        pod: KubeObject = await self._call(
+            f"annotate pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            namespace=namespace,
+            name=name,
+            body={"metadata": {"annotations": dict(annotations)}},
+        )
+        return pod
 
     async def delete_pod(
         self, namespace: str, name: str, *, uid: str | None = None, grace_seconds: int = 0
@@ -400,10 +417,11 @@ class KubeApi:
             if quota.get("metadata", {}).get("namespace") in (None, namespace)
         ]
 
-    async def runtime_class_handler(self, name: str) -> str | None:
-        """The handler of RuntimeClass ``name``, or None when there is no such class."""
+    def read_runtime_class_handler(self, name: str) -> str | None:
+        """The handler of RuntimeClass ``name``, or None when there is no such class
+        (blocking: for the resolver's worker thread)."""
         try:
-            runtime_class = await self._call(
+            runtime_class = self._blocking(
                 f"get runtime class {name}", self._node.read_runtime_class, name=name
             )
         except KubeNotFound:
