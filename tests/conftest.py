@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.jupyter",
     "tests.fixtures.browser",
     "tests.fixtures.agent",
+    "tests.k8s.fixtures",
 ]

@@ -1,0 +1,203 @@
+"""The kubelet simulator over the real containerd: pods become real containers, their status
+and PodResources tell the truth, and eviction, restart and deletion behave as on a node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.fixtures.requirements import needs_root
+
+from . import protos
+from .containerd import cgroup_mount_points
+from .fixtures import KubeletFactory
+from .inventory import mig_devices
+from .kube import FakeKube
+from .kubelet import KubeletSimulator
+
+pytestmark = [*needs_root, pytest.mark.k8s]
+
+GPU = "nvidia.com/gpu"
+
+
+def holder(node: str, gpus: int = 1, resource: str = GPU, **spec: Any) -> dict[str, Any]:
+    """A holder-like pod: pause image, Guaranteed, ``gpus`` of ``resource``."""
+    limits = {"cpu": "10m", "memory": "16Mi", resource: str(gpus)}
+    return {
+        "metadata": {"generateName": "holder-"},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "pause",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def running(pod: dict[str, Any] | None) -> bool:
+    return pod is not None and pod["status"].get("phase") == "Running"
+
+
+def pod_resources(kubelet: KubeletSimulator, method: str, request: Any) -> Any:
+    p = protos.load("k8stier_podresources")
+    response = {"List": p.ListPodResourcesResponse, "Get": p.GetPodResourcesResponse}[method]
+    with grpc.insecure_channel(f"unix://{kubelet.pod_resources_socket}") as channel:
+        call = channel.unary_unary(
+            f"/v1.PodResourcesLister/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        return call(request, timeout=10)
+
+
+def test_holder_pod_runs_as_a_real_container(kube: FakeKube, kubelet: KubeletSimulator) -> None:
+    created = kube.create_pod("default", holder(kubelet.node_name))
+    name = created["metadata"]["name"]
+    pod = kube.wait_for_pod("default", name, running, "it runs")
+    assert pod is not None
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0
+    assert status["containerID"].startswith("containerd://")
+    container_id = status["containerID"].removeprefix("containerd://")
+
+    info = kubelet.cri.container_status(container_id)
+    assert info.state == "CONTAINER_RUNNING"
+    cgroups = dict(
+        line.split(":", 2)[1:] for line in Path(f"/proc/{info.pid}/cgroup").read_text().splitlines()
+    )
+    # containerd's answer and the kernel's agree, and the path is kubelet-shaped.
+    assert cgroups["devices"] == info.cgroups_path
+    assert info.cgroups_path == (
+        f"{kubelet.containerd.cgroup_top}/pod{pod['metadata']['uid']}/{container_id}"
+    )
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    assert any((mount / info.cgroups_path.lstrip("/")).is_dir() for mount in cgroup_mount_points())
+
+    assignments = kubelet.assignments()[("default", name)]
+    assert assignments == {"pause": [kubelet.gpus[0].id]}
+
+
+def test_exhausted_inventory(kube: FakeKube, kubelet_factory: KubeletFactory) -> None:
+    kubelet = kubelet_factory(gpus=mig_devices(1, "n", "nvidia.com/mig-1g.10gb"))
+    resource = "nvidia.com/mig-1g.10gb"
+    first = kube.create_pod("default", holder(kubelet.node_name, resource=resource))
+    kube.wait_for_pod("default", first["metadata"]["name"], running, "it runs")
+
+    # Pinned with nodeName, the pod skips the scheduler: the kubelet's admission rejects it.
+    pinned = kube.create_pod("default", holder(kubelet.node_name, resource=resource))
+    rejected = kube.wait_for_pod(
+        "default",
+        pinned["metadata"]["name"],
+        lambda p: p is not None and p["status"]["phase"] == "Failed",
+        "it is rejected",
+    )
+    assert rejected is not None
+    assert rejected["status"]["reason"] == f"OutOf{resource}"
+    assert "requested: 1, used: 1, capacity: 1" in rejected["status"]["message"]
+
+    # Selecting the node by label goes through the scheduler: Unschedulable, Pending...
+    selected = holder(
+        "", resource=resource, nodeSelector={"kubernetes.io/hostname": kubelet.node_name}
+    )
+    del selected["spec"]["nodeName"]
+    waiting = kube.create_pod("default", selected)["metadata"]["name"]
+
+    def unschedulable(pod: dict[str, Any] | None) -> bool:
+        conditions = (pod or {}).get("status", {}).get("conditions") or []
+        return any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
+        )
+
+    pending = kube.wait_for_pod("default", waiting, unschedulable, "it is unschedulable")
+    assert pending is not None and pending["status"]["phase"] == "Pending"
+    assert f"Insufficient {resource}" in pending["status"]["conditions"][0]["message"]
+
+    # ... until the GPU is free again: then it is bound and runs.
+    kube.delete_pod("default", first["metadata"]["name"])
+    placed = kube.wait_for_pod("default", waiting, running, "it runs after the GPU is freed")
+    assert placed is not None and placed["spec"]["nodeName"] == kubelet.node_name
+
+
+def test_pod_resources_list_and_get(kube: FakeKube, kubelet: KubeletSimulator) -> None:
+    p = protos.load("k8stier_podresources")
+    names = []
+    for count in (2, 1):
+        created = kube.create_pod("default", holder(kubelet.node_name, count))
+        names.append(created["metadata"]["name"])
+        kube.wait_for_pod("default", names[-1], running, "it runs")
+    notebook = kubelet.run_notebook_pod("team", "nb")
+
+    listed = pod_resources(kubelet, "List", p.ListPodResourcesRequest())
+    by_pod = {(r.namespace, r.name): r for r in listed.pod_resources}
+    assert set(by_pod) == {("default", names[0]), ("default", names[1]), ("team", "nb")}
+    ids = [
+        list(d.device_ids)
+        for r in listed.pod_resources
+        if r.namespace == "default"
+        for c in r.containers
+        for d in c.devices
+    ]
+    assert sorted(i for group in ids for i in group) == sorted(g.id for g in kubelet.gpus[:3])
+    assert [c.devices for c in by_pod[("team", "nb")].containers] == [[]]
+
+    got = pod_resources(
+        kubelet, "Get", p.GetPodResourcesRequest(pod_name=names[0], pod_namespace="default")
+    )
+    (container,) = got.pod_resources.containers
+    assert container.name == "pause"
+    assert container.devices[0].resource_name == GPU
+    assert len(container.devices[0].device_ids) == 2
+    with pytest.raises(grpc.RpcError) as missing:
+        pod_resources(
+            kubelet, "Get", p.GetPodResourcesRequest(pod_name="nope", pod_namespace="default")
+        )
+    assert "pod nope in namespace default not found" in str(missing.value.details())
+    assert notebook["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+
+
+def test_delete_stops_the_container_and_frees_the_gpu(
+    kube: FakeKube, kubelet: KubeletSimulator
+) -> None:
+    name = kube.create_pod("default", holder(kubelet.node_name, 4))["metadata"]["name"]
+    pod = kube.wait_for_pod("default", name, running, "it runs")
+    assert pod is not None
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix(
+        "containerd://"
+    )
+    marked = kube.delete_pod("default", name)
+    assert marked["metadata"]["deletionTimestamp"]  # graceful: the kubelet finishes it
+    kube.wait_for_pod("default", name, lambda p: p is None, "it is gone")
+    assert container_id not in {c.id for c in kubelet.cri.list_containers()}
+    assert kubelet.assignments() == {}
+
+
+def test_evict_and_restart(kube: FakeKube, kubelet: KubeletSimulator) -> None:
+    pod = kubelet.run_notebook_pod("team", "nb")
+    old = kubelet.container_id("team", "nb", "notebook")
+    new = kubelet.restart_container("team", "nb", "notebook")
+    assert new != old
+    status = kube.pod("team", "nb")
+    assert status is not None
+    (entry,) = status["status"]["containerStatuses"]
+    assert entry["containerID"] == f"containerd://{new}"
+    assert entry["restartCount"] == 1
+    assert entry["lastState"]["terminated"]["containerID"] == f"containerd://{old}"
+    assert kubelet.cri.container_status(new).state == "CONTAINER_RUNNING"
+    assert status["metadata"]["uid"] == pod["metadata"]["uid"]
+
+    held = kube.create_pod("team", holder(kubelet.node_name, 1))["metadata"]["name"]
+    kube.wait_for_pod("team", held, running, "it runs")
+    seen: list[str] = []
+
+    kubelet.evict("team", held)
+    kube.wait_for_pod("team", held, lambda p: p is None, "the evicted holder is deleted")
+    assert ("team", held) not in kubelet.assignments()
+    assert seen == []
