@@ -365,3 +365,6 @@ MAX_GPUS_ANNOTATION = "gpu-hotplug.jupyter.org/max-gpus"
 
 CONTAINER_ANNOTATION = "gpu-hotplug.jupyter.org/container"
 """Pod annotation: which container gets GPUs when a request names none (default: the only one)."""
+
+NODE_NAME_ENV = "NODE_NAME"
+"""The agent's node in Kubernetes mode (the DaemonSet sets it from the downward API)."""

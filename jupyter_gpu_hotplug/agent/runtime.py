@@ -19,9 +19,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._structs import GpuUuid
 from . import openapi_document
@@ -30,9 +30,10 @@ from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
+from .core.locks import TargetLocks
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler
-from .core.seams import Identity, Resolver
+from .core.seams import Allocator, Identity, Resolver
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
 from .local.allocator import LedgerAllocator
@@ -40,7 +41,11 @@ from .local.identity import LocalIdentity, load_or_create_token
 from .local.ledger import Ledger
 from .local.resolver import ProcResolver
 from .local.simulate import Simulation
-from .settings import AgentSettings
+from .settings import AgentSettings, Backend
+
+if TYPE_CHECKING:
+    from ..linux.cgroups import CgroupHierarchies
+    from ..linux.engine import HotplugEngine
 
 __all__ = ["Agent", "Components", "HealthProbe"]
 
@@ -95,12 +100,28 @@ class HealthProbe:
             await asyncio.sleep(self._interval)
 
 
+class BackendHooks(Protocol):
+    """What a backend runs beside the core once the agent serves (Kubernetes: reactions to
+    pod events), and stops before the agent closes."""
+
+    def start(
+        self,
+        *,
+        reconcile: Callable[[], Awaitable[None]],
+        locks: TargetLocks,
+        injector: Injector,
+    ) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass
 class Components:
     """The parts of an agent; ``Agent.create`` makes the real ones, tests pass fakes."""
 
     settings: AgentSettings
-    ledger: Ledger
+    ledger: Ledger | None
+    """Local mode's ledger (the allocator is built over it); None when ``allocator`` is given."""
     inventory: Inventory
     injector: Injector
     resolver: Resolver
@@ -109,6 +130,9 @@ class Components:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (after the ledger closes: first)."""
+    allocator: Allocator | None = None
+    """Another backend's allocator (Kubernetes: holder pods) instead of the ledger's."""
+    hooks: BackendHooks | None = None
 
 
 class Agent:
@@ -120,7 +144,12 @@ class Agent:
         self.settings = settings
         self.metrics = components.metrics
         self._workers = Workers(host_threads=_WORKERS)
-        self.allocator = LedgerAllocator(components.ledger, self._workers)
+        self.allocator: Allocator
+        if components.allocator is not None:
+            self.allocator = components.allocator
+        else:
+            assert components.ledger is not None, "local mode needs its ledger"
+            self.allocator = LedgerAllocator(components.ledger, self._workers)
         self.service = AgentService(
             allocator=self.allocator,
             inventory=components.inventory,
@@ -169,8 +198,9 @@ class Agent:
     def create(cls, settings: AgentSettings) -> Agent:
         """The real components for ``settings``; everything opened is closed on failure."""
         from ..linux import cgroups
-        from ..linux.engine import HotplugEngine
 
+        if settings.backend is Backend.KUBERNETES:
+            return cls._create_kubernetes(settings)
         closers: list[Callable[[], None]] = []
         try:
             settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -189,17 +219,7 @@ class Agent:
                 host_proc=settings.host_proc, rebase=settings.cgroup_root
             )
             log.info("device cgroups: %s layout", hierarchies.layout)
-            major = settings.device_major
-
-            def nvml_holders(device: Any) -> list[int]:
-                return inventory.running_pids(device.minor) if device.major == major else []
-
-            engine = HotplugEngine(
-                host_proc=settings.host_proc,
-                hierarchies=hierarchies,
-                extra_holders=nvml_holders,
-                terminate_grace=settings.force_grace,
-            )
+            engine = cls._engine(settings, hierarchies, inventory)
             resolver = ProcResolver(
                 host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
             )
@@ -220,6 +240,67 @@ class Agent:
             )
         )
 
+    @staticmethod
+    def _engine(
+        settings: AgentSettings, hierarchies: CgroupHierarchies, inventory: NvmlInventory
+    ) -> HotplugEngine:
+        """The hot-plug engine, asking NVML too which processes hold a GPU open."""
+        from ..linux.engine import HotplugEngine
+
+        major = settings.device_major
+
+        def nvml_holders(device: Any) -> list[int]:
+            return inventory.running_pids(device.minor) if device.major == major else []
+
+        return HotplugEngine(
+            host_proc=settings.host_proc,
+            hierarchies=hierarchies,
+            extra_holders=nvml_holders,
+            terminate_grace=settings.force_grace,
+        )
+
+    @classmethod
+    def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
+        """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
+        from ..linux import cgroups
+        from .kubernetes.backend import KubernetesBackend
+
+        closers: list[Callable[[], None]] = []
+        try:
+            simulation = None
+            if settings.simulated:
+                simulation = Simulation.prepare(
+                    settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
+                )
+                simulation.load_in_process()
+            inventory = NvmlInventory()
+            closers.append(inventory.close)
+            hierarchies = cgroups.discover(
+                host_proc=settings.host_proc, rebase=settings.cgroup_root
+            )
+            log.info("device cgroups: %s layout", hierarchies.layout)
+            backend = KubernetesBackend.create(settings, hierarchies)
+            closers.append(backend.close)
+            injector = EngineInjector(cls._engine(settings, hierarchies, inventory))
+        except BaseException:
+            for close in reversed(closers):
+                close()
+            raise
+        return cls(
+            Components(
+                settings=settings,
+                ledger=None,
+                inventory=inventory,
+                injector=injector,
+                resolver=backend.resolver,
+                identity=backend.identity,
+                simulation=simulation,
+                closers=closers,
+                allocator=backend.allocator,
+                hooks=backend,
+            )
+        )
+
     async def _health_check(self) -> None:
         """The ledger answers (behind whatever is queued for it)."""
         await self.allocator.check()
@@ -235,6 +316,12 @@ class Agent:
         for failure in report.failures:
             log.error("start-up reconciliation could not fix: %s", failure)
         await self.service.refresh_gpu_metrics()
+        if self.components.hooks is not None:
+            self.components.hooks.start(
+                reconcile=self.reconcile_now,
+                locks=self.service.locks,
+                injector=self.components.injector,
+            )
         settings = self.settings
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
@@ -281,6 +368,8 @@ class Agent:
         except TimeoutError:
             log.error("operations still running after %.0f s; stopping anyway", _DRAIN_TIMEOUT)
         await self.server.close_connections()
+        if self.components.hooks is not None:
+            await self.components.hooks.stop()
         self._workers.shutdown()
         for close in reversed(self.components.closers):
             close()

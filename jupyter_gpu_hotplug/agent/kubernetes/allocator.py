@@ -34,6 +34,7 @@ from typing import Any, Final
 from ..._structs import MAX_GPUS_ANNOTATION, GpuUuid, PodTarget, RequestId, Target
 from ..core.errors import Busy, Forbidden, InsufficientGpus, InvalidRequest, NotFound, Timeout
 from ..core.seams import ContainerKey, GpuRecord, HostContainer, Reservation, ReservationState
+from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
 from .holders import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_GRANTED_AT,
@@ -74,8 +75,10 @@ class HolderAllocator:
         podresources: PodResourcesClient,
         spec: HolderSpec,
         blocking: Blocking,
+        events: PodEvents | None = None,
         gone_timeout: float = _GONE_TIMEOUT,
     ) -> None:
+        self._events = events
         self._kube = kube
         self._pods = pods
         self._podresources = podresources
@@ -116,6 +119,7 @@ class HolderAllocator:
     # --- load ----------------------------------------------------------------------------------
 
     async def load(self) -> None:
+        await self._pods.start()
         if not self._loaded:
             self._pods.listen(self._on_pod)
             self._loaded = True
@@ -378,9 +382,26 @@ class HolderAllocator:
 
     async def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return await self._set_state(
+        before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
+        granted = await self._set_state(
             uuids, ReservationState.GRANTED, extra={ANNOTATION_GRANTED_AT: now}
         )
+        for entry in granted:
+            if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
+                self._event(entry, ATTACHED, "attached")
+        return granted
+
+    def _event(self, entry: Reservation, reason: str, verb: str, *, warning: bool = False) -> None:
+        if self._events is not None:
+            container = getattr(entry.target, "container", None)
+            self._events.emit(
+                entry.target,
+                reason,
+                f"{verb} GPU {entry.gpu.uuid} (/dev/nvidia{entry.gpu.minor}) "
+                f"{'to' if reason != DETACHED else 'from'} container {container}, "
+                f"held by pod {entry.holder}",
+                warning=warning,
+            )
 
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
         for uuid in uuids:
@@ -403,6 +424,11 @@ class HolderAllocator:
     async def rebind(
         self, uuids: Collection[GpuUuid], container: HostContainer
     ) -> list[Reservation]:
+        moved = {
+            uuid
+            for uuid in uuids
+            if (e := self._entries.get(uuid)) and e.container != container.key
+        }
         annotations = {
             ANNOTATION_CONTAINER_ID: container.key,
             ANNOTATION_TARGET: container.target.key,
@@ -417,15 +443,20 @@ class HolderAllocator:
             updated = read_holder(pod)
             if updated is None:
                 raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
-            rebound.append(self._remember(updated))
+            entry = self._remember(updated)
+            rebound.append(entry)
+            if uuid in moved:
+                self._event(entry, REINJECTED, "re-injected")
         return rebound
 
     async def release(self, uuids: Collection[GpuUuid]) -> None:
         holders = [self._holders[uuid] for uuid in uuids if uuid in self._holders]
         await self._delete_and_wait(holders, timeout=self._gone_timeout)
         for uuid in uuids:
-            self._entries.pop(uuid, None)
+            entry = self._entries.pop(uuid, None)
             self._holders.pop(uuid, None)
+            if entry is not None and entry.state is not ReservationState.RESERVING:
+                self._event(entry, DETACHED, "detached")
 
     async def _delete_and_wait(self, holders: Sequence[Holder], *, timeout: float) -> None:
         """Delete the holders (only the very pods we know, by uid) and wait until they are gone

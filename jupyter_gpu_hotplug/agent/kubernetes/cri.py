@@ -23,7 +23,6 @@ import grpc
 from .protos import cri_pb2 as pb
 
 __all__ = [
-    "DEFAULT_ENDPOINT",
     "ContainerRuntimeStatus",
     "CriClient",
     "CriError",
@@ -32,7 +31,6 @@ __all__ = [
     "split_container_id",
 ]
 
-DEFAULT_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 _SERVICE: Final = "/runtime.v1.RuntimeService"
 _SCHEMES: Final = ("containerd", "cri-o", "docker")
 
@@ -104,7 +102,7 @@ def parse_info(info: dict[str, str]) -> tuple[int | None, str | None]:
 class CriClient:
     """``runtime.v1.RuntimeService`` over the runtime's unix socket; thread-safe."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float = 5.0) -> None:
+    def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
         if endpoint.startswith("/"):
             endpoint = f"unix://{endpoint}"
         self._endpoint = endpoint

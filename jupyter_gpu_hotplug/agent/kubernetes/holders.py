@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from ..._structs import GpuUuid, PodTarget, RequestId, parse_timestamp, target_from_key
 from ..core.seams import ReservationState
+from ..settings import DEFAULT_HOLDER_IMAGE, DEFAULT_RESOURCE_NAME
 from .kube import KubeObject
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "ANNOTATION_STATE",
     "ANNOTATION_TARGET",
     "ANNOTATION_UUID",
-    "DEFAULT_HOLDER_IMAGE",
     "HOLDER_LABELS",
     "LABEL_CONTAINER",
     "LABEL_HOLDER",
@@ -79,7 +79,6 @@ ANNOTATION_CONTAINER_ID: Final = f"{_PREFIX}/container-id"
 ANNOTATION_REQUEST_ID: Final = f"{_PREFIX}/request-id"
 ANNOTATION_GRANTED_AT: Final = f"{_PREFIX}/granted-at"
 
-DEFAULT_HOLDER_IMAGE: Final = "registry.k8s.io/pause:3.9"
 _HOLDER_CONTAINER: Final = "hold"
 _NAME_STEM_MAX: Final = 40
 _PAUSE_USER: Final = 65535
@@ -106,7 +105,7 @@ class HolderSpec:
     """The node-wide settings of holder pods."""
 
     node_name: str
-    resource_name: str = "nvidia.com/gpu"
+    resource_name: str = DEFAULT_RESOURCE_NAME
     """The extended resource one holder requests: ``nvidia.com/gpu`` or a MIG profile such as
     ``nvidia.com/mig-1g.10gb``."""
     image: str = DEFAULT_HOLDER_IMAGE

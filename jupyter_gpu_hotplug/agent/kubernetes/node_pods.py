@@ -60,8 +60,14 @@ class NodePods:
     def pods(self) -> list[KubeObject]:
         return list(self._pods.values())
 
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
     async def start(self) -> None:
         """List once (so the view is complete when this returns), then watch in the background."""
+        if self._task is not None:
+            return
         await self._relist()
         self._task = asyncio.create_task(self._run(), name=f"watch pods on {self._node}")
 

@@ -1,8 +1,8 @@
 """Client of the kubelet's PodResources API: which device ids the device plugin gave a pod.
 
 Why it exists: a holder pod asks the scheduler for one GPU, but only the kubelet knows *which*
-GPU its device plugin picked. The kubelet serves that on a node-local unix socket
-(``/var/lib/kubelet/pod-resources/kubelet.sock``, gRPC ``v1.PodResourcesLister``). ``Get`` asks
+GPU its device plugin picked. The kubelet serves that on a node-local unix socket (by default
+``/var/lib/kubelet/pod-resources/kubelet.sock``, gRPC ``v1.PodResourcesLister``). ``Get`` asks
 for one pod; where the kubelet has it disabled (feature gate ``KubeletPodResourcesGet``, beta
 only since 1.34) the client falls back to ``List`` once and remembers that.
 
@@ -26,14 +26,12 @@ import grpc
 from .protos import podresources_pb2 as pb
 
 __all__ = [
-    "DEFAULT_SOCKET",
     "PodDevices",
     "PodResourcesClient",
     "PodResourcesError",
     "device_uuid",
 ]
 
-DEFAULT_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 _SERVICE: Final = "/v1.PodResourcesLister"
 _REPLICA_SEPARATOR: Final = "::"
 # Codes that mean "the kubelet is not answering", not "this method is off": no fallback helps.
@@ -82,7 +80,7 @@ def _pod_devices(message: pb.PodResources) -> PodDevices:
 class PodResourcesClient:
     """``v1.PodResourcesLister`` over a unix socket; one channel, reused, thread-safe."""
 
-    def __init__(self, socket: Path = DEFAULT_SOCKET, *, timeout: float = 5.0) -> None:
+    def __init__(self, socket: Path, *, timeout: float = 5.0) -> None:
         self._socket = socket
         self._timeout = timeout
         self._channel = grpc.insecure_channel(f"unix://{socket}")

@@ -1,17 +1,15 @@
-"""The Kubernetes adapter over the real ``kubernetes`` client against kmock's emulated API
-server on a real HTTP port: plain-dict objects, client-side filtering (kmock ignores
-selectors), watch with a deadline, and the error mapping."""
+"""The Kubernetes adapter over the real ``kubernetes`` client against the tier's fake API
+server on a real HTTP port: plain-dict objects, client-side filtering, watch with a deadline,
+reviews, quotas, runtime classes, events, and the error mapping."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
-import kmock
-import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -25,6 +23,8 @@ from jupyter_gpu_hotplug.agent.kubernetes.kube import (
     api_error,
 )
 
+from ...k8s.kube import FakeKube
+
 
 def _pod(name: str, *, node: str = "node-a", labels: dict[str, str] | None = None) -> Any:
     return {
@@ -36,13 +36,11 @@ def _pod(name: str, *, node: str = "node-a", labels: dict[str, str] | None = Non
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[KubeApi]:
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-        configuration = kubernetes.client.Configuration()
-        configuration.host = str(server.url).rstrip("/")
-        client = KubeApi(kubernetes.client.ApiClient(configuration))
-        yield client
-        client.close()
+def api(kube: FakeKube) -> Iterator[KubeApi]:
+    kube.create_namespace("team")
+    client = KubeApi(kube.client())
+    yield client
+    client.close()
 
 
 async def test_pods_round_trip_and_lists_filter_client_side(api: KubeApi) -> None:
@@ -79,6 +77,30 @@ async def test_watch_streams_matching_events_and_ends_by_its_deadline(api: KubeA
     await asyncio.wait_for(task, 10)
     assert time.monotonic() - started < 10  # ended by the deadline, not by the server
     assert seen == [("ADDED", "h1"), ("DELETED", "h1")]
+
+
+async def test_reviews_quotas_runtime_classes_and_events(api: KubeApi, kube: FakeKube) -> None:
+    pod = await api.create_pod("team", _pod("nb"))
+    token = kube.pod_token("team", "nb")
+    status = await api.review_token(token, audiences=["gpu-hotplug"])
+    assert status["authenticated"] is True
+    extra = status["user"]["extra"]
+    assert extra["authentication.kubernetes.io/pod-name"] == ["nb"]
+    refused = await api.review_token(token, audiences=["elsewhere"])
+    assert not refused.get("authenticated")
+    user = {"username": "operator", "groups": ["ops"]}
+    assert (await api.review_access(user, namespace="team", verb="create", name="nb"))[0] is False
+    kube.allow(verbs=("create",), resources=("pods/gpus",), groups=("ops",))
+    assert (await api.review_access(user, namespace="team", verb="create", name="nb"))[0] is True
+    kube.set_quota("team", "gpus", {"requests.nvidia.com/gpu": "1"})
+    (quota,) = await api.resource_quotas("team")
+    assert quota["metadata"]["name"] == "gpus"
+    kube.create_runtime_class("kata", "kata-qemu")
+    assert await asyncio.to_thread(api.read_runtime_class_handler, "kata") == "kata-qemu"
+    assert await asyncio.to_thread(api.read_runtime_class_handler, "none") is None
+    await api.create_event(pod, reason="GpuAttached", message="attached GPU-1")
+    annotated = await api.annotate_pod("team", "nb", {"a/b": "c"})
+    assert annotated["metadata"]["annotations"]["a/b"] == "c"
 
 
 @pytest.mark.parametrize(
