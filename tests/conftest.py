@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.agent",
     "tests.k8s.fixtures",
+    "tests.k8s.agent",
 ]

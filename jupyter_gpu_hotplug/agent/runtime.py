@@ -32,7 +32,7 @@ from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
 from .core.locks import TargetLocks
 from .core.metrics import AgentMetrics
-from .core.reconcile import Reconciler
+from .core.reconcile import Reconciler, ReconcileReport
 from .core.seams import Allocator, Identity, Resolver
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
@@ -107,7 +107,7 @@ class BackendHooks(Protocol):
     def start(
         self,
         *,
-        reconcile: Callable[[], Awaitable[None]],
+        reconcile: Callable[[], Awaitable[ReconcileReport]],
         locks: TargetLocks,
         injector: Injector,
     ) -> None: ...
@@ -318,7 +318,7 @@ class Agent:
         await self.service.refresh_gpu_metrics()
         if self.components.hooks is not None:
             self.components.hooks.start(
-                reconcile=self.reconcile_now,
+                reconcile=self.reconciler.run_once,
                 locks=self.service.locks,
                 injector=self.components.injector,
             )

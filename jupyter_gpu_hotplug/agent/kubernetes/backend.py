@@ -26,6 +26,7 @@ from typing import Final
 from ...linux import cgroups
 from ..core.injector import DeviceInUse, Injector, InjectorError, TargetGone, gpu_node
 from ..core.locks import TargetLocks
+from ..core.reconcile import ReconcileReport
 from ..core.seams import Reservation
 from ..settings import AgentSettings
 from .allocator import HolderAllocator
@@ -109,7 +110,7 @@ class KubernetesBackend:
     def start(
         self,
         *,
-        reconcile: Callable[[], Awaitable[None]],
+        reconcile: Callable[[], Awaitable[ReconcileReport]],
         locks: TargetLocks,
         injector: Injector,
     ) -> None:
@@ -153,11 +154,19 @@ class KubernetesBackend:
         ):
             self._wanted.set()
 
-    async def _reconcile_when_wanted(self, reconcile: Callable[[], Awaitable[None]]) -> None:
+    async def _reconcile_when_wanted(
+        self, reconcile: Callable[[], Awaitable[ReconcileReport]]
+    ) -> None:
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            await reconcile()
+            try:
+                report = await reconcile()
+            except Exception:
+                log.exception("reconciliation after a pod event failed; the timer retries")
+                continue
+            if report.changed:
+                log.info("reconciliation after a pod event: %s", dict(report.actions))
 
     # --- lost holders --------------------------------------------------------------------------
 

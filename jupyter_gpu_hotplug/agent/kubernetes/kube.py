@@ -335,7 +335,9 @@ class KubeApi:
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
                 put(None if stopped.is_set() else api_error(e, "watch pods"))
 
-        future = loop.run_in_executor(self._pool, stream)
+        # A thread of its own, a daemon: a blocked read must never hold up the agent's exit.
+        reader = threading.Thread(target=stream, name="gpu-hotplug-watch", daemon=True)
+        reader.start()
         try:
             while True:
                 timeout = deadline - time.monotonic()
@@ -354,9 +356,9 @@ class KubeApi:
             stopped.set()
             for response in response_box:
                 with contextlib.suppress(Exception):
+                    # urllib3 ≥ 2.3: unblocks a read in progress in the reader thread.
+                    getattr(response, "shutdown", lambda: None)()
                     response.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(future), 1.0)
 
     # -- authentication and authorization ------------------------------------------------------
 
