@@ -267,6 +267,9 @@ class Agent:
 
         closers: list[Callable[[], None]] = []
         try:
+            # Holder pods are the state; the directory keeps only simulation files and the
+            # crash tests' checkpoint markers.
+            settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             simulation = None
             if settings.simulated:
                 simulation = Simulation.prepare(
