@@ -141,22 +141,31 @@ def test_deleting_the_notebook_pod_collects_its_holders_and_the_agent_forgets_th
     eventually(lambda: holders(kube, NS) == [], "the garbage collector deletes the holders")
     eventually(lambda: devices_of(kubelet, NS) == set(), "the kubelet frees the GPUs")
 
+    kube.add_token("viewer", username="viewer", audiences=("gpu-hotplug",))
+    viewer = k8s_agent.tcp.with_token("viewer")
+
     def agent_forgot() -> bool:
-        gpus = k8s_agent.tcp.with_token(None).get("/v1/gpus")  # type: ignore[union-attr]
+        gpus = viewer.get("/v1/gpus")
         return gpus.status == 200 and all(g["state"] == "free" for g in gpus.json()["gpus"])
 
     eventually(agent_forgot, "the agent lists every GPU as free again")
 
 
-def test_an_evicted_holder_is_revoked_from_the_container_at_once(
-    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
+@pytest.mark.parametrize("how", ["evicted", "deleted"])
+def test_a_lost_holder_is_revoked_from_the_container_at_once(
+    how: str, kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
 ) -> None:
     kubelet.run_notebook_pod(NS, "nb")
     api = as_pod(k8s_agent, kube, NS, "nb")
     kept, lost = api.post("/v1/attachments", {"count": 2}).json()["attachments"]
     assert ENXIO in open_node(kubelet, "nb", lost["minor"])
 
-    kubelet.evict(NS, lost["holder"].split("/")[1])
+    name = lost["holder"].split("/")[1]
+    if how == "evicted":
+        # As node-pressure eviction: Failed/Evicted, the object left for whoever cleans up.
+        kubelet.evict(NS, name, delete=False)
+    else:
+        kube.delete_pod(NS, name)
 
     eventually(
         lambda: EPERM in open_fresh_node(kubelet, "nb", lost["minor"]),
