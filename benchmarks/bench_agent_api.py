@@ -27,8 +27,9 @@ from pathlib import Path
 
 from _agent import percentile, start_agent, summary
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
 

@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import cgroup_v2, devnodes
 from jupyter_gpu_hotplug.linux.bpf import asm, syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Backend, Sandbox, SandboxSpec, host_backends
 

@@ -12,9 +12,11 @@ exist, what is its start time) belong to the callers.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, NewType, TypeAlias, TypedDict, final
+from pathlib import PurePosixPath
+from typing import Final, Literal, NewType, TypeAlias, TypedDict, final
 
 # --- identifiers ---------------------------------------------------------------------------------
 
@@ -29,6 +31,35 @@ RequestId = NewType("RequestId", str)
 
 TargetKey = NewType("TargetKey", str)
 """A target's stable identity as one string, for per-target locks and the ledger."""
+
+# --- facts of the contract, defined once for the agent, the client, the server and the magic ---
+
+NVIDIA_MAJOR: Final = 195
+"""The character-device major of NVIDIA's GPU and control nodes (``/dev/nvidia*``)."""
+
+MAX_WAIT_SECONDS: Final = 600.0
+"""The largest ``wait_seconds`` of an attach (``AttachRequest`` in ``openapi.json``)."""
+DEFAULT_WAIT_SECONDS: Final = 60.0
+"""The ``wait_seconds`` of an attach that does not say."""
+DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
+"""The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
+
+REQUEST_ID_MAX: Final = 128
+REQUEST_ID_RE: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
+"""A client-chosen ``request_id``; use with ``fullmatch``."""
+GPU_UUID_RE: Final = re.compile(
+    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)
+"""An NVML UUID as the API accepts it (a GPU or a MIG slice); use with ``fullmatch``."""
+
+AGENT_URL_ENV: Final = "GPU_HOTPLUG_AGENT_URL"
+"""Set by the spawner to the node agent's URL."""
+TOKEN_PATH_ENV: Final = "GPU_HOTPLUG_TOKEN_PATH"
+"""Set by the spawner to the projected service-account token's path."""
+DEFAULT_SOCKET: Final = PurePosixPath("/run/gpu-hotplug/agent.sock")
+"""Where the local-mode agent listens by default."""
+DEFAULT_AGENT_URL: Final = f"unix:{DEFAULT_SOCKET}"
+"""The agent URL a client uses when ``AGENT_URL_ENV`` is unset or empty."""
 
 # --- limits shared by validation, the OpenAPI document and the dataclasses below ---------------
 
@@ -156,6 +187,36 @@ ErrorCode = Literal[
     "timeout",
     "internal_error",
 ]
+
+
+STATUS_BY_CODE: Final[Mapping[ErrorCode, int]] = {
+    "invalid_request": 400,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "busy": 409,
+    "insufficient_gpus": 409,
+    "target_not_ready": 422,
+    "timeout": 504,
+    "internal_error": 500,
+}
+"""The HTTP status of each error code (DESIGN §3); ``busy`` is the general 409."""
+
+EXTRA_FIELDS_BY_CODE: Final[Mapping[ErrorCode, frozenset[str]]] = {
+    "invalid_request": frozenset({"field"}),
+    "unauthenticated": frozenset(),
+    "forbidden": frozenset({"limit", "attached", "requested"}),
+    "not_found": frozenset({"resource", "name"}),
+    "busy": frozenset({"processes", "uuid"}),
+    "insufficient_gpus": frozenset({"free", "requested"}),
+    "target_not_ready": frozenset(),
+    "timeout": frozenset({"wait_seconds"}),
+    "internal_error": frozenset({"request_id"}),
+}
+"""The ``ErrorExtra`` members each error code may carry beside the envelope."""
+
+ERROR_ENVELOPE: Final = frozenset({"error", "message", "retryable"})
+"""The members every error body has."""
 
 
 class ProcessInfo(TypedDict):
@@ -357,14 +418,14 @@ def target_from_key(key: str) -> Target:
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------
 
-TOKEN_AUDIENCE = "gpu-hotplug"
+TOKEN_AUDIENCE: Final = "gpu-hotplug"
 """The audience of the projected service-account token a notebook pod sends to the agent."""
 
-MAX_GPUS_ANNOTATION = "gpu-hotplug.jupyter.org/max-gpus"
+MAX_GPUS_ANNOTATION: Final = "gpu-hotplug.jupyter.org/max-gpus"
 """Pod annotation: the most GPUs the pod may hold hot-attached (set by the spawner)."""
 
-CONTAINER_ANNOTATION = "gpu-hotplug.jupyter.org/container"
+CONTAINER_ANNOTATION: Final = "gpu-hotplug.jupyter.org/container"
 """Pod annotation: which container gets GPUs when a request names none (default: the only one)."""
 
-NODE_NAME_ENV = "NODE_NAME"
+NODE_NAME_ENV: Final = "NODE_NAME"
 """The agent's node in Kubernetes mode (the DaemonSet sets it from the downward API)."""

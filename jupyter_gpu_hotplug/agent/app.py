@@ -33,7 +33,7 @@ from typing import Any, Final
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default, observe
 from traitlets.config import Application
 
-from .._structs import NODE_NAME_ENV
+from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
 from .._version import __version__
 from .core.checkpoints import STEPS
 from .logs import logging_config
@@ -42,9 +42,7 @@ from .settings import (
     DEFAULT_HOLDER_IMAGE,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_RESOURCE_NAME,
-    DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
-    NVIDIA_MAJOR,
     AgentSettings,
     Backend,
     KubernetesSettings,
@@ -161,7 +159,8 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         /host when the host's /sys is mounted at /host/sys). Empty: our own /.""",
     ).tag(config=True)
     max_gpus_per_target = Int(
-        8, help="The most GPUs one target may hold (and one request may ask for)."
+        DEFAULT_MAX_GPUS_PER_TARGET,
+        help="The most GPUs one target may hold (and one request may ask for).",
     ).tag(config=True)
     device_major = Int(
         NVIDIA_MAJOR, help="Character-device major number of GPU nodes (NVIDIA: 195)."

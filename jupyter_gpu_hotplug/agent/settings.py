@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeAlias
 
+from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, NVIDIA_MAJOR
+
 DEFAULT_STATE_DIR: Final = Path("/var/lib/gpu-hotplug")
-DEFAULT_SOCKET: Final = Path("/run/gpu-hotplug/agent.sock")
-NVIDIA_MAJOR: Final = 195
 TOKEN_FILE: Final = "token"
 
 # A unix socket path must fit sockaddr_un.sun_path (108 bytes with the NUL).
@@ -168,7 +168,7 @@ class AgentSettings:
     """The procfs in which target pids are given (the host's)."""
     cgroup_root: Path | None = None
     """Where the host's ``/`` is seen, for cgroup mount points (``None``: our own root)."""
-    max_gpus_per_target: int = 8
+    max_gpus_per_target: int = DEFAULT_MAX_GPUS_PER_TARGET
     """The most GPUs one target may hold, and one request may ask for."""
     device_major: int = NVIDIA_MAJOR
     """Character-device major of GPU nodes (NVIDIA's is 195)."""

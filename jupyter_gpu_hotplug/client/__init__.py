@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from ._async import AsyncAgentClient
 from ._core import (
-    AGENT_DEFAULT_WAIT_SECONDS,
     AGENT_URL_ENV,
     DEFAULT_AGENT_URL,
+    DEFAULT_WAIT_SECONDS,
     TOKEN_PATH_ENV,
     AnyTarget,
     BaseAgentClient,
@@ -55,9 +55,9 @@ from .errors import (
 from .models import Attachment, Gpu, Health
 
 __all__ = [
-    "AGENT_DEFAULT_WAIT_SECONDS",
     "AGENT_URL_ENV",
     "DEFAULT_AGENT_URL",
+    "DEFAULT_WAIT_SECONDS",
     "TOKEN_PATH_ENV",
     "AgentClient",
     "AgentClientError",

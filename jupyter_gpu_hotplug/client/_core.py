@@ -34,7 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Generic, Literal, Self, TypeAlias, TypeVar
 
-from .._structs import AttachRequestBody, GpuUuid, PidRef, PidTarget, PodTarget
+from .._structs import (
+    AGENT_URL_ENV,
+    DEFAULT_AGENT_URL,
+    DEFAULT_WAIT_SECONDS,
+    TOKEN_PATH_ENV,
+    AttachRequestBody,
+    GpuUuid,
+    PidRef,
+    PidTarget,
+    PodTarget,
+)
 from .._version import __version__
 from ._http import (
     AgentEndpoint,
@@ -55,9 +65,9 @@ from .errors import (
 from .models import Attachment, Gpu, Health, parse_attachments, parse_gpus, parse_health
 
 __all__ = [
-    "AGENT_DEFAULT_WAIT_SECONDS",
     "AGENT_URL_ENV",
     "DEFAULT_AGENT_URL",
+    "DEFAULT_WAIT_SECONDS",
     "TOKEN_PATH_ENV",
     "AnyTarget",
     "ApiCall",
@@ -68,14 +78,6 @@ __all__ = [
     "Timeouts",
 ]
 
-AGENT_URL_ENV: Final = "GPU_HOTPLUG_AGENT_URL"
-"""Set by the spawner to the node agent's URL."""
-TOKEN_PATH_ENV: Final = "GPU_HOTPLUG_TOKEN_PATH"
-"""Set by the spawner to the projected service-account token's path."""
-DEFAULT_AGENT_URL: Final = "unix:/run/gpu-hotplug/agent.sock"
-"""The local-mode agent's socket (DESIGN §3)."""
-AGENT_DEFAULT_WAIT_SECONDS: Final = 60.0
-"""The contract's default ``wait_seconds`` for an attach (``AttachRequest`` in openapi.json)."""
 
 # RFC 6750 b64token: what a bearer token may contain (JWTs and hex tokens do).
 _BEARER_TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
@@ -210,7 +212,7 @@ def attach(
         parse_attachments,
         body=json.dumps(body, separators=(",", ":")).encode(),
         idempotent=True,
-        extra_read_seconds=AGENT_DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
+        extra_read_seconds=DEFAULT_WAIT_SECONDS if wait_seconds is None else wait_seconds,
     )
 
 

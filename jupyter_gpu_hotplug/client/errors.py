@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
-from .._structs import ErrorCode, GpuUuid
+from .._structs import ERROR_ENVELOPE, STATUS_BY_CODE, ErrorCode, GpuUuid
 
 __all__ = [
     "ERRORS_BY_CODE",
@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 _SNIPPET_CHARS: Final = 200
-_ENVELOPE: Final = frozenset({"error", "message", "retryable"})
 
 
 class AgentClientError(Exception):
@@ -158,9 +157,14 @@ class AgentError(AgentClientError):
     CODE: ClassVar[ErrorCode | None] = None
     """The API error code this class stands for; ``None`` for this base (unmapped statuses)."""
     STATUS: ClassVar[int | None] = None
-    """The status that code comes with."""
+    """The status that code comes with (``_structs.STATUS_BY_CODE``)."""
     DEFAULT_RETRYABLE: ClassVar[bool] = False
     """Used when the answer does not say (a body that is not the API's JSON)."""
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if cls.CODE is not None:
+            cls.STATUS = STATUS_BY_CODE[cls.CODE]
 
     def __init__(
         self,
@@ -183,7 +187,6 @@ class InvalidRequest(AgentError):
     """400: the request is malformed; ``field`` names the offending input when known."""
 
     CODE = "invalid_request"
-    STATUS = 400
 
     @property
     def field(self) -> str | None:
@@ -194,14 +197,12 @@ class Unauthenticated(AgentError):
     """401: no token, or one the agent does not accept."""
 
     CODE = "unauthenticated"
-    STATUS = 401
 
 
 class Forbidden(AgentError):
     """403: not the caller's pod, or over the pod's GPU limit (then ``limit`` etc. are set)."""
 
     CODE = "forbidden"
-    STATUS = 403
 
     @property
     def limit(self) -> int | None:
@@ -220,7 +221,6 @@ class NotFound(AgentError):
     """404: no such pod, container, process or attachment on this node."""
 
     CODE = "not_found"
-    STATUS = 404
 
     @property
     def resource(self) -> str | None:
@@ -235,7 +235,6 @@ class Busy(AgentError):
     """409 ``busy``: the GPU is used by ``processes``, or another operation is in progress."""
 
     CODE = "busy"
-    STATUS = 409
     DEFAULT_RETRYABLE = True
 
     @property
@@ -261,7 +260,6 @@ class InsufficientGpus(AgentError):
     """409 ``insufficient_gpus``: ``requested`` GPUs asked for, only ``free`` free."""
 
     CODE = "insufficient_gpus"
-    STATUS = 409
     DEFAULT_RETRYABLE = True
 
     @property
@@ -277,7 +275,6 @@ class TargetNotReady(AgentError):
     """422: the target cannot take a GPU now (container not running) or ever (a VM sandbox)."""
 
     CODE = "target_not_ready"
-    STATUS = 422
     DEFAULT_RETRYABLE = True
 
 
@@ -289,7 +286,6 @@ class AgentTimeout(AgentError):
     """
 
     CODE = "timeout"
-    STATUS = 504
     DEFAULT_RETRYABLE = True
 
     @property
@@ -304,7 +300,6 @@ class AgentInternalError(AgentError):
     """5xx: a bug in the agent (or a proxy's failure); ``request_id`` finds it in the log."""
 
     CODE = "internal_error"
-    STATUS = 500
     DEFAULT_RETRYABLE = True
 
     @property
@@ -330,15 +325,9 @@ ERRORS_BY_CODE: Final[Mapping[ErrorCode, type[AgentError]]] = {
 """One class per code of ``_structs.ErrorCode``."""
 
 # Where a code is unknown (a newer agent) or missing (not the API's JSON), the status decides.
-# 409 has two codes; Busy is the general "conflict" of the two.
+# 409 has two codes; Busy, listed first, is the general "conflict" of the two.
 _ERRORS_BY_STATUS: Final[Mapping[int, type[AgentError]]] = {
-    400: InvalidRequest,
-    401: Unauthenticated,
-    403: Forbidden,
-    404: NotFound,
-    409: Busy,
-    422: TargetNotReady,
-    504: AgentTimeout,
+    STATUS_BY_CODE[code]: cls for code, cls in reversed(list(ERRORS_BY_CODE.items()))
 }
 
 
@@ -404,7 +393,7 @@ def error_from_response(
         message = str(parsed["message"])
         sent_retryable = parsed.get("retryable")
         retryable = sent_retryable if isinstance(sent_retryable, bool) else None
-        extra = {key: value for key, value in parsed.items() if key not in _ENVELOPE}
+        extra = {key: value for key, value in parsed.items() if key not in ERROR_ENVELOPE}
     cls = _class_for(status, code)
     if cls is Unauthenticated and missing_token is not None:
         message = f"{message} (No token was sent: {missing_token}.)"

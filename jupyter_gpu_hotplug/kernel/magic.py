@@ -43,6 +43,7 @@ from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from .._structs import MAX_WAIT_SECONDS, NVIDIA_MAJOR
 from .._version import __version__
 from ..client import AgentClient, AgentClientError, Attachment, Busy, InsufficientGpus
 from ..nvml.state import GpuMonitor
@@ -68,8 +69,6 @@ __all__ = [
 MAGIC_NAME: Final = "gpu"
 PROG: Final = f"%{MAGIC_NAME}"
 
-MAX_WAIT_SECONDS: Final = 600.0
-"""The agent contract's upper bound for ``wait_seconds`` (``AttachRequest`` in openapi.json)."""
 MIN_INTERVAL: Final = 0.1
 MAX_INTERVAL: Final = 3600.0
 PROGRESS_AFTER: Final = 0.5
@@ -83,7 +82,6 @@ _FULL_UUID: Final = re.compile(
 )
 _UUID_START: Final = re.compile(r"(?:GPU|MIG)-[0-9a-f][0-9a-f-]{0,35}")
 _DIGITS: Final = re.compile(r"[0-9]{1,6}")
-_NVIDIA_MAJOR: Final = 195
 _T = TypeVar("_T")
 
 
@@ -428,7 +426,7 @@ def holds_device(minor: int, *, fd_dir: str = "/proc/self/fd") -> bool:
             continue  # Closed since listing (the listing's own fd is one).
         if (
             stat.S_ISCHR(info.st_mode)
-            and os.major(info.st_rdev) == _NVIDIA_MAJOR
+            and os.major(info.st_rdev) == NVIDIA_MAJOR
             and os.minor(info.st_rdev) == minor
         ):
             return True

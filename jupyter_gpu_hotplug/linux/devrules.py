@@ -17,7 +17,6 @@ from dataclasses import dataclass
 #: ``*`` in a rule: any major or any minor.
 WILDCARD = None
 
-NVIDIA_MAJOR = 195
 """The major of ``/dev/nvidia<minor>`` and ``/dev/nvidiactl`` (fixed by the driver)."""
 NVIDIACTL_MINOR = 255
 

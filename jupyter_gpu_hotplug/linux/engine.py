@@ -27,7 +27,7 @@ container whose runtime put them there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -344,9 +344,18 @@ class HotplugEngine:
     # ---- revoke ----------------------------------------------------------------------
 
     def revoke(
-        self, target: int | Container, devices: Sequence[DeviceNode], *, force: bool = False
+        self,
+        target: int | Container,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool = False,
+        keep_nodes: Collection[str] = (),
     ) -> RevokeResult:
         """Take ``devices`` away from the running container.
+
+        The nodes named in ``keep_nodes`` stay in the container's ``/dev`` (their permission
+        goes all the same): nodes this engine did not create — the runtime's — are not its to
+        delete, and without the permission they open nothing.
 
         Refuses with :class:`DeviceBusyError` while a process of the container holds one
         open, unless ``force``: then those processes get SIGTERM, and SIGKILL after the
@@ -367,6 +376,8 @@ class HotplugEngine:
         gone = not self._alive(container)
         try:
             for node in () if gone else wanted:
+                if node.name in keep_nodes:
+                    continue
                 try:
                     if not self._remove(container, node):
                         continue
@@ -423,6 +434,47 @@ class HotplugEngine:
             terminated,
             target_gone=gone or not self._alive(container),
         )
+
+    # ---- withdraw --------------------------------------------------------------------
+
+    def withdraw(
+        self, *, devices_v1: str | None, unified: str | None, devices: Sequence[DeviceNode]
+    ) -> None:
+        """Take the permissions for ``devices`` from the cgroups of a container that has no
+        process left (paths as ``/proc/<pid>/cgroup`` named them, scopes already folded).
+
+        An empty cgroup keeps its device rules and programs, and a process moved into it
+        later would get them: they must go before the device is handed to anyone else. Its
+        nodes went with its mount namespace. A cgroup that is gone already is skipped. Raises
+        :class:`InjectionError` when a write fails (nothing is rolled back: a withdraw only
+        ever takes away).
+        """
+        chars = [node.device for node in devices]
+        try:
+            v1_mount = self.hierarchies.devices_v1
+            if devices_v1 is not None and v1_mount is not None:
+                scope = v1_mount.directory_of(devices_v1)
+                if scope.is_dir() and self._confined_v1(scope):
+                    was = [c for c in chars if cgroup_v1.allowed(scope, c) & RW]
+                    if was:
+                        cgroup_v1.revoke(scope, was)
+                        _log_withdraw("v1 deny", was, scope)
+            v2_mount = self.hierarchies.unified
+            if unified is not None and v2_mount is not None:
+                top = v2_mount.directory_of(unified)
+                if top.is_dir() and self._confined_v2(top):
+                    rules = {c.rule() for c in chars}
+                    for directory in [top, *cgroups.descendants(top)]:
+                        drop = rules & cgroup_v2.granted_devices(directory)
+                        if drop:
+                            cgroup_v2.revoke(directory, drop)
+                            _log_withdraw("v2 revoke", sorted(drop, key=str), directory)
+        except STEP_ERRORS as e:
+            raise InjectionError(
+                f"withdrawing {_names(devices)} from the empty cgroups {devices_v1}, {unified} "
+                f"failed: {e}",
+                rollback_errors=["a withdraw is not rolled back"],
+            ) from e
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -506,6 +558,16 @@ def _restricted_v2(directory: Path) -> bool:
 
 def _names(nodes: Iterable[DeviceNode]) -> str:
     return ", ".join(f"/dev/{n.name}" for n in nodes)
+
+
+def _log_withdraw(action: str, devices: Iterable[object], where: Path) -> None:
+    log.info(
+        "host change: %s %s for an empty cgroup at %s",
+        action,
+        " ".join(str(d) for d in devices),
+        where,
+        extra={"hotplug_action": action, "path": str(where)},
+    )
 
 
 def _log_change(action: str, container: Container, devices: Iterable[object], where: Path) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import ClassVar, Final
 
+from .._structs import STATUS_BY_CODE
 from ..client import (
     AgentClientError,
     AgentConnectionLost,
@@ -160,9 +161,7 @@ class ErrorReply:
 
 
 _STATUS_BY_CODE: Final[Mapping[str, int]] = {
-    "invalid_request": 400,
-    "not_found": 404,
-    "target_not_ready": 422,
+    **{str(code): status for code, status in STATUS_BY_CODE.items()},
     "shutting_down": 503,
 }
 

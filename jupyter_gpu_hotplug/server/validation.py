@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NewType
 
-from .._structs import GpuUuid, RequestId
+from .._structs import GPU_UUID_RE, MAX_WAIT_SECONDS, REQUEST_ID_RE, GpuUuid, RequestId
 from .errors import InvalidInput
 
 __all__ = [
@@ -39,18 +39,10 @@ KernelId = NewType("KernelId", str)
 
 MAX_BODY_BYTES: Final = 16 * 1024
 """Far more than any valid body; a larger one is refused before it is parsed."""
-MAX_WAIT_SECONDS: Final = 600.0
-"""The agent contract's largest ``wait_seconds`` (``AttachRequest`` in ``agent/openapi.json``)."""
 
 # Kernel ids are UUIDs in jupyter_server; other kernel managers use similar safe tokens. The
 # id is echoed in messages, so nothing outside this set is accepted.
 _KERNEL_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
-# The agent contract's request id and GPU UUID patterns (agent/openapi.json), mirrored here
-# because the notebook side never imports the agent.
-_REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_GPU_UUID_RE: Final = re.compile(
-    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-)
 DETACH_ALL: Final = "all"
 
 _ATTACH_FIELDS: Final = ("count", "kernel_id", "request_id", "wait_seconds")
@@ -156,7 +148,7 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         )
     request_id = obj.get("request_id")
     if request_id is not None and (
-        not isinstance(request_id, str) or _REQUEST_ID_RE.fullmatch(request_id) is None
+        not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None
     ):
         raise InvalidInput(
             f"request_id must be 1 to 128 letters, digits or . _ : -, got {_describe(request_id)}",
@@ -180,7 +172,7 @@ def parse_detach(body: bytes) -> DetachRequest:
             field="uuid",
         )
     uuid = obj["uuid"]
-    if uuid != DETACH_ALL and (not isinstance(uuid, str) or _GPU_UUID_RE.fullmatch(uuid) is None):
+    if uuid != DETACH_ALL and (not isinstance(uuid, str) or GPU_UUID_RE.fullmatch(uuid) is None):
         raise InvalidInput(
             'uuid must be "all" or a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx '
             f"(lowercase hex, as GET gpus lists it), got {_describe(uuid)}",

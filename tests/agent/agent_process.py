@@ -78,11 +78,15 @@ class AgentProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the agent is already running")
         self.starts += 1
-        argv = list(self.argv) if self.argv is not None else agent_argv(
-            simulate=self.simulate,
-            state_dir=self.state_dir,
-            listen=["127.0.0.1:0", f"unix:{self.socket_path}"],
-            args=self.extra_args,
+        argv = (
+            list(self.argv)
+            if self.argv is not None
+            else agent_argv(
+                simulate=self.simulate,
+                state_dir=self.state_dir,
+                listen=["127.0.0.1:0", f"unix:{self.socket_path}"],
+                args=self.extra_args,
+            )
         )
         environ = {**os.environ, **self.env, **(env or {})}
         with self.log_path.open("ab") as log:

@@ -96,7 +96,7 @@ class Response:
         return self.json().get("error") if self.status >= 400 else None
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: Path, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -125,7 +125,7 @@ class ApiClient:
 
     def _connection(self) -> http.client.HTTPConnection:
         if isinstance(self.address, UnixAddress):
-            return _UnixConnection(self.address.path, self.timeout)
+            return UnixConnection(self.address.path, self.timeout)
         return http.client.HTTPConnection(
             self.address.host, self.address.port, timeout=self.timeout
         )

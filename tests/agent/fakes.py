@@ -10,12 +10,30 @@ a call until it says so.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget, PodTarget, Target, TargetRef
-from jupyter_gpu_hotplug.agent.core.errors import Forbidden, InvalidRequest, NotFound
+from jupyter_gpu_hotplug._structs import (
+    GpuUuid,
+    PidRef,
+    PidTarget,
+    PodTarget,
+    RequestId,
+    Target,
+    TargetRef,
+)
+from jupyter_gpu_hotplug.agent.core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+)
 from jupyter_gpu_hotplug.agent.core.injector import (
     DeviceInUse,
     DeviceState,
@@ -24,7 +42,14 @@ from jupyter_gpu_hotplug.agent.core.injector import (
     TargetGone,
 )
 from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice, InventorySnapshot, LostGpu
-from jupyter_gpu_hotplug.agent.core.seams import ContainerCgroups, ContainerKey, HostContainer
+from jupyter_gpu_hotplug.agent.core.seams import (
+    ContainerCgroups,
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+)
 from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -75,6 +100,8 @@ class FakeHost:
 
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     generations: dict[ContainerCgroups, int] = field(default_factory=dict)
+    cgroups: set[ContainerCgroups] = field(default_factory=set)
+    """The containers' cgroups that exist (they outlive their processes until removed)."""
     _next_start: int = 1000
 
     def spawn(self, pid: int, container_name: str | ContainerCgroups) -> FakeProcess:
@@ -82,6 +109,7 @@ class FakeHost:
         where = container(container_name) if isinstance(container_name, str) else container_name
         process = FakeProcess(pid, self._next_start, where)
         self.processes[pid] = process
+        self.cgroups.add(where)
         return process
 
     def kill(self, pid: int) -> None:
@@ -91,9 +119,15 @@ class FakeHost:
         """Every process of the container ends and its cgroups go (a new one under the same
         cgroups is another container)."""
         where = container(name)
+        self.empty_container(name)
+        self.cgroups.discard(where)
+        self.generations[where] = self.generations.get(where, 0) + 1
+
+    def empty_container(self, name: str) -> None:
+        """Every process of the container ends; its cgroups stay, with their rules."""
+        where = container(name)
         for pid in [p.pid for p in self.processes.values() if p.container == where]:
             self.kill(pid)
-        self.generations[where] = self.generations.get(where, 0) + 1
 
     def alive(self, target: PidTarget) -> FakeProcess | None:
         process = self.processes.get(target.pid)
@@ -161,7 +195,7 @@ class FakeResolver:
         return self.host.host_container(min(members, key=lambda p: (p.start_time, p.pid)))
 
     def remains(self, key: ContainerKey) -> ContainerCgroups | None:
-        return None
+        return next((c for c in self.host.cgroups if self.host.key_of(c) == key), None)
 
     def container_of(self, pid: int) -> ContainerCgroups | None:
         process = self.host.processes.get(pid)
@@ -231,7 +265,7 @@ class FakeInjector:
         where = target if isinstance(target, ContainerCgroups) else self._container(target)
         return set(self.granted.get(where, set()))
 
-    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
         if self.gate is not None:
             self.gate.pass_through()
         where = self._container(target)
@@ -241,9 +275,19 @@ class FakeInjector:
             if self.partial:
                 self.granted.setdefault(where, set()).update(chars)
             raise self.grant_error()
-        self.granted.setdefault(where, set()).update(chars)
+        had = self.granted.setdefault(where, set())
+        created = frozenset(node.name for node in devices if node.device not in had)
+        had.update(chars)
+        return created
 
-    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(
+        self,
+        target: HostContainer,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str] = (),
+    ) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
         self.calls.append(("revoke", target.pid, chars))
@@ -256,10 +300,20 @@ class FakeInjector:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)
 
+    def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
+        chars = tuple(node.device for node in devices)
+        self.calls.append(("withdraw", 0, chars))
+        self.granted.get(cgroups, set()).difference_update(chars)
+
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         have = self.usable(target)
         return [
-            DeviceState(node.device, usable=node.device in have, exposed=node.device in have)
+            DeviceState(
+                node.device,
+                usable=node.device in have,
+                exposed=node.device in have,
+                permitted=node.device in have,
+            )
             for node in devices
         ]
 
@@ -306,3 +360,119 @@ class FakeInventory:
         (gpu,) = [g for g in self.gpus if g.index == index]
         self.gpus.remove(gpu)
         self.lost.append(LostGpu(index=index, reason="GPU is lost", last_known=gpu))
+
+
+@dataclass
+class MemoryAllocator:
+    """``Allocator`` in memory: ``store`` plays the durable state (share it between instances
+    to play a restart). It passes the allocator contract, so tests of the reconciler and the
+    service over it hold for any allocator that does."""
+
+    store: dict[GpuUuid, Reservation] = field(default_factory=dict)
+    _view: dict[GpuUuid, Reservation] | None = None
+
+    async def load(self) -> None:
+        self._view = self.store
+
+    @property
+    def _entries(self) -> dict[GpuUuid, Reservation]:
+        if self._view is None:
+            raise RuntimeError("MemoryAllocator.load() must run before it is read")
+        return self._view
+
+    async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        if time.monotonic() > deadline:
+            raise Timeout("deadline passed", wait_seconds=0)
+        mine = self.attachments_of(container.target)
+        if request_id is not None:
+            earlier = [e for e in mine if e.request_id == request_id]
+            if earlier and len(earlier) != count:
+                raise InvalidRequest.request_id_reused(
+                    request_id, used=len(earlier), requested=count
+                )
+            if earlier:
+                return earlier
+        free = [gpu for gpu in candidates if gpu.uuid not in self._entries]
+        if len(free) < count:
+            raise InsufficientGpus(free=len(free), requested=count)
+        now = datetime.now(UTC)
+        for gpu in free[:count]:
+            self._entries[gpu.uuid] = Reservation(
+                gpu=gpu,
+                target=container.target,
+                container=container.key,
+                state=ReservationState.RESERVING,
+                request_id=request_id,
+                created_at=now,
+                granted_at=None,
+            )
+        return _ordered(self._entries[gpu.uuid] for gpu in free[:count])
+
+    def _change(self, uuid: GpuUuid, **changes: object) -> Reservation:
+        entry = dataclasses.replace(self._entries[uuid], **changes)  # type: ignore[arg-type]
+        self._entries[uuid] = entry
+        return entry
+
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RESERVING:
+                self._change(
+                    uuid,
+                    state=ReservationState.GRANTED,
+                    granted_at=datetime.now(UTC),
+                    node_created=uuid in nodes_created,
+                )
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            entry = self._entries.get(uuid)
+            if entry is None:
+                raise NotFound("attachment", uuid)
+            if entry.state is ReservationState.RESERVING:
+                raise Busy.operation_in_progress(str(entry.target))
+            self._change(uuid, state=ReservationState.RELEASING)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RELEASING:
+                self._change(uuid, state=ReservationState.GRANTED)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            self._entries.pop(uuid, None)
+
+    async def rebind(
+        self, uuids: Collection[GpuUuid], container: HostContainer
+    ) -> list[Reservation]:
+        for uuid in uuids:
+            self._change(uuid, target=container.target, container=container.key)
+        return _ordered(self._entries[uuid] for uuid in uuids)
+
+    def attachments_of(self, target: Target) -> list[Reservation]:
+        return _ordered(e for e in self._entries.values() if e.target.key == target.key)
+
+    def all_attachments(self) -> list[Reservation]:
+        return _ordered(self._entries.values())
+
+    def get(self, uuid: GpuUuid) -> Reservation | None:
+        return self._entries.get(uuid)
+
+    async def check(self) -> None:
+        return None
+
+
+def _ordered(entries: Iterable[Reservation]) -> list[Reservation]:
+    return sorted(entries, key=lambda entry: (entry.gpu.index, entry.gpu.uuid))

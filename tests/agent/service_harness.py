@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints
 from jupyter_gpu_hotplug.agent.core.metrics import AgentMetrics
@@ -16,7 +17,14 @@ from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
 from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 
-from .fakes import FakeHost, FakeInjector, FakeInventory, FakeResolver, fake_gpus
+from .fakes import (
+    FakeHost,
+    FakeInjector,
+    FakeInventory,
+    FakeResolver,
+    MemoryAllocator,
+    fake_gpus,
+)
 
 MAJOR = 195
 TOKEN = "service-harness-token-0123456789"
@@ -30,7 +38,8 @@ class Harness:
     inventory: FakeInventory
     resolver: FakeResolver
     ledger: Ledger
-    allocator: LedgerAllocator
+    """The ledger under ``allocator``; unused when the harness runs over ``MemoryAllocator``."""
+    allocator: LedgerAllocator | MemoryAllocator
     identity: LocalIdentity
     metrics: AgentMetrics
     service: AgentService
@@ -61,18 +70,21 @@ async def build(
     max_gpus: int = 8,
     checkpoints: Checkpoints | None = None,
     workers: Workers,
+    allocator: Literal["ledger", "memory"] = "ledger",
 ) -> Harness:
     host = FakeHost()
     resolver = FakeResolver(host)
     injector = FakeInjector(host)
     inventory = FakeInventory(fake_gpus(gpus))
     ledger = Ledger.open(tmp_path / "state")
-    allocator = LedgerAllocator(ledger, workers)
-    await allocator.load()
+    chosen: LedgerAllocator | MemoryAllocator = (
+        LedgerAllocator(ledger, workers) if allocator == "ledger" else MemoryAllocator()
+    )
+    await chosen.load()
     identity = LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver)
     metrics = AgentMetrics()
     service = AgentService(
-        allocator=allocator,
+        allocator=chosen,
         inventory=inventory,
         injector=injector,
         resolver=resolver,
@@ -83,7 +95,7 @@ async def build(
         checkpoints=checkpoints,
     )
     reconciler = Reconciler(
-        allocator=allocator,
+        allocator=chosen,
         inventory=inventory,
         injector=injector,
         resolver=resolver,
@@ -98,7 +110,7 @@ async def build(
         inventory,
         resolver,
         ledger,
-        allocator,
+        chosen,
         identity,
         metrics,
         service,

@@ -15,6 +15,7 @@ from jupyter_gpu_hotplug.agent.core.seams import (
     ContainerKey,
     GpuRecord,
     HostContainer,
+    Reservation,
     ReservationState,
 )
 from jupyter_gpu_hotplug.agent.core.workers import Workers
@@ -25,7 +26,13 @@ from jupyter_gpu_hotplug.agent.local.ledger import (
     LedgerStateError,
 )
 
+from .allocator_contract import AllocatorContract, AllocatorSetup
+from .fakes import FakeHost, MemoryAllocator
+
 GPUS = [GpuRecord(GpuUuid(f"GPU-{i:08x}-0000-4000-8000-000000000000"), i, i, "g") for i in range(3)]
+GPUS_4 = [
+    GpuRecord(GpuUuid(f"GPU-{i:08x}-0000-4000-8000-000000000000"), i, i, "g") for i in range(4)
+]
 KERNEL = PidTarget(100, 1)
 KEY = ContainerKey("local:test-container")
 
@@ -103,7 +110,7 @@ async def test_allocator_reloads_after_storage_trouble(
         )
         committed = ledger.mark_granted
 
-        def commits_then_fails(uuids: list[GpuUuid]) -> object:
+        def commits_then_fails(uuids: list[GpuUuid], **kwargs: object) -> object:
             committed(uuids)
             raise LedgerError("disk I/O error after the commit")
 
@@ -125,3 +132,38 @@ def test_allocator_must_be_loaded_first(ledger: Ledger) -> None:
             LedgerAllocator(ledger, workers).all_attachments()
     finally:
         workers.shutdown()
+
+
+def _containers(count: int) -> list[HostContainer]:
+    host = FakeHost()
+    return [host.host_container(host.spawn(100 + n, f"kernel-{n}")) for n in range(count)]
+
+
+class TestLedgerAllocator(AllocatorContract):
+    @pytest.fixture
+    def allocator_setup(self, tmp_path: Path, workers: Workers) -> Iterator[AllocatorSetup]:
+        opened: list[Ledger] = []
+
+        async def open_fresh() -> LedgerAllocator:
+            # A restart: the previous instance lets go of the state dir first.
+            if opened:
+                opened[-1].close()
+            opened.append(Ledger.open(tmp_path / "state"))
+            return LedgerAllocator(opened[-1], workers)
+
+        yield AllocatorSetup(open_fresh, _containers(5), GPUS_4)
+        for ledger in opened:
+            ledger.close()
+
+
+class TestMemoryAllocator(AllocatorContract):
+    """The in-memory fake the reconciler's tests also run over keeps the same contract."""
+
+    @pytest.fixture
+    def allocator_setup(self) -> AllocatorSetup:
+        store: dict[GpuUuid, Reservation] = {}
+
+        async def open_fresh() -> MemoryAllocator:
+            return MemoryAllocator(store)
+
+        return AllocatorSetup(open_fresh, _containers(5), GPUS_4)

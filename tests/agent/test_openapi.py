@@ -19,8 +19,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from jupyter_gpu_hotplug import _structs
+from jupyter_gpu_hotplug._structs import MAX_WAIT_SECONDS
 from jupyter_gpu_hotplug.agent import openapi_document
-from jupyter_gpu_hotplug.agent.api.validation import MAX_WAIT_SECONDS, parse_attach_request
+from jupyter_gpu_hotplug.agent.api.validation import parse_attach_request
 from jupyter_gpu_hotplug.agent.core.errors import ERRORS_BY_CODE, AgentError, InvalidRequest
 
 from .test_errors import CASES as ERROR_CASES

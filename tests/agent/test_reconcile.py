@@ -1,20 +1,36 @@
 """Reconciliation: every state a crash or the host can leave is brought back to agreement.
 
-The states are made the way they arise — by the ledger's own transitions and the fake host —
-and each rule of ``reconcile.py`` is checked on its own, then the pass as a whole.
+The states are made the way they arise — by the allocator's own transitions and the fake host —
+and each rule of ``reconcile.py`` is checked on its own, then the pass as a whole. The
+reconciler sees only the seams, so every test runs twice: over the real ledger (re-loaded, as
+after a restart) and over the in-memory allocator that passes the same allocator contract.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, GpuRecord, ReservationState
+from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
 from .fakes import FakeProcess
-from .service_harness import ADMIN, Harness
+from .service_harness import ADMIN, Harness, build
+
+
+@pytest.fixture(params=["ledger", "memory"])
+async def harness(
+    request: pytest.FixtureRequest, tmp_path: Path, workers: Workers
+) -> AsyncIterator[Harness]:
+    built = await build(tmp_path, workers=workers, allocator=request.param)
+    yield built
+    built.ledger.close()
 
 
 def records(harness: Harness) -> list[GpuRecord]:
@@ -29,10 +45,11 @@ async def reserve(harness: Harness, process: FakeProcess, *, granted: bool) -> G
     """A reservation as an attach leaves it when the agent dies right after ``reserve``
     (``granted=False``) or right after the host grant (``granted=True``), as the restarted
     agent reads it."""
-    (entry,) = harness.ledger.reserve(
-        process.target,
+    (entry,) = await harness.allocator.reserve(
+        harness.host.host_container(process),
         1,
-        container=harness.host.key_of(process.container),
+        request_id=None,
+        deadline=math.inf,
         candidates=records(harness),
     )
     if granted:
@@ -43,13 +60,13 @@ async def reserve(harness: Harness, process: FakeProcess, *, granted: bool) -> G
 
 async def begin_release(harness: Harness, gpu: GpuRecord) -> None:
     """A detach cut short after its ledger step, as the restarted agent reads it."""
-    harness.ledger.begin_release(gpu.uuid)
+    await harness.allocator.begin_release([gpu.uuid])
     await harness.allocator.load()
 
 
 async def attach(harness: Harness, process: FakeProcess) -> GpuRecord:
     result = await harness.service.attach(ADMIN, AttachRequest(1, PidRef(process.pid), 60.0, None))
-    (entry,) = harness.ledger.attachments(process.target)
+    (entry,) = harness.allocator.attachments_of(process.target)
     assert entry.gpu.uuid == result["attachments"][0]["uuid"]
     return entry.gpu
 
@@ -62,7 +79,7 @@ async def test_interrupted_attach_is_rolled_back(harness: Harness, granted: bool
     report = await harness.reconciler.run_once()
 
     assert report.actions == {"rolled_back_attach": [gpu.uuid]}
-    assert harness.ledger.attachments() == []
+    assert harness.allocator.all_attachments() == []
     assert harness.injector.usable(kernel.target) == set()
     assert harness.sample("gpu_hotplug_reconcile_actions_total", action="rolled_back_attach") == 1
 
@@ -75,7 +92,7 @@ async def test_interrupted_attach_in_use_is_finished(harness: Harness) -> None:
     report = await harness.reconciler.run_once()
 
     assert report.actions == {"finished_attach": [gpu.uuid]}
-    (entry,) = harness.ledger.attachments()
+    (entry,) = harness.allocator.all_attachments()
     assert entry.state is ReservationState.GRANTED
 
 
@@ -90,7 +107,7 @@ async def test_interrupted_detach_is_finished(harness: Harness, revoked: bool) -
     report = await harness.reconciler.run_once()
 
     assert report.actions == {"finished_detach": [gpu.uuid]}
-    assert harness.ledger.attachments() == []
+    assert harness.allocator.all_attachments() == []
     assert harness.injector.usable(kernel.target) == set()
 
 
@@ -103,7 +120,7 @@ async def test_interrupted_detach_in_use_is_cancelled(harness: Harness) -> None:
     report = await harness.reconciler.run_once()
 
     assert report.actions == {"cancelled_release": [gpu.uuid]}
-    (entry,) = harness.ledger.attachments()
+    (entry,) = harness.allocator.all_attachments()
     assert entry.state is ReservationState.GRANTED
     assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
 
@@ -119,21 +136,21 @@ async def test_lost_grant_is_granted_again(harness: Harness) -> None:
     assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
 
 
-async def test_exited_target_is_released(harness: Harness) -> None:
+async def test_removed_container_is_released(harness: Harness) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
     gpu = await attach(harness, kernel)
-    harness.host.kill(100)
+    harness.host.remove_container("kernel-a")
 
     report = await harness.reconciler.run_once()
 
     assert report.actions == {"released_gone": [gpu.uuid]}
-    assert harness.ledger.attachments() == []
+    assert harness.allocator.all_attachments() == []
 
 
 async def test_reused_pid_is_another_process(harness: Harness) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
     gpu = await attach(harness, kernel)
-    harness.host.kill(100)
+    harness.host.remove_container("kernel-a")
     newcomer = harness.host.spawn(100, "kernel-z")
 
     report = await harness.reconciler.run_once()
@@ -185,5 +202,5 @@ async def test_targets_with_an_operation_in_flight_are_skipped(harness: Harness)
 
     assert report.skipped_busy == [kernel.target.key]
     assert not report.changed
-    (entry,) = harness.ledger.attachments()
+    (entry,) = harness.allocator.all_attachments()
     assert (entry.gpu, entry.state) == (gpu, ReservationState.RESERVING)

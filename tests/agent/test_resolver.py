@@ -27,9 +27,23 @@ class FakeProc:
     devices: Path
     unified: Path
 
-    def add(self, pid: int, cgroup: str, *, start: int = 100, comm: str = "python") -> None:
+    def add(
+        self,
+        pid: int,
+        cgroup: str,
+        *,
+        start: int = 100,
+        comm: str = "python",
+        mounts_of: int | None = None,
+    ) -> None:
+        """``mounts_of``: share that process's mount namespace (default: one of its own)."""
         directory = self.root / str(pid)
         directory.mkdir(exist_ok=True)
+        (directory / "ns").mkdir()
+        if mounts_of is None:
+            (directory / "ns" / "mnt").write_text("")
+        else:
+            (directory / "ns" / "mnt").hardlink_to(self.root / str(mounts_of) / "ns" / "mnt")
         fields = ["S", *(["0"] * 18), str(start), "0"]
         (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
         (directory / "cgroup").write_text(
@@ -43,8 +57,9 @@ class FakeProc:
             procs.write_text(old + f"{pid}\n")
 
     def remove(self, pid: int) -> None:
-        for name in ("stat", "cgroup"):
+        for name in ("stat", "cgroup", "ns/mnt"):
             (self.root / str(pid) / name).unlink()
+        (self.root / str(pid) / "ns").rmdir()
         (self.root / str(pid)).rmdir()
 
     def resolver(self) -> ProcResolver:
@@ -59,13 +74,14 @@ class FakeProc:
 def proc(tmp_path: Path) -> FakeProc:
     fake = FakeProc(tmp_path / "proc", tmp_path / "devices", tmp_path / "unified")
     fake.root.mkdir()
-    fake.add(AGENT, "/system.slice/gpu-hotplug.service")
     fake.add(1, "/")
-    fake.add(11, "/system.slice/gpu-hotplug.service", comm="child-of-agent")
+    fake.add(AGENT, "/system.slice/gpu-hotplug.service", mounts_of=1)
+    fake.add(11, "/system.slice/gpu-hotplug.service", comm="child-of-agent", mounts_of=1)
     fake.add(20, "/")
     fake.add(30, "/kubepods/pod-a/ctr-1", start=500)
     fake.add(31, "/kubepods/pod-a/ctr-1", start=600)
     fake.add(40, "/machine.slice/libpod-abc.scope/container", start=700)
+    fake.add(50, "/system.slice/cron.service", mounts_of=1)
     return fake
 
 
@@ -90,6 +106,7 @@ def test_crun_inner_cgroup_is_folded_into_the_scope(proc: FakeProc) -> None:
         (AGENT, "agent itself"),
         (11, "agent's own cgroup"),
         (20, "root cgroup"),
+        (50, "shares the agent's mount namespace"),
     ],
 )
 def test_not_containers_are_refused(proc: FakeProc, pid: int, reason: str) -> None:
@@ -135,9 +152,10 @@ def test_remains_are_the_cgroups_of_the_same_container_only(proc: FakeProc) -> N
     assert resolver.remains(found.key) == found.cgroups
     for mount in (proc.devices, proc.unified):
         directory = mount / "kubepods/pod-a/ctr-1"
-        (directory / "cgroup.procs").unlink()
-        directory.rmdir()
-        directory.mkdir()  # re-created under the same name: another cgroup
+        # Re-created under the same name: another cgroup (kernfs gives it a new id; here the
+        # old directory is kept elsewhere so that its inode cannot be handed out again).
+        directory.rename(mount / "kubepods/pod-a/old")
+        directory.mkdir()
     assert resolver.remains(found.key) is None
 
 

@@ -14,9 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent.api.validation import (
+from jupyter_gpu_hotplug._structs import (
     DEFAULT_WAIT_SECONDS,
+    PID_MAX_LIMIT,
+    PidRef,
+    PodTarget,
+    RequestId,
+)
+from jupyter_gpu_hotplug.agent.api.validation import (
     MAX_BODY_BYTES,
     check_query_names,
     parse_attach_request,

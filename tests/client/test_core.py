@@ -11,7 +11,7 @@ import pytest
 from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.client import AgentConnectionLost, AgentUnavailable
 from jupyter_gpu_hotplug.client._core import (
-    AGENT_DEFAULT_WAIT_SECONDS,
+    DEFAULT_WAIT_SECONDS,
     ApiCall,
     ClientCore,
     RetryPolicy,
@@ -97,7 +97,7 @@ def test_timeouts_must_be_positive(bad: dict[str, float]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("wait_seconds", "read_timeout"), [(None, 10 + AGENT_DEFAULT_WAIT_SECONDS), (120, 130)]
+    ("wait_seconds", "read_timeout"), [(None, 10 + DEFAULT_WAIT_SECONDS), (120, 130)]
 )
 def test_attach_waits_as_long_as_the_agent_may(
     wait_seconds: float | None, read_timeout: float
@@ -111,7 +111,7 @@ def test_attach_waits_as_long_as_the_agent_may(
 
 def test_default_wait_is_the_contracts() -> None:
     schema = DOC["components"]["schemas"]["AttachRequest"]["properties"]["wait_seconds"]
-    assert schema["default"] == AGENT_DEFAULT_WAIT_SECONDS
+    assert schema["default"] == DEFAULT_WAIT_SECONDS
 
 
 def test_request_ids_fit_the_contract() -> None:

@@ -21,6 +21,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
@@ -38,7 +39,6 @@ from jupyter_gpu_hotplug.kernel.magic import (
     holds_device,
     parse_line,
 )
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.nvml import FakeNvml

@@ -29,6 +29,7 @@ from jupyter_server.serverapp import ServerApp
 from traitlets import TraitError
 from traitlets.config import Config
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.kernel.provisioner import (
     PROVISIONER_NAME,
     KernelSandboxStartError,
@@ -45,7 +46,7 @@ from jupyter_gpu_hotplug.kernel.sandbox_events import (
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR, CharDevice
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV

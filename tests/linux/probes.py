@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import cgroups
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
 from tests.fixtures.probe_client import PROBE_SCRIPT, ProbeClient
 
 PROBE_COMM = "h4probe"

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux.bpf.asm import (
     ALU,
     ALU64,
@@ -56,7 +57,6 @@ from jupyter_gpu_hotplug.linux.bpf.asm import (
 from jupyter_gpu_hotplug.linux.devrules import (
     ALL_ACCESS,
     CONTAINER_DEFAULTS,
-    NVIDIA_MAJOR,
     NVIDIACTL_MINOR,
     RW,
     Access,

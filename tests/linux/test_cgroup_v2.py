@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import cgroup_v2
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.bpf.asm import build_device_program
@@ -23,7 +24,6 @@ from jupyter_gpu_hotplug.linux.bpf.syscall import AttachFlags, BpfError, Command
 from jupyter_gpu_hotplug.linux.cgroup_v2 import GrantChange
 from jupyter_gpu_hotplug.linux.devrules import (
     ALL_ACCESS,
-    NVIDIA_MAJOR,
     NVIDIACTL_MINOR,
     DeviceRule,
     char_device,

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2, devnodes
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
-    NVIDIA_MAJOR,
     CharDevice,
     DevType,
 )

@@ -18,11 +18,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux import cgroups, devnodes
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode, nvidia_control_devices
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
-    NVIDIA_MAJOR,
     NVIDIACTL_MINOR,
     RW,
     CharDevice,

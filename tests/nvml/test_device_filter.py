@@ -17,7 +17,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from jupyter_gpu_hotplug.linux.devrules import NVIDIA_MAJOR
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.nvml.sim import default_gpus
 from tests.fixtures.nvml import FakeNvml, FakeNvmlNode, add_gpu_node
 from tests.fixtures.requirements import needs_root

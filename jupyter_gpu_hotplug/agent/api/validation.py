@@ -18,9 +18,14 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..._structs import (
+    DEFAULT_WAIT_SECONDS,
     DNS1123_LABEL_MAX,
     DNS1123_SUBDOMAIN_MAX,
+    GPU_UUID_RE,
+    MAX_WAIT_SECONDS,
     PID_MAX_LIMIT,
+    REQUEST_ID_MAX,
+    REQUEST_ID_RE,
     GpuUuid,
     PidRef,
     PodTarget,
@@ -33,14 +38,6 @@ from ..core.errors import InvalidRequest
 from ..core.seams import AttachRequest
 
 MAX_BODY_BYTES = 64 * 1024
-DEFAULT_WAIT_SECONDS = 60.0
-MAX_WAIT_SECONDS = 600.0
-REQUEST_ID_MAX = 128
-
-_REQUEST_ID_RE = re.compile(rf"[A-Za-z0-9._:-]{{1,{REQUEST_ID_MAX}}}")
-_GPU_UUID_RE = re.compile(
-    r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-)
 _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
 _BODY_FIELDS = ("count", "request_id", "target", "wait_seconds")
 _POD_FIELDS = ("namespace", "name", "container")
@@ -281,7 +278,7 @@ def parse_attach_request(
 
 def parse_request_id(value: object) -> RequestId:
     """A client's idempotency key: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
-    if not isinstance(value, str) or _REQUEST_ID_RE.fullmatch(value) is None:
+    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
         raise InvalidRequest(
             f"request_id must be 1 to {REQUEST_ID_MAX} characters from A-Z a-z 0-9 . _ : -, "
             f"got {_describe(value)}",
@@ -299,7 +296,7 @@ def parse_gpu_uuid(text: str) -> GpuUuid:
     The pre-R470 MIG form ``MIG-GPU-<uuid>/<gi>/<ci>`` is not accepted: it contains ``/`` and
     cannot be a path segment, and drivers since R470 report the plain form.
     """
-    if _GPU_UUID_RE.fullmatch(text) is None:
+    if GPU_UUID_RE.fullmatch(text) is None:
         raise InvalidRequest(
             f"uuid must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-... with "
             f"lowercase hex digits (as nvidia-smi -L prints it), got {_describe(text)}",

@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from ..._structs import ErrorBody, ErrorCode, ErrorExtra, GpuUuid, ProcessInfo
+from ..._structs import STATUS_BY_CODE, ErrorBody, ErrorCode, ErrorExtra, GpuUuid, ProcessInfo
 
 
 class AgentError(Exception):
     """Base of every error the agent API answers with."""
 
     status: ClassVar[int]
+    """From ``_structs.STATUS_BY_CODE``: the contract defines it once."""
     code: ClassVar[ErrorCode]
     default_hint: ClassVar[str]
     """What to do, when the raiser has nothing more specific to say."""
@@ -43,6 +44,10 @@ class AgentError(Exception):
         self.extra = ErrorExtra(**(extra or {}))
         super().__init__(self.message)
 
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.status = STATUS_BY_CODE[cls.code]
+
     def to_body(self) -> ErrorBody:
         """The JSON response body: ``{"error", "message", "retryable", ...extra}``."""
         return {
@@ -56,7 +61,6 @@ class AgentError(Exception):
 class InvalidRequest(AgentError):
     """400: the request is malformed; ``field`` names the offending input when there is one."""
 
-    status = 400
     code = "invalid_request"
     default_hint = "the request format is described in /v1/openapi.json"
     default_retryable = False
@@ -82,7 +86,6 @@ class InvalidRequest(AgentError):
 class Unauthenticated(AgentError):
     """401: no credentials, or credentials the agent does not accept."""
 
-    status = 401
     code = "unauthenticated"
     default_hint = (
         "send 'Authorization: Bearer <token>' with the pod's gpu-hotplug service-account token "
@@ -94,7 +97,6 @@ class Unauthenticated(AgentError):
 class Forbidden(AgentError):
     """403: the caller is known but may not do this (not its pod, over its GPU limit, ...)."""
 
-    status = 403
     code = "forbidden"
     default_hint = (
         "act on your own pod only, or ask an administrator for RBAC on the pods/gpus subresource"
@@ -115,7 +117,6 @@ class Forbidden(AgentError):
 class NotFound(AgentError):
     """404: the named pod, container, process or attachment does not exist (here)."""
 
-    status = 404
     code = "not_found"
     default_hint = "check the name; the status command lists the GPUs and what is attached"
     default_retryable = False
@@ -136,7 +137,6 @@ class Busy(AgentError):
     Use the constructors: the two cases differ in what to do and in ``retryable``.
     """
 
-    status = 409
     code = "busy"
     default_hint = "try again in a moment"
     default_retryable = True
@@ -192,7 +192,6 @@ class Busy(AgentError):
 class InsufficientGpus(AgentError):
     """409 ``insufficient_gpus``: fewer free GPUs on this node than requested."""
 
-    status = 409
     code = "insufficient_gpus"
     default_hint = "ask for fewer, release GPUs you no longer need, or try again later"
     default_retryable = True
@@ -213,7 +212,6 @@ class TargetNotReady(AgentError):
     Pass ``retryable=False`` when waiting cannot help (an unsupported runtime).
     """
 
-    status = 422
     code = "target_not_ready"
     default_hint = "wait until the container is running, then try again"
     default_retryable = True
@@ -222,7 +220,6 @@ class TargetNotReady(AgentError):
 class Timeout(AgentError):
     """504: a step did not finish within ``wait_seconds``; everything begun was rolled back."""
 
-    status = 504
     code = "timeout"
     default_hint = (
         "nothing was left behind; try again with a larger wait_seconds, or look at the "
@@ -238,7 +235,6 @@ class Timeout(AgentError):
 class InternalError(AgentError):
     """500: anything not foreseen. Always a bug; ``request_id`` finds it in the agent's log."""
 
-    status = 500
     code = "internal_error"
     default_hint = "this is a bug in the agent: report it with the request id and the agent's log"
     # Temporary: the failure may have been transient, and attach retries are idempotent.

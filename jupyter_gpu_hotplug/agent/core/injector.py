@@ -14,7 +14,7 @@ one place where the engine's (Linux) errors become the agent's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,7 +30,7 @@ from ...linux.engine import (
     InjectionError,
     TargetGoneError,
 )
-from .seams import HostContainer
+from .seams import ContainerCgroups, HostContainer
 
 __all__ = [
     "DeviceInUse",
@@ -91,6 +91,8 @@ class DeviceState:
     """Node present and every device controller allows it: the target can open it."""
     exposed: bool
     """Any trace of access (node or permission): what a revoke must clean up."""
+    permitted: bool
+    """A device controller lets the target open it (whether or not the node is there)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -101,12 +103,25 @@ def gpu_node(minor: int, *, major: int) -> DeviceNode:
 class Injector(Protocol):
     """Grants and revokes device nodes in running targets. Calls block; run them in a thread."""
 
-    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
-        """Make ``devices`` usable in ``target``, all or nothing (idempotent)."""
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
+        """Make ``devices`` usable in ``target``, all or nothing (idempotent); the names of
+        the nodes it created (those that were not there before)."""
 
-    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(
+        self,
+        target: HostContainer,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str] = (),
+    ) -> None:
         """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
-        ends the holders). On failure the target keeps what it had."""
+        ends the holders). The nodes named in ``keep_nodes`` stay (the agent did not create
+        them); their permission goes. On failure the target keeps what it had."""
+
+    def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
+        """Take the permissions for ``devices`` from the cgroups of a container that has no
+        process left (``Resolver.remains``); ``InjectionFailed`` (not clean) on failure."""
 
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         """The state of each of ``devices`` in ``target``, in the order given."""
@@ -137,21 +152,36 @@ class EngineInjector:
             raise TargetGone(f"{target} has exited (its pid now names another process)")
         return container
 
-    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> None:
+    def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
         container = self._container(target)
         try:
-            self._engine.grant(container, devices)
+            return frozenset(self._engine.grant(container, devices).nodes_created)
         except EngineError as e:
             raise _change_failed(target, "grant", e) from e
 
-    def revoke(self, target: HostContainer, devices: Sequence[DeviceNode], *, force: bool) -> None:
+    def revoke(
+        self,
+        target: HostContainer,
+        devices: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str] = (),
+    ) -> None:
         container = self._container(target)
         try:
-            self._engine.revoke(container, devices, force=force)
+            self._engine.revoke(container, devices, force=force, keep_nodes=keep_nodes)
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
         except EngineError as e:
             raise _change_failed(target, "revoke", e) from e
+
+    def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
+        try:
+            self._engine.withdraw(
+                devices_v1=cgroups.devices_v1, unified=cgroups.unified, devices=devices
+            )
+        except EngineError as e:
+            raise InjectionFailed(str(e), clean=False) from e
 
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         container = self._container(target)
@@ -161,7 +191,15 @@ class EngineInjector:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:
             raise InjectionFailed(f"cannot read the devices of {target}: {e}", clean=True) from e
-        return [DeviceState(s.device, usable=s.usable, exposed=s.exposed) for s in states]
+        return [
+            DeviceState(
+                s.device,
+                usable=s.usable,
+                exposed=s.exposed,
+                permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+            )
+            for s in states
+        ]
 
     def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         container = self._container(target)

@@ -11,15 +11,19 @@ with reservations, each run under the target's lock so that no operation in flig
   are re-bound to it and stay — the container can still open the GPU, so returning it to the
   pool would let a second container have it too; when the container was replaced (a new key:
   a restarted Kubernetes container), the GPUs are granted to the new one and re-bound;
-- the container is gone: whatever grant its leftover cgroups still carry is withdrawn, then
-  the GPUs are released;
+- the container has no process left: whatever grant its leftover (empty) cgroups still carry
+  is withdrawn (``Resolver.remains``, ``Injector.withdraw``), then the GPUs are released;
 - ``reserving`` (an attach cut short): undo any partial grant and release — unless a process of
   the container already has the GPU open, in which case the attach is finished instead (taking
   a GPU from a process using it would break it);
 - ``releasing`` (a detach cut short): finish it without force; if a process has the GPU open,
   the release is cancelled and the GPU stays attached (a user's detach can force it);
 - ``granted`` but no longer usable: grant it again;
-- a GPU the container can reach although no reservation gives it to that container: revoke it.
+- a GPU the container is permitted although no reservation gives it to that container: revoke
+  the permission.
+
+Device nodes are removed only where the reservation records that the agent created them
+(``Reservation.node_created``): a node of unknown origin is left, without its permission.
 
 Each repair is logged and counted (``gpu_hotplug_reconcile_actions_total{action}``).
 """
@@ -183,6 +187,15 @@ class Reconciler:
                 report.add("reinjected", uuid)
             log.warning("%s was replaced: granted %s to %s", target, ", ".join(uuids), current)
             return current
+        remains = await self._workers.host(self._resolver.remains, key)
+        if remains is not None:
+            # Its cgroups outlived it and still carry the grant: withdraw it first (a failure
+            # keeps the reservation for the next pass).
+            nodes = [self._node(row.gpu) for row in rows]
+            await self._workers.host(self._injector.withdraw, remains, nodes)
+            for uuid in uuids:
+                report.add("withdrew_remains", uuid)
+            log.warning("withdrew %s from the empty cgroups of %s", ", ".join(uuids), target)
         await self._allocator.release(uuids)
         for uuid in uuids:
             report.add("released_gone", uuid)
@@ -196,8 +209,11 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
+            # Whether the cut-short grant created the node is unknown: it stays (without the
+            # permission it opens nothing).
+            node = self._node(row.gpu)
             await self._workers.host(
-                self._injector.revoke, container, [self._node(row.gpu)], force=False
+                self._injector.revoke, container, [node], force=False, keep_nodes=[node.name]
             )
         except DeviceInUse as e:
             await self._allocator.mark_granted([row.gpu.uuid])
@@ -217,8 +233,13 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
+            node = self._node(row.gpu)
             await self._workers.host(
-                self._injector.revoke, container, [self._node(row.gpu)], force=False
+                self._injector.revoke,
+                container,
+                [node],
+                force=False,
+                keep_nodes=() if row.node_created else [node.name],
             )
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
@@ -266,13 +287,19 @@ class Reconciler:
         stray = [
             (gpu, node)
             for gpu, node, state in zip(others, nodes, states, strict=True)
-            if state.exposed
+            if state.permitted
         ]
         if not stray:
             return
         try:
+            # Unrecorded: nothing says the agent made these nodes, so they stay; the
+            # permission goes.
             await self._workers.host(
-                self._injector.revoke, container, [node for _, node in stray], force=False
+                self._injector.revoke,
+                container,
+                [node for _, node in stray],
+                force=False,
+                keep_nodes=[node.name for _, node in stray],
             )
         except DeviceInUse as e:
             report.failures.append(f"{container}: unrecorded GPU access in use by {e.holders}")

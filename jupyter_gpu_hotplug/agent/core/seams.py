@@ -27,6 +27,8 @@ Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
   pid that may have been reused.
 - ``Identity.self_target`` blocks (local mode reads ``/proc``): the service calls it in the
   worker pool.
+- ``Allocator.mark_granted`` records ``nodes_created`` (``Reservation.node_created``): the
+  agent removes only device nodes it created (Kubernetes: keep it in the holder's annotations).
 - ``Allocator.begin_release``/``cancel_release``/``mark_granted`` take several uuids at once;
   ``Allocator.known_gpus`` is left out (the reconciler takes the GPUs from the inventory and
   the reservations).
@@ -170,6 +172,9 @@ class Reservation:
     granted_at: datetime | None
     holder: str | None = None
     """``ns/holder-pod`` in Kubernetes; None locally."""
+    node_created: bool = False
+    """The grant created the GPU's device node in the container, so a release removes it. A
+    node that was there before (put there by the container's runtime) is never removed."""
 
 
 class Allocator(Protocol):
@@ -196,8 +201,11 @@ class Allocator(Protocol):
         nothing. A ``request_id`` this target already used returns that request's
         reservations (same count) instead. ``deadline`` is a ``time.monotonic()`` value."""
 
-    async def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        """``RESERVING`` → ``GRANTED`` (already granted: unchanged)."""
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        """``RESERVING`` → ``GRANTED`` (already granted: unchanged), recording for which of
+        them the grant created the device node (``Reservation.node_created``)."""
 
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
         """``GRANTED`` → ``RELEASING`` (already releasing: unchanged); ``Busy`` while one is

@@ -337,7 +337,7 @@ class AgentService:
         uuids = [entry.gpu.uuid for entry in entries]
         nodes = [self._node(entry.gpu) for entry in entries]
         try:
-            await self._workers.host(self._injector.grant, container, nodes)
+            created = await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
             await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
             raise _attach_error(container, e) from e
@@ -346,7 +346,14 @@ class AgentService:
             raise
         await self._checkpoints.reach("after_grant")
         try:
-            granted = await self._allocator.mark_granted(uuids)
+            granted = await self._allocator.mark_granted(
+                uuids,
+                nodes_created=[
+                    entry.gpu.uuid
+                    for entry, node in zip(entries, nodes, strict=True)
+                    if node.name in created
+                ],
+            )
         except BaseException:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
@@ -383,7 +390,15 @@ class AgentService:
         """
         if not clean:
             try:
-                await self._workers.host(self._injector.revoke, target, nodes, force=False)
+                # Which nodes the failed grant created is unknown: none is removed (without
+                # the permission, a node left behind opens nothing).
+                await self._workers.host(
+                    self._injector.revoke,
+                    target,
+                    nodes,
+                    force=False,
+                    keep_nodes=[node.name for node in nodes],
+                )
             except TargetGone:
                 log.info("%s exited during the attach; nothing left to revoke", target)
             except InjectorError as e:
@@ -436,6 +451,17 @@ class AgentService:
                 hint="the agent releases the GPUs of exited processes by itself shortly",
             )
         async with self.locks.operation(target):
+            remains = await self._workers.host(self._resolver.remains, entries[0].container)
+            if remains is not None:
+                nodes = [self._node(entry.gpu) for entry in entries]
+                try:
+                    await self._workers.host(self._injector.withdraw, remains, nodes)
+                except InjectorError as e:
+                    raise TargetNotReady(
+                        f"the GPU could not be taken from the empty cgroups of {target}: {e}",
+                        hint="the GPU stays reserved; the agent tries again by itself",
+                        retryable=True,
+                    ) from e
             await self._allocator.release([entry.gpu.uuid for entry in entries])
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
@@ -449,7 +475,13 @@ class AgentService:
         await self._allocator.begin_release(uuids)
         await self._checkpoints.reach("after_begin_release")
         try:
-            await self._workers.host(self._injector.revoke, container, nodes, force=force)
+            await self._workers.host(
+                self._injector.revoke,
+                container,
+                nodes,
+                force=force,
+                keep_nodes=_not_created(entries, nodes),
+            )
         except TargetGone:
             log.info("%s exited during the detach; releasing its record", container)
         except DeviceInUse as e:
@@ -477,6 +509,11 @@ class AgentService:
             " (forced)" if force else "",
             self._label,
         )
+
+
+def _not_created(entries: Sequence[Reservation], nodes: Sequence[DeviceNode]) -> list[str]:
+    """The nodes a release must leave in place: those the agent did not create."""
+    return [node.name for entry, node in zip(entries, nodes, strict=True) if not entry.node_created]
 
 
 def _is_clean(error: InjectorError) -> bool:

@@ -38,6 +38,7 @@ from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
 from .holders import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_GRANTED_AT,
+    ANNOTATION_NODE_CREATED,
     ANNOTATION_STATE,
     ANNOTATION_TARGET,
     Holder,
@@ -154,6 +155,7 @@ class HolderAllocator:
             created_at=holder.created_at,
             granted_at=holder.granted_at,
             holder=holder.ref,
+            node_created=holder.node_created,
         )
         self._entries[holder.uuid] = entry
         self._holders[holder.uuid] = holder
@@ -360,8 +362,13 @@ class HolderAllocator:
     # --- state changes -------------------------------------------------------------------------
 
     async def _set_state(
-        self, uuids: Collection[GpuUuid], state: ReservationState, *, extra: dict[str, str]
+        self,
+        uuids: Collection[GpuUuid],
+        state: ReservationState,
+        *,
+        extra: dict[str, str],
     ) -> list[Reservation]:
+        """Move the holders to ``state``, recording ``extra`` annotations with it."""
         changed: list[Reservation] = []
         for uuid in uuids:
             holder = self._holders.get(uuid)
@@ -370,9 +377,8 @@ class HolderAllocator:
             if self._entries[uuid].state is state:
                 changed.append(self._entries[uuid])
                 continue
-            pod = await self._kube.annotate_pod(
-                holder.namespace, holder.name, {ANNOTATION_STATE: str(state), **extra}
-            )
+            annotations = {ANNOTATION_STATE: str(state), **extra}
+            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
             self._pods.remember(pod)
             updated = read_holder(pod)
             if updated is None or updated.uuid != uuid:
@@ -380,12 +386,22 @@ class HolderAllocator:
             changed.append(self._remember(updated))
         return changed
 
-    async def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
         granted = await self._set_state(
-            uuids, ReservationState.GRANTED, extra={ANNOTATION_GRANTED_AT: now}
+            [uuid for uuid in uuids if uuid in nodes_created],
+            ReservationState.GRANTED,
+            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "true"},
         )
+        granted += await self._set_state(
+            [uuid for uuid in uuids if uuid not in nodes_created],
+            ReservationState.GRANTED,
+            extra={ANNOTATION_GRANTED_AT: now},
+        )
+        granted.sort(key=_order)
         for entry in granted:
             if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
                 self._event(entry, ATTACHED, "attached")

@@ -45,6 +45,7 @@ __all__ = [
     "ANNOTATION_CONTAINER_ID",
     "ANNOTATION_GRANTED_AT",
     "ANNOTATION_MINOR",
+    "ANNOTATION_NODE_CREATED",
     "ANNOTATION_REQUEST_ID",
     "ANNOTATION_STATE",
     "ANNOTATION_TARGET",
@@ -78,6 +79,9 @@ ANNOTATION_GPU_NAME: Final = f"{_PREFIX}/gpu-name"
 ANNOTATION_CONTAINER_ID: Final = f"{_PREFIX}/container-id"
 ANNOTATION_REQUEST_ID: Final = f"{_PREFIX}/request-id"
 ANNOTATION_GRANTED_AT: Final = f"{_PREFIX}/granted-at"
+ANNOTATION_NODE_CREATED: Final = f"{_PREFIX}/node-created"
+"""``"true"`` when the agent created the GPU's device node in the container (so it may remove
+it again); the agent never deletes a node it did not create."""
 
 _HOLDER_CONTAINER: Final = "hold"
 _NAME_STEM_MAX: Final = 40
@@ -219,6 +223,8 @@ class Holder:
     """The API server marked it for deletion."""
     unschedulable: str | None
     """Why it can never run here (admission refused it, or unschedulable), else None."""
+    node_created: bool = False
+    """The agent created the device node in the container."""
 
     @property
     def ref(self) -> str:
@@ -280,6 +286,7 @@ def read_holder(pod: KubeObject) -> Holder | None:
             phase=str((pod.get("status") or {}).get("phase") or "Pending"),
             deleting=bool(metadata.get("deletionTimestamp")),
             unschedulable=_unschedulable(pod),
+            node_created=annotations.get(ANNOTATION_NODE_CREATED) == "true",
         )
     except (KeyError, ValueError):
         return None

@@ -90,8 +90,10 @@ class LedgerAllocator:
         self._put(entries)
         return entries
 
-    async def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        entries = await self._write(self._ledger.mark_granted, uuids)
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        entries = await self._write(self._ledger.mark_granted, uuids, nodes_created=nodes_created)
         self._put(entries)
         return entries
 

@@ -119,12 +119,18 @@ def _schema_v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN container_key TEXT NOT NULL DEFAULT ''")
 
 
-MIGRATIONS: Sequence[Migration] = (_schema_v1, _schema_v2)
+def _schema_v3(conn: sqlite3.Connection) -> None:
+    # Whether the grant created the GPU's device node: only such a node is removed on release
+    # (a node that was there before — put there by the runtime — is never the agent's to delete).
+    conn.execute("ALTER TABLE attachments ADD COLUMN node_created INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: Sequence[Migration] = (_schema_v1, _schema_v2, _schema_v3)
 """The schema's history; append, never edit (a deployed ledger has run the old steps)."""
 
 _ENTRY_SELECT = """
     SELECT g.uuid, g.idx, g.minor, g.name, a.target_key, a.container_key, a.state,
-           a.request_id, a.created_at, a.granted_at
+           a.request_id, a.created_at, a.granted_at, a.node_created
     FROM attachments AS a JOIN gpus AS g ON g.uuid = a.uuid
 """
 _ENTRY_ORDER = " ORDER BY g.idx, g.uuid"
@@ -156,6 +162,7 @@ def _decode_entry(row: sqlite3.Row) -> Reservation:
         request_id=None if row["request_id"] is None else RequestId(row["request_id"]),
         created_at=datetime.fromisoformat(row["created_at"]),
         granted_at=None if row["granted_at"] is None else datetime.fromisoformat(row["granted_at"]),
+        node_created=bool(row["node_created"]),
     )
 
 
@@ -388,8 +395,11 @@ class Ledger:
             chosen = [gpu.uuid for gpu in free[:count]]
             return self._entries(conn, _where_uuid_in(chosen), chosen)
 
-    def mark_granted(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        """``reserving`` → ``granted`` once the host grants the GPUs (already granted: unchanged).
+    def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        """``reserving`` → ``granted`` once the host grants the GPUs (already granted: unchanged);
+        ``nodes_created``: those whose device node the grant created.
 
         Raises ``LedgerStateError`` if any of them is missing or ``releasing``; then none
         changes.
@@ -411,6 +421,12 @@ class Ledger:
                     {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
                 (now, now, *wanted),
             )
+            created = sorted(set(nodes_created) & set(wanted))
+            if created:
+                conn.execute(
+                    f"UPDATE attachments SET node_created = 1 {_where_uuid_in(created, alias='')}",
+                    created,
+                )
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
     def begin_release(self, uuid: GpuUuid) -> Reservation:
@@ -501,19 +517,6 @@ class Ledger:
         """Entries not ``granted``: what a crash left half-done, to finish or roll back."""
         with self._session(write=False) as conn:
             return self._entries(conn, "WHERE a.state != 'granted'", ())
-
-    def free_gpus(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
-        """Those of ``candidates`` that no attachment holds, in the order given."""
-        _check_distinct(candidates)
-        with self._session(write=False) as conn:
-            taken = {row[0] for row in conn.execute("SELECT uuid FROM attachments")}
-        return [gpu for gpu in candidates if gpu.uuid not in taken]
-
-    def known_gpus(self) -> list[GpuRecord]:
-        """Every GPU the ledger has been offered, as last seen (index order)."""
-        with self._session(write=False) as conn:
-            rows = conn.execute("SELECT uuid, idx, minor, name FROM gpus ORDER BY idx, uuid")
-            return [GpuRecord(GpuUuid(r["uuid"]), r["idx"], r["minor"], r["name"]) for r in rows]
 
 
 def _check_distinct(candidates: Sequence[GpuRecord]) -> None:

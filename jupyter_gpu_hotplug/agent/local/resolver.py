@@ -5,8 +5,9 @@ something that must never get a GPU. This module binds a pid to one process life
 start time, from ``/proc/<pid>/stat``), tells which *container* it belongs to (its device
 cgroups, read from ``/proc/<pid>/cgroup``, never constructed), and refuses targets that are not
 containers: the host's init, the agent itself, anything in a root cgroup (a grant there would
-reach the whole host) or in the agent's own cgroup (the agent, its children, and whatever else
-runs beside it).
+reach the whole host), in the agent's own cgroup (the agent, its children, and whatever else
+runs beside it), or in the agent's own mount namespace — the host's: its ``/dev`` is the host's
+``/dev``, where the agent must never create (or remove) a node.
 
 A container is the pair of cgroups that govern device access (v1 ``devices`` and the unified
 hierarchy) with crun's inner ``container`` leaf folded into its scope, as the engine does. Its
@@ -77,6 +78,12 @@ class ProcResolver:
         if agent_container is None:
             raise ValueError(f"the agent's own pid {self._agent_pid} is not in {host_proc}")
         self._agent_container = agent_container
+        agent_mounts = self._mount_namespace(self._agent_pid)
+        if agent_mounts is None:
+            raise ValueError(
+                f"cannot read the mount namespace of the agent's pid {self._agent_pid}"
+            )
+        self._agent_mounts = agent_mounts
 
     @property
     def agent_container(self) -> ContainerCgroups:
@@ -99,6 +106,16 @@ class ProcResolver:
             else None,
             unified=_fold_inner(paths.unified) if self._hierarchies.unified is not None else None,
         )
+
+    def _mount_namespace(self, pid: int) -> tuple[int, int] | None:
+        """The identity (device, inode) of ``pid``'s mount namespace; None when it is gone."""
+        try:
+            info = os.stat(self._proc / str(pid) / "ns" / "mnt")
+        except OSError as e:
+            if procfs.is_gone(e):
+                return None
+            raise
+        return info.st_dev, info.st_ino
 
     def key_of(self, container: ContainerCgroups) -> ContainerKey:
         """The container's key: its cgroups and their cgroup ids (0 where unreadable)."""
@@ -174,6 +191,15 @@ class ProcResolver:
                 f"process {pid} ({who.comm}) runs in the agent's own cgroup ({container}), "
                 "not in a container",
                 hint=_NOT_A_CONTAINER_HINT,
+            )
+        mounts = self._mount_namespace(pid)
+        if mounts is None:
+            raise NotFound("process", str(pid), hint="the process exited while being looked up")
+        if mounts == self._agent_mounts:
+            raise Forbidden(
+                f"process {pid} ({who.comm}) shares the agent's mount namespace, so its /dev "
+                "is the host's: the agent never creates GPU nodes there",
+                hint="run the process in a container or sandbox with its own /dev",
             )
         return self._host_container(pid, who, container)
 

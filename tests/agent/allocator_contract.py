@@ -1,0 +1,230 @@
+"""The ``Allocator`` contract, as a reusable suite: every backend's allocator must pass it.
+
+Use: subclass ``AllocatorContract`` in a ``test_*.py`` module as ``class TestMine(...)`` and
+define a fixture ``allocator_setup`` returning an ``AllocatorSetup`` — how to open a fresh
+allocator over the backend's durable state (each ``open()`` is a new instance, as after an agent
+restart), at least three distinct containers to reserve for, and at least four candidate GPUs.
+The local ledger runs it in ``test_allocator.py``; the Kubernetes allocator runs it against the
+fake API server and the kubelet simulator.
+
+What it proves: reservations are all or nothing; a request id makes a retry idempotent per
+target; too few free GPUs or a deadline already passed reserve nothing; a release frees; every
+state survives a fresh instance's ``load()`` (crash safety); concurrent reservers never share a
+GPU; the state transitions refuse what they must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import RequestId
+from jupyter_gpu_hotplug.agent.core.errors import (
+    Busy,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+)
+from jupyter_gpu_hotplug.agent.core.seams import (
+    Allocator,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+)
+
+__all__ = ["AllocatorContract", "AllocatorSetup"]
+
+
+@dataclass
+class AllocatorSetup:
+    open: Callable[[], Awaitable[Allocator]]
+    """A new instance over the same durable state, not yet loaded."""
+    containers: Sequence[HostContainer]
+    """At least one more than there are candidates, of distinct targets."""
+    candidates: Sequence[GpuRecord]
+    """At least four GPUs of the node, in index order."""
+
+
+async def _loaded(setup: AllocatorSetup) -> Allocator:
+    allocator = await setup.open()
+    await allocator.load()
+    return allocator
+
+
+def _uuids(entries: Sequence[Reservation]) -> set[str]:
+    return {entry.gpu.uuid for entry in entries}
+
+
+async def _reserve(
+    allocator: Allocator,
+    setup: AllocatorSetup,
+    container: HostContainer,
+    count: int,
+    *,
+    request_id: str | None = None,
+) -> list[Reservation]:
+    return await allocator.reserve(
+        container,
+        count,
+        request_id=None if request_id is None else RequestId(request_id),
+        deadline=time.monotonic() + 60,
+        candidates=setup.candidates,
+    )
+
+
+class AllocatorContract:
+    """The contract tests; subclass as ``Test...`` with an ``allocator_setup`` fixture."""
+
+    async def test_reserve_is_all_or_nothing(self, allocator_setup: AllocatorSetup) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        first, second = setup.containers[:2]
+
+        taken = await _reserve(allocator, setup, first, 3)
+
+        assert len(taken) == 3 and len(_uuids(taken)) == 3
+        assert all(entry.state is ReservationState.RESERVING for entry in taken)
+        assert all(entry.container == first.key for entry in taken)
+        assert all(entry.target == first.target for entry in taken)
+        with pytest.raises(InsufficientGpus) as caught:
+            await _reserve(allocator, setup, second, len(setup.candidates) - 2)
+        assert (caught.value.free, caught.value.requested) == (
+            len(setup.candidates) - 3,
+            len(setup.candidates) - 2,
+        )
+        assert allocator.attachments_of(second.target) == []
+        assert _uuids(allocator.all_attachments()) == _uuids(taken)
+
+    async def test_request_id_makes_a_retry_idempotent_per_target(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        first, second = setup.containers[:2]
+
+        original = await _reserve(allocator, setup, first, 2, request_id="retry-1")
+        again = await _reserve(allocator, setup, first, 2, request_id="retry-1")
+        other = await _reserve(allocator, setup, second, 1, request_id="retry-1")
+
+        assert _uuids(again) == _uuids(original)
+        assert not _uuids(other) & _uuids(original)
+        assert len(allocator.all_attachments()) == 3
+        with pytest.raises(InvalidRequest):
+            await _reserve(allocator, setup, first, 1, request_id="retry-1")
+
+    async def test_passed_deadline_reserves_nothing(self, allocator_setup: AllocatorSetup) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+
+        with pytest.raises(Timeout):
+            await allocator.reserve(
+                setup.containers[0],
+                1,
+                request_id=None,
+                deadline=time.monotonic() - 1,
+                candidates=setup.candidates,
+            )
+
+        assert allocator.all_attachments() == []
+
+    async def test_release_frees(self, allocator_setup: AllocatorSetup) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        first, second = setup.containers[:2]
+        everything = await _reserve(allocator, setup, first, len(setup.candidates))
+
+        await allocator.release([entry.gpu.uuid for entry in everything])
+        await allocator.release([everything[0].gpu.uuid])  # repeating it changes nothing
+
+        assert allocator.all_attachments() == []
+        assert len(await _reserve(allocator, setup, second, len(setup.candidates))) == len(
+            setup.candidates
+        )
+
+    async def test_transitions(self, allocator_setup: AllocatorSetup) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        container = setup.containers[0]
+        one, two = await _reserve(allocator, setup, container, 2)
+
+        with pytest.raises(Busy):
+            await allocator.begin_release([one.gpu.uuid])  # still reserving
+        granted = await allocator.mark_granted([one.gpu.uuid, two.gpu.uuid])
+        assert {e.state for e in granted} == {ReservationState.GRANTED}
+        assert all(e.granted_at is not None for e in granted)
+        assert await allocator.mark_granted([one.gpu.uuid]) == [granted[0]]  # unchanged
+        (releasing,) = await allocator.begin_release([one.gpu.uuid])
+        assert releasing.state is ReservationState.RELEASING
+        (back,) = await allocator.cancel_release([one.gpu.uuid])
+        assert back.state is ReservationState.GRANTED
+        with pytest.raises(NotFound):
+            await allocator.begin_release([setup.candidates[-1].uuid])
+        assert allocator.get(one.gpu.uuid) == back
+        assert allocator.get(setup.candidates[-1].uuid) is None
+
+    async def test_rebind_moves_the_reservation(self, allocator_setup: AllocatorSetup) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        old, new = setup.containers[:2]
+        (entry,) = await _reserve(allocator, setup, old, 1)
+        await allocator.mark_granted([entry.gpu.uuid])
+
+        (moved,) = await allocator.rebind([entry.gpu.uuid], new)
+
+        assert (moved.target, moved.container, moved.state) == (
+            new.target,
+            new.key,
+            ReservationState.GRANTED,
+        )
+        assert allocator.attachments_of(old.target) == []
+        assert allocator.attachments_of(new.target) == [moved]
+
+    async def test_every_state_survives_a_fresh_instance(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        a, b, c = setup.containers[:3]
+        (reserving,) = await _reserve(allocator, setup, a, 1, request_id="r-a")
+        (granted,) = await _reserve(allocator, setup, b, 1)
+        await allocator.mark_granted([granted.gpu.uuid], nodes_created=[granted.gpu.uuid])
+        (releasing,) = await _reserve(allocator, setup, c, 1)
+        await allocator.mark_granted([releasing.gpu.uuid])
+        await allocator.begin_release([releasing.gpu.uuid])
+        before = allocator.all_attachments()
+
+        restarted = await _loaded(setup)
+
+        assert restarted.all_attachments() == before
+        assert [e.state for e in restarted.all_attachments()] == [e.state for e in before] and {
+            e.state for e in before
+        } == set(ReservationState)
+        assert restarted.get(granted.gpu.uuid) is not None
+        assert restarted.get(granted.gpu.uuid).node_created  # type: ignore[union-attr]
+        again = await _reserve(restarted, setup, a, 1, request_id="r-a")
+        assert _uuids(again) == {reserving.gpu.uuid}
+
+    async def test_concurrent_reservers_never_share_a_gpu(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        contenders = setup.containers[: len(setup.candidates) + 1]
+
+        async def one(container: HostContainer) -> list[Reservation]:
+            try:
+                return await _reserve(allocator, setup, container, 1)
+            except InsufficientGpus:
+                return []
+
+        results = await asyncio.gather(*(one(c) for c in contenders))
+
+        won = [entry.gpu.uuid for result in results for entry in result]
+        assert len(won) == len(set(won)) == len(setup.candidates)
+        assert len(allocator.all_attachments()) == len(setup.candidates)
