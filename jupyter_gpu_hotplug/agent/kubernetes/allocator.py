@@ -184,6 +184,8 @@ class HolderAllocator:
                     )
                 return earlier
         wait_seconds = max(0.0, deadline - time.monotonic())
+        if wait_seconds <= 0:
+            raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
         pod = await self._kube.get_pod(target.namespace, target.name)
         if pod is None:
             raise NotFound("pod", f"{target.namespace}/{target.name}")

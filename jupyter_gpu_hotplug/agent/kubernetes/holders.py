@@ -145,7 +145,8 @@ def holder_pod(
         "restartPolicy": "Always",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 0,
+        # pause exits on SIGTERM at once; 0 would make a deletion forced (see KubeApi.delete_pod).
+        "terminationGracePeriodSeconds": 1,
         "securityContext": {"runAsNonRoot": True, "runAsUser": _PAUSE_USER},
         "containers": [
             {

@@ -250,11 +250,14 @@ class KubeApi:
         )
         return pod
 
-    async def delete_pod(
-        self, namespace: str, name: str, *, uid: str | None = None, grace_seconds: int = 0
-    ) -> bool:
-        """Delete the pod (only if it still has ``uid``); False when it was gone already."""
-        body: KubeObject = {"gracePeriodSeconds": grace_seconds}
+    async def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete the pod (only if it still has ``uid``); False when it was gone already.
+
+        Always graceful (the pod's own grace period): the object then stays until the kubelet
+        has stopped the pod and freed its devices, so "gone from the API" means "free". A
+        forced deletion (grace 0) would remove the object while the kubelet still holds them.
+        """
+        body: KubeObject = {}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:
@@ -306,7 +309,10 @@ class KubeApi:
         stopped = threading.Event()
 
         def put(item: WatchEvent | BaseException | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            if stopped.is_set():
+                return  # nobody listens any more; the loop may even be closed
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def stream() -> None:
             try:
@@ -332,7 +338,10 @@ class KubeApi:
                 put(None)
             except KubeError as e:
                 put(e)
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            except Exception as e:
+                # Closing the response from the loop's side (the deadline passed, the caller
+                # left) makes the blocked read fail in whatever way urllib3 fails: that is the
+                # end of the stream, not an error. The thread must never raise.
                 put(None if stopped.is_set() else api_error(e, "watch pods"))
 
         # A thread of its own, a daemon: a blocked read must never hold up the agent's exit.
