@@ -172,7 +172,12 @@ def test_a_lost_holder_is_revoked_from_the_container_at_once(
         "the evicted holder's GPU is revoked",
     )
     assert "No such file" in open_node(kubelet, "nb", lost["minor"])
-    assert [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]] == [kept["uuid"]]
+    eventually(
+        lambda: (
+            [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]] == [kept["uuid"]]
+        ),
+        "the lost GPU's reservation is dropped once its holder is gone",
+    )
     assert ENXIO in open_node(kubelet, "nb", kept["minor"])
 
 

@@ -26,12 +26,17 @@ from jupyter_gpu_hotplug.agent.kubernetes.kube import (
 from ...k8s.kube import FakeKube
 
 
-def _pod(name: str, *, node: str = "node-a", labels: dict[str, str] | None = None) -> Any:
+def _pod(name: str, *, node: str | None = "node-a", labels: dict[str, str] | None = None) -> Any:
+    """A pod; with no node it is unscheduled, and a deletion removes it at once (a bound pod
+    waits for its kubelet, which these tests do not run)."""
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "pause"}]}
+    if node is not None:
+        spec["nodeName"] = node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "team", "labels": labels or {}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        "spec": spec,
     }
 
 
@@ -46,7 +51,7 @@ def api(kube: FakeKube) -> Iterator[KubeApi]:
 async def test_pods_round_trip_and_lists_filter_client_side(api: KubeApi) -> None:
     await api.create_pod("team", _pod("mine", labels={"holder": "true"}))
     await api.create_pod("team", _pod("elsewhere", node="node-b", labels={"holder": "true"}))
-    await api.create_pod("team", _pod("unlabelled"))
+    await api.create_pod("team", _pod("unlabelled", node=None))
     pod = await api.get_pod("team", "mine")
     assert pod is not None
     assert pod["spec"]["nodeName"] == "node-a"
@@ -55,8 +60,8 @@ async def test_pods_round_trip_and_lists_filter_client_side(api: KubeApi) -> Non
     assert await api.get_pod("team", "nope") is None
     with pytest.raises(KubeConflict):
         await api.create_pod("team", _pod("mine"))
-    assert await api.delete_pod("team", "mine") is True
-    assert await api.delete_pod("team", "mine") is False
+    assert await api.delete_pod("team", "unlabelled") is True
+    assert await api.delete_pod("team", "unlabelled") is False
 
 
 async def test_watch_streams_matching_events_and_ends_by_its_deadline(api: KubeApi) -> None:
@@ -71,7 +76,7 @@ async def test_watch_streams_matching_events_and_ends_by_its_deadline(api: KubeA
     task = asyncio.create_task(watch())
     await asyncio.sleep(0.3)
     await api.create_pod("team", _pod("other"))
-    await api.create_pod("team", _pod("h1", labels={"holder": "true"}))
+    await api.create_pod("team", _pod("h1", node=None, labels={"holder": "true"}))
     await api.delete_pod("team", "h1")
     started = time.monotonic()
     await asyncio.wait_for(task, 10)
