@@ -94,17 +94,14 @@ class Cluster:
             simulate=0,
             env=fake_nvml_environ(library, config_path),
         )
-        self.agent.argv = [
-            *kubernetes_argv(
-                kube=self.kube,
-                kubelet=self.kubelet,
-                containerd=self.containerd,
-                state_dir=self.agent.state_dir,
-                socket_path=self.agent.socket_path,
-            ),
-            "--reconcile-interval=10",
-            "--log-level=WARNING",
-        ]
+        self.agent.argv = kubernetes_argv(
+            kube=self.kube,
+            kubelet=self.kubelet,
+            containerd=self.containerd,
+            state_dir=self.agent.state_dir,
+            socket_path=self.agent.socket_path,
+            reconcile_interval=10,
+        )
         self.agent.start()
 
     def as_pod(self, name: str) -> ApiClient:

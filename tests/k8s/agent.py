@@ -31,6 +31,7 @@ def kubernetes_argv(
     containerd: Containerd,
     state_dir: Path,
     socket_path: Path,
+    reconcile_interval: float = RECONCILE_INTERVAL,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
     return [
@@ -43,7 +44,7 @@ def kubernetes_argv(
         f"--pod-resources-socket={kubelet.pod_resources_socket}",
         f"--cri-endpoint={containerd.endpoint}",
         f"--state-dir={state_dir}",
-        f"--reconcile-interval={RECONCILE_INTERVAL}",
+        f"--reconcile-interval={reconcile_interval}",
         "--listen=127.0.0.1:0",
         f"--listen=unix:{socket_path}",
         *extra,

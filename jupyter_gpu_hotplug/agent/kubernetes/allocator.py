@@ -8,11 +8,12 @@ their labels and annotations, so a restarted agent knows exactly what it had, an
 that was never told its GPU (the agent died between creating it and reading PodResources) is
 deleted — no container was ever granted that GPU.
 
-Refusals are decided before anything is created where the API lets us see them (the target
-pod's ``max-gpus`` annotation, the namespace's ResourceQuota, PodResources' count of free
-devices) and otherwise by the cluster: a holder the kubelet cannot admit (Unschedulable, or
-``Failed`` at admission) means ``insufficient_gpus``; a quota the API server enforces at
-creation means ``forbidden`` naming the quota; a deadline means ``timeout``. Every refusal
+Refusals are decided before anything is created where the node lets us see them (the target
+pod's ``max-gpus`` annotation, PodResources' count of free devices) and otherwise by the
+cluster: a holder the kubelet cannot admit (Unschedulable, or ``Failed`` at admission) means
+``insufficient_gpus``; the namespace's ResourceQuota, which the API server enforces when a
+holder is created, means ``forbidden`` with the API server's message, which names the quota;
+a deadline means ``timeout``. Every refusal
 deletes whatever holders the request created and waits until they are gone: nothing is left
 behind.
 
@@ -24,7 +25,6 @@ container before another pod gets it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -186,11 +186,8 @@ class HolderAllocator:
         wait_seconds = max(0.0, deadline - time.monotonic())
         if wait_seconds <= 0:
             raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
-        pod = await self._kube.get_pod(target.namespace, target.name)
-        if pod is None:
-            raise NotFound("pod", f"{target.namespace}/{target.name}")
+        pod = await self._target_pod(target, container)
         self._check_limit(pod, target, count)
-        await self._check_quota(target.namespace, count)
         free = await self._free(candidates)
         if len(free) < count:
             raise InsufficientGpus(free=len(free), requested=count)
@@ -213,6 +210,17 @@ class HolderAllocator:
             await asyncio.shield(self._delete_and_wait(holders, timeout=self._gone_timeout))
             raise
 
+    async def _target_pod(self, target: PodTarget, container: HostContainer) -> KubeObject:
+        """The target pod from the node's live view when that view already shows the container
+        the resolver just found (same uid-bearing object, current enough), else from the API."""
+        pod = self._pods.get(target.namespace, target.name)
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        if not any(status.get("containerID") == container.key for status in statuses):
+            pod = await self._kube.get_pod(target.namespace, target.name)
+        if pod is None:
+            raise NotFound("pod", f"{target.namespace}/{target.name}")
+        return pod
+
     def _check_limit(self, pod: KubeObject, target: PodTarget, count: int) -> None:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         raw = annotations.get(MAX_GPUS_ANNOTATION)
@@ -230,28 +238,6 @@ class HolderAllocator:
         )
         if held + count > limit:
             raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=count)
-
-    async def _check_quota(self, namespace: str, count: int) -> None:
-        """Refuse up front what the namespace's ResourceQuota would refuse at creation."""
-        wanted = (f"requests.{self._spec.resource_name}", f"limits.{self._spec.resource_name}")
-        for quota in await self._kube.resource_quotas(namespace):
-            hard = (
-                (quota.get("status") or {}).get("hard")
-                or (quota.get("spec") or {}).get("hard")
-                or {}
-            )
-            used = (quota.get("status") or {}).get("used") or {}
-            for resource in wanted:
-                if resource not in hard:
-                    continue
-                limit, in_use = _quantity(hard[resource]), _quantity(used.get(resource, "0"))
-                if in_use + count > limit:
-                    name = (quota.get("metadata") or {}).get("name", "?")
-                    raise Forbidden(
-                        f"the ResourceQuota {name!r} of namespace {namespace} allows "
-                        f"{resource}={limit}; {in_use} in use, {count} more asked for",
-                        hint="release GPUs in this namespace, or ask for a larger quota",
-                    )
 
     async def _free(
         self, candidates: Sequence[GpuRecord], *, ignore: Collection[tuple[str, str]] = ()
@@ -560,10 +546,3 @@ def _settled(pods: NodePods, namespace: str, names: list[str]) -> str | None:
         if holder.phase == "Running":
             running += 1
     return "" if running == len(names) else None
-
-
-def _quantity(value: object) -> int:
-    """A count-like Kubernetes quantity (``"2"``, ``2``, ``"2k"`` is not a GPU count)."""
-    with contextlib.suppress(ValueError, TypeError):
-        return int(str(value))
-    return 0

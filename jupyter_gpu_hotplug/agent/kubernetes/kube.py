@@ -414,19 +414,7 @@ class KubeApi:
         status = answer.get("status") or {}
         return bool(status.get("allowed")), str(status.get("reason") or "")
 
-    # -- quotas, runtime classes, events -------------------------------------------------------
-
-    async def resource_quotas(self, namespace: str) -> list[KubeObject]:
-        answer = await self._call(
-            f"list resource quotas in {namespace}",
-            self._core.list_namespaced_resource_quota,
-            namespace=namespace,
-        )
-        return [
-            quota
-            for quota in answer.get("items") or []
-            if quota.get("metadata", {}).get("namespace") in (None, namespace)
-        ]
+    # -- runtime classes, events -------------------------------------------------------
 
     def read_runtime_class_handler(self, name: str) -> str | None:
         """The handler of RuntimeClass ``name``, or None when there is no such class

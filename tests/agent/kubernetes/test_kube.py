@@ -1,6 +1,6 @@
 """The Kubernetes adapter over the real ``kubernetes`` client against the tier's fake API
 server on a real HTTP port: plain-dict objects, client-side filtering, watch with a deadline,
-reviews, quotas, runtime classes, events, and the error mapping."""
+reviews, runtime classes, events, and the error mapping."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ async def test_watch_streams_matching_events_and_ends_by_its_deadline(api: KubeA
     assert seen == [("ADDED", "h1"), ("DELETED", "h1")]
 
 
-async def test_reviews_quotas_runtime_classes_and_events(api: KubeApi, kube: FakeKube) -> None:
+async def test_reviews_runtime_classes_and_events(api: KubeApi, kube: FakeKube) -> None:
     pod = await api.create_pod("team", _pod("nb"))
     token = kube.pod_token("team", "nb")
     status = await api.review_token(token, audiences=["gpu-hotplug"])
@@ -97,9 +97,6 @@ async def test_reviews_quotas_runtime_classes_and_events(api: KubeApi, kube: Fak
     assert (await api.review_access(user, namespace="team", verb="create", name="nb"))[0] is False
     kube.allow(verbs=("create",), resources=("pods/gpus",), groups=("ops",))
     assert (await api.review_access(user, namespace="team", verb="create", name="nb"))[0] is True
-    kube.set_quota("team", "gpus", {"requests.nvidia.com/gpu": "1"})
-    (quota,) = await api.resource_quotas("team")
-    assert quota["metadata"]["name"] == "gpus"
     kube.create_runtime_class("kata", "kata-qemu")
     assert await asyncio.to_thread(api.read_runtime_class_handler, "kata") == "kata-qemu"
     assert await asyncio.to_thread(api.read_runtime_class_handler, "none") is None
