@@ -197,8 +197,6 @@ class Agent:
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:
         """The real components for ``settings``; everything opened is closed on failure."""
-        from ..linux import cgroups
-
         if settings.backend is Backend.KUBERNETES:
             return cls._create_kubernetes(settings)
         closers: list[Callable[[], None]] = []
@@ -207,18 +205,7 @@ class Agent:
             ledger = Ledger.open(settings.state_dir)
             closers.append(ledger.close)
             token = load_or_create_token(settings.token_path)
-            simulation = None
-            if settings.simulated:
-                simulation = Simulation.prepare(
-                    settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
-                )
-                simulation.load_in_process()
-            inventory = NvmlInventory()
-            closers.append(inventory.close)
-            hierarchies = cgroups.discover(
-                host_proc=settings.host_proc, rebase=settings.cgroup_root
-            )
-            log.info("device cgroups: %s layout", hierarchies.layout)
+            simulation, inventory, hierarchies = cls._host(settings, closers)
             engine = cls._engine(settings, hierarchies, inventory)
             resolver = ProcResolver(
                 host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
@@ -239,6 +226,26 @@ class Agent:
                 closers=closers,
             )
         )
+
+    @staticmethod
+    def _host(
+        settings: AgentSettings, closers: list[Callable[[], None]]
+    ) -> tuple[Simulation | None, NvmlInventory, CgroupHierarchies]:
+        """What every backend needs of the host: the (simulated) NVML inventory and the
+        device-cgroup hierarchies; what must be closed is added to ``closers``."""
+        from ..linux import cgroups
+
+        simulation = None
+        if settings.simulated:
+            simulation = Simulation.prepare(
+                settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
+            )
+            simulation.load_in_process()
+        inventory = NvmlInventory()
+        closers.append(inventory.close)
+        hierarchies = cgroups.discover(host_proc=settings.host_proc, rebase=settings.cgroup_root)
+        log.info("device cgroups: %s layout", hierarchies.layout)
+        return simulation, inventory, hierarchies
 
     @staticmethod
     def _engine(
@@ -262,7 +269,6 @@ class Agent:
     @classmethod
     def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
         """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
-        from ..linux import cgroups
         from .kubernetes.backend import KubernetesBackend
 
         closers: list[Callable[[], None]] = []
@@ -270,18 +276,7 @@ class Agent:
             # Holder pods are the state; the directory keeps only simulation files and the
             # crash tests' checkpoint markers.
             settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            simulation = None
-            if settings.simulated:
-                simulation = Simulation.prepare(
-                    settings.simulation_dir or settings.state_dir / "simulation", settings.simulate
-                )
-                simulation.load_in_process()
-            inventory = NvmlInventory()
-            closers.append(inventory.close)
-            hierarchies = cgroups.discover(
-                host_proc=settings.host_proc, rebase=settings.cgroup_root
-            )
-            log.info("device cgroups: %s layout", hierarchies.layout)
+            simulation, inventory, hierarchies = cls._host(settings, closers)
             backend = KubernetesBackend.create(settings, hierarchies)
             closers.append(backend.close)
             injector = EngineInjector(cls._engine(settings, hierarchies, inventory))

@@ -14,6 +14,7 @@ import pytest
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..fixtures.nvml import FakeNvmlNode
+from .apiserver.resources import EVENTS
 from .containerd import Containerd
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -89,4 +90,12 @@ def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:
         pod
         for pod in kube.pods(namespace)
         if (pod["metadata"].get("labels") or {}).get(HOLDER_LABEL) == "true"
+    ]
+
+
+def event_reasons(kube: FakeKube, namespace: str, pod: str) -> list[str]:
+    """The reasons of the Events recorded on the pod, oldest first."""
+    events = kube.call(kube.server.cluster.store.list, EVENTS, namespace)
+    return [
+        event["reason"] for event in events if event.get("involvedObject", {}).get("name") == pod
     ]

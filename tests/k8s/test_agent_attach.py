@@ -5,12 +5,14 @@ the cgroup allows the GPU's node; EPERM: it denies it)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import as_pod, holders
+from .agent import as_pod, event_reasons, holders
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -87,6 +89,12 @@ def test_a_pod_attaches_two_gpus_and_detaches_one(
     assert "No such file" in open_node(kubelet, "nb", first["minor"])
     assert EPERM in open_fresh_node(kubelet, "nb", first["minor"])
     assert ENXIO in open_node(kubelet, "nb", second["minor"])
+    # Events are written in the background: wait for them with an upper bound.
+    deadline = time.monotonic() + 30
+    while event_reasons(kube, NS, "nb").count("GpuDetached") < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reasons = event_reasons(kube, NS, "nb")
+    assert (reasons.count("GpuAttached"), reasons.count("GpuDetached")) == (2, 1), reasons
 
 
 def test_another_pods_token_may_not_touch_this_pod_but_an_operator_may(

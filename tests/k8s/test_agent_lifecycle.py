@@ -16,7 +16,7 @@ from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import as_pod, holders
+from .agent import as_pod, event_reasons, holders
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -179,6 +179,7 @@ def test_a_lost_holder_is_revoked_from_the_container_at_once(
         "the lost GPU's reservation is dropped once its holder is gone",
     )
     assert ENXIO in open_node(kubelet, "nb", kept["minor"])
+    eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
 
 
 def test_a_restarted_notebook_container_gets_its_gpus_again(
@@ -202,6 +203,7 @@ def test_a_restarted_notebook_container_gets_its_gpus_again(
     assert [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]] == [
         attachment["uuid"]
     ]
+    eventually(lambda: "GpuReinjected" in event_reasons(kube, NS, "nb"), "a GpuReinjected Event")
 
 
 # --- a crash in the middle -------------------------------------------------------------------

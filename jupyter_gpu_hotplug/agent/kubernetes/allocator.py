@@ -407,22 +407,21 @@ class HolderAllocator:
                 warning=warning,
             )
 
-    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+    def _refuse_reserving(self, uuids: Collection[GpuUuid]) -> None:
+        """``NotFound`` for a GPU not reserved, ``Busy`` for one whose attach is under way."""
         for uuid in uuids:
             entry = self._entries.get(uuid)
             if entry is None:
                 raise NotFound("attachment", uuid)
             if entry.state is ReservationState.RESERVING:
                 raise Busy.operation_in_progress(str(entry.target))
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        self._refuse_reserving(uuids)
         return await self._set_state(uuids, ReservationState.RELEASING, extra={})
 
     async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        for uuid in uuids:
-            entry = self._entries.get(uuid)
-            if entry is None:
-                raise NotFound("attachment", uuid)
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
+        self._refuse_reserving(uuids)
         return await self._set_state(uuids, ReservationState.GRANTED, extra={})
 
     async def rebind(
