@@ -74,44 +74,66 @@ class Cluster:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.containerd: Containerd = start_containerd()
+        self.server: ApiServer | None = None
+        self.kubelet: KubeletSimulator | None = None
+        self.agent: AgentProcess | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        directory = self.directory
         self.server = ApiServer()
         self.server.start()
         self.kube = FakeKube(self.server, directory)
         gpus = whole_gpus(GPUS, NODE)
-        self.kubelet = KubeletSimulator(
+        kubelet = KubeletSimulator(
             self.kube,
             self.containerd,
             node_name=NODE,
             gpus=gpus,
             pod_resources_socket=directory / "kubelet.sock",
         )
-        self.kubelet.start()
+        self.kubelet = kubelet
+        kubelet.start()
         config_path = directory / "nvml.conf"
         write_config(config_path, nvml_config(gpus, NODE))
         library = ensure_fake_nvml(directory / "nvml-cache")
-        self.agent = AgentProcess(
+        agent = AgentProcess(
             state_dir=directory / "state",
             simulate=0,
             env=fake_nvml_environ(library, config_path),
         )
-        self.agent.argv = kubernetes_argv(
+        agent.argv = kubernetes_argv(
             kube=self.kube,
-            kubelet=self.kubelet,
+            kubelet=kubelet,
             containerd=self.containerd,
-            state_dir=self.agent.state_dir,
-            socket_path=self.agent.socket_path,
+            state_dir=agent.state_dir,
+            socket_path=agent.socket_path,
             reconcile_interval=10,
         )
-        self.agent.start()
+        self.agent = agent
+        agent.start()
 
     def as_pod(self, name: str) -> ApiClient:
-        assert self.agent.tcp is not None
+        assert self.agent is not None and self.agent.tcp is not None
         return self.agent.tcp.with_token(self.kube.pod_token(NS, name))
 
+    @property
+    def node(self) -> KubeletSimulator:
+        assert self.kubelet is not None
+        return self.kubelet
+
     def close(self) -> None:
-        self.agent.stop()
-        self.kubelet.stop()
-        self.server.stop()
+        """Stop what was started, in reverse (also after a failed start)."""
+        if self.agent is not None:
+            self.agent.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.server is not None:
+            self.server.stop()
         left = self.containerd.stop()
         if left:
             print(f"containerd left behind: {left}")
@@ -122,7 +144,7 @@ def ms(seconds: float) -> str:
 
 
 def part_one(cluster: Cluster, runs: int) -> None:
-    kubelet = cluster.kubelet
+    kubelet = cluster.node
     notebook = kubelet.run_notebook_pod(NS, "solo")
     api = cluster.as_pod("solo")
     attach: list[float] = []
@@ -151,7 +173,7 @@ def part_one(cluster: Cluster, runs: int) -> None:
 
 async def _parts(cluster: Cluster, notebook: dict[str, Any], runs: int) -> dict[str, list[float]]:
     kube = KubeApi(cluster.kube.client())
-    podresources = PodResourcesClient(cluster.kubelet.pod_resources_socket)
+    podresources = PodResourcesClient(cluster.node.pod_resources_socket)
     cri = CriClient(cluster.containerd.endpoint)
     hierarchies = cgroups.discover()
     resolver = PodResolver(
@@ -215,9 +237,7 @@ async def _parts(cluster: Cluster, notebook: dict[str, Any], runs: int) -> dict[
             devices = await timed("PodResources Get", asyncio.to_thread, podresources.get, NS, name)
             assert devices is not None
             minor = next(
-                g.minor
-                for g in cluster.kubelet.gpus
-                if g.id in devices.device_ids("nvidia.com/gpu")
+                g.minor for g in cluster.node.gpus if g.id in devices.device_ids("nvidia.com/gpu")
             )
             node = gpu_node(minor, major=NVIDIA_MAJOR)
             await timed(
@@ -239,7 +259,7 @@ async def _parts(cluster: Cluster, notebook: dict[str, Any], runs: int) -> dict[
 def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     names = [f"nb-{i:02d}" for i in range(pods)]
     for name in names:
-        cluster.kubelet.run_notebook_pod(NS, name)
+        cluster.node.run_notebook_pod(NS, name)
     clients = {name: cluster.as_pod(name) for name in names}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -272,7 +292,7 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
         granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
         assigned = [
             device
-            for containers in cluster.kubelet.assignments().values()
+            for containers in cluster.node.assignments().values()
             for devices in containers.values()
             for device in devices
         ]

@@ -32,7 +32,15 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from ..._structs import MAX_GPUS_ANNOTATION, GpuUuid, PodTarget, RequestId, Target
-from ..core.errors import Busy, Forbidden, InsufficientGpus, InvalidRequest, NotFound, Timeout
+from ..core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    TargetNotReady,
+    Timeout,
+)
 from ..core.seams import ContainerKey, GpuRecord, HostContainer, Reservation, ReservationState
 from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
 from .holders import (
@@ -47,9 +55,9 @@ from .holders import (
     holder_pod,
     read_holder,
 )
-from .kube import KubeApi, KubeConflict, KubeForbidden, KubeObject
+from .kube import KubeApi, KubeConflict, KubeError, KubeForbidden, KubeObject
 from .node_pods import NodePods
-from .podresources import PodDevices, PodResourcesClient, device_uuid
+from .podresources import PodDevices, PodResourcesClient, PodResourcesError, device_uuid
 
 __all__ = ["HolderAllocator"]
 
@@ -164,6 +172,27 @@ class HolderAllocator:
     # --- reserve -------------------------------------------------------------------------------
 
     async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        try:
+            return await self._reserve_checked(
+                container, count, request_id=request_id, deadline=deadline, candidates=candidates
+            )
+        except (PodResourcesError, KubeError) as e:
+            # The node's kubelet or the API server did not answer (what was created is rolled
+            # back already): the cluster's trouble, not a bug of the agent's, and passing.
+            raise TargetNotReady(
+                f"GPUs cannot be reserved for {container.target} now: {e}",
+                hint="the node's kubelet or the API server did not answer; try again shortly",
+            ) from e
+
+    async def _reserve_checked(
         self,
         container: HostContainer,
         count: int,

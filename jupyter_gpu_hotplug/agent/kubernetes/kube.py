@@ -353,7 +353,10 @@ class KubeApi:
                 if timeout <= 0:
                     return
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation that arrives with an item, and the watch would go on.
+                    async with asyncio.timeout(timeout):
+                        item = await queue.get()
                 except TimeoutError:
                     return
                 if item is None:

@@ -47,6 +47,7 @@ class NodePods:
         """Set (and replaced) at every change: what waiters sleep on."""
         self._listeners: list[Listener] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._resource_version = ""
         self.synced_at: float | None = None
         """``time.monotonic()`` of the last successful list or event (the health probe)."""
@@ -72,6 +73,7 @@ class NodePods:
         self._task = asyncio.create_task(self._run(), name=f"watch pods on {self._node}")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -96,7 +98,8 @@ class NodePods:
             if timeout <= 0:
                 return None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(tick.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await tick.wait()
 
     def _wake(self) -> None:
         tick, self._tick = self._tick, asyncio.Event()
@@ -135,7 +138,7 @@ class NodePods:
 
     async def _run(self) -> None:
         relist = False
-        while True:
+        while not self._stopping:
             try:
                 if relist:
                     await self._relist()
@@ -145,6 +148,8 @@ class NodePods:
                     resource_version=self._resource_version,
                     deadline=time.monotonic() + _WATCH_SECONDS,
                 ):
+                    if self._stopping:
+                        return
                     self._event(event)
             except KubeError as e:
                 log.warning("watching the pods of node %s: %s; listing again", self._node, e)
