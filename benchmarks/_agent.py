@@ -69,10 +69,18 @@ class RunningAgent:
             self.process.wait(timeout=30)
 
 
-def start_agent(state_dir: Path, *, simulate: int, extra: list[str] | None = None) -> RunningAgent:
+def start_agent(
+    state_dir: Path,
+    *,
+    simulate: int,
+    extra: list[str] | None = None,
+    python: str = sys.executable,
+) -> RunningAgent:
+    """An agent subprocess; ``python`` picks the interpreter, and with its environment the
+    checkout that runs (``bench_agent_ab.py`` compares two)."""
     log_path = state_dir.parent / "agent.log"
     argv = [
-        sys.executable,
+        python,
         "-m",
         "jupyter_gpu_hotplug.agent.app",
         "--backend=local",
@@ -83,7 +91,11 @@ def start_agent(state_dir: Path, *, simulate: int, extra: list[str] | None = Non
         *(extra or []),
     ]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        # Not from the current directory: ``-m`` would import a checkout found there instead
+        # of the one ``python``'s environment installs.
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=state_dir.parent
+        )
     deadline = time.monotonic() + 60
     while True:
         text = log_path.read_text(errors="replace")

@@ -28,9 +28,12 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
-from jupyter_gpu_hotplug.kernel.provisioner import sandboxed_kernelspec, write_sandboxed_kernelspec
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.sandbox import DEFAULT_CGROUP_PARENT, cleanup_stale
+from jupyter_gpu_hotplug.sandboxes.provisioner import (
+    sandboxed_kernelspec,
+    write_sandboxed_kernelspec,
+)
 
 KERNELS = {"plain": "bench-plain", "sandboxed": "bench-sandboxed"}
 CGROUP_PARENT = f"{DEFAULT_CGROUP_PARENT}/bench-{os.getpid()}"

@@ -145,6 +145,9 @@ def _str_or_none(extra: Mapping[str, object], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_REGISTRY: dict[ErrorCode, type[AgentError]] = {}
+
+
 class AgentError(AgentClientError):
     """The agent answered with an API error: ``{"error": code, "message", "retryable", ...}``.
 
@@ -165,6 +168,7 @@ class AgentError(AgentClientError):
         super().__init_subclass__()
         if cls.CODE is not None:
             cls.STATUS = STATUS_BY_CODE[cls.CODE]
+            _REGISTRY[cls.CODE] = cls
 
     def __init__(
         self,
@@ -308,19 +312,7 @@ class AgentInternalError(AgentError):
 
 
 ERRORS_BY_CODE: Final[Mapping[ErrorCode, type[AgentError]]] = {
-    cls.CODE: cls
-    for cls in (
-        InvalidRequest,
-        Unauthenticated,
-        Forbidden,
-        NotFound,
-        Busy,
-        InsufficientGpus,
-        TargetNotReady,
-        AgentTimeout,
-        AgentInternalError,
-    )
-    if cls.CODE is not None
+    code: _REGISTRY[code] for code in STATUS_BY_CODE
 }
 """One class per code of ``_structs.ErrorCode``."""
 

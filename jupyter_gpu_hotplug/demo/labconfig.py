@@ -112,7 +112,7 @@ def server_environment(
 
 def lab_config(settings: LabSettings) -> dict[str, Any]:
     """The JupyterLab configuration (traitlets sections as a JSON-ready dict)."""
-    from ..kernel.provisioner import sandboxed_kernels_config
+    from ..sandboxes.provisioner import sandboxed_kernels_config
 
     layout = settings.layout
     kernels = sandboxed_kernels_config(

@@ -419,8 +419,8 @@ class DemoRun:
 
     async def _sweep_sandboxes(self) -> bool:
         """Remove demo kernel sandboxes that JupyterLab left (only if it was killed)."""
-        from ..kernel.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
         from ..linux.sandbox import SandboxError, cleanup_stale
+        from ..sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 
         try:
             removed = await asyncio.to_thread(

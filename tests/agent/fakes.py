@@ -156,6 +156,9 @@ class FakeResolver:
     def __init__(self, host: FakeHost, *, agent_pid: int = AGENT_PID) -> None:
         self.host = host
         self.agent_pid = agent_pid
+        self.replacements: dict[str, int] = {}
+        """Target key → pid of the process whose container replaced the target's (as a
+        restarted Kubernetes container replaces its predecessor under the same name)."""
         host.processes.setdefault(agent_pid, FakeProcess(agent_pid, 1, AGENT_CONTAINER))
 
     @property
@@ -189,6 +192,8 @@ class FakeResolver:
         found = self.lookup(target, key)
         if found is not None:
             return found
+        if target.key in self.replacements:
+            return self.host.host_container(self.host.processes[self.replacements[target.key]])
         members = [p for p in self.host.processes.values() if self.host.key_of(p.container) == key]
         if not members:
             return None

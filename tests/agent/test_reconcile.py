@@ -204,3 +204,24 @@ async def test_targets_with_an_operation_in_flight_are_skipped(harness: Harness)
     assert not report.changed
     (entry,) = harness.allocator.all_attachments()
     assert (entry.gpu, entry.state) == (gpu, ReservationState.RESERVING)
+
+
+async def test_replaced_container_gets_the_gpu_and_the_reservation(harness: Harness) -> None:
+    """The Kubernetes case, through the same seams: the target's container was replaced (a
+    restart: a new key); the GPU is granted to the new container and the reservation follows."""
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    harness.host.remove_container("kernel-a")
+    successor = harness.host.spawn(200, "kernel-a")  # same cgroups, a new container
+    harness.resolver.replacements[kernel.target.key] = successor.pid
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"reinjected": [gpu.uuid]}
+    (entry,) = harness.allocator.all_attachments()
+    assert (entry.target, entry.container) == (
+        successor.target,
+        harness.host.key_of(successor.container),
+    )
+    assert harness.injector.calls[-1] == ("grant", successor.pid, (CharDevice(195, gpu.minor),))
+    assert harness.injector.usable(successor.target) == {CharDevice(195, gpu.minor)}

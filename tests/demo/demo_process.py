@@ -24,8 +24,8 @@ from typing import Final
 from jupyter_gpu_hotplug.client import AgentClient, RetryPolicy
 from jupyter_gpu_hotplug.demo.labconfig import SANDBOX_NAME_PREFIX
 from jupyter_gpu_hotplug.demo.layout import DemoLayout
-from jupyter_gpu_hotplug.kernel.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 from jupyter_gpu_hotplug.linux.sandbox import cleanup_stale
+from jupyter_gpu_hotplug.sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 
 from .jupyter_api import JupyterServer
 from .leftovers import Proc, process_tree

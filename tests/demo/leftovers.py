@@ -19,10 +19,10 @@ from pathlib import Path
 
 from jupyter_gpu_hotplug.agent.local.ledger import LEDGER_FILE
 from jupyter_gpu_hotplug.demo.labconfig import SANDBOX_NAME_PREFIX
-from jupyter_gpu_hotplug.kernel.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 from jupyter_gpu_hotplug.linux import cgroups, procfs
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.bpf.syscall import ProgId
+from jupyter_gpu_hotplug.sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 
 from ..fixtures.host_state import process_running, stat_fields
 

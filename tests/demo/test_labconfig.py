@@ -20,8 +20,8 @@ from jupyter_gpu_hotplug.demo.labconfig import (
     write_lab_config,
 )
 from jupyter_gpu_hotplug.demo.layout import DemoLayout
-from jupyter_gpu_hotplug.kernel.provisioner import PROVISIONER_NAME
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
+from jupyter_gpu_hotplug.sandboxes.provisioner import PROVISIONER_NAME
 
 ROOT = Path("/tmp/demo-x")
 NVML = SimulatedNvml(library_dir=ROOT / "nvml/lib", config_path=ROOT / "simulation/fake.conf")

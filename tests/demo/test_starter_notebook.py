@@ -24,7 +24,10 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from jupyter_gpu_hotplug.kernel.provisioner import sandboxed_kernelspec, write_sandboxed_kernelspec
+from jupyter_gpu_hotplug.sandboxes.provisioner import (
+    sandboxed_kernelspec,
+    write_sandboxed_kernelspec,
+)
 
 from ..fixtures.requirements import needs_root
 from . import leftovers

@@ -23,8 +23,11 @@ import pytest
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager, start_new_async_kernel
 
-from jupyter_gpu_hotplug.kernel.provisioner import sandboxed_kernelspec, write_sandboxed_kernelspec
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV, SimulatedProcess
+from jupyter_gpu_hotplug.sandboxes.provisioner import (
+    sandboxed_kernelspec,
+    write_sandboxed_kernelspec,
+)
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession

@@ -16,7 +16,10 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
-from jupyter_gpu_hotplug.kernel.provisioner import SandboxedKernelProvisioner, sandboxed_kernelspec
+from jupyter_gpu_hotplug.sandboxes.provisioner import (
+    SandboxedKernelProvisioner,
+    sandboxed_kernelspec,
+)
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession

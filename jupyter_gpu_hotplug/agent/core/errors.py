@@ -20,6 +20,8 @@ from typing import ClassVar
 
 from ..._structs import STATUS_BY_CODE, ErrorBody, ErrorCode, ErrorExtra, GpuUuid, ProcessInfo
 
+_REGISTRY: dict[ErrorCode, type[AgentError]] = {}
+
 
 class AgentError(Exception):
     """Base of every error the agent API answers with."""
@@ -47,6 +49,7 @@ class AgentError(Exception):
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
         cls.status = STATUS_BY_CODE[cls.code]
+        _REGISTRY[cls.code] = cls
 
     def to_body(self) -> ErrorBody:
         """The JSON response body: ``{"error", "message", "retryable", ...extra}``."""
@@ -250,17 +253,6 @@ class InternalError(AgentError):
 
 
 ERRORS_BY_CODE: Mapping[ErrorCode, type[AgentError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequest,
-        Unauthenticated,
-        Forbidden,
-        NotFound,
-        Busy,
-        InsufficientGpus,
-        TargetNotReady,
-        Timeout,
-        InternalError,
-    )
+    code: _REGISTRY[code] for code in STATUS_BY_CODE
 }
 """Every API error class by its code: one per code of ``ErrorCode``."""

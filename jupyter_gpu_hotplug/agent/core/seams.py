@@ -29,6 +29,13 @@ Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
   worker pool.
 - ``Allocator.mark_granted`` records ``nodes_created`` (``Reservation.node_created``): the
   agent removes only device nodes it created (Kubernetes: keep it in the holder's annotations).
+- ``Caller`` also carries ``cgroups`` (local mode's authorization compares them: a caller may
+  act on a target whose cgroups are its own or an ancestor's, which is what a grant reaches)
+  and the ``connection`` it came on; ``Verb`` is ``get | create | delete``.
+- The injector (``injector.py``, not a backend seam: one adapter over ``linux.engine`` for
+  every backend) returns from ``grant`` the names of the nodes it created, takes
+  ``keep_nodes`` in ``revoke`` (nodes it did not create stay), and has ``withdraw(cgroups,
+  nodes)`` for the empty cgroups of ``Resolver.remains``.
 - ``Allocator.begin_release``/``cancel_release``/``mark_granted`` take several uuids at once;
   ``Allocator.known_gpus`` is left out (the reconciler takes the GPUs from the inventory and
   the reservations).

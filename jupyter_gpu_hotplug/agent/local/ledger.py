@@ -340,6 +340,28 @@ class Ledger:
         rows = conn.execute(_ENTRY_SELECT + where + _ENTRY_ORDER, params).fetchall()
         return [_entry(row) for row in rows]
 
+    def _require(
+        self,
+        conn: sqlite3.Connection,
+        wanted: Sequence[GpuUuid],
+        *,
+        refused: ReservationState,
+        missing: str,
+        action: str,
+    ) -> None:
+        """``LedgerStateError`` naming each of ``wanted`` that is not reserved or is in the
+        ``refused`` state: a transition the caller should never have asked for."""
+        found = {
+            entry.gpu.uuid: entry for entry in self._entries(conn, _where_uuid_in(wanted), wanted)
+        }
+        wrong = [
+            f"{uuid} ({missing if uuid not in found else found[uuid].state})"
+            for uuid in wanted
+            if uuid not in found or found[uuid].state is refused
+        ]
+        if wrong:
+            raise LedgerStateError(f"{action}: {', '.join(wrong)}")
+
     # --- changes ---------------------------------------------------------------------------------
 
     def reserve(
@@ -406,27 +428,22 @@ class Ledger:
         """
         wanted = sorted(set(uuids))
         with self._session(write=True) as conn:
-            entries = self._entries(conn, _where_uuid_in(wanted), wanted)
-            found = {entry.gpu.uuid: entry for entry in entries}
-            wrong = [
-                f"{uuid} ({'not reserved' if uuid not in found else found[uuid].state})"
-                for uuid in wanted
-                if uuid not in found or found[uuid].state is ReservationState.RELEASING
-            ]
-            if wrong:
-                raise LedgerStateError(f"cannot mark as granted: {', '.join(wrong)}")
-            now = self._now()
-            conn.execute(
-                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?
-                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
-                (now, now, *wanted),
+            self._require(
+                conn,
+                wanted,
+                refused=ReservationState.RELEASING,
+                missing="not reserved",
+                action="cannot mark as granted",
             )
+            now = self._now()
             created = sorted(set(nodes_created) & set(wanted))
-            if created:
-                conn.execute(
-                    f"UPDATE attachments SET node_created = 1 {_where_uuid_in(created, alias='')}",
-                    created,
-                )
+            # SQLite takes an empty IN list (it is false): one statement either way.
+            conn.execute(
+                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?,
+                    node_created = uuid IN ({", ".join("?" * len(created))})
+                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
+                (now, now, *created, *wanted),
+            )
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
     def begin_release(self, uuid: GpuUuid) -> Reservation:
@@ -460,15 +477,13 @@ class Ledger:
         """
         wanted = sorted(set(uuids))
         with self._session(write=True) as conn:
-            entries = self._entries(conn, _where_uuid_in(wanted), wanted)
-            found = {entry.gpu.uuid: entry for entry in entries}
-            wrong = [
-                f"{uuid} ({'not attached' if uuid not in found else found[uuid].state})"
-                for uuid in wanted
-                if uuid not in found or found[uuid].state is ReservationState.RESERVING
-            ]
-            if wrong:
-                raise LedgerStateError(f"cannot cancel the release of: {', '.join(wrong)}")
+            self._require(
+                conn,
+                wanted,
+                refused=ReservationState.RESERVING,
+                missing="not attached",
+                action="cannot cancel the release of",
+            )
             conn.execute(
                 f"""UPDATE attachments SET state = 'granted', updated_at = ?
                     {_where_uuid_in(wanted, alias="")} AND state = 'releasing'""",

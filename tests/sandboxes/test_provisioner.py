@@ -30,19 +30,6 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
-from jupyter_gpu_hotplug.kernel.provisioner import (
-    PROVISIONER_NAME,
-    KernelSandboxStartError,
-    SandboxedKernelProvisioner,
-    sandboxed_kernels_config,
-    sandboxed_kernelspec,
-    write_sandboxed_kernelspec,
-)
-from jupyter_gpu_hotplug.kernel.sandbox_events import (
-    KERNEL_SANDBOX_EVENTS,
-    SandboxEvent,
-    SandboxEventKind,
-)
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
@@ -50,6 +37,19 @@ from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
+from jupyter_gpu_hotplug.sandboxes.events import (
+    KERNEL_SANDBOX_EVENTS,
+    SandboxEvent,
+    SandboxEventKind,
+)
+from jupyter_gpu_hotplug.sandboxes.provisioner import (
+    PROVISIONER_NAME,
+    KernelSandboxStartError,
+    SandboxedKernelProvisioner,
+    sandboxed_kernels_config,
+    sandboxed_kernelspec,
+    write_sandboxed_kernelspec,
+)
 from tests.fixtures.host_state import (
     bpf_program_loaded,
     mount_namespaces_in_use,
@@ -143,7 +143,7 @@ def test_entry_point_and_default_config_select_the_provisioner(
     provisioner = factory.create_provisioner_instance("kid", _plain_spec(), parent=None)
 
     assert factory.get_provisioner_entries()[PROVISIONER_NAME] == (
-        "jupyter_gpu_hotplug.kernel.provisioner:SandboxedKernelProvisioner"
+        "jupyter_gpu_hotplug.sandboxes.provisioner:SandboxedKernelProvisioner"
     )
     assert isinstance(provisioner, SandboxedKernelProvisioner)
 

@@ -32,7 +32,7 @@ and its device program gone) followed by a launch in a *new* sandbox with a new 
 default nothing carries GPUs over: the agent's reconciler sees that the old target pid is
 gone and releases its GPUs, and the new kernel starts with none. Code that wants another
 policy (re-attach to the new pid, release at once) subscribes to
-:data:`~.sandbox_events.KERNEL_SANDBOX_EVENTS`, which announces ``started`` and ``stopped``
+:data:`~.events.KERNEL_SANDBOX_EVENTS`, which announces ``started`` and ``stopped``
 for every sandbox, each with the kernel id, the pid and whether it is part of a restart.
 
 Leftovers: the server's normal shutdown shuts every kernel down, which stops its sandbox.
@@ -69,7 +69,7 @@ from ..linux.sandbox import (
     SandboxStopError,
     cleanup_stale,
 )
-from .sandbox_events import KERNEL_SANDBOX_EVENTS, SandboxEvent, SandboxEventKind, SandboxEvents
+from .events import KERNEL_SANDBOX_EVENTS, SandboxEvent, SandboxEventKind, SandboxEvents
 
 __all__ = [
     "DEFAULT_KERNELSPEC_NAME",
@@ -132,7 +132,7 @@ class SandboxedKernelProvisioner(LocalProvisioner):
     """
 
     events: ClassVar[SandboxEvents] = KERNEL_SANDBOX_EVENTS
-    """Where this class's kernels announce their sandboxes (see :mod:`.sandbox_events`)."""
+    """Where this class's kernels announce their sandboxes (see :mod:`.events`)."""
 
     extra_env = Dict(
         key_trait=Unicode(),

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from jupyter_gpu_hotplug.kernel.sandbox_events import SandboxEvent, SandboxEventKind, SandboxEvents
+from jupyter_gpu_hotplug.sandboxes.events import SandboxEvent, SandboxEventKind, SandboxEvents
 
 
 async def test_events_reach_sync_and_async_listeners_and_survive_a_failing_one(
