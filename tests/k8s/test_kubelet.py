@@ -3,6 +3,8 @@ and PodResources tell the truth, and eviction, restart and deletion behave as on
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,28 @@ def test_evict_and_restart(kube: FakeKube, kubelet: KubeletSimulator) -> None:
     kube.wait_for_pod("team", held, lambda p: p is None, "the evicted holder is deleted")
     assert ("team", held) not in kubelet.assignments()
     assert seen == []
+
+
+def test_vm_runtime_pods_never_reach_runc(kube: FakeKube, kubelet: KubeletSimulator) -> None:
+    kube.create_runtime_class("kata", "kata-qemu")
+    pod = kubelet.run_notebook_pod("team", "vm", runtime_class="kata")
+    (status,) = pod["status"]["containerStatuses"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    assert status["ready"] and len(container_id) == 64
+    assert container_id not in {c.id for c in kubelet.cri.list_containers()}
+    with pytest.raises(grpc.RpcError) as unknown:
+        kubelet.cri.container_status(container_id)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_exec_sees_what_the_workload_sees(kubelet: KubeletSimulator) -> None:
+    kubelet.run_notebook_pod("team", "nb")
+    absent = kubelet.exec("team", "nb", "notebook", ["cat", "/dev/nvidia0"])
+    assert absent.exit_code != 0 and "No such file or directory" in absent.stderr
+    # A node made from outside (as the agent does) exists inside, and runc's device rules
+    # (no c 195:*) refuse to open it.
+    pid = kubelet.container_info("team", "nb", "notebook").pid
+    node = Path(f"/proc/{pid}/root/dev/nvidia0")
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    denied = kubelet.exec("team", "nb", "notebook", ["cat", "/dev/nvidia0"])
+    assert denied.exit_code != 0 and "Operation not permitted" in denied.stderr

@@ -229,7 +229,6 @@ class _Resources(_Base):
         bookmarks = self.get_query_argument("allowWatchBookmarks", "") == "true"
         since_text = self.get_query_argument("resourceVersion", "") or "0"
         self.set_header("Content-Type", "application/json")
-        self.set_header("Transfer-Encoding", "chunked")
         store = self.cluster.store
         try:
             if since_text == "0":  # "any": current state as ADDED, then changes
