@@ -6,8 +6,8 @@ Fixtures (see ``tests/k8s/README.md`` for a walk-through):
 ``containerd`` (session, root)
     A private containerd with the test images imported (``containerd.Containerd``:
     ``.endpoint``, ``.address``, ``.cgroup_top``, ``.ctr(...)``). Started once per session;
-    at the end every sandbox is removed and the session fails if containerd left anything
-    (shims, mounts, cgroups) that had to be removed by force.
+    at the end the session fails if a pod sandbox is still there (every kubelet removes its
+    own) or containerd left anything (shims, mounts, cgroups) that had to be removed by force.
 ``kube`` (function)
     A fresh fake apiserver (``kube.FakeKube``: ``.url``, ``.kubeconfig_path``, ``.client()``,
     ``create_namespace``, ``add_token``, ``pod_token``, ``allow``, ``set_quota``,
@@ -66,15 +66,20 @@ def containerd() -> Iterator[Containerd]:
     if not has_root_and_cgroups() or shutil.which("containerd") is None:
         pytest.skip(f"{ROOT_REASON}; and containerd, runc, busybox-static (apt)")
     daemon = start_containerd()
+    left: list[str] = []
     try:
         yield daemon
     finally:
         with contextlib.suppress(Exception):
             cri = CriClient(daemon.endpoint)
+            left.extend(
+                f"sandbox {s.metadata.namespace}/{s.metadata.name}"
+                for s in cri.list_pod_sandboxes()
+            )
             cri.remove_all_pods()
             cri.close()
-        left = daemon.stop()
-    assert not left, f"containerd left these behind (removed by force): {left}"
+        left.extend(daemon.stop())
+    assert not left, f"left behind at the end of the session (removed by force): {left}"
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import secrets
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent import futures
@@ -111,6 +112,8 @@ class KubeletSimulator:
         self.pod_resources_socket = pod_resources_socket
         self.vm_handlers = vm_handlers
         self.cri = CriClient(containerd.endpoint)
+        self._label = {"k8stier.kubelet": secrets.token_hex(6)}
+        """On every sandbox this kubelet starts, so ``stop`` finds them all."""
         self._executor = futures.ThreadPoolExecutor(4, thread_name_prefix="kubelet-cri")
         self._records: dict[tuple[str, str], _PodRecord] = {}
         self._lock = threading.Lock()  # guards _records for PodResources' threads
@@ -126,7 +129,13 @@ class KubeletSimulator:
 
     @property
     def cri_socket(self) -> Path:
+        """containerd's socket, which serves CRI."""
         return self.containerd.address
+
+    @property
+    def cri_endpoint(self) -> str:
+        """``unix://`` + ``cri_socket``, as kubelet's ``--container-runtime-endpoint``."""
+        return self.containerd.endpoint
 
     # ----- life cycle -------------------------------------------------------------------
 
@@ -138,7 +147,7 @@ class KubeletSimulator:
         self._grpc.start()
 
     def stop(self) -> None:
-        """Stop serving and remove every pod this kubelet runs (the API objects stay)."""
+        """Stop serving and remove every pod this kubelet started (the API objects stay)."""
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait(5)
             self._grpc = None
@@ -146,9 +155,11 @@ class KubeletSimulator:
             self.pod_resources_socket.unlink()
         with contextlib.suppress(RuntimeError):
             self.api.call(self._detach)
-        for record in list(self._records.values()):
-            self._remove_runtime(record)
+        # CRI calls already running finish first; a sandbox they made may be in no record.
         self._executor.shutdown(wait=True)
+        for sandbox in self.cri.list_pod_sandboxes(self._label):
+            self.cri.stop_pod_sandbox(sandbox.id)
+            self.cri.remove_pod_sandbox(sandbox.id)
         self.cri.close()
 
     def _detach(self) -> None:
@@ -328,29 +339,11 @@ class KubeletSimulator:
             )
             old = _condition(pod, "PodScheduled")
             if old.get("reason") != "Unschedulable" or old.get("message") != message:
-                _set_condition(
-                    status,
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": message,
-                        "lastTransitionTime": now(),
-                        "lastProbeTime": None,
-                    },
-                )
+                _set_condition(status, "PodScheduled", "False", "Unschedulable", message)
                 self.cluster.store.update(PODS, pod)
             return
         pod["spec"]["nodeName"] = self.node_name  # the binding subresource's effect
-        _set_condition(
-            status,
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
+        _set_condition(status, "PodScheduled", "True")
         self.cluster.store.update(PODS, pod)
 
     def _reject(self, pod: dict[str, Any], resource: str, requested: int, free: int) -> None:
@@ -420,7 +413,7 @@ class KubeletSimulator:
 
     def _labels(self, pod: dict[str, Any]) -> dict[str, str]:
         meta = pod["metadata"]
-        return {
+        return self._label | {
             "io.kubernetes.pod.name": meta["name"],
             "io.kubernetes.pod.namespace": meta["namespace"],
             "io.kubernetes.pod.uid": meta["uid"],
@@ -496,30 +489,10 @@ class KubeletSimulator:
         status.setdefault("startTime", now())
         status["hostIP"] = status["podIP"] = "127.0.0.1"
         status["hostIPs"] = status["podIPs"] = [{"ip": "127.0.0.1"}]
-        _set_condition(
-            status,
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
-        _set_condition(
-            status,
-            {
-                "type": "Initialized",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
-        ready = "False" if pending else "True"
+        _set_condition(status, "PodScheduled", "True")
+        _set_condition(status, "Initialized", "True")
         for kind in ("ContainersReady", "Ready"):
-            _set_condition(
-                status,
-                {"type": kind, "status": ready, "lastTransitionTime": now(), "lastProbeTime": None},
-            )
+            _set_condition(status, kind, "False" if pending else "True")
         statuses = []
         for container in pod["spec"]["containers"]:
             running = record.containers.get(container["name"])
@@ -770,8 +743,18 @@ def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in pod.get("status", {}).get("conditions") or [] if c["type"] == kind), {})
 
 
-def _set_condition(status: dict[str, Any], condition: dict[str, Any]) -> None:
+def _set_condition(
+    status: dict[str, Any], kind: str, value: str, reason: str = "", message: str = ""
+) -> None:
     """Set a condition, keeping its lastTransitionTime when its status did not change."""
+    condition: dict[str, Any] = {
+        "type": kind,
+        "status": value,
+        "lastTransitionTime": now(),
+        "lastProbeTime": None,
+    }
+    if reason:
+        condition |= {"reason": reason, "message": message}
     conditions = status.setdefault("conditions", [])
     for i, old in enumerate(conditions):
         if old["type"] == condition["type"]:
