@@ -36,6 +36,8 @@ from .apiserver.reviews import (
 )
 from .apiserver.server import ApiServer
 
+AGENT_USER: Final = "system:serviceaccount:gpu-hotplug:gpu-hotplug-agent"
+"""Who the kubeconfig's token authenticates as (when ``authorize_callers`` is on)."""
 AGENT_AUDIENCE: Final = "gpu-hotplug"
 """The audience the agent's TokenReview asks for (DESIGN.md)."""
 WAIT_DEADLINE: Final = 60.0
@@ -48,9 +50,24 @@ class FakeKube:
     def __init__(self, server: ApiServer, directory: Path) -> None:
         self.server = server
         self.directory = directory
+        self.admin_token = "k8stier-admin-" + secrets.token_hex(8)
+        """Token of ``client()``: user ``kubernetes-admin`` in group ``system:masters``."""
         self.agent_token = "k8stier-agent-" + secrets.token_hex(8)
-        """The bearer token in ``kubeconfig_path`` (the fake does not authorise its callers:
-        it records them in ``requests``)."""
+        """The token in ``kubeconfig_path``: service account ``AGENT_USER``."""
+        self.add_token(
+            self.admin_token,
+            username="kubernetes-admin",
+            groups=("system:masters", "system:authenticated"),
+        )
+        self.add_token(
+            self.agent_token,
+            username=AGENT_USER,
+            groups=(
+                "system:serviceaccounts",
+                "system:serviceaccounts:gpu-hotplug",
+                "system:authenticated",
+            ),
+        )
         self.kubeconfig_path = directory / "kubeconfig"
         config = {
             "apiVersion": "v1",
@@ -66,12 +83,45 @@ class FakeKube:
     def url(self) -> str:
         return self.server.url
 
-    def client(self) -> kubernetes.client.ApiClient:
-        """The official client configured for this server (the caller closes it)."""
+    def client(self, token: str | None = None) -> kubernetes.client.ApiClient:
+        """The official client for this server, as cluster admin unless given another
+        ``token`` (the caller closes it)."""
         configuration = kubernetes.client.Configuration()
         configuration.host = self.url
-        configuration.api_key = {"authorization": f"Bearer {self.agent_token}"}
+        configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
         return kubernetes.client.ApiClient(configuration)
+
+    def authorize_callers(self, enabled: bool = True) -> None:
+        """From now on every resource request must carry a known bearer token (else 401)
+        and be allowed by the rules (``allow``, ``grant``; else 403 with the apiserver's
+        message) — to prove the agent needs no more than its RBAC. Off by default."""
+        self.server.authorize_callers = enabled
+
+    def grant(
+        self,
+        role: dict[str, Any],
+        *,
+        users: tuple[str, ...] = (),
+        groups: tuple[str, ...] = (),
+        namespaces: tuple[str, ...] | None = None,
+    ) -> list[AccessRule]:
+        """Bind a Role or ClusterRole object (as rendered from ``k8s/``) to users/groups,
+        cluster-wide or in ``namespaces``: each of its rules becomes an ``allow``."""
+        rules = []
+        for rule in role.get("rules") or []:
+            names = rule.get("resourceNames")
+            rules.append(
+                self.allow(
+                    verbs=tuple(rule.get("verbs") or ()),
+                    resources=tuple(rule.get("resources") or ()),
+                    users=users,
+                    groups=groups,
+                    namespaces=namespaces,
+                    names=tuple(names) if names else None,
+                    api_groups=tuple(rule.get("apiGroups") or ()),
+                )
+            )
+        return rules
 
     def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function`` on the apiserver's loop (for direct access to ``cluster``)."""

@@ -11,17 +11,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client
+import kubernetes.config
 import kubernetes.watch
 import pytest
 from kubernetes.client import ApiException
 
 from .apiserver.reviews import POD_NAME_KEY, POD_UID_KEY
-from .kube import FakeKube
+from .kube import AGENT_USER, FakeKube
 
 pytestmark = pytest.mark.k8s
 
 k8s: Any = kubernetes.client
 watch: Any = kubernetes.watch
+config: Any = kubernetes.config
 """The official client, untyped here: the tests pass it plain dicts, as the agent does."""
 
 NODE = "node-a"
@@ -381,3 +383,42 @@ def test_events_runtime_classes_and_discovery(kube: FakeKube, api: Any) -> None:
     assert {"authentication.k8s.io", "authorization.k8s.io", "node.k8s.io"} <= names
     resources = core.get_api_resources()
     assert {"pods", "pods/status", "events", "namespaces"} <= {r.name for r in resources.resources}
+
+
+AGENT_ROLE = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRole",
+    "metadata": {"name": "agent"},
+    "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+    ],
+}
+
+
+def test_callers_can_be_held_to_their_rbac(kube: FakeKube) -> None:
+    kube.authorize_callers()
+    kube.grant(AGENT_ROLE, users=(AGENT_USER,))
+    agent_client = config.new_client_from_config(config_file=str(kube.kubeconfig_path))
+    with agent_client:
+        agent = k8s.CoreV1Api(agent_client)
+        assert agent.list_pod_for_all_namespaces(field_selector="spec.nodeName=n").items == []
+        with pytest.raises(ApiException) as denied:
+            agent.create_namespaced_pod("default", pod_body("x"))
+        assert status_of(denied) == (
+            403,
+            f'pods is forbidden: User "{AGENT_USER}" cannot create resource "pods" in API group '
+            '"" in the namespace "default"',
+        )
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                  "spec": {"token": "x"}}  # fmt: skip
+        assert k8s.AuthenticationV1Api(agent_client).create_token_review(review).status
+    with kube.client("unknown-token") as stranger, pytest.raises(ApiException) as unknown:
+        k8s.CoreV1Api(stranger).list_namespaced_pod("default")
+    assert unknown.value.status == 401
+    with kube.client() as admin:
+        assert k8s.CoreV1Api(admin).create_namespaced_pod("default", pod_body("x"))

@@ -34,6 +34,7 @@ from .cluster import Cluster
 from .errors import ApiError, bad_request
 from .resources import (
     BY_PATH,
+    PODS,
     SERVER_VERSION,
     Resource,
     api_group,
@@ -41,6 +42,7 @@ from .resources import (
     api_versions,
     resource_list,
 )
+from .reviews import DEFAULT_AUDIENCES
 from .store import Change, Watcher
 
 _T = TypeVar("_T")
@@ -88,6 +90,8 @@ class _Base(tornado.web.RequestHandler):
 
     def prepare(self) -> None:
         self.server.requests.append((self.request.method or "", self.request.uri or ""))
+        if self.server.authorize_callers and isinstance(self, _Resources):
+            self.check_access()
 
     def answer(self, body: Any, code: int = 200) -> None:
         self.set_status(code)
@@ -142,6 +146,43 @@ class _Discovery(_Base):
 class _Resources(_Base):
     def target(self, group: str, version: str, rest: str) -> Target:
         return parse_target(group or "", version, rest)
+
+    def check_access(self) -> None:
+        """Authenticate the bearer token and authorise the request with the registered
+        rules, as the apiserver's authenticator and RBAC do (401, 403)."""
+        group, version, rest = self.path_args
+        target = self.target(group, version, rest)
+        header = self.request.headers.get("Authorization", "")
+        token, _ = self.cluster.reviews.authenticate(
+            header.removeprefix("Bearer ").strip(),
+            DEFAULT_AUDIENCES,
+            lambda ns, name: self.cluster.store.find(PODS, ns, name),
+        )
+        if token is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        verb = _verb(self.request.method or "", target, self.get_query_argument("watch", ""))
+        attributes = {
+            "verb": verb,
+            "group": target.resource.group,
+            "version": target.resource.version,
+            "resource": target.resource.plural,
+            "subresource": target.subresource,
+            "namespace": target.namespace,
+            "name": target.name,
+        }
+        if self.cluster.reviews.allowed(token, attributes):
+            return
+        resource = target.resource.plural + (f"/{target.subresource}" if target.subresource else "")
+        scope = (
+            f'in the namespace "{target.namespace}"' if target.namespace else "at the cluster scope"
+        )
+        raise ApiError(
+            403,
+            "Forbidden",
+            f"{target.resource.plural} {f'{target.name!r} ' if target.name else ''}is forbidden: "
+            f'User "{token.username}" cannot {verb} resource "{resource}" in API group '
+            f'"{target.resource.group}" {scope}',
+        )
 
     async def get(self, group: str, version: str, rest: str) -> None:
         target = self.target(group, version, rest)
@@ -288,6 +329,17 @@ class _Resources(_Base):
             watcher.queue.put_nowait(None)
 
 
+def _verb(method: str, target: Target, watch: str) -> str:
+    """The RBAC verb of a request."""
+    if method == "GET":
+        if target.name:
+            return "get"
+        return "watch" if watch in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if target.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
 def _event_for(change: Change, matches: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
     """The event a selector-filtered watch sees: entering the selection is ADDED, leaving it
     DELETED (as the watch cache does)."""
@@ -315,6 +367,8 @@ class ApiServer:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str]] = []
         """(method, uri) of every request served, in order."""
+        self.authorize_callers = False
+        """Authenticate and authorise every resource request (discovery stays open)."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="fake-apiserver", daemon=True)
         self._http: tornado.httpserver.HTTPServer | None = None
