@@ -20,11 +20,14 @@ would, for pods of its node:
   could inject into, so it must refuse such pods by RuntimeClass before asking CRI.
 * **Deletion**: a pod marked for deletion is stopped (containers and sandbox removed), its
   GPUs freed, then deleted with grace 0 (the API object goes).
+* **Crashes**: a container that exits by itself (found by a relist every second, like the
+  PLEG) is replaced in the same sandbox per ``restartPolicy`` (new id, ``restartCount`` + 1,
+  ``lastState.terminated``), or ends the pod (Succeeded/Failed, GPUs freed).
 * **On demand**: ``evict`` (Failed/Evicted, stopped, then deleted), ``restart_container``
-  (a new container in the same sandbox: new id, ``restartCount`` + 1).
+  (as a crash, at once).
 
 Not simulated: device nodes or environment from the device plugin in the holder's container,
-init containers, probes, volumes, CNI, container log files.
+init containers, probes, back-off between restarts, volumes, CNI, container log files.
 
 Threading: everything runs on the fake apiserver's loop (the kubelet reads and writes the
 store directly, never through HTTP); CRI calls run in a thread pool; PodResources is served by
@@ -63,6 +66,9 @@ _T = TypeVar("_T")
 VM_HANDLERS: Final = frozenset({"kata", "kata-qemu", "kata-clh", "kata-fc", "runsc", "gvisor"})
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 PODRESOURCES_SERVICE: Final = "v1.PodResourcesLister"
+RELIST_PERIOD: Final = 1.0
+"""Seconds between two looks for containers that exited by themselves (the kubelet's PLEG
+relists every second too)."""
 
 
 @dataclass
@@ -120,6 +126,7 @@ class KubeletSimulator:
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._grpc: grpc.Server | None = None
+        self._relist_task: asyncio.Task[None]
         self.errors: list[str] = []
         """Failures of the simulator itself (a test fixture fails the test on any)."""
 
@@ -164,7 +171,7 @@ class KubeletSimulator:
 
     def _detach(self) -> None:
         self._stopping = True
-        for task in self._workers.values():
+        for task in [*self._workers.values(), self._relist_task]:
             task.cancel()
 
     _stopping = False
@@ -206,6 +213,7 @@ class KubeletSimulator:
             },
         )
         self.cluster.store.on_change(self._on_change)
+        self._relist_task = asyncio.get_running_loop().create_task(self._relist())
         for pod in self.cluster.store.list(PODS):
             self._kick(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
@@ -467,6 +475,12 @@ class KubeletSimulator:
                 del self._records[(record.namespace, record.name)]
         self._retry_unschedulable()
 
+    def _release(self, record: _PodRecord) -> None:
+        """A terminal pod's devices are free (and out of PodResources) from the moment its
+        phase is written, even while its sandbox is still being removed."""
+        with self._lock:
+            record.stopped = True
+
     def _remove_runtime(self, record: _PodRecord) -> None:
         sandbox, record.sandbox_id = record.sandbox_id, ""
         if sandbox:
@@ -540,8 +554,10 @@ class KubeletSimulator:
         for condition in pod["status"].get("conditions") or []:
             if condition["type"] in ("Ready", "ContainersReady"):
                 condition["status"] = "False"
-        self.cluster.replace(PODS, namespace, name, pod, "status")
         record = self._records.get((namespace, name))
+        if record is not None:
+            self._release(record)
+        self.cluster.replace(PODS, namespace, name, pod, "status")
         if record is not None:
             await self._teardown(record, forget=False)
         if delete:
@@ -552,7 +568,9 @@ class KubeletSimulator:
         async with record.runtime_lock:
             return await self._replace_container(record, container)
 
-    async def _replace_container(self, record: _PodRecord, container: str) -> str:
+    async def _replace_container(
+        self, record: _PodRecord, container: str, exit_code: int = 137
+    ) -> str:
         namespace, name = record.namespace, record.name
         old = record.containers[container]
         pod = self.cluster.store.get(PODS, namespace, name)
@@ -568,21 +586,53 @@ class KubeletSimulator:
             await self._cri(self.cri.stop_container, old.id, 0)
             new = await self._start_container(pod, record, spec, old.attempt + 1)
         new.restart_count = old.restart_count + 1
-        new.last_state = {
-            "terminated": {
-                "exitCode": 137,
-                "reason": "Error",
-                "containerID": f"containerd://{old.id}",
-                "startedAt": old.started_at,
-                "finishedAt": now(),
-            }
-        }
+        new.last_state = {"terminated": _terminated(old, exit_code)}
         with self._lock:
             record.containers[container] = new
         self._write_status(record)
         if not record.vm:
             await self._cri(self.cri.remove_container, old.id)
         return new.id
+
+    async def _relist(self) -> None:
+        """The kubelet's PLEG: every ``RELIST_PERIOD`` seconds, a container that exited by
+        itself is replaced (restartPolicy Always, or OnFailure after a failure) or ends its
+        pod (Succeeded or Failed, GPUs freed)."""
+        exited = pb().CONTAINER_EXITED
+        while True:
+            await asyncio.sleep(RELIST_PERIOD)
+            try:
+                listed = await self._cri(self.cri.list_containers)
+            except grpc.RpcError:
+                continue
+            states = {c.id: c.state for c in listed}
+            for record in list(self._records.values()):
+                for name, container in list(record.containers.items()):
+                    if not record.vm and states.get(container.id) == exited:
+                        await self._container_exited(record, name, container.id)
+
+    async def _container_exited(self, record: _PodRecord, name: str, container_id: str) -> None:
+        async with record.runtime_lock:
+            current = record.containers.get(name)
+            if record.stopped or current is None or current.id != container_id:
+                return  # restarted, evicted or deleted meanwhile
+            info = await self._cri(self.cri.container_status, container_id)
+            pod = self.cluster.store.find(PODS, record.namespace, record.name)
+            if pod is None:
+                return
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Always" or (policy == "OnFailure" and info.exit_code != 0):
+                await self._replace_container(record, name, info.exit_code)
+                return
+            status = pod["status"]
+            for entry in status.get("containerStatuses") or []:
+                if entry["name"] == name:
+                    entry["state"] = {"terminated": _terminated(current, info.exit_code)}
+                    entry["ready"] = entry["started"] = False
+            status["phase"] = "Succeeded" if info.exit_code == 0 else "Failed"
+            self._release(record)
+            self.cluster.replace(PODS, record.namespace, record.name, pod, "status")
+        await self._teardown(record, forget=False)
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> futures.Future[_T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self.api.loop)
@@ -763,6 +813,16 @@ def _set_condition(
             conditions[i] = condition
             return
     conditions.append(condition)
+
+
+def _terminated(container: _Container, exit_code: int) -> dict[str, Any]:
+    return {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+        "containerID": f"containerd://{container.id}",
+        "startedAt": container.started_at,
+        "finishedAt": now(),
+    }
 
 
 def _vm_container_id(record: _PodRecord, container: str, attempt: int = 0) -> str:

@@ -4,6 +4,7 @@ and PodResources tell the truth, and eviction, restart and deletion behave as on
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,31 @@ def test_exec_sees_what_the_workload_sees(kubelet: KubeletSimulator) -> None:
     os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
     denied = kubelet.exec("team", "nb", "notebook", ["cat", "/dev/nvidia0"])
     assert denied.exit_code != 0 and "Operation not permitted" in denied.stderr
+
+
+def test_a_crashed_container_is_replaced_or_ends_the_pod(
+    kube: FakeKube, kubelet: KubeletSimulator
+) -> None:
+    kubelet.run_notebook_pod("team", "nb")
+    old = kubelet.container_info("team", "nb", "notebook")
+    os.kill(old.pid, signal.SIGKILL)
+
+    def restarted(pod: dict[str, Any] | None) -> bool:
+        return pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] == 1
+
+    pod = kube.wait_for_pod("team", "nb", restarted, "the crashed container is replaced")
+    assert pod is not None
+    (entry,) = pod["status"]["containerStatuses"]
+    assert entry["lastState"]["terminated"]["containerID"] == f"containerd://{old.id}"
+    assert entry["lastState"]["terminated"]["exitCode"] == 137
+    assert entry["containerID"] != f"containerd://{old.id}" and entry["ready"]
+
+    job = holder(kubelet.node_name, 1, restartPolicy="Never")
+    job["spec"]["containers"][0]["command"] = ["true"]
+    name = kube.create_pod("team", job)["metadata"]["name"]
+    done = kube.wait_for_pod(
+        "team", name, lambda p: p is not None and p["status"]["phase"] == "Succeeded", "it ends"
+    )
+    assert done is not None
+    assert done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert ("team", name) not in kubelet.assignments()
