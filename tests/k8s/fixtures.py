@@ -43,7 +43,7 @@ from jupyter_gpu_hotplug.nvml.sim import write_config
 from ..fixtures.nvml import FakeNvmlNode
 from ..fixtures.requirements import ROOT_REASON, has_root_and_cgroups
 from .apiserver.server import ApiServer
-from .containerd import Containerd, start_containerd
+from .containerd import Containerd, cleanup_stale, start_containerd
 from .cri import CriClient
 from .inventory import DeviceGpu, nvml_config, whole_gpus
 from .kube import FakeKube
@@ -65,6 +65,7 @@ def containerd() -> Iterator[Containerd]:
     """A private containerd for the session (see the module docstring)."""
     if not has_root_and_cgroups() or shutil.which("containerd") is None:
         pytest.skip(f"{ROOT_REASON}; and containerd, runc, busybox-static (apt)")
+    cleanup_stale()
     daemon = start_containerd()
     left: list[str] = []
     try:
