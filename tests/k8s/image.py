@@ -26,23 +26,10 @@ TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
 """Same layer, default command ``sh``: pods that give a command run it here."""
 
 APPLETS: Final = (
-    "cat",
-    "echo",
-    "grep",
-    "head",
-    "id",
-    "ls",
-    "mknod",
-    "ps",
-    "readlink",
-    "sh",
-    "sleep",
-    "stat",
-    "test",
-    "touch",
-    "true",
-    "false",
-)
+    "[", "cat", "cut", "echo", "env", "false", "grep", "head", "id", "kill", "ls", "mkdir",
+    "mknod", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch", "tr",
+    "true", "wc",
+)  # fmt: skip
 """Applets linked into ``/bin``: what a pod's command or an exec in a test may call."""
 
 _LAYER_MEDIA: Final = "application/vnd.oci.image.layer.v1.tar"

@@ -409,6 +409,7 @@ def test_callers_can_be_held_to_their_rbac(kube: FakeKube) -> None:
         assert agent.list_pod_for_all_namespaces(field_selector="spec.nodeName=n").items == []
         with pytest.raises(ApiException) as denied:
             agent.create_namespaced_pod("default", pod_body("x"))
+        assert k8s.CoreV1Api(agent_client).list_namespaced_pod("default").items == []
         assert status_of(denied) == (
             403,
             f'pods is forbidden: User "{AGENT_USER}" cannot create resource "pods" in API group '
@@ -417,6 +418,23 @@ def test_callers_can_be_held_to_their_rbac(kube: FakeKube) -> None:
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                   "spec": {"token": "x"}}  # fmt: skip
         assert k8s.AuthenticationV1Api(agent_client).create_token_review(review).status
+        # Holder-style pods that block their owner's deletion need pods/finalizers too.
+        owner = kube.create_pod("default", pod_body("nb"))["metadata"]
+        reference = {"apiVersion": "v1", "kind": "Pod", "name": "nb", "uid": owner["uid"],
+                     "blockOwnerDeletion": True}  # fmt: skip
+        holder = pod_body("held", ownerReferences=[reference])
+        kube.grant(
+            {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]},
+            users=(AGENT_USER,),
+        )
+        with pytest.raises(ApiException) as blocked:
+            agent.create_namespaced_pod("default", holder)
+        assert blocked.value.status == 403 and "blockOwnerDeletion" in status_of(blocked)[1]
+        kube.grant(
+            {"rules": [{"apiGroups": [""], "resources": ["pods/finalizers"], "verbs": ["update"]}]},
+            users=(AGENT_USER,),
+        )
+        assert agent.create_namespaced_pod("default", holder).metadata.owner_references
     with kube.client("unknown-token") as stranger, pytest.raises(ApiException) as unknown:
         k8s.CoreV1Api(stranger).list_namespaced_pod("default")
     assert unknown.value.status == 401

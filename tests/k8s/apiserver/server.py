@@ -42,7 +42,7 @@ from .resources import (
     api_versions,
     resource_list,
 )
-from .reviews import DEFAULT_AUDIENCES
+from .reviews import DEFAULT_AUDIENCES, Token
 from .store import Change, Watcher
 
 _T = TypeVar("_T")
@@ -83,6 +83,8 @@ class _Base(tornado.web.RequestHandler):
 
     def initialize(self, server: ApiServer) -> None:
         self.server = server
+        self.caller: Token | None = None
+        """Who made the request, when callers are checked (``authorize_callers``)."""
 
     @property
     def cluster(self) -> Cluster:
@@ -171,6 +173,7 @@ class _Resources(_Base):
             "name": target.name,
         }
         if self.cluster.reviews.allowed(token, attributes):
+            self.caller = token
             return
         resource = target.resource.plural + (f"/{target.subresource}" if target.subresource else "")
         scope = (
@@ -204,8 +207,47 @@ class _Resources(_Base):
         target = self.target(group, version, rest)
         if target.name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
-        created = self.cluster.create(target.resource, target.namespace, self.json_body())
+        body = self.json_body()
+        if self.caller is not None:
+            self._check_owner_references(target, body)
+        created = self.cluster.create(target.resource, target.namespace, body)
         self.answer(created, 201)
+
+    def _check_owner_references(self, target: Target, body: Any) -> None:
+        """The OwnerReferencesPermissionEnforcement admission plugin: setting
+        ``blockOwnerDeletion`` needs ``update`` on the owner's ``finalizers`` subresource."""
+        assert self.caller is not None
+        meta = (body.get("metadata") if isinstance(body, dict) else None) or {}
+        for ref in meta.get("ownerReferences") or []:
+            if not ref.get("blockOwnerDeletion"):
+                continue
+            owner = next(
+                (
+                    r
+                    for r in BY_PATH.values()
+                    if (r.kind, r.api_version) == (ref.get("kind"), ref.get("apiVersion"))
+                ),
+                None,
+            )
+            attributes = {
+                "verb": "update",
+                "group": owner.group if owner else "",
+                "resource": owner.plural if owner else "",
+                "subresource": "finalizers",
+                "namespace": target.namespace if owner is None or owner.namespaced else "",
+                "name": ref.get("name", ""),
+            }
+            if owner is None or not self.cluster.reviews.allowed(self.caller, attributes):
+                name = meta.get("name") or meta.get("generateName", "")
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'{target.resource.plural} "{name}" is forbidden: cannot set '
+                    "blockOwnerDeletion if an ownerReference refers to a resource you can't set "
+                    f'finalizers on: User "{self.caller.username}" cannot update resource '
+                    f'"{attributes["resource"]}/finalizers" in API group "{attributes["group"]}"'
+                    f' in the namespace "{target.namespace}"',
+                )
 
     def put(self, group: str, version: str, rest: str) -> None:
         target = self.target(group, version, rest)
