@@ -359,6 +359,21 @@ def test_resource_quota(kube: FakeKube, core: Any) -> None:
     }
 
 
+def test_priority_classes(kube: FakeKube, core: Any) -> None:
+    kube.create_priority_class("notebooks", 1000)
+    body = pod_body("nb")
+    body["spec"]["priorityClassName"] = "notebooks"
+    assert core.create_namespaced_pod("default", body).spec.priority == 1000
+    body = pod_body("other")
+    body["spec"]["priorityClassName"] = "missing"
+    with pytest.raises(ApiException) as unknown:
+        core.create_namespaced_pod("default", body)
+    assert status_of(unknown) == (
+        403,
+        'pods "other" is forbidden: no PriorityClass with name missing was found',
+    )
+
+
 def test_events_runtime_classes_and_discovery(kube: FakeKube, api: Any) -> None:
     core = k8s.CoreV1Api(api)
     pod = core.create_namespaced_pod("default", pod_body("nb"))
@@ -383,6 +398,7 @@ def test_events_runtime_classes_and_discovery(kube: FakeKube, api: Any) -> None:
     assert {"authentication.k8s.io", "authorization.k8s.io", "node.k8s.io"} <= names
     resources = core.get_api_resources()
     assert {"pods", "pods/status", "events", "namespaces"} <= {r.name for r in resources.resources}
+    assert any(uri.startswith("/version") for method, uri in kube.requests if method == "GET")
 
 
 AGENT_ROLE = {

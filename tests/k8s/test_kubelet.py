@@ -12,6 +12,8 @@ from typing import Any
 import grpc
 import pytest
 
+from jupyter_gpu_hotplug.nvml.sim import read_config
+from tests.fixtures.nvml import FakeNvmlNode
 from tests.fixtures.requirements import needs_root
 
 from . import protos
@@ -86,6 +88,14 @@ def test_holder_pod_runs_as_a_real_container(kube: FakeKube, kubelet: KubeletSim
 
     assignments = kubelet.assignments()[("default", name)]
     assert assignments == {"pause": [kubelet.gpus[0].id]}
+
+
+def test_inventory_and_fake_nvml_agree(
+    kubelet: KubeletSimulator, kubelet_nvml: FakeNvmlNode
+) -> None:
+    written = read_config(kubelet_nvml.config_path)
+    assert [(g.uuid, g.minor) for g in written.gpus] == [(g.id, g.minor) for g in kubelet.gpus]
+    assert kubelet.cri.version().runtime_name == "containerd"
 
 
 def test_exhausted_inventory(kube: FakeKube, kubelet_factory: KubeletFactory) -> None:
@@ -198,12 +208,18 @@ def test_evict_and_restart(kube: FakeKube, kubelet: KubeletSimulator) -> None:
 
     held = kube.create_pod("team", holder(kubelet.node_name, 1))["metadata"]["name"]
     kube.wait_for_pod("team", held, running, "it runs")
-    seen: list[str] = []
-
     kubelet.evict("team", held)
     kube.wait_for_pod("team", held, lambda p: p is None, "the evicted holder is deleted")
     assert ("team", held) not in kubelet.assignments()
-    assert seen == []
+
+    # Node-pressure eviction proper leaves the Failed pod for the pod garbage collector.
+    kept = kube.create_pod("team", holder(kubelet.node_name, 1))["metadata"]["name"]
+    kube.wait_for_pod("team", kept, running, "it runs")
+    kubelet.evict("team", kept, delete=False)
+    evicted = kube.pod("team", kept)
+    assert evicted is not None and evicted["status"]["phase"] == "Failed"
+    assert evicted["status"]["reason"] == "Evicted"
+    assert ("team", kept) not in kubelet.assignments()
 
 
 def test_vm_runtime_pods_never_reach_runc(kube: FakeKube, kubelet: KubeletSimulator) -> None:

@@ -263,8 +263,8 @@ class Cluster:
                     merged[key] = value
             if resource == PODS:
                 podrules.validate_pod_update(current, merged)
-            elif resource not in (PODS, NAMESPACES, QUOTAS) and "status" in new:
-                merged["status"] = new["status"]
+            if "status" not in resource.subresources and "status" in new:
+                merged["status"] = new["status"]  # no status subresource: status is plain data
         written = self.store.update(resource, merged)
         meta = written["metadata"]
         finished = resource != PODS or written.get("status", {}).get("phase") in podrules.TERMINAL
