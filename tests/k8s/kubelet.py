@@ -30,8 +30,8 @@ Not simulated: device nodes or environment from the device plugin in the holder'
 init containers, probes, back-off between restarts, volumes, CNI, container log files.
 
 Threading: everything runs on the fake apiserver's loop (the kubelet reads and writes the
-store directly, never through HTTP); CRI calls run in a thread pool; PodResources is served by
-gRPC's own threads from a snapshot guarded by a lock.
+store directly, never through HTTP); CRI calls run in a thread pool; PodResources
+(``podresources.py``) is served by gRPC's own threads from a snapshot taken under a lock.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from . import protos
 from .apiserver.cluster import Cluster
 from .apiserver.pods import TERMINAL, pod_requests
 from .apiserver.resources import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
@@ -60,12 +59,12 @@ from .cri import ContainerInfo, CriClient, ExecResult, pb
 from .image import PAUSE_IMAGE, TOOLS_IMAGE
 from .inventory import DeviceGpu
 from .kube import FakeKube
+from .podresources import ContainerDevices, PodDevices, PodResourcesServer
 
 _T = TypeVar("_T")
 
 VM_HANDLERS: Final = frozenset({"kata", "kata-qemu", "kata-clh", "kata-fc", "runsc", "gvisor"})
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-PODRESOURCES_SERVICE: Final = "v1.PodResourcesLister"
 RELIST_PERIOD: Final = 1.0
 """Seconds between two looks for containers that exited by themselves (the kubelet's PLEG
 relists every second too)."""
@@ -125,7 +124,7 @@ class KubeletSimulator:
         self._lock = threading.Lock()  # guards _records for PodResources' threads
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dirty: set[tuple[str, str]] = set()
-        self._grpc: grpc.Server | None = None
+        self._pod_resources = PodResourcesServer(pod_resources_socket, self._snapshot)
         self._relist_task: asyncio.Task[None]
         self.errors: list[str] = []
         """Failures of the simulator itself (a test fixture fails the test on any)."""
@@ -148,18 +147,11 @@ class KubeletSimulator:
 
     def start(self) -> None:
         self.api.call(self._register)
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="podresources"))
-        self._grpc.add_generic_rpc_handlers((self._pod_resources_handler(),))
-        self._grpc.add_insecure_port(f"unix://{self.pod_resources_socket}")
-        self._grpc.start()
+        self._pod_resources.start()
 
     def stop(self) -> None:
         """Stop serving and remove every pod this kubelet started (the API objects stay)."""
-        if self._grpc is not None:
-            self._grpc.stop(grace=1).wait(5)
-            self._grpc = None
-        with contextlib.suppress(FileNotFoundError):
-            self.pod_resources_socket.unlink()
+        self._pod_resources.stop()
         with contextlib.suppress(RuntimeError):
             self.api.call(self._detach)
         # CRI calls already running finish first; a sandbox they made may be in no record.
@@ -738,55 +730,21 @@ class KubeletSimulator:
                 if not r.stopped
             }
 
-    def _pod_resources(self, record: _PodRecord) -> Any:
-        p = protos.load("k8stier_podresources")
-        containers = []
-        for name in record.containers or record.devices:
-            ids = record.devices.get(name, [])
-            devices = (
-                [p.ContainerDevices(resource_name=record.resource, device_ids=ids)] if ids else []
-            )
-            containers.append(p.ContainerResources(name=name, devices=devices))
-        return p.PodResources(name=record.name, namespace=record.namespace, containers=containers)
-
-    def _list(self, request: Any, context: grpc.ServicerContext) -> Any:
-        p = protos.load("k8stier_podresources")
+    def _snapshot(self) -> list[PodDevices]:
+        """What PodResources reports: every running pod, each container's devices."""
         with self._lock:
-            active = [r for r in self._records.values() if not r.stopped]
-            return p.ListPodResourcesResponse(
-                pod_resources=[self._pod_resources(r) for r in active]
-            )
-
-    def _get(self, request: Any, context: grpc.ServicerContext) -> Any:
-        p = protos.load("k8stier_podresources")
-        with self._lock:
-            record = self._records.get((request.pod_namespace, request.pod_name))
-            if record is None or record.stopped:
-                # The kubelet answers with a plain Go error: gRPC code UNKNOWN.
-                context.abort(
-                    grpc.StatusCode.UNKNOWN,
-                    f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            return [
+                PodDevices(
+                    r.namespace,
+                    r.name,
+                    tuple(
+                        ContainerDevices(name, r.resource, tuple(r.devices.get(name, ())))
+                        for name in r.containers or r.devices
+                    ),
                 )
-                raise AssertionError("context.abort returned")
-            return p.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
-
-    def _pod_resources_handler(self) -> grpc.GenericRpcHandler:
-        p = protos.load("k8stier_podresources")
-
-        def unary(function: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(
-                function,
-                request_deserializer=request.FromString,
-                response_serializer=response.SerializeToString,
-            )
-
-        return grpc.method_handlers_generic_handler(
-            PODRESOURCES_SERVICE,
-            {
-                "List": unary(self._list, p.ListPodResourcesRequest, p.ListPodResourcesResponse),
-                "Get": unary(self._get, p.GetPodResourcesRequest, p.GetPodResourcesResponse),
-            },
-        )
+                for r in self._records.values()
+                if not r.stopped
+            ]
 
 
 def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
