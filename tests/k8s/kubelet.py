@@ -321,16 +321,26 @@ class KubeletSimulator:
                 free.setdefault(gpu.resource, []).append(gpu)
         return free
 
-    def _shortfall(self, pod: dict[str, Any]) -> tuple[str, int, int] | None:
-        """(resource, requested, free) for the first resource the pod cannot get."""
-        free = self._free()
+    def _shortfall(
+        self, pod: dict[str, Any], *, scheduling: bool = False
+    ) -> tuple[str, int, int] | None:
+        """(resource, requested, free) for the first resource the pod cannot get. The
+        scheduler also counts pods already bound here but not admitted yet."""
+        free = {resource: len(gpus) for resource, gpus in self._free().items()}
+        if scheduling:
+            for other in self.cluster.store.list(PODS):
+                key = (other["metadata"]["namespace"], other["metadata"]["name"])
+                live = other.get("status", {}).get("phase") not in TERMINAL
+                if self._mine(other) and live and key not in self._records:
+                    for resource, count in self._wanted(other).items():
+                        free[resource] = free.get(resource, 0) - count
         for resource, count in sorted(self._wanted(pod).items()):
-            if len(free.get(resource, [])) < count:
-                return resource, count, len(free.get(resource, []))
+            if free.get(resource, 0) < count:
+                return resource, count, max(free.get(resource, 0), 0)
         return None
 
     def _schedule(self, pod: dict[str, Any]) -> None:
-        short = self._shortfall(pod)
+        short = self._shortfall(pod, scheduling=True)
         status = pod.setdefault("status", {})
         if short is not None:
             message = (

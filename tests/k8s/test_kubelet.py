@@ -19,7 +19,7 @@ from tests.fixtures.requirements import needs_root
 from . import protos
 from .containerd import cgroup_mount_points
 from .fixtures import KubeletFactory
-from .inventory import mig_devices
+from .inventory import mig_devices, whole_gpus
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -273,3 +273,26 @@ def test_a_crashed_container_is_replaced_or_ends_the_pod(
     assert done is not None
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
     assert ("team", name) not in kubelet.assignments()
+
+
+def test_the_scheduler_never_binds_more_than_is_free(
+    kube: FakeKube, kubelet_factory: KubeletFactory
+) -> None:
+    kubelet = kubelet_factory(gpus=whole_gpus(1, "small"))
+    names = []
+    for _ in range(3):
+        body = holder("", nodeSelector={"kubernetes.io/hostname": kubelet.node_name})
+        del body["spec"]["nodeName"]
+        names.append(kube.create_pod("default", body)["metadata"]["name"])
+
+    def settled(pods: list[dict[str, Any]]) -> bool:
+        phases = sorted(p["status"].get("phase", "") for p in pods)
+        waiting = [
+            p
+            for p in pods
+            if (p["status"].get("conditions") or [{}])[0].get("reason") == "Unschedulable"
+        ]
+        return phases.count("Running") == 1 and len(waiting) == 2
+
+    kube.wait_for_pod("default", names[0], lambda _: settled(kube.pods("default")), "one runs")
+    assert not [p for p in kube.pods("default") if p["status"].get("phase") == "Failed"]
