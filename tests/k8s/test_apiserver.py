@@ -130,18 +130,25 @@ def test_label_and_field_selectors(core: Any) -> None:
 
 
 def watch_events(
-    core: Any, resource_version: str, **kwargs: Any
+    core: Any, resource_version: str, count: int, **kwargs: Any
 ) -> tuple[threading.Thread, list[tuple[str, str, str]]]:
-    """Collect (type, name, resourceVersion) of a pod watch in a thread."""
+    """Collect (type, name, resourceVersion) of the first ``count`` events of a pod watch,
+    in a thread (the watch's own timeout is only an upper bound)."""
     events: list[tuple[str, str, str]] = []
 
     def run() -> None:
-        stream = watch.Watch().stream(
-            core.list_namespaced_pod, "default", resource_version=resource_version, **kwargs
-        )
-        for event in stream:
+        stream = watch.Watch()
+        for event in stream.stream(
+            core.list_namespaced_pod,
+            "default",
+            resource_version=resource_version,
+            timeout_seconds=60,
+            **kwargs,
+        ):
             obj = event["object"]
             events.append((event["type"], obj.metadata.name, obj.metadata.resource_version))
+            if len(events) == count:
+                stream.stop()
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -153,12 +160,12 @@ def test_watch_from_a_list_misses_nothing(kube: FakeKube, core: Any) -> None:
     # Changes made before the watch starts are replayed from the list's resourceVersion.
     core.create_namespaced_pod("default", pod_body("w", labels={"keep": "yes"}))
     thread, events = watch_events(
-        core, listed.metadata.resource_version, timeout_seconds=2, label_selector="keep=yes"
+        core, listed.metadata.resource_version, 3, label_selector="keep=yes"
     )
     core.patch_namespaced_pod("w", "default", {"metadata": {"annotations": {"a": "1"}}})
+    core.create_namespaced_pod("default", pod_body("other"))  # outside the selection
     # Leaving the selection is a DELETED for this watch, although the pod still exists.
     core.patch_namespaced_pod("w", "default", {"metadata": {"labels": {"keep": None}}})
-    core.create_namespaced_pod("default", pod_body("other"))
     thread.join()
     assert [(kind, name) for kind, name, _ in events] == [
         ("ADDED", "w"),
@@ -168,6 +175,11 @@ def test_watch_from_a_list_misses_nothing(kube: FakeKube, core: Any) -> None:
     versions = [int(v) for _, _, v in events]
     assert versions == sorted(versions) and len(set(versions)) == 3
     assert core.read_namespaced_pod("w", "default").metadata.labels == {}
+
+
+def test_watch_ends_after_its_timeout(core: Any) -> None:
+    events = list(watch.Watch().stream(core.list_namespaced_pod, "default", timeout_seconds=1))
+    assert events == []  # nothing exists, nothing happened: the server ended the stream
 
 
 def test_watch_after_compaction_is_gone(kube: FakeKube, core: Any) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import kubernetes.client
 import pytest
 
 from jupyter_gpu_hotplug.nvml.sim import read_config
@@ -296,3 +297,15 @@ def test_the_scheduler_never_binds_more_than_is_free(
 
     kube.wait_for_pod("default", names[0], lambda _: settled(kube.pods("default")), "one runs")
     assert not [p for p in kube.pods("default") if p["status"].get("phase") == "Failed"]
+
+
+def test_what_the_kubelet_writes_deserialises(kube: FakeKube, kubelet: KubeletSimulator) -> None:
+    kubelet.run_notebook_pod("team", "nb")
+    kubelet.restart_container("team", "nb", "notebook")
+    with kube.client() as client:
+        core: Any = kubernetes.client.CoreV1Api(client)
+        pod = core.read_namespaced_pod("nb", "team")
+        assert pod.status.container_statuses[0].last_state.terminated.exit_code == 137
+        assert {c.type for c in pod.status.conditions} >= {"Ready", "PodScheduled"}
+        node = core.read_node(kubelet.node_name)
+        assert node.status.allocatable["nvidia.com/gpu"] == str(len(kubelet.gpus))
