@@ -34,7 +34,7 @@ from .apiserver.reviews import (
     BoundPod,
     Token,
 )
-from .apiserver.server import ApiServer
+from .apiserver.server import ApiServer, Failure
 
 AGENT_USER: Final = "system:serviceaccount:gpu-hotplug:gpu-hotplug-agent"
 """Who the kubeconfig's token authenticates as (when ``authorize_callers`` is on)."""
@@ -283,6 +283,28 @@ class FakeKube:
     def access_reviews(self) -> int:
         """SubjectAccessReviews answered so far."""
         return self.server.cluster.reviews.access_reviews
+
+    def fail(
+        self, method: str, uri_part: str, code: int = 503, *, times: int = 1, reason: str = ""
+    ) -> Failure:
+        """Answer the next ``times`` requests of ``method`` whose URI contains ``uri_part``
+        with ``code`` (a Status body; reason ``ServiceUnavailable`` unless given) instead of
+        serving them: an apiserver that is down, throttling (429) or failing (500)."""
+        failure = Failure(method.upper(), uri_part, code, times)
+        if reason:
+            failure.reason = reason
+        self.call(self.server.failures.append, failure)
+        return failure
+
+    @property
+    def open_watches(self) -> int:
+        """Watch streams open now (e.g. to see that the agent watches instead of polling)."""
+        return int(self.call(lambda: self.server.cluster.store.open_watches))
+
+    def end_watches(self) -> None:
+        """End every open watch stream now, as an apiserver restart or a load balancer
+        does: clients must watch again from their last resourceVersion."""
+        self.call(self.server.cluster.store.close_watches)
 
     def compact(self) -> None:
         """Drop the watch history: a watch from an older resourceVersion gets 410 Gone."""

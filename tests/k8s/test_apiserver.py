@@ -468,3 +468,26 @@ def test_callers_can_be_held_to_their_rbac(kube: FakeKube) -> None:
     assert unknown.value.status == 401
     with kube.client() as admin:
         assert k8s.CoreV1Api(admin).create_namespaced_pod("default", pod_body("x"))
+
+
+def test_injected_failures_and_ended_watches(kube: FakeKube, core: Any) -> None:
+    kube.fail("POST", "/pods", 503, times=1)
+    with pytest.raises(ApiException) as down:
+        core.create_namespaced_pod("default", pod_body("x"))
+    assert down.value.status == 503
+    core.create_namespaced_pod("default", pod_body("x"))  # consumed: served again
+
+    resource_version = core.list_namespaced_pod("default").metadata.resource_version
+    thread, events = watch_events(core, resource_version, 1)
+    kube.wait_for_pod(
+        "default",
+        "x",
+        lambda _: any(
+            u.startswith("/api/v1/namespaces/default/pods?") and "watch=" in u
+            for _, u in kube.requests
+        ),
+        "the watch is open",
+    )
+    kube.end_watches()
+    thread.join()
+    assert events == []  # the stream ended without an event: the client must watch again

@@ -52,6 +52,25 @@ DEFAULT_WATCH_TIMEOUT: Final = 1800.0
 """Seconds a watch without ``timeoutSeconds`` lasts (the apiserver's min-request-timeout)."""
 
 
+@dataclass
+class Failure:
+    """An injected failure: the next ``times`` requests with ``method`` whose URI contains
+    ``uri_part`` get ``code`` (e.g. 503 while "the apiserver is down", 429, 500)."""
+
+    method: str
+    uri_part: str
+    code: int
+    times: int
+    reason: str = "ServiceUnavailable"
+    message: str = "the server is currently unable to handle the request"
+
+    def matches(self, method: str, uri: str) -> bool:
+        if self.times <= 0 or method != self.method or self.uri_part not in uri:
+            return False
+        self.times -= 1
+        return True
+
+
 @dataclass(frozen=True)
 class Target:
     resource: Resource
@@ -91,7 +110,11 @@ class _Base(tornado.web.RequestHandler):
         return self.server.cluster
 
     def prepare(self) -> None:
-        self.server.requests.append((self.request.method or "", self.request.uri or ""))
+        method, uri = self.request.method or "", self.request.uri or ""
+        self.server.requests.append((method, uri))
+        for failure in self.server.failures:
+            if failure.matches(method, uri):
+                raise ApiError(failure.code, failure.reason, failure.message)
         if self.server.authorize_callers and isinstance(self, _Resources):
             self.check_access()
 
@@ -411,6 +434,8 @@ class ApiServer:
         """(method, uri) of every request served, in order."""
         self.authorize_callers = False
         """Authenticate and authorise every resource request (discovery stays open)."""
+        self.failures: list[Failure] = []
+        """Injected failures, consumed in order of registration."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="fake-apiserver", daemon=True)
         self._http: tornado.httpserver.HTTPServer | None = None
