@@ -24,7 +24,8 @@ Fixtures (see ``tests/k8s/README.md`` for a walk-through):
     GPUs, a second node).
 ``kubelet_nvml`` (function)
     A ``FakeNvmlNode`` (tests/fixtures/nvml.py) whose GPUs are ``kubelet``'s inventory, so
-    an agent given ``kubelet_nvml.environ()`` maps device ids to the same minors.
+    an agent given ``kubelet_nvml.environ()`` maps device ids to the same minors
+    (``nvml_node_for(kubelet, fake_nvml_library, directory)`` for a factory-made kubelet).
 """
 
 from __future__ import annotations
@@ -130,15 +131,18 @@ def kubelet(kubelet_factory: KubeletFactory) -> KubeletSimulator:
     return kubelet_factory()
 
 
+def nvml_node_for(kubelet: KubeletSimulator, library_dir: Path, directory: Path) -> FakeNvmlNode:
+    """A fake-NVML config in ``directory`` with ``kubelet``'s GPUs (same UUIDs, same minors),
+    for a kubelet made with ``kubelet_factory``; ``library_dir`` is ``fake_nvml_library``."""
+    config = nvml_config(kubelet.gpus, kubelet.node_name)
+    path = directory / f"nvml-{kubelet.node_name}.conf"
+    write_config(path, config)
+    return FakeNvmlNode(library_dir=library_dir, config_path=path, config=config)
+
+
 @pytest.fixture
 def kubelet_nvml(
     kubelet: KubeletSimulator, fake_nvml_library: Path, tmp_path: Path
 ) -> FakeNvmlNode:
     """The fake NVML config of ``kubelet``'s GPUs (same UUIDs, same minors)."""
-    config = nvml_config(kubelet.gpus, kubelet.node_name)
-    path = tmp_path / "kubelet-nvml.conf"
-    write_config(path, config)
-    return FakeNvmlNode(library_dir=fake_nvml_library, config_path=path, config=config)
-
-
-__all__ = ["KUBELET_NODE", "KubeletFactory"]
+    return nvml_node_for(kubelet, fake_nvml_library, tmp_path)

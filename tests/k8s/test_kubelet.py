@@ -19,7 +19,7 @@ from tests.fixtures.requirements import needs_root
 
 from . import protos
 from .containerd import cgroup_mount_points
-from .fixtures import KubeletFactory
+from .fixtures import KubeletFactory, nvml_node_for
 from .inventory import mig_devices, whole_gpus
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -92,11 +92,20 @@ def test_holder_pod_runs_as_a_real_container(kube: FakeKube, kubelet: KubeletSim
 
 
 def test_inventory_and_fake_nvml_agree(
-    kubelet: KubeletSimulator, kubelet_nvml: FakeNvmlNode
+    kubelet: KubeletSimulator,
+    kubelet_nvml: FakeNvmlNode,
+    kubelet_factory: KubeletFactory,
+    fake_nvml_library: Path,
+    tmp_path: Path,
 ) -> None:
     written = read_config(kubelet_nvml.config_path)
     assert [(g.uuid, g.minor) for g in written.gpus] == [(g.id, g.minor) for g in kubelet.gpus]
     assert kubelet.cri.version().runtime_name == "containerd"
+
+    other = kubelet_factory(gpus=whole_gpus(2, "node-b"), node_name="node-b")
+    node_b = nvml_node_for(other, fake_nvml_library, tmp_path)
+    assert [g.uuid for g in read_config(node_b.config_path).gpus] == [g.id for g in other.gpus]
+    assert not {g.id for g in other.gpus} & {g.id for g in kubelet.gpus}
 
 
 def test_exhausted_inventory(kube: FakeKube, kubelet_factory: KubeletFactory) -> None:
