@@ -128,17 +128,6 @@ class Cluster:
                 "the object has been modified; please apply your changes to the latest "
                 "version and try again",
             )
-        if wanted_version is None and resource in (PODS,):
-            raise invalid(
-                resource.kind,
-                name,
-                [
-                    (
-                        "metadata.resourceVersion",
-                        "Invalid value: 0x0: must be specified for an update",
-                    )
-                ],
-            )
         return self._write(resource, current, new, subresource)
 
     def patch(
