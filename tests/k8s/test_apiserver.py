@@ -399,6 +399,10 @@ def test_events_runtime_classes_and_discovery(kube: FakeKube, api: Any) -> None:
     core.create_namespaced_event("default", event)
     listed = core.list_namespaced_event("default", field_selector="involvedObject.name=nb")
     assert [e.reason for e in listed.items] == ["GpuAttached"]
+    kube.create_namespace("team")
+    with pytest.raises(ApiException) as elsewhere:
+        core.create_namespaced_event("team", event)  # about a pod of another namespace
+    assert elsewhere.value.status == 422
 
     kube.create_runtime_class("kata", "kata-qemu")
     node_api = k8s.NodeV1Api(api)
