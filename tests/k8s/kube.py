@@ -40,6 +40,7 @@ AGENT_USER: Final = "system:serviceaccount:gpu-hotplug:gpu-hotplug-agent"
 """Who the kubeconfig's token authenticates as (when ``authorize_callers`` is on)."""
 AGENT_AUDIENCE: Final = "gpu-hotplug"
 """The audience the agent's TokenReview asks for (DESIGN.md)."""
+_REASONS: Final = {429: "TooManyRequests", 500: "InternalError", 504: "Timeout"}
 WAIT_DEADLINE: Final = 60.0
 """Seconds ``wait_for_pod`` waits on a loaded machine; never asserted."""
 
@@ -163,15 +164,28 @@ class FakeKube:
         condition: Callable[[dict[str, Any] | None], bool],
         what: str,
     ) -> dict[str, Any] | None:
-        """Poll until ``condition(pod or None)``; ``AssertionError`` after ``WAIT_DEADLINE``."""
+        """Poll until ``condition(pod or None)``; returns that pod (see ``wait_for``)."""
+        found: list[dict[str, Any] | None] = []
+
+        def holds() -> bool:
+            found[:] = [self.pod(namespace, name)]
+            return condition(found[0])
+
+        self.wait_for(holds, f"pod {namespace}/{name}: {what}")
+        return found[0]
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        """Poll ``condition`` until true; ``AssertionError`` after ``WAIT_DEADLINE`` seconds
+        (an upper bound for a loaded machine, never a measurement)."""
         deadline = time.monotonic() + WAIT_DEADLINE
-        while True:
-            pod = self.pod(namespace, name)
-            if condition(pod):
-                return pod
+        while not condition():
             if time.monotonic() > deadline:
-                raise AssertionError(f"pod {namespace}/{name}: timed out waiting until {what}")
+                raise AssertionError(f"timed out waiting until {what}")
             time.sleep(0.02)
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        """The namespace as stored now, or ``None``."""
+        return self.call(self.server.cluster.store.find, NAMESPACES, "", name)  # type: ignore[no-any-return]
 
     def set_quota(self, namespace: str, name: str, hard: dict[str, str]) -> dict[str, Any]:
         """Create or replace a ResourceQuota (e.g. ``{"requests.nvidia.com/gpu": "2"}``)."""
@@ -288,11 +302,10 @@ class FakeKube:
         self, method: str, uri_part: str, code: int = 503, *, times: int = 1, reason: str = ""
     ) -> Failure:
         """Answer the next ``times`` requests of ``method`` whose URI contains ``uri_part``
-        with ``code`` (a Status body; reason ``ServiceUnavailable`` unless given) instead of
+        with ``code`` (a Status body with the apiserver's reason for it) instead of
         serving them: an apiserver that is down, throttling (429) or failing (500)."""
         failure = Failure(method.upper(), uri_part, code, times)
-        if reason:
-            failure.reason = reason
+        failure.reason = reason or _REASONS.get(code, failure.reason)
         self.call(self.server.failures.append, failure)
         return failure
 

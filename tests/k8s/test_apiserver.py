@@ -495,3 +495,21 @@ def test_injected_failures_and_ended_watches(kube: FakeKube, core: Any) -> None:
     kube.end_watches()
     thread.join()
     assert events == []  # the stream ended without an event: the client must watch again
+
+
+def test_deleting_a_namespace_deletes_its_content(kube: FakeKube, core: Any) -> None:
+    kube.create_namespace("team")
+    core.create_namespaced_pod("team", pod_body("unbound", node=""))
+    core.create_namespaced_pod("team", pod_body("bound"))  # no kubelet: its deletion waits
+    core.delete_namespace("team")
+    assert core.read_namespace("team").status.phase == "Terminating"
+    assert [p.metadata.name for p in core.list_namespaced_pod("team").items] == ["bound"]
+    with pytest.raises(ApiException) as terminating:
+        core.create_namespaced_pod("team", pod_body("late"))
+    assert terminating.value.status == 403
+    core.delete_namespaced_pod("bound", "team", grace_period_seconds=0)  # the kubelet's part
+    kube.wait_for_pod("team", "bound", lambda p: p is None, "the pod is gone")
+    kube.wait_for(lambda: kube.namespace("team") is None, "the empty namespace goes")
+    with pytest.raises(ApiException) as gone:
+        core.read_namespace("team")
+    assert gone.value.status == 404
