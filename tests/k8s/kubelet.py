@@ -54,7 +54,7 @@ from .apiserver.cluster import Cluster
 from .apiserver.pods import TERMINAL, pod_requests
 from .apiserver.resources import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
 from .apiserver.store import Change, now
-from .containerd import Containerd
+from .containerd import Containerd, remove_cgroup_tree
 from .cri import ContainerInfo, CriClient, ExecResult, pb
 from .image import PAUSE_IMAGE, TOOLS_IMAGE
 from .inventory import DeviceGpu
@@ -93,6 +93,7 @@ class _PodRecord:
     devices: dict[str, list[str]] = field(default_factory=dict)
     """Container name → device ids assigned to it."""
     resource: str = ""
+    cgroup_parent: str = ""
     stopped: bool = False
     runtime_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while containers of this pod are created, restarted or removed."""
@@ -404,6 +405,7 @@ class KubeletSimulator:
                         started_at=now(),
                     )
             else:
+                record.cgroup_parent = self._cgroup_parent(pod)
                 record.sandbox_id = await self._cri(
                     self.cri.run_pod_sandbox, self._sandbox_config(pod), handler
                 )
@@ -488,6 +490,9 @@ class KubeletSimulator:
         if sandbox:
             self.cri.stop_pod_sandbox(sandbox)
             self.cri.remove_pod_sandbox(sandbox)
+        if record.cgroup_parent:  # runc removes the containers' cgroups, the kubelet the pod's
+            left = remove_cgroup_tree(record.cgroup_parent)
+            self.errors.extend(f"pod cgroup not removable: {path}" for path in left)
 
     def _finish_deletion(self, namespace: str, name: str, uid: str) -> None:
         with contextlib.suppress(Exception):

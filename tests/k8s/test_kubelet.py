@@ -200,6 +200,8 @@ def test_delete_stops_the_container_and_frees_the_gpu(
     kube.wait_for_pod("default", name, lambda p: p is None, "it is gone")
     assert container_id not in {c.id for c in kubelet.cri.list_containers()}
     assert kubelet.assignments() == {}
+    pod_cgroup = f"{kubelet.containerd.cgroup_top}/pod{pod['metadata']['uid']}".lstrip("/")
+    assert not [m for m in cgroup_mount_points() if (m / pod_cgroup).exists()]
 
 
 def test_evict_and_restart(kube: FakeKube, kubelet: KubeletSimulator) -> None:
