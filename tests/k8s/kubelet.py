@@ -162,6 +162,12 @@ class KubeletSimulator:
             self.cri.remove_pod_sandbox(sandbox.id)
         self.cri.close()
 
+    def restart_pod_resources(self) -> None:
+        """Take the PodResources socket away and serve a new one at the same path, as a
+        kubelet restart does (clients holding the old socket's inode must reconnect)."""
+        self._pod_resources.stop()
+        self._pod_resources.start()
+
     def _detach(self) -> None:
         self._stopping = True
         for task in [*self._workers.values(), self._relist_task]:

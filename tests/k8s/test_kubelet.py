@@ -183,6 +183,19 @@ def test_pod_resources_list_and_get(kube: FakeKube, kubelet: KubeletSimulator) -
             kubelet, "Get", p.GetPodResourcesRequest(pod_name="nope", pod_namespace="default")
         )
     assert "pod nope in namespace default not found" in str(missing.value.details())
+    assert missing.value.code() == grpc.StatusCode.UNKNOWN
+
+    # A kubelet restart replaces the socket; a client's channel reconnects to the new one.
+    with grpc.insecure_channel(f"unix://{kubelet.pod_resources_socket}") as channel:
+        list_pods = channel.unary_unary(
+            "/v1.PodResourcesLister/List",
+            request_serializer=p.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=p.ListPodResourcesResponse.FromString,
+        )
+        before = list_pods(p.ListPodResourcesRequest(), timeout=10)
+        kubelet.restart_pod_resources()
+        after = list_pods(p.ListPodResourcesRequest(), timeout=30, wait_for_ready=True)
+    assert after == before
     assert notebook["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
 
 
