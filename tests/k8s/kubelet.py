@@ -648,6 +648,9 @@ class KubeletSimulator:
         await self._teardown(record, forget=False)
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> futures.Future[_T]:
+        if self.api.on_loop_thread():
+            coroutine.close()
+            raise RuntimeError("called on the apiserver's own loop: it would wait for itself")
         return asyncio.run_coroutine_threadsafe(coroutine, self.api.loop)
 
     def evict(self, namespace: str, name: str, *, delete: bool = True) -> None:

@@ -480,8 +480,15 @@ class ApiServer:
         self._http.add_sockets(sockets)
         self._ready.set()
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the server's own loop (where it must not wait on it)."""
+        return threading.current_thread() is self._thread
+
     def call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run ``function`` on the server's loop and return its result (or raise its error)."""
+        """Run ``function`` on the server's loop and return its result (or raise its error);
+        called on that loop already (from a controller), it simply runs ``function``."""
+        if self.on_loop_thread():
+            return function(*args, **kwargs)
 
         async def run() -> _T:
             return function(*args, **kwargs)
