@@ -127,6 +127,7 @@ class KubeletSimulator:
         self._dirty: set[tuple[str, str]] = set()
         self._pod_resources = PodResourcesServer(pod_resources_socket, self._snapshot)
         self._relist_task: asyncio.Task[None]
+        self._stopping = False
         self.errors: list[str] = []
         """Failures of the simulator itself (a test fixture fails the test on any)."""
 
@@ -172,8 +173,6 @@ class KubeletSimulator:
         self._stopping = True
         for task in [*self._workers.values(), self._relist_task]:
             task.cancel()
-
-    _stopping = False
 
     def _register(self) -> None:
         count: dict[str, int] = {}

@@ -11,6 +11,10 @@ of ``resources.py`` ``/api/v1/...`` or ``/apis/<group>/<version>/...`` with
 (``watch=true``, ``resourceVersion``, ``timeoutSeconds``, ``allowWatchBookmarks``), create,
 get, update, patch (three formats), delete (``DeleteOptions`` in the body or query),
 deletecollection, and the ``status`` subresources.
+
+On request of a test: bearer-token authentication and rule-based authorisation of every
+resource request (``authorize_callers``, 401/403 like the real authenticator and RBAC), and
+injected failures (``failures``: chosen requests answered with an error).
 """
 
 from __future__ import annotations
