@@ -139,7 +139,6 @@ class Containerd:
         if self._stopped:
             return []
         self._stopped = True
-        leftovers: list[str] = []
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -147,17 +146,53 @@ class Containerd:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        # Shims are re-parented away from containerd and outlive it if a pod was not removed.
-        for pid in pids_mentioning(str(self.address)):
-            leftovers.append(f"process {pid}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for mount in mounts_under(self.directory):
-            leftovers.append(f"mount {mount}")
-            subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
-        leftovers.extend(f"cgroup {p}" for p in remove_cgroup_tree(self.cgroup_top))
-        shutil.rmtree(self.directory, ignore_errors=True)
-        return leftovers
+        return remove_instance(self.directory, self.cgroup_top)
+
+
+def remove_instance(directory: Path, cgroup_top: str) -> list[str]:
+    """Kill every process that names ``directory`` (shims outlive containerd when a pod was
+    not removed), unmount what is mounted below it, remove its cgroups and the directory;
+    returns what had to be removed this way."""
+    leftovers: list[str] = []
+    for pid in pids_mentioning(f"{directory}/"):
+        leftovers.append(f"process {pid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for mount in mounts_under(directory):
+        leftovers.append(f"mount {mount}")
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+    leftovers.extend(f"cgroup {p}" for p in remove_cgroup_tree(cgroup_top))
+    shutil.rmtree(directory, ignore_errors=True)
+    return leftovers
+
+
+_OWNER_FILE: Final = "owner"
+"""In each instance's directory: ``<pid> <start time>`` of the process that started it, and
+its cgroup top, so a later session can tell an orphan from a live instance of another run."""
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def cleanup_stale(parent: Path | None = None) -> list[Path]:
+    """Stop and remove the instances whose starting process is gone (a killed test run);
+    instances of live runs (other sessions on this host) are left alone. Returns what it
+    removed."""
+    removed = []
+    for directory in Path(os.path.realpath(parent or "/tmp")).glob("k8st-*"):
+        try:
+            pid, start, cgroup_top = (directory / _OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _process_start(int(pid)) == start:
+            continue
+        remove_instance(directory, cgroup_top)  # its containerd goes too: it names the directory
+        removed.append(directory)
+    return removed
 
 
 def _config(directory: Path) -> str:
@@ -204,6 +239,8 @@ def start_containerd(parent: Path | None = None) -> Containerd:
             start_new_session=True,
         )
     daemon = Containerd(directory, process, f"/kubepods-k8stier-{secrets.token_hex(3)}")
+    me = os.getpid()
+    (directory / _OWNER_FILE).write_text(f"{me} {_process_start(me)} {daemon.cgroup_top}\n")
     try:
         _wait_ready(daemon)
         archive = directory / "images.tar"

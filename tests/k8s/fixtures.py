@@ -6,8 +6,8 @@ Fixtures (see ``tests/k8s/README.md`` for a walk-through):
 ``containerd`` (session, root)
     A private containerd with the test images imported (``containerd.Containerd``:
     ``.endpoint``, ``.address``, ``.cgroup_top``, ``.ctr(...)``). Started once per session;
-    at the end every sandbox is removed and the session fails if containerd left anything
-    (shims, mounts, cgroups) that had to be removed by force.
+    at the end the session fails if a pod sandbox is still there (every kubelet removes its
+    own) or containerd left anything (shims, mounts, cgroups) that had to be removed by force.
 ``kube`` (function)
     A fresh fake apiserver (``kube.FakeKube``: ``.url``, ``.kubeconfig_path``, ``.client()``,
     ``create_namespace``, ``add_token``, ``pod_token``, ``allow``, ``set_quota``,
@@ -24,7 +24,8 @@ Fixtures (see ``tests/k8s/README.md`` for a walk-through):
     GPUs, a second node).
 ``kubelet_nvml`` (function)
     A ``FakeNvmlNode`` (tests/fixtures/nvml.py) whose GPUs are ``kubelet``'s inventory, so
-    an agent given ``kubelet_nvml.environ()`` maps device ids to the same minors.
+    an agent given ``kubelet_nvml.environ()`` maps device ids to the same minors
+    (``nvml_node_for(kubelet, fake_nvml_library, directory)`` for a factory-made kubelet).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from jupyter_gpu_hotplug.nvml.sim import write_config
 from ..fixtures.nvml import FakeNvmlNode
 from ..fixtures.requirements import ROOT_REASON, has_root_and_cgroups
 from .apiserver.server import ApiServer
-from .containerd import Containerd, start_containerd
+from .containerd import Containerd, cleanup_stale, start_containerd
 from .cri import CriClient
 from .inventory import DeviceGpu, nvml_config, whole_gpus
 from .kube import FakeKube
@@ -65,16 +66,22 @@ def containerd() -> Iterator[Containerd]:
     """A private containerd for the session (see the module docstring)."""
     if not has_root_and_cgroups() or shutil.which("containerd") is None:
         pytest.skip(f"{ROOT_REASON}; and containerd, runc, busybox-static (apt)")
+    cleanup_stale()
     daemon = start_containerd()
+    left: list[str] = []
     try:
         yield daemon
     finally:
         with contextlib.suppress(Exception):
             cri = CriClient(daemon.endpoint)
+            left.extend(
+                f"sandbox {s.metadata.namespace}/{s.metadata.name}"
+                for s in cri.list_pod_sandboxes()
+            )
             cri.remove_all_pods()
             cri.close()
-        left = daemon.stop()
-    assert not left, f"containerd left these behind (removed by force): {left}"
+        left.extend(daemon.stop())
+    assert not left, f"left behind at the end of the session (removed by force): {left}"
 
 
 @pytest.fixture
@@ -124,15 +131,18 @@ def kubelet(kubelet_factory: KubeletFactory) -> KubeletSimulator:
     return kubelet_factory()
 
 
+def nvml_node_for(kubelet: KubeletSimulator, library_dir: Path, directory: Path) -> FakeNvmlNode:
+    """A fake-NVML config in ``directory`` with ``kubelet``'s GPUs (same UUIDs, same minors),
+    for a kubelet made with ``kubelet_factory``; ``library_dir`` is ``fake_nvml_library``."""
+    config = nvml_config(kubelet.gpus, kubelet.node_name)
+    path = directory / f"nvml-{kubelet.node_name}.conf"
+    write_config(path, config)
+    return FakeNvmlNode(library_dir=library_dir, config_path=path, config=config)
+
+
 @pytest.fixture
 def kubelet_nvml(
     kubelet: KubeletSimulator, fake_nvml_library: Path, tmp_path: Path
 ) -> FakeNvmlNode:
     """The fake NVML config of ``kubelet``'s GPUs (same UUIDs, same minors)."""
-    config = nvml_config(kubelet.gpus, kubelet.node_name)
-    path = tmp_path / "kubelet-nvml.conf"
-    write_config(path, config)
-    return FakeNvmlNode(library_dir=fake_nvml_library, config_path=path, config=config)
-
-
-__all__ = ["KUBELET_NODE", "KubeletFactory"]
+    return nvml_node_for(kubelet, fake_nvml_library, tmp_path)

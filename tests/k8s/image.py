@@ -26,23 +26,10 @@ TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
 """Same layer, default command ``sh``: pods that give a command run it here."""
 
 APPLETS: Final = (
-    "cat",
-    "echo",
-    "grep",
-    "head",
-    "id",
-    "ls",
-    "mknod",
-    "ps",
-    "readlink",
-    "sh",
-    "sleep",
-    "stat",
-    "test",
-    "touch",
-    "true",
-    "false",
-)
+    "[", "cat", "cut", "echo", "env", "false", "grep", "head", "id", "kill", "ls", "mkdir",
+    "mknod", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch", "tr",
+    "true", "wc",
+)  # fmt: skip
 """Applets linked into ``/bin``: what a pod's command or an exec in a test may call."""
 
 _LAYER_MEDIA: Final = "application/vnd.oci.image.layer.v1.tar"
@@ -78,13 +65,23 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes | None = None, **attrs
     archive.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
+def _static_busybox() -> bytes:
+    """``/bin/busybox``, refused unless statically linked (the image has no libraries)."""
+    if not BUSYBOX.exists():
+        raise RuntimeError(f"{BUSYBOX} is missing: apt-get install busybox-static")
+    binary = BUSYBOX.read_bytes()
+    if b"ld-linux" in binary[:4096]:  # a dynamic ELF names its interpreter up front
+        raise RuntimeError(f"{BUSYBOX} is dynamically linked: apt-get install busybox-static")
+    return binary
+
+
 def _layer() -> _Blob:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as layer:
         # Mount points runc and the CRI plugin expect to exist in the rootfs.
         for directory in ("bin", "dev", "etc", "proc", "sys", "tmp"):
             _add(layer, directory, type=tarfile.DIRTYPE, mode=0o755)
-        _add(layer, "bin/busybox", BUSYBOX.read_bytes(), mode=0o755)
+        _add(layer, "bin/busybox", _static_busybox(), mode=0o755)
         for applet in APPLETS:
             _add(layer, f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox", mode=0o777)
     return _Blob(buffer.getvalue(), _LAYER_MEDIA)

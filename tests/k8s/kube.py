@@ -34,10 +34,13 @@ from .apiserver.reviews import (
     BoundPod,
     Token,
 )
-from .apiserver.server import ApiServer
+from .apiserver.server import ApiServer, Failure
 
+AGENT_USER: Final = "system:serviceaccount:gpu-hotplug:gpu-hotplug-agent"
+"""Who the kubeconfig's token authenticates as (when ``authorize_callers`` is on)."""
 AGENT_AUDIENCE: Final = "gpu-hotplug"
 """The audience the agent's TokenReview asks for (DESIGN.md)."""
+_REASONS: Final = {429: "TooManyRequests", 500: "InternalError", 504: "Timeout"}
 WAIT_DEADLINE: Final = 60.0
 """Seconds ``wait_for_pod`` waits on a loaded machine; never asserted."""
 
@@ -48,9 +51,24 @@ class FakeKube:
     def __init__(self, server: ApiServer, directory: Path) -> None:
         self.server = server
         self.directory = directory
+        self.admin_token = "k8stier-admin-" + secrets.token_hex(8)
+        """Token of ``client()``: user ``kubernetes-admin`` in group ``system:masters``."""
         self.agent_token = "k8stier-agent-" + secrets.token_hex(8)
-        """The bearer token in ``kubeconfig_path`` (the fake does not authorise its callers:
-        it records them in ``requests``)."""
+        """The token in ``kubeconfig_path``: service account ``AGENT_USER``."""
+        self.add_token(
+            self.admin_token,
+            username="kubernetes-admin",
+            groups=("system:masters", "system:authenticated"),
+        )
+        self.add_token(
+            self.agent_token,
+            username=AGENT_USER,
+            groups=(
+                "system:serviceaccounts",
+                "system:serviceaccounts:gpu-hotplug",
+                "system:authenticated",
+            ),
+        )
         self.kubeconfig_path = directory / "kubeconfig"
         config = {
             "apiVersion": "v1",
@@ -66,12 +84,45 @@ class FakeKube:
     def url(self) -> str:
         return self.server.url
 
-    def client(self) -> kubernetes.client.ApiClient:
-        """The official client configured for this server (the caller closes it)."""
+    def client(self, token: str | None = None) -> kubernetes.client.ApiClient:
+        """The official client for this server, as cluster admin unless given another
+        ``token`` (the caller closes it)."""
         configuration = kubernetes.client.Configuration()
         configuration.host = self.url
-        configuration.api_key = {"authorization": f"Bearer {self.agent_token}"}
+        configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
         return kubernetes.client.ApiClient(configuration)
+
+    def authorize_callers(self, enabled: bool = True) -> None:
+        """From now on every resource request must carry a known bearer token (else 401)
+        and be allowed by the rules (``allow``, ``grant``; else 403 with the apiserver's
+        message) — to prove the agent needs no more than its RBAC. Off by default."""
+        self.server.authorize_callers = enabled
+
+    def grant(
+        self,
+        role: dict[str, Any],
+        *,
+        users: tuple[str, ...] = (),
+        groups: tuple[str, ...] = (),
+        namespaces: tuple[str, ...] | None = None,
+    ) -> list[AccessRule]:
+        """Bind a Role or ClusterRole object (as rendered from ``k8s/``) to users/groups,
+        cluster-wide or in ``namespaces``: each of its rules becomes an ``allow``."""
+        rules = []
+        for rule in role.get("rules") or []:
+            names = rule.get("resourceNames")
+            rules.append(
+                self.allow(
+                    verbs=tuple(rule.get("verbs") or ()),
+                    resources=tuple(rule.get("resources") or ()),
+                    users=users,
+                    groups=groups,
+                    namespaces=namespaces,
+                    names=tuple(names) if names else None,
+                    api_groups=tuple(rule.get("apiGroups") or ()),
+                )
+            )
+        return rules
 
     def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function`` on the apiserver's loop (for direct access to ``cluster``)."""
@@ -113,15 +164,28 @@ class FakeKube:
         condition: Callable[[dict[str, Any] | None], bool],
         what: str,
     ) -> dict[str, Any] | None:
-        """Poll until ``condition(pod or None)``; ``AssertionError`` after ``WAIT_DEADLINE``."""
+        """Poll until ``condition(pod or None)``; returns that pod (see ``wait_for``)."""
+        found: list[dict[str, Any] | None] = []
+
+        def holds() -> bool:
+            found[:] = [self.pod(namespace, name)]
+            return condition(found[0])
+
+        self.wait_for(holds, f"pod {namespace}/{name}: {what}")
+        return found[0]
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        """Poll ``condition`` until true; ``AssertionError`` after ``WAIT_DEADLINE`` seconds
+        (an upper bound for a loaded machine, never a measurement)."""
         deadline = time.monotonic() + WAIT_DEADLINE
-        while True:
-            pod = self.pod(namespace, name)
-            if condition(pod):
-                return pod
+        while not condition():
             if time.monotonic() > deadline:
-                raise AssertionError(f"pod {namespace}/{name}: timed out waiting until {what}")
+                raise AssertionError(f"timed out waiting until {what}")
             time.sleep(0.02)
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        """The namespace as stored now, or ``None``."""
+        return self.call(self.server.cluster.store.find, NAMESPACES, "", name)  # type: ignore[no-any-return]
 
     def set_quota(self, namespace: str, name: str, hard: dict[str, str]) -> dict[str, Any]:
         """Create or replace a ResourceQuota (e.g. ``{"requests.nvidia.com/gpu": "2"}``)."""
@@ -233,6 +297,27 @@ class FakeKube:
     def access_reviews(self) -> int:
         """SubjectAccessReviews answered so far."""
         return self.server.cluster.reviews.access_reviews
+
+    def fail(
+        self, method: str, uri_part: str, code: int = 503, *, times: int = 1, reason: str = ""
+    ) -> Failure:
+        """Answer the next ``times`` requests of ``method`` whose URI contains ``uri_part``
+        with ``code`` (a Status body with the apiserver's reason for it) instead of
+        serving them: an apiserver that is down, throttling (429) or failing (500)."""
+        failure = Failure(method.upper(), uri_part, code, times)
+        failure.reason = reason or _REASONS.get(code, failure.reason)
+        self.call(self.server.failures.append, failure)
+        return failure
+
+    @property
+    def open_watches(self) -> int:
+        """Watch streams open now (e.g. to see that the agent watches instead of polling)."""
+        return int(self.call(lambda: self.server.cluster.store.open_watches))
+
+    def end_watches(self) -> None:
+        """End every open watch stream now, as an apiserver restart or a load balancer
+        does: clients must watch again from their last resourceVersion."""
+        self.call(self.server.cluster.store.close_watches)
 
     def compact(self) -> None:
         """Drop the watch history: a watch from an older resourceVersion gets 410 Gone."""

@@ -20,15 +20,18 @@ would, for pods of its node:
   could inject into, so it must refuse such pods by RuntimeClass before asking CRI.
 * **Deletion**: a pod marked for deletion is stopped (containers and sandbox removed), its
   GPUs freed, then deleted with grace 0 (the API object goes).
+* **Crashes**: a container that exits by itself (found by a relist every second, like the
+  PLEG) is replaced in the same sandbox per ``restartPolicy`` (new id, ``restartCount`` + 1,
+  ``lastState.terminated``), or ends the pod (Succeeded/Failed, GPUs freed).
 * **On demand**: ``evict`` (Failed/Evicted, stopped, then deleted), ``restart_container``
-  (a new container in the same sandbox: new id, ``restartCount`` + 1).
+  (as a crash, at once).
 
 Not simulated: device nodes or environment from the device plugin in the holder's container,
-init containers, probes, volumes, CNI, container log files.
+init containers, probes, back-off between restarts, volumes, CNI, container log files.
 
 Threading: everything runs on the fake apiserver's loop (the kubelet reads and writes the
-store directly, never through HTTP); CRI calls run in a thread pool; PodResources is served by
-gRPC's own threads from a snapshot guarded by a lock.
+store directly, never through HTTP); CRI calls run in a thread pool; PodResources
+(``podresources.py``) is served by gRPC's own threads from a snapshot taken under a lock.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import secrets
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent import futures
@@ -46,22 +50,24 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from . import protos
 from .apiserver.cluster import Cluster
 from .apiserver.pods import TERMINAL, pod_requests
 from .apiserver.resources import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
 from .apiserver.store import Change, now
-from .containerd import Containerd
+from .containerd import Containerd, remove_cgroup_tree
 from .cri import ContainerInfo, CriClient, ExecResult, pb
 from .image import PAUSE_IMAGE, TOOLS_IMAGE
 from .inventory import DeviceGpu
 from .kube import FakeKube
+from .podresources import ContainerDevices, PodDevices, PodResourcesServer
 
 _T = TypeVar("_T")
 
 VM_HANDLERS: Final = frozenset({"kata", "kata-qemu", "kata-clh", "kata-fc", "runsc", "gvisor"})
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-PODRESOURCES_SERVICE: Final = "v1.PodResourcesLister"
+RELIST_PERIOD: Final = 1.0
+"""Seconds between two looks for containers that exited by themselves (the kubelet's PLEG
+relists every second too)."""
 
 
 @dataclass
@@ -87,6 +93,7 @@ class _PodRecord:
     devices: dict[str, list[str]] = field(default_factory=dict)
     """Container name → device ids assigned to it."""
     resource: str = ""
+    cgroup_parent: str = ""
     stopped: bool = False
     runtime_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while containers of this pod are created, restarted or removed."""
@@ -111,12 +118,16 @@ class KubeletSimulator:
         self.pod_resources_socket = pod_resources_socket
         self.vm_handlers = vm_handlers
         self.cri = CriClient(containerd.endpoint)
+        self._label = {"k8stier.kubelet": secrets.token_hex(6)}
+        """On every sandbox this kubelet starts, so ``stop`` finds them all."""
         self._executor = futures.ThreadPoolExecutor(4, thread_name_prefix="kubelet-cri")
         self._records: dict[tuple[str, str], _PodRecord] = {}
         self._lock = threading.Lock()  # guards _records for PodResources' threads
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dirty: set[tuple[str, str]] = set()
-        self._grpc: grpc.Server | None = None
+        self._pod_resources = PodResourcesServer(pod_resources_socket, self._snapshot)
+        self._relist_task: asyncio.Task[None]
+        self._stopping = False
         self.errors: list[str] = []
         """Failures of the simulator itself (a test fixture fails the test on any)."""
 
@@ -126,37 +137,42 @@ class KubeletSimulator:
 
     @property
     def cri_socket(self) -> Path:
+        """containerd's socket, which serves CRI."""
         return self.containerd.address
+
+    @property
+    def cri_endpoint(self) -> str:
+        """``unix://`` + ``cri_socket``, as kubelet's ``--container-runtime-endpoint``."""
+        return self.containerd.endpoint
 
     # ----- life cycle -------------------------------------------------------------------
 
     def start(self) -> None:
         self.api.call(self._register)
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="podresources"))
-        self._grpc.add_generic_rpc_handlers((self._pod_resources_handler(),))
-        self._grpc.add_insecure_port(f"unix://{self.pod_resources_socket}")
-        self._grpc.start()
+        self._pod_resources.start()
 
     def stop(self) -> None:
-        """Stop serving and remove every pod this kubelet runs (the API objects stay)."""
-        if self._grpc is not None:
-            self._grpc.stop(grace=1).wait(5)
-            self._grpc = None
-        with contextlib.suppress(FileNotFoundError):
-            self.pod_resources_socket.unlink()
+        """Stop serving and remove every pod this kubelet started (the API objects stay)."""
+        self._pod_resources.stop()
         with contextlib.suppress(RuntimeError):
             self.api.call(self._detach)
-        for record in list(self._records.values()):
-            self._remove_runtime(record)
+        # CRI calls already running finish first; a sandbox they made may be in no record.
         self._executor.shutdown(wait=True)
+        for sandbox in self.cri.list_pod_sandboxes(self._label):
+            self.cri.stop_pod_sandbox(sandbox.id)
+            self.cri.remove_pod_sandbox(sandbox.id)
         self.cri.close()
+
+    def restart_pod_resources(self) -> None:
+        """Take the PodResources socket away and serve a new one at the same path, as a
+        kubelet restart does (clients holding the old socket's inode must reconnect)."""
+        self._pod_resources.stop()
+        self._pod_resources.start()
 
     def _detach(self) -> None:
         self._stopping = True
-        for task in self._workers.values():
+        for task in [*self._workers.values(), self._relist_task]:
             task.cancel()
-
-    _stopping = False
 
     def _register(self) -> None:
         count: dict[str, int] = {}
@@ -195,6 +211,7 @@ class KubeletSimulator:
             },
         )
         self.cluster.store.on_change(self._on_change)
+        self._relist_task = asyncio.get_running_loop().create_task(self._relist())
         for pod in self.cluster.store.list(PODS):
             self._kick(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
@@ -310,16 +327,26 @@ class KubeletSimulator:
                 free.setdefault(gpu.resource, []).append(gpu)
         return free
 
-    def _shortfall(self, pod: dict[str, Any]) -> tuple[str, int, int] | None:
-        """(resource, requested, free) for the first resource the pod cannot get."""
-        free = self._free()
+    def _shortfall(
+        self, pod: dict[str, Any], *, scheduling: bool = False
+    ) -> tuple[str, int, int] | None:
+        """(resource, requested, free) for the first resource the pod cannot get. The
+        scheduler also counts pods already bound here but not admitted yet."""
+        free = {resource: len(gpus) for resource, gpus in self._free().items()}
+        if scheduling:
+            for other in self.cluster.store.list(PODS):
+                key = (other["metadata"]["namespace"], other["metadata"]["name"])
+                live = other.get("status", {}).get("phase") not in TERMINAL
+                if self._mine(other) and live and key not in self._records:
+                    for resource, count in self._wanted(other).items():
+                        free[resource] = free.get(resource, 0) - count
         for resource, count in sorted(self._wanted(pod).items()):
-            if len(free.get(resource, [])) < count:
-                return resource, count, len(free.get(resource, []))
+            if free.get(resource, 0) < count:
+                return resource, count, max(free.get(resource, 0), 0)
         return None
 
     def _schedule(self, pod: dict[str, Any]) -> None:
-        short = self._shortfall(pod)
+        short = self._shortfall(pod, scheduling=True)
         status = pod.setdefault("status", {})
         if short is not None:
             message = (
@@ -328,29 +355,11 @@ class KubeletSimulator:
             )
             old = _condition(pod, "PodScheduled")
             if old.get("reason") != "Unschedulable" or old.get("message") != message:
-                _set_condition(
-                    status,
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": message,
-                        "lastTransitionTime": now(),
-                        "lastProbeTime": None,
-                    },
-                )
+                _set_condition(status, "PodScheduled", "False", "Unschedulable", message)
                 self.cluster.store.update(PODS, pod)
             return
         pod["spec"]["nodeName"] = self.node_name  # the binding subresource's effect
-        _set_condition(
-            status,
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
+        _set_condition(status, "PodScheduled", "True")
         self.cluster.store.update(PODS, pod)
 
     def _reject(self, pod: dict[str, Any], resource: str, requested: int, free: int) -> None:
@@ -401,6 +410,7 @@ class KubeletSimulator:
                         started_at=now(),
                     )
             else:
+                record.cgroup_parent = self._cgroup_parent(pod)
                 record.sandbox_id = await self._cri(
                     self.cri.run_pod_sandbox, self._sandbox_config(pod), handler
                 )
@@ -420,7 +430,7 @@ class KubeletSimulator:
 
     def _labels(self, pod: dict[str, Any]) -> dict[str, str]:
         meta = pod["metadata"]
-        return {
+        return self._label | {
             "io.kubernetes.pod.name": meta["name"],
             "io.kubernetes.pod.namespace": meta["namespace"],
             "io.kubernetes.pod.uid": meta["uid"],
@@ -474,11 +484,20 @@ class KubeletSimulator:
                 del self._records[(record.namespace, record.name)]
         self._retry_unschedulable()
 
+    def _release(self, record: _PodRecord) -> None:
+        """A terminal pod's devices are free (and out of PodResources) from the moment its
+        phase is written, even while its sandbox is still being removed."""
+        with self._lock:
+            record.stopped = True
+
     def _remove_runtime(self, record: _PodRecord) -> None:
         sandbox, record.sandbox_id = record.sandbox_id, ""
         if sandbox:
             self.cri.stop_pod_sandbox(sandbox)
             self.cri.remove_pod_sandbox(sandbox)
+        if record.cgroup_parent:  # runc removes the containers' cgroups, the kubelet the pod's
+            left = remove_cgroup_tree(record.cgroup_parent)
+            self.errors.extend(f"pod cgroup not removable: {path}" for path in left)
 
     def _finish_deletion(self, namespace: str, name: str, uid: str) -> None:
         with contextlib.suppress(Exception):
@@ -496,30 +515,10 @@ class KubeletSimulator:
         status.setdefault("startTime", now())
         status["hostIP"] = status["podIP"] = "127.0.0.1"
         status["hostIPs"] = status["podIPs"] = [{"ip": "127.0.0.1"}]
-        _set_condition(
-            status,
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
-        _set_condition(
-            status,
-            {
-                "type": "Initialized",
-                "status": "True",
-                "lastTransitionTime": now(),
-                "lastProbeTime": None,
-            },
-        )
-        ready = "False" if pending else "True"
+        _set_condition(status, "PodScheduled", "True")
+        _set_condition(status, "Initialized", "True")
         for kind in ("ContainersReady", "Ready"):
-            _set_condition(
-                status,
-                {"type": kind, "status": ready, "lastTransitionTime": now(), "lastProbeTime": None},
-            )
+            _set_condition(status, kind, "False" if pending else "True")
         statuses = []
         for container in pod["spec"]["containers"]:
             running = record.containers.get(container["name"])
@@ -567,8 +566,10 @@ class KubeletSimulator:
         for condition in pod["status"].get("conditions") or []:
             if condition["type"] in ("Ready", "ContainersReady"):
                 condition["status"] = "False"
-        self.cluster.replace(PODS, namespace, name, pod, "status")
         record = self._records.get((namespace, name))
+        if record is not None:
+            self._release(record)
+        self.cluster.replace(PODS, namespace, name, pod, "status")
         if record is not None:
             await self._teardown(record, forget=False)
         if delete:
@@ -579,7 +580,9 @@ class KubeletSimulator:
         async with record.runtime_lock:
             return await self._replace_container(record, container)
 
-    async def _replace_container(self, record: _PodRecord, container: str) -> str:
+    async def _replace_container(
+        self, record: _PodRecord, container: str, exit_code: int = 137
+    ) -> str:
         namespace, name = record.namespace, record.name
         old = record.containers[container]
         pod = self.cluster.store.get(PODS, namespace, name)
@@ -595,15 +598,7 @@ class KubeletSimulator:
             await self._cri(self.cri.stop_container, old.id, 0)
             new = await self._start_container(pod, record, spec, old.attempt + 1)
         new.restart_count = old.restart_count + 1
-        new.last_state = {
-            "terminated": {
-                "exitCode": 137,
-                "reason": "Error",
-                "containerID": f"containerd://{old.id}",
-                "startedAt": old.started_at,
-                "finishedAt": now(),
-            }
-        }
+        new.last_state = {"terminated": _terminated(old, exit_code)}
         with self._lock:
             record.containers[container] = new
         self._write_status(record)
@@ -611,7 +606,50 @@ class KubeletSimulator:
             await self._cri(self.cri.remove_container, old.id)
         return new.id
 
+    async def _relist(self) -> None:
+        """The kubelet's PLEG: every ``RELIST_PERIOD`` seconds, a container that exited by
+        itself is replaced (restartPolicy Always, or OnFailure after a failure) or ends its
+        pod (Succeeded or Failed, GPUs freed)."""
+        exited = pb().CONTAINER_EXITED
+        while True:
+            await asyncio.sleep(RELIST_PERIOD)
+            try:
+                listed = await self._cri(self.cri.list_containers)
+            except grpc.RpcError:
+                continue
+            states = {c.id: c.state for c in listed}
+            for record in list(self._records.values()):
+                for name, container in list(record.containers.items()):
+                    if not record.vm and states.get(container.id) == exited:
+                        await self._container_exited(record, name, container.id)
+
+    async def _container_exited(self, record: _PodRecord, name: str, container_id: str) -> None:
+        async with record.runtime_lock:
+            current = record.containers.get(name)
+            if record.stopped or current is None or current.id != container_id:
+                return  # restarted, evicted or deleted meanwhile
+            info = await self._cri(self.cri.container_status, container_id)
+            pod = self.cluster.store.find(PODS, record.namespace, record.name)
+            if pod is None:
+                return
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Always" or (policy == "OnFailure" and info.exit_code != 0):
+                await self._replace_container(record, name, info.exit_code)
+                return
+            status = pod["status"]
+            for entry in status.get("containerStatuses") or []:
+                if entry["name"] == name:
+                    entry["state"] = {"terminated": _terminated(current, info.exit_code)}
+                    entry["ready"] = entry["started"] = False
+            status["phase"] = "Succeeded" if info.exit_code == 0 else "Failed"
+            self._release(record)
+            self.cluster.replace(PODS, record.namespace, record.name, pod, "status")
+        await self._teardown(record, forget=False)
+
     def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> futures.Future[_T]:
+        if self.api.on_loop_thread():
+            coroutine.close()
+            raise RuntimeError("called on the apiserver's own loop: it would wait for itself")
         return asyncio.run_coroutine_threadsafe(coroutine, self.api.loop)
 
     def evict(self, namespace: str, name: str, *, delete: bool = True) -> None:
@@ -715,63 +753,39 @@ class KubeletSimulator:
                 if not r.stopped
             }
 
-    def _pod_resources(self, record: _PodRecord) -> Any:
-        p = protos.load("k8stier_podresources")
-        containers = []
-        for name in record.containers or record.devices:
-            ids = record.devices.get(name, [])
-            devices = (
-                [p.ContainerDevices(resource_name=record.resource, device_ids=ids)] if ids else []
-            )
-            containers.append(p.ContainerResources(name=name, devices=devices))
-        return p.PodResources(name=record.name, namespace=record.namespace, containers=containers)
-
-    def _list(self, request: Any, context: grpc.ServicerContext) -> Any:
-        p = protos.load("k8stier_podresources")
+    def _snapshot(self) -> list[PodDevices]:
+        """What PodResources reports: every running pod, each container's devices."""
         with self._lock:
-            active = [r for r in self._records.values() if not r.stopped]
-            return p.ListPodResourcesResponse(
-                pod_resources=[self._pod_resources(r) for r in active]
-            )
-
-    def _get(self, request: Any, context: grpc.ServicerContext) -> Any:
-        p = protos.load("k8stier_podresources")
-        with self._lock:
-            record = self._records.get((request.pod_namespace, request.pod_name))
-            if record is None or record.stopped:
-                # The kubelet answers with a plain Go error: gRPC code UNKNOWN.
-                context.abort(
-                    grpc.StatusCode.UNKNOWN,
-                    f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            return [
+                PodDevices(
+                    r.namespace,
+                    r.name,
+                    tuple(
+                        ContainerDevices(name, r.resource, tuple(r.devices.get(name, ())))
+                        for name in r.containers or r.devices
+                    ),
                 )
-                raise AssertionError("context.abort returned")
-            return p.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
-
-    def _pod_resources_handler(self) -> grpc.GenericRpcHandler:
-        p = protos.load("k8stier_podresources")
-
-        def unary(function: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(
-                function,
-                request_deserializer=request.FromString,
-                response_serializer=response.SerializeToString,
-            )
-
-        return grpc.method_handlers_generic_handler(
-            PODRESOURCES_SERVICE,
-            {
-                "List": unary(self._list, p.ListPodResourcesRequest, p.ListPodResourcesResponse),
-                "Get": unary(self._get, p.GetPodResourcesRequest, p.GetPodResourcesResponse),
-            },
-        )
+                for r in self._records.values()
+                if not r.stopped
+            ]
 
 
 def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in pod.get("status", {}).get("conditions") or [] if c["type"] == kind), {})
 
 
-def _set_condition(status: dict[str, Any], condition: dict[str, Any]) -> None:
+def _set_condition(
+    status: dict[str, Any], kind: str, value: str, reason: str = "", message: str = ""
+) -> None:
     """Set a condition, keeping its lastTransitionTime when its status did not change."""
+    condition: dict[str, Any] = {
+        "type": kind,
+        "status": value,
+        "lastTransitionTime": now(),
+        "lastProbeTime": None,
+    }
+    if reason:
+        condition |= {"reason": reason, "message": message}
     conditions = status.setdefault("conditions", [])
     for i, old in enumerate(conditions):
         if old["type"] == condition["type"]:
@@ -780,6 +794,16 @@ def _set_condition(status: dict[str, Any], condition: dict[str, Any]) -> None:
             conditions[i] = condition
             return
     conditions.append(condition)
+
+
+def _terminated(container: _Container, exit_code: int) -> dict[str, Any]:
+    return {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+        "containerID": f"containerd://{container.id}",
+        "startedAt": container.started_at,
+        "finishedAt": now(),
+    }
 
 
 def _vm_container_id(record: _PodRecord, container: str, attempt: int = 0) -> str:

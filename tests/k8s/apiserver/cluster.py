@@ -128,17 +128,6 @@ class Cluster:
                 "the object has been modified; please apply your changes to the latest "
                 "version and try again",
             )
-        if wanted_version is None and resource in (PODS,):
-            raise invalid(
-                resource.kind,
-                name,
-                [
-                    (
-                        "metadata.resourceVersion",
-                        "Invalid value: 0x0: must be specified for an update",
-                    )
-                ],
-            )
         return self._write(resource, current, new, subresource)
 
     def patch(
@@ -239,8 +228,8 @@ class Cluster:
             obj["status"]["used"] = podrules.quota_used(
                 obj, self.store.list(PODS, obj["metadata"]["namespace"])
             )
-        elif resource.kind == "Event" and resource.group == "" and "involvedObject" not in obj:
-            raise invalid("Event", obj["metadata"]["name"], [("involvedObject", "Required value")])
+        elif resource.kind == "Event" and resource.group == "":
+            _validate_event(obj)
 
     def _write(
         self, resource: Resource, current: dict[str, Any], new: dict[str, Any], subresource: str
@@ -263,8 +252,8 @@ class Cluster:
                     merged[key] = value
             if resource == PODS:
                 podrules.validate_pod_update(current, merged)
-            elif resource not in (PODS, NAMESPACES, QUOTAS) and "status" in new:
-                merged["status"] = new["status"]
+            if "status" not in resource.subresources and "status" in new:
+                merged["status"] = new["status"]  # no status subresource: status is plain data
         written = self.store.update(resource, merged)
         meta = written["metadata"]
         finished = resource != PODS or written.get("status", {}).get("phase") in podrules.TERMINAL
@@ -384,6 +373,25 @@ class Cluster:
         if resource.kind == "TokenReview":
             return self.reviews.token_review(body, lambda ns, name: self.store.find(PODS, ns, name))
         return self.reviews.access_review(body)
+
+
+def _validate_event(event: dict[str, Any]) -> None:
+    """The core/v1 Event rules an agent can break: an involved object, in the event's own
+    namespace when it names one."""
+    meta, involved = event["metadata"], event.get("involvedObject")
+    if not isinstance(involved, dict):
+        raise invalid("Event", meta["name"], [("involvedObject", "Required value")])
+    if involved.get("namespace") and involved["namespace"] != meta["namespace"]:
+        raise invalid(
+            "Event",
+            meta["name"],
+            [
+                (
+                    "involvedObject.namespace",
+                    f'Invalid value: "{involved["namespace"]}": does not match event.namespace',
+                )
+            ],
+        )
 
 
 def forbidden_priority(pod: dict[str, Any]) -> ApiError:

@@ -30,18 +30,8 @@ _SUFFIXES: Final = {
     "u": Decimal("1e-6"),
     "m": Decimal("1e-3"),
     "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
+    **{suffix: Decimal(1000) ** (i + 1) for i, suffix in enumerate("kMGTPE")},
+    **{suffix + "i": Decimal(1024) ** (i + 1) for i, suffix in enumerate("KMGTPE")},
 }
 _QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
 TERMINAL: Final = frozenset({"Succeeded", "Failed"})

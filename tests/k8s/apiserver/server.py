@@ -11,6 +11,10 @@ of ``resources.py`` ``/api/v1/...`` or ``/apis/<group>/<version>/...`` with
 (``watch=true``, ``resourceVersion``, ``timeoutSeconds``, ``allowWatchBookmarks``), create,
 get, update, patch (three formats), delete (``DeleteOptions`` in the body or query),
 deletecollection, and the ``status`` subresources.
+
+On request of a test: bearer-token authentication and rule-based authorisation of every
+resource request (``authorize_callers``, 401/403 like the real authenticator and RBAC), and
+injected failures (``failures``: chosen requests answered with an error).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .cluster import Cluster
 from .errors import ApiError, bad_request
 from .resources import (
     BY_PATH,
+    PODS,
     SERVER_VERSION,
     Resource,
     api_group,
@@ -41,6 +46,7 @@ from .resources import (
     api_versions,
     resource_list,
 )
+from .reviews import DEFAULT_AUDIENCES, Token
 from .store import Change, Watcher
 
 _T = TypeVar("_T")
@@ -48,6 +54,25 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WATCH_TIMEOUT: Final = 1800.0
 """Seconds a watch without ``timeoutSeconds`` lasts (the apiserver's min-request-timeout)."""
+
+
+@dataclass
+class Failure:
+    """An injected failure: the next ``times`` requests with ``method`` whose URI contains
+    ``uri_part`` get ``code`` (e.g. 503 while "the apiserver is down", 429, 500)."""
+
+    method: str
+    uri_part: str
+    code: int
+    times: int
+    reason: str = "ServiceUnavailable"
+    message: str = "the server is currently unable to handle the request"
+
+    def matches(self, method: str, uri: str) -> bool:
+        if self.times <= 0 or method != self.method or self.uri_part not in uri:
+            return False
+        self.times -= 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -81,13 +106,21 @@ class _Base(tornado.web.RequestHandler):
 
     def initialize(self, server: ApiServer) -> None:
         self.server = server
+        self.caller: Token | None = None
+        """Who made the request, when callers are checked (``authorize_callers``)."""
 
     @property
     def cluster(self) -> Cluster:
         return self.server.cluster
 
     def prepare(self) -> None:
-        self.server.requests.append((self.request.method or "", self.request.uri or ""))
+        method, uri = self.request.method or "", self.request.uri or ""
+        self.server.requests.append((method, uri))
+        for failure in self.server.failures:
+            if failure.matches(method, uri):
+                raise ApiError(failure.code, failure.reason, failure.message)
+        if self.server.authorize_callers and isinstance(self, _Resources):
+            self.check_access()
 
     def answer(self, body: Any, code: int = 200) -> None:
         self.set_status(code)
@@ -143,6 +176,44 @@ class _Resources(_Base):
     def target(self, group: str, version: str, rest: str) -> Target:
         return parse_target(group or "", version, rest)
 
+    def check_access(self) -> None:
+        """Authenticate the bearer token and authorise the request with the registered
+        rules, as the apiserver's authenticator and RBAC do (401, 403)."""
+        group, version, rest = self.path_args
+        target = self.target(group, version, rest)
+        header = self.request.headers.get("Authorization", "")
+        token, _ = self.cluster.reviews.authenticate(
+            header.removeprefix("Bearer ").strip(),
+            DEFAULT_AUDIENCES,
+            lambda ns, name: self.cluster.store.find(PODS, ns, name),
+        )
+        if token is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        verb = _verb(self.request.method or "", target, self.get_query_argument("watch", ""))
+        attributes = {
+            "verb": verb,
+            "group": target.resource.group,
+            "version": target.resource.version,
+            "resource": target.resource.plural,
+            "subresource": target.subresource,
+            "namespace": target.namespace,
+            "name": target.name,
+        }
+        if self.cluster.reviews.allowed(token, attributes):
+            self.caller = token
+            return
+        resource = target.resource.plural + (f"/{target.subresource}" if target.subresource else "")
+        scope = (
+            f'in the namespace "{target.namespace}"' if target.namespace else "at the cluster scope"
+        )
+        raise ApiError(
+            403,
+            "Forbidden",
+            f"{target.resource.plural} {f'{target.name!r} ' if target.name else ''}is forbidden: "
+            f'User "{token.username}" cannot {verb} resource "{resource}" in API group '
+            f'"{target.resource.group}" {scope}',
+        )
+
     async def get(self, group: str, version: str, rest: str) -> None:
         target = self.target(group, version, rest)
         if target.name:
@@ -163,8 +234,47 @@ class _Resources(_Base):
         target = self.target(group, version, rest)
         if target.name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
-        created = self.cluster.create(target.resource, target.namespace, self.json_body())
+        body = self.json_body()
+        if self.caller is not None:
+            self._check_owner_references(target, body)
+        created = self.cluster.create(target.resource, target.namespace, body)
         self.answer(created, 201)
+
+    def _check_owner_references(self, target: Target, body: Any) -> None:
+        """The OwnerReferencesPermissionEnforcement admission plugin: setting
+        ``blockOwnerDeletion`` needs ``update`` on the owner's ``finalizers`` subresource."""
+        assert self.caller is not None
+        meta = (body.get("metadata") if isinstance(body, dict) else None) or {}
+        for ref in meta.get("ownerReferences") or []:
+            if not ref.get("blockOwnerDeletion"):
+                continue
+            owner = next(
+                (
+                    r
+                    for r in BY_PATH.values()
+                    if (r.kind, r.api_version) == (ref.get("kind"), ref.get("apiVersion"))
+                ),
+                None,
+            )
+            attributes = {
+                "verb": "update",
+                "group": owner.group if owner else "",
+                "resource": owner.plural if owner else "",
+                "subresource": "finalizers",
+                "namespace": target.namespace if owner is None or owner.namespaced else "",
+                "name": ref.get("name", ""),
+            }
+            if owner is None or not self.cluster.reviews.allowed(self.caller, attributes):
+                name = meta.get("name") or meta.get("generateName", "")
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'{target.resource.plural} "{name}" is forbidden: cannot set '
+                    "blockOwnerDeletion if an ownerReference refers to a resource you can't set "
+                    f'finalizers on: User "{self.caller.username}" cannot update resource '
+                    f'"{attributes["resource"]}/finalizers" in API group "{attributes["group"]}"'
+                    f' in the namespace "{target.namespace}"',
+                )
 
     def put(self, group: str, version: str, rest: str) -> None:
         target = self.target(group, version, rest)
@@ -229,7 +339,6 @@ class _Resources(_Base):
         bookmarks = self.get_query_argument("allowWatchBookmarks", "") == "true"
         since_text = self.get_query_argument("resourceVersion", "") or "0"
         self.set_header("Content-Type", "application/json")
-        self.set_header("Transfer-Encoding", "chunked")
         store = self.cluster.store
         try:
             if since_text == "0":  # "any": current state as ADDED, then changes
@@ -289,6 +398,17 @@ class _Resources(_Base):
             watcher.queue.put_nowait(None)
 
 
+def _verb(method: str, target: Target, watch: str) -> str:
+    """The RBAC verb of a request."""
+    if method == "GET":
+        if target.name:
+            return "get"
+        return "watch" if watch in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if target.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
 def _event_for(change: Change, matches: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
     """The event a selector-filtered watch sees: entering the selection is ADDED, leaving it
     DELETED (as the watch cache does)."""
@@ -316,6 +436,10 @@ class ApiServer:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str]] = []
         """(method, uri) of every request served, in order."""
+        self.authorize_callers = False
+        """Authenticate and authorise every resource request (discovery stays open)."""
+        self.failures: list[Failure] = []
+        """Injected failures, consumed in order of registration."""
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="fake-apiserver", daemon=True)
         self._http: tornado.httpserver.HTTPServer | None = None
@@ -360,8 +484,15 @@ class ApiServer:
         self._http.add_sockets(sockets)
         self._ready.set()
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the server's own loop (where it must not wait on it)."""
+        return threading.current_thread() is self._thread
+
     def call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run ``function`` on the server's loop and return its result (or raise its error)."""
+        """Run ``function`` on the server's loop and return its result (or raise its error);
+        called on that loop already (from a controller), it simply runs ``function``."""
+        if self.on_loop_thread():
+            return function(*args, **kwargs)
 
         async def run() -> _T:
             return function(*args, **kwargs)

@@ -176,6 +176,10 @@ class Store:
         self._watchers.add(watcher)
         return watcher
 
+    @property
+    def open_watches(self) -> int:
+        return len(self._watchers)
+
     def unwatch(self, watcher: Watcher) -> None:
         self._watchers.discard(watcher)
 
