@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from ..._structs import PodTarget
 from ...linux import cgroups
 from ..core.injector import DeviceInUse, Injector, InjectorError, TargetGone, gpu_node
 from ..core.locks import TargetLocks
@@ -149,7 +150,8 @@ class KubernetesBackend:
             return
         key = (metadata.get("namespace"), metadata.get("name"))
         if any(
-            (getattr(entry.target, "namespace", None), getattr(entry.target, "name", None)) == key
+            isinstance(entry.target, PodTarget)
+            and (entry.target.namespace, entry.target.name) == key
             for entry in self.allocator.all_attachments()
         ):
             self._wanted.set()

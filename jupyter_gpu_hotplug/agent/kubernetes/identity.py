@@ -25,7 +25,7 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from ..._structs import TOKEN_AUDIENCE, PodTarget, TargetRef
 from ..core.errors import Forbidden, InvalidRequest, Unauthenticated
@@ -40,6 +40,9 @@ _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 _BEARER: Final = "bearer "
 _CACHE_SECONDS: Final = 10.0
 _CACHE_MAX: Final = 4096
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 PodUidOf = Callable[[str, str], Any]
 """``(namespace, name) → awaitable uid or None``: the target pod's uid now."""
@@ -60,19 +63,21 @@ def _first(extra: Mapping[str, Any], key: str) -> str | None:
     return None
 
 
-class _TtlCache:
+class _TtlCache(Generic[_K, _V]):
+    """Answers kept for ``seconds``; bounded (expired entries go first, then everything)."""
+
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
-        self._items: dict[object, tuple[float, object]] = {}
+        self._items: dict[_K, tuple[float, _V]] = {}
 
-    def get(self, key: object) -> object | None:
+    def get(self, key: _K) -> _V | None:
         item = self._items.get(key)
         if item is None or item[0] < time.monotonic():
             self._items.pop(key, None)
             return None
         return item[1]
 
-    def put(self, key: object, value: object) -> None:
+    def put(self, key: _K, value: _V) -> None:
         if len(self._items) >= _CACHE_MAX:
             now = time.monotonic()
             self._items = {k: v for k, v in self._items.items() if v[0] >= now}
@@ -95,8 +100,8 @@ class TokenIdentity:
         self._kube = kube
         self._pod_uid = pod_uid
         self._audience = audience
-        self._tokens = _TtlCache(cache_seconds)
-        self._access = _TtlCache(cache_seconds)
+        self._tokens: _TtlCache[bytes, KubeCaller] = _TtlCache(cache_seconds)
+        self._access: _TtlCache[tuple[str, ...], tuple[bool, str]] = _TtlCache(cache_seconds)
 
     def bind_connection(self, *, peer: PeerCredentials | None, pidfd: int | None) -> ConnectionInfo:
         """Nothing to bind: in Kubernetes mode identity is the token's, on every transport."""
@@ -112,7 +117,7 @@ class TokenIdentity:
             raise Unauthenticated("an empty bearer token")
         digest = hashlib.sha256(token.encode()).digest()
         cached = self._tokens.get(digest)
-        if isinstance(cached, KubeCaller):
+        if cached is not None:
             return cached
         try:
             status = await self._kube.review_token(token, audiences=[self._audience])
@@ -179,7 +184,7 @@ class TokenIdentity:
                 ) from e
             verdict = (allowed, reason)
             self._access.put(key, verdict)
-        allowed, reason = verdict  # type: ignore[misc]
+        allowed, reason = verdict
         if not allowed:
             raise Forbidden(
                 f"{caller} may not {verb} GPUs of pod {pod_target.namespace}/{pod_target.name}"
