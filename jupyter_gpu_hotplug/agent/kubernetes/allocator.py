@@ -292,6 +292,7 @@ class HolderAllocator:
         candidates: Sequence[GpuRecord],
     ) -> list[Reservation]:
         namespace = target.namespace
+        started = time.monotonic()
         results = await asyncio.gather(
             *(self._kube.create_pod(namespace, body) for body in bodies), return_exceptions=True
         )
@@ -320,6 +321,13 @@ class HolderAllocator:
                 f"the holder pod(s) for {target} did not run within {wait_seconds:.0f} s",
                 wait_seconds=wait_seconds,
             )
+        log.info(
+            "holder pod(s) %s for %s: %s after %.1f ms (create to Running or refused)",
+            ", ".join(f"{namespace}/{name}" for name in names),
+            target,
+            "refused" if outcome else "running",
+            (time.monotonic() - started) * 1000,
+        )
         if outcome:
             # This request's own holders are about to go: what they hold counts as free.
             free = await self._free(candidates, ignore={(namespace, name) for name in names})
