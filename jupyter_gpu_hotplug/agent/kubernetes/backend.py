@@ -31,7 +31,7 @@ from ..core.reconcile import ReconcileReport
 from ..core.seams import Reservation
 from ..settings import AgentSettings
 from .allocator import HolderAllocator
-from .cri import CriClient
+from .cri import CriClient, CriError
 from .events import REVOKED, PodEvents
 from .holders import LABEL_HOLDER, HolderSpec
 from .identity import TokenIdentity
@@ -73,6 +73,18 @@ class KubernetesBackend:
         pods = NodePods(kube, k8s.node_name)
         podresources = PodResourcesClient(k8s.pod_resources_socket)
         cri = CriClient(k8s.cri_endpoint)
+        try:
+            runtime = cri.version()
+            log.info(
+                "container runtime: %s %s (CRI %s) at %s",
+                runtime.name,
+                runtime.version,
+                runtime.api_version,
+                k8s.cri_endpoint,
+            )
+        except CriError as e:
+            # Not fatal: the runtime may come up after the agent; until then targets get 422.
+            log.error("%s; pods cannot be resolved until it answers", e)
         events = PodEvents(kube, pods)
 
         async def pod_uid(namespace: str, name: str) -> str | None:
