@@ -248,3 +248,23 @@ def _ignore_errors(function: Callable[..., Any], *args: Any) -> None:
         function(*args)
     except (ConnectionError, OSError):
         return
+
+
+def test_a_restarted_agent_rebuilds_its_attachments_from_the_holder_pods(
+    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
+) -> None:
+    kubelet.run_notebook_pod(NS, "nb")
+    (attachment,) = (
+        as_pod(k8s_agent, kube, NS, "nb").post("/v1/attachments", {"count": 1}).json()
+    )["attachments"]
+
+    k8s_agent.stop()
+    k8s_agent.start()
+
+    api = as_pod(k8s_agent, kube, NS, "nb")
+    (listed,) = api.get("/v1/attachments").json()["attachments"]
+    assert (listed["uuid"], listed["holder"]) == (attachment["uuid"], attachment["holder"])
+    assert ENXIO in open_node(kubelet, "nb", attachment["minor"])
+    assert api.delete(f"/v1/attachments/{attachment['uuid']}").status == 204
+    assert holders(kube, NS) == []
+    assert EPERM in open_fresh_node(kubelet, "nb", attachment["minor"])
