@@ -583,3 +583,9 @@ MAX_GPUS_ANNOTATION: Final = "gpu-hotplug.jupyter.org/max-gpus"
 
 AGENT_PORT: Final = 8477
 """The agent's TCP port in Kubernetes mode (DaemonSet, Service, network policies, spawners)."""
+
+CONTAINER_ANNOTATION: Final = "gpu-hotplug.jupyter.org/container"
+"""Pod annotation: which container gets GPUs when a request names none (default: the only one)."""
+
+NODE_NAME_ENV: Final = "NODE_NAME"
+"""The agent's node in Kubernetes mode (the DaemonSet sets it from the downward API)."""

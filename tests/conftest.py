@@ -7,4 +7,6 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.agent",
     "tests.fixtures.kubeconfig",
+    "tests.k8s.fixtures",
+    "tests.k8s.agent",
 ]

@@ -6,9 +6,10 @@ command-line flags (``--listen``, ``--simulate 4``...). Precedence: command line
 file, then defaults. The traits are resolved once into the typed ``AgentSettings`` that the
 rest of the agent uses, and the resolved configuration is logged at start.
 
-The one setting read from the environment is a test hook: ``GPU_HOTPLUG_TEST_PAUSE_AT`` names
-a step at which attach or detach stops for good (see ``checkpoints``), so crash tests can kill
-the agent exactly there. It is logged loudly when set.
+Two settings are read from the environment: ``$NODE_NAME`` is the default of ``--node-name``
+(Kubernetes mode; the DaemonSet sets it from the downward API), and a test hook,
+``GPU_HOTPLUG_TEST_PAUSE_AT``, names a step at which attach or detach stops for good (see
+``checkpoints``), so crash tests can kill the agent exactly there. It is logged loudly when set.
 
 Process life: ``start`` runs the agent on a fresh event loop until SIGTERM or SIGINT (graceful
 stop: running operations finish); SIGHUP runs a reconciliation pass at once (for example after
@@ -32,14 +33,19 @@ from typing import Any, Final
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default, observe
 from traitlets.config import Application
 
-from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NVIDIA_MAJOR
+from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
 from .._version import __version__
 from .core.checkpoints import STEPS
 from .logs import logging_config
 from .settings import (
+    DEFAULT_CRI_ENDPOINT,
+    DEFAULT_HOLDER_IMAGE,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_RESOURCE_NAME,
     DEFAULT_STATE_DIR,
     AgentSettings,
     Backend,
+    KubernetesSettings,
     LogStyle,
     SettingsError,
     TestHooks,
@@ -89,6 +95,12 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "log-level": "AgentApp.log_level",
         "log-format": "AgentApp.log_style",
         "config": "AgentApp.config_file",
+        "node-name": "AgentApp.node_name",
+        "kubeconfig": "AgentApp.kubeconfig",
+        "pod-resources-socket": "AgentApp.pod_resources_socket",
+        "cri-endpoint": "AgentApp.cri_endpoint",
+        "holder-image": "AgentApp.holder_image",
+        "resource-name": "AgentApp.resource_name",
     }
     flags: dict[str, Any] = {  # noqa: RUF012
         "show-config-json": (
@@ -108,7 +120,35 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         [backend.value for backend in Backend],
         default_value=Backend.LOCAL.value,
         help="""Where GPU ownership is kept: 'local' (a SQLite ledger in the state dir; targets
-        are processes, {"pid": N}).""",
+        are processes, {"pid": N}) or 'kubernetes' (holder pods; targets are pods' containers,
+        {"pod": {...}}; callers authenticate with their pods' bound service-account tokens).""",
+    ).tag(config=True)
+    node_name = Unicode(
+        help=f"""Kubernetes mode: this node's name (holder pods are pinned to it; targets must
+        run on it). Default: ${NODE_NAME_ENV}, which the DaemonSet sets from spec.nodeName.""",
+    ).tag(config=True)
+    kubeconfig = Unicode(
+        "",
+        help="""Kubernetes mode: a kubeconfig file to reach the API server; empty: the pod's
+        service account (in-cluster configuration).""",
+    ).tag(config=True)
+    pod_resources_socket = Unicode(
+        str(DEFAULT_POD_RESOURCES_SOCKET),
+        help="Kubernetes mode: the kubelet's PodResources socket (which GPU a holder got).",
+    ).tag(config=True)
+    cri_endpoint = Unicode(
+        DEFAULT_CRI_ENDPOINT,
+        help="""Kubernetes mode: the container runtime's CRI socket, unix:///path or /path
+        (containerd: /run/containerd/containerd.sock; CRI-O: /var/run/crio/crio.sock).""",
+    ).tag(config=True)
+    holder_image = Unicode(
+        DEFAULT_HOLDER_IMAGE,
+        help="Kubernetes mode: the image of holder pods (a pause image present on every node).",
+    ).tag(config=True)
+    resource_name = Unicode(
+        DEFAULT_RESOURCE_NAME,
+        help="""Kubernetes mode: the extended resource a holder pod requests, one per GPU:
+        nvidia.com/gpu, or a MIG profile such as nvidia.com/mig-1g.10gb.""",
     ).tag(config=True)
     state_dir = Unicode(
         str(DEFAULT_STATE_DIR),
@@ -191,6 +231,10 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         config=True
     )
 
+    @default("node_name")
+    def _default_node_name(self) -> str:
+        return os.environ.get(NODE_NAME_ENV, "")
+
     @default("log_level")
     def _default_log_level(self) -> int:
         return logging.INFO
@@ -243,6 +287,19 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             max_lease_seconds=self.max_lease_seconds,
             idle_check_interval=self.idle_check_interval,
             hooks=TestHooks(pause_at=pause_at),
+            kubernetes=self._kubernetes_settings(),
+        )
+
+    def _kubernetes_settings(self) -> KubernetesSettings | None:
+        if Backend(self.backend) is not Backend.KUBERNETES:
+            return None
+        return KubernetesSettings(
+            node_name=self.node_name,
+            kubeconfig=Path(self.kubeconfig) if self.kubeconfig else None,
+            pod_resources_socket=Path(self.pod_resources_socket),
+            cri_endpoint=self.cri_endpoint,
+            holder_image=self.holder_image,
+            resource_name=self.resource_name,
         )
 
     def start(self) -> None:

@@ -19,9 +19,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._structs import GpuUuid
 from ..linux.mig import MigCaps
@@ -33,9 +33,10 @@ from .core.devices import GpuNodes
 from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
+from .core.locks import TargetLocks
 from .core.metrics import AgentMetrics
-from .core.reconcile import Reconciler
-from .core.seams import Identity, Resolver
+from .core.reconcile import Reconciler, ReconcileReport
+from .core.seams import Allocator, Identity, Resolver
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
 from .local.allocator import LedgerAllocator
@@ -43,8 +44,12 @@ from .local.identity import LocalIdentity, load_or_create_token
 from .local.ledger import Ledger
 from .local.resolver import ProcResolver
 from .local.simulate import Simulation
-from .settings import AgentSettings
+from .settings import AgentSettings, Backend
 from .statedir import prepare_state_dir
+
+if TYPE_CHECKING:
+    from ..linux.cgroups import CgroupHierarchies
+    from ..linux.engine import HotplugEngine
 
 __all__ = ["Agent", "Components", "HealthProbe"]
 
@@ -114,12 +119,28 @@ class HealthProbe:
             await asyncio.sleep(self._interval)
 
 
+class BackendHooks(Protocol):
+    """What a backend runs beside the core once the agent serves (Kubernetes: reactions to
+    pod events), and stops before the agent closes."""
+
+    def start(
+        self,
+        *,
+        reconcile: Callable[[], Awaitable[ReconcileReport]],
+        locks: TargetLocks,
+        injector: Injector,
+    ) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass
 class Components:
     """The parts of an agent; ``Agent.create`` makes the real ones, tests pass fakes."""
 
     settings: AgentSettings
-    ledger: Ledger
+    ledger: Ledger | None
+    """Local mode's ledger (the allocator is built over it); None when ``allocator`` is given."""
     inventory: Inventory
     injector: Injector
     resolver: Resolver
@@ -132,6 +153,9 @@ class Components:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (after the ledger closes: first)."""
+    allocator: Allocator | None = None
+    """Another backend's allocator (Kubernetes: holder pods) instead of the ledger's."""
+    hooks: BackendHooks | None = None
 
 
 class Agent:
@@ -143,7 +167,12 @@ class Agent:
         self.settings = settings
         self.metrics = components.metrics
         self._workers = Workers(host_threads=_WORKERS)
-        self.allocator = LedgerAllocator(components.ledger, self._workers)
+        self.allocator: Allocator
+        if components.allocator is not None:
+            self.allocator = components.allocator
+        else:
+            assert components.ledger is not None, "local mode needs its ledger"
+            self.allocator = LedgerAllocator(components.ledger, self._workers)
         self.service = AgentService(
             allocator=self.allocator,
             inventory=components.inventory,
@@ -214,41 +243,16 @@ class Agent:
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:
         """The real components for ``settings``; everything opened is closed on failure."""
-        from ..linux import cgroups
-        from ..linux.engine import HotplugEngine
-
+        if settings.backend is Backend.KUBERNETES:
+            return cls._create_kubernetes(settings)
         closers: list[Callable[[], None]] = []
         try:
             prepare_state_dir(settings.state_dir)
             ledger = Ledger.open(settings.state_dir)
             closers.append(ledger.close)
             token = load_or_create_token(settings.token_path)
-            simulation = None
-            if settings.simulated:
-                simulation = Simulation.prepare(
-                    settings.simulation_dir or settings.state_dir / "simulation",
-                    settings.simulate,
-                    mig_profiles=settings.simulate_mig,
-                    host_proc_devices=settings.host_proc / "devices",
-                )
-                simulation.load_in_process()
-            inventory = NvmlInventory()
-            closers.append(inventory.close)
-            hierarchies = cgroups.discover(
-                host_proc=settings.host_proc, rebase=settings.cgroup_root
-            )
-            log.info("device cgroups: %s layout", hierarchies.layout)
-            major = settings.device_major
-
-            def nvml_holders(device: Any) -> list[int]:
-                return inventory.running_pids(device.minor) if device.major == major else []
-
-            engine = HotplugEngine(
-                host_proc=settings.host_proc,
-                hierarchies=hierarchies,
-                extra_holders=nvml_holders,
-                terminate_grace=settings.force_grace,
-            )
+            simulation, inventory, hierarchies = cls._host(settings, closers)
+            engine = cls._engine(settings, hierarchies, inventory)
             resolver = ProcResolver(
                 host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
             )
@@ -271,6 +275,82 @@ class Agent:
             )
         )
 
+    @staticmethod
+    def _host(
+        settings: AgentSettings, closers: list[Callable[[], None]]
+    ) -> tuple[Simulation | None, NvmlInventory, CgroupHierarchies]:
+        """What every backend needs of the host: the (simulated) NVML inventory and the
+        device-cgroup hierarchies; what must be closed is added to ``closers``."""
+        from ..linux import cgroups
+
+        simulation = None
+        if settings.simulated:
+            simulation = Simulation.prepare(
+                settings.simulation_dir or settings.state_dir / "simulation",
+                settings.simulate,
+                mig_profiles=settings.simulate_mig,
+                host_proc_devices=settings.host_proc / "devices",
+            )
+            simulation.load_in_process()
+        inventory = NvmlInventory()
+        closers.append(inventory.close)
+        hierarchies = cgroups.discover(host_proc=settings.host_proc, rebase=settings.cgroup_root)
+        log.info("device cgroups: %s layout", hierarchies.layout)
+        return simulation, inventory, hierarchies
+
+    @staticmethod
+    def _engine(
+        settings: AgentSettings, hierarchies: CgroupHierarchies, inventory: NvmlInventory
+    ) -> HotplugEngine:
+        """The hot-plug engine, asking NVML too which processes hold a GPU open."""
+        from ..linux.engine import HotplugEngine
+
+        major = settings.device_major
+
+        def nvml_holders(device: Any) -> list[int]:
+            return inventory.running_pids(device.minor) if device.major == major else []
+
+        return HotplugEngine(
+            host_proc=settings.host_proc,
+            hierarchies=hierarchies,
+            extra_holders=nvml_holders,
+            terminate_grace=settings.force_grace,
+        )
+
+    @classmethod
+    def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
+        """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
+        from .kubernetes.backend import KubernetesBackend
+
+        closers: list[Callable[[], None]] = []
+        try:
+            # Holder pods are the state; the directory keeps only simulation files and the
+            # crash tests' checkpoint markers.
+            prepare_state_dir(settings.state_dir)
+            simulation, inventory, hierarchies = cls._host(settings, closers)
+            backend = KubernetesBackend.create(settings, hierarchies)
+            closers.append(backend.close)
+            injector = EngineInjector(cls._engine(settings, hierarchies, inventory))
+        except BaseException:
+            for close in reversed(closers):
+                close()
+            raise
+        return cls(
+            Components(
+                settings=settings,
+                ledger=None,
+                inventory=inventory,
+                injector=injector,
+                resolver=backend.resolver,
+                identity=backend.identity,
+                simulation=simulation,
+                usage=inventory.utilization,
+                closers=closers,
+                allocator=backend.allocator,
+                hooks=backend,
+            )
+        )
+
     async def _health_check(self) -> None:
         """The ledger answers (behind whatever is queued for it)."""
         await self.allocator.check()
@@ -286,6 +366,12 @@ class Agent:
         for failure in report.failures:
             log.error("start-up reconciliation could not fix: %s", failure)
         await self.service.refresh_gpu_metrics()
+        if self.components.hooks is not None:
+            self.components.hooks.start(
+                reconcile=self.reconciler.run_once,
+                locks=self.service.locks,
+                injector=self.components.injector,
+            )
         settings = self.settings
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
@@ -334,6 +420,8 @@ class Agent:
         except TimeoutError:
             log.error("operations still running after %.0f s; stopping anyway", _DRAIN_TIMEOUT)
         await self.server.close_connections()
+        if self.components.hooks is not None:
+            await self.components.hooks.stop()
         self._workers.shutdown()
         for close in reversed(self.components.closers):
             close()

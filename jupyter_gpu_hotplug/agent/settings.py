@@ -32,10 +32,63 @@ class SettingsError(ValueError):
 class Backend(enum.StrEnum):
     """Where GPU ownership is kept and how targets are named.
 
-    Only ``local`` exists in this build: a SQLite ledger and ``{"pid": N}`` targets.
+    ``local``: a SQLite ledger and ``{"pid": N}`` targets. ``kubernetes``: holder pods and
+    ``{"pod": {...}}`` targets, callers authenticated by their pods' bound tokens.
     """
 
     LOCAL = "local"
+    KUBERNETES = "kubernetes"
+
+
+DEFAULT_POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_CRI_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
+DEFAULT_HOLDER_IMAGE: Final = "registry.k8s.io/pause:3.9"
+DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
+_RESOURCE_NAME = re.compile(
+    r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """Kubernetes mode's own settings (``--backend kubernetes``)."""
+
+    node_name: str
+    """This node's name: holder pods are pinned to it, targets must run on it."""
+    kubeconfig: Path | None = None
+    """A kubeconfig file; ``None``: the pod's service account (in-cluster)."""
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's PodResources socket."""
+    cri_endpoint: str = DEFAULT_CRI_ENDPOINT
+    """The container runtime's CRI socket (containerd, CRI-O): ``unix:///path`` or ``/path``."""
+    holder_image: str = DEFAULT_HOLDER_IMAGE
+    """The image of holder pods (a pause image that is on every node)."""
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    """The extended resource a holder requests: ``nvidia.com/gpu`` or a MIG profile."""
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise SettingsError(
+                "node_name: give --node-name or set $NODE_NAME (the DaemonSet sets it from "
+                "spec.nodeName)"
+            )
+        if _RESOURCE_NAME.fullmatch(self.resource_name) is None:
+            raise SettingsError(
+                f"resource_name {self.resource_name!r} is not an extended resource name "
+                "(like nvidia.com/gpu or nvidia.com/mig-1g.10gb)"
+            )
+        if not self.holder_image:
+            raise SettingsError("holder_image must name an image")
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "node_name": self.node_name,
+            "kubeconfig": None if self.kubeconfig is None else str(self.kubeconfig),
+            "pod_resources_socket": str(self.pod_resources_socket),
+            "cri_endpoint": self.cri_endpoint,
+            "holder_image": self.holder_image,
+            "resource_name": self.resource_name,
+        }
 
 
 class LogStyle(enum.StrEnum):
@@ -146,8 +199,12 @@ class AgentSettings:
     idle_check_interval: float = 5.0
     """Seconds between two passes of the idle policy."""
     hooks: TestHooks = field(default_factory=TestHooks)
+    kubernetes: KubernetesSettings | None = None
+    """Kubernetes mode's settings; given exactly when ``backend`` is ``kubernetes``."""
 
     def __post_init__(self) -> None:
+        if (self.backend is Backend.KUBERNETES) != (self.kubernetes is not None):
+            raise SettingsError("the kubernetes settings go with --backend kubernetes only")
         if not self.listen:
             raise SettingsError("listen: give at least one address to serve the API on")
         if len(set(self.listen)) != len(self.listen):
@@ -208,4 +265,5 @@ class AgentSettings:
             "max_lease_seconds": self.max_lease_seconds,
             "idle_check_interval": self.idle_check_interval,
             "test_pause_at": self.hooks.pause_at,
+            "kubernetes": None if self.kubernetes is None else self.kubernetes.describe(),
         }

@@ -39,6 +39,8 @@ class AgentProcess:
     simulate: int = 4
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    argv: Sequence[str] | None = None
+    """The whole command line (another backend's), instead of a local-mode agent's."""
     process: subprocess.Popen[bytes] | None = None
     tcp: ApiClient | None = None
     starts: int = 0
@@ -56,6 +58,12 @@ class AgentProcess:
         return (self.state_dir / "token").read_text().strip()
 
     @property
+    def agent_token(self) -> str | None:
+        """The local agent token; None where the agent keeps none (Kubernetes mode)."""
+        path = self.state_dir / "token"
+        return path.read_text().strip() if path.exists() else None
+
+    @property
     def unix(self) -> ApiClient:
         return ApiClient(UnixAddress(self.socket_path))
 
@@ -70,11 +78,15 @@ class AgentProcess:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the agent is already running")
         self.starts += 1
-        argv = agent_argv(
-            simulate=self.simulate,
-            state_dir=self.state_dir,
-            listen=["127.0.0.1:0", f"unix:{self.socket_path}"],
-            args=self.extra_args,
+        argv = (
+            list(self.argv)
+            if self.argv is not None
+            else agent_argv(
+                simulate=self.simulate,
+                state_dir=self.state_dir,
+                listen=["127.0.0.1:0", f"unix:{self.socket_path}"],
+                args=self.extra_args,
+            )
         )
         environ = {**os.environ, **self.env, **(env or {})}
         with self.log_path.open("ab") as log:
@@ -85,7 +97,7 @@ class AgentProcess:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environ
             )
         self._wait_ready(offset)
-        self.tcp = ApiClient(self._tcp_address(offset), self.token)
+        self.tcp = ApiClient(self._tcp_address(offset), self.agent_token)
         return self
 
     def _wait_ready(self, offset: int) -> None:

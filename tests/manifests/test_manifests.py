@@ -51,8 +51,8 @@ def test_agent_role_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         for resource in rule["resources"]
     }
     assert rules == {
-        ("", "pods"): ["create", "delete", "get", "list", "watch"],
-        ("", "resourcequotas"): ["get", "list"],
+        ("", "pods"): ["create", "delete", "get", "list", "patch", "watch"],
+        ("", "pods/finalizers"): ["update"],
         ("", "events"): ["create", "patch"],
         ("events.k8s.io", "events"): ["create", "patch"],
         ("authentication.k8s.io", "tokenreviews"): ["create"],

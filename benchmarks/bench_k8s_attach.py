@@ -1,0 +1,339 @@
+"""Kubernetes-mode attach latency, split into its parts, and 20 pods attaching at once.
+
+Run as root on a host with cgroups and Debian's containerd/runc/busybox-static:
+
+    .venv/bin/python benchmarks/bench_k8s_attach.py [--runs 30] [--pods 20] [--rounds 3]
+
+There is no cluster here, so the control plane is the Kubernetes test tier's (``tests/k8s``):
+a fake API server reached by the official client over HTTP, a kubelet simulator with 8 GPUs
+that runs holder and notebook pods as real containerd/runc containers and serves PodResources
+over gRPC, and the fake NVML with the same GPUs. The agent is the real one, a subprocess in
+Kubernetes mode.
+
+Part 1 times, for one notebook pod, ``POST /v1/attachments {"count": 1}`` and its ``DELETE``
+with the pod's bound token (the whole path), and separately each part of an attach with the
+very adapters the agent uses, called from this process: the TokenReview (what an uncached
+token costs; the agent caches answers for 10 s), resolving the pod to its container (pod GET,
+CRI ``ContainerStatus`` verbose, ``/proc``), a holder pod from create to Running (simulated
+kubelet admission, real containerd sandbox and container) and its deletion, the PodResources
+``Get``, and the grant of one GPU node by the engine. The agent's own overhead is each
+attach minus that attach's own holder create→Running (the agent logs it): what the agent adds
+to the cluster's work.
+
+Part 2 starts ``--pods`` notebook pods and has each attach one GPU at the same moment, over
+``--rounds`` rounds (detaching everything between rounds): 8 succeed, the others get 409
+``insufficient_gpus``; it checks that no GPU was handed out twice (in the answers and in
+PodResources) and prints the latency distribution. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _agent import percentile, summary
+
+# The tier's fixtures stand in for the cluster; they live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, PodTarget, RequestId
+from jupyter_gpu_hotplug.agent.core.injector import EngineInjector, gpu_node
+from jupyter_gpu_hotplug.agent.kubernetes.cri import CriClient
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
+from jupyter_gpu_hotplug.agent.kubernetes.kube import KubeApi
+from jupyter_gpu_hotplug.agent.kubernetes.podresources import PodResourcesClient
+from jupyter_gpu_hotplug.agent.kubernetes.resolver import PodResolver
+from jupyter_gpu_hotplug.linux import cgroups
+from jupyter_gpu_hotplug.linux.engine import HotplugEngine
+from jupyter_gpu_hotplug.nvml.sim import write_config
+from jupyter_gpu_hotplug.nvml.sim.build import ensure_fake_nvml
+from jupyter_gpu_hotplug.nvml.sim.runtime import fake_nvml_environ
+from tests.agent.agent_process import AgentProcess
+from tests.agent.api_harness import ApiClient
+from tests.k8s.agent import kubernetes_argv
+from tests.k8s.apiserver.server import ApiServer
+from tests.k8s.containerd import Containerd, start_containerd
+from tests.k8s.inventory import nvml_config, whole_gpus
+from tests.k8s.kube import FakeKube
+from tests.k8s.kubelet import KubeletSimulator
+
+_HOLDER_WAIT = re.compile(r"holder pod\(s\) .* running after ([0-9.]+) ms")
+NODE = "bench-node"
+GPUS = 8
+NS = "bench"
+
+
+class Cluster:
+    """containerd, the fake API server, the kubelet simulator and the agent, started in order."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.containerd: Containerd = start_containerd()
+        self.server: ApiServer | None = None
+        self.kubelet: KubeletSimulator | None = None
+        self.agent: AgentProcess | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        directory = self.directory
+        self.server = ApiServer()
+        self.server.start()
+        self.kube = FakeKube(self.server, directory)
+        gpus = whole_gpus(GPUS, NODE)
+        kubelet = KubeletSimulator(
+            self.kube,
+            self.containerd,
+            node_name=NODE,
+            gpus=gpus,
+            pod_resources_socket=directory / "kubelet.sock",
+        )
+        self.kubelet = kubelet
+        kubelet.start()
+        config_path = directory / "nvml.conf"
+        write_config(config_path, nvml_config(gpus, NODE))
+        library = ensure_fake_nvml(directory / "nvml-cache")
+        agent = AgentProcess(
+            state_dir=directory / "state",
+            simulate=0,
+            env=fake_nvml_environ(library, config_path),
+        )
+        agent.argv = kubernetes_argv(
+            kube=self.kube,
+            kubelet=kubelet,
+            containerd=self.containerd,
+            state_dir=agent.state_dir,
+            socket_path=agent.socket_path,
+            reconcile_interval=10,
+        )
+        self.agent = agent
+        agent.start()
+
+    def as_pod(self, name: str) -> ApiClient:
+        assert self.agent is not None and self.agent.tcp is not None
+        return self.agent.tcp.with_token(self.kube.pod_token(NS, name))
+
+    @property
+    def node(self) -> KubeletSimulator:
+        assert self.kubelet is not None
+        return self.kubelet
+
+    def close(self) -> None:
+        """Stop what was started, in reverse (also after a failed start)."""
+        if self.agent is not None:
+            self.agent.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.server is not None:
+            self.server.stop()
+        left = self.containerd.stop()
+        if left:
+            print(f"containerd left behind: {left}")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f} ms"
+
+
+def part_one(cluster: Cluster, runs: int) -> None:
+    kubelet = cluster.node
+    notebook = kubelet.run_notebook_pod(NS, "solo")
+    api = cluster.as_pod("solo")
+    attach: list[float] = []
+    detach: list[float] = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        created = api.post("/v1/attachments", {"count": 1})
+        attach.append(time.perf_counter() - start)
+        assert created.status == 201, created.body
+        uuid = created.json()["attachments"][0]["uuid"]
+        start = time.perf_counter()
+        assert api.delete(f"/v1/attachments/{uuid}").status == 204
+        detach.append(time.perf_counter() - start)
+    parts = asyncio.run(_parts(cluster, notebook, runs))
+    print(f"\n--- one pod, one GPU, {runs} runs ---------------------------------------------")
+    print(f"attach (HTTP, whole path)        {summary(attach)}")
+    print(f"detach (HTTP, whole path)        {summary(detach)}")
+    for name, samples in parts.items():
+        print(f"  {name:30} {summary(samples)}")
+    # What the agent itself logged, per attach, as the time from creating its holder to
+    # seeing it Running: subtracted from the same request's latency, it leaves the agent's
+    # own work (and the HTTP round trip) without the cluster's pod start.
+    assert cluster.agent is not None
+    waits = [float(m) / 1000 for m in _HOLDER_WAIT.findall(cluster.agent.log())][-runs:]
+    overhead = [total - wait for total, wait in zip(attach, waits, strict=True)]
+    print(f"holder create -> Running, as the agent saw it  {summary(waits)}")
+    print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
+    running = statistics.median(parts["holder create -> Running"])
+    print(f"(medians subtracted instead: {ms(statistics.median(attach) - running)}; noisier)")
+
+
+async def _parts(cluster: Cluster, notebook: dict[str, Any], runs: int) -> dict[str, list[float]]:
+    kube = KubeApi(cluster.kube.client())
+    podresources = PodResourcesClient(cluster.node.pod_resources_socket)
+    cri = CriClient(cluster.containerd.endpoint)
+    hierarchies = cgroups.discover()
+    resolver = PodResolver(
+        kube=kube, cri=cri, node_name=NODE, host_proc=Path("/proc"), hierarchies=hierarchies
+    )
+    injector = EngineInjector(HotplugEngine(host_proc=Path("/proc"), hierarchies=hierarchies))
+    spec = HolderSpec(node_name=NODE)
+    token = cluster.kube.pod_token(NS, "solo")
+    parts: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "auth (TokenReview, uncached)",
+            "resolve (pod GET + CRI + /proc)",
+            "  of which CRI ContainerStatus",
+            "holder create -> Running",
+            "PodResources Get",
+            "grant (engine, one node)",
+            "holder delete -> gone",
+        )
+    }
+
+    async def timed(name: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = await call(*args, **kwargs)
+        parts[name].append(time.perf_counter() - start)
+        return result
+
+    try:
+        target = PodTarget(NS, "solo", "notebook")
+        container_id = notebook["status"]["containerStatuses"][0]["containerID"]
+        for index in range(runs):
+            await timed(
+                "auth (TokenReview, uncached)", kube.review_token, token, audiences=["gpu-hotplug"]
+            )
+            container = await timed(
+                "resolve (pod GET + CRI + /proc)", asyncio.to_thread, resolver.resolve, target
+            )
+            await timed(
+                "  of which CRI ContainerStatus",
+                asyncio.to_thread,
+                cri.container_status,
+                container_id.partition("://")[2],
+            )
+            body = holder_pod(
+                notebook,
+                container="notebook",
+                container_id=container_id,
+                request_id=RequestId(f"bench-{index}"),
+                index=0,
+                spec=spec,
+            )
+            name = body["metadata"]["name"]
+            start = time.perf_counter()
+            await kube.create_pod(NS, body)
+            async for event in kube.watch_pods(NS, deadline=time.monotonic() + 60):
+                if event.object["metadata"]["name"] == name and (
+                    event.object.get("status", {}).get("phase") == "Running"
+                ):
+                    break
+            parts["holder create -> Running"].append(time.perf_counter() - start)
+            devices = await timed("PodResources Get", asyncio.to_thread, podresources.get, NS, name)
+            assert devices is not None
+            minor = next(
+                g.minor for g in cluster.node.gpus if g.id in devices.device_ids("nvidia.com/gpu")
+            )
+            node = gpu_node(minor, major=NVIDIA_MAJOR)
+            await timed(
+                "grant (engine, one node)", asyncio.to_thread, injector.grant, container, [node]
+            )
+            await asyncio.to_thread(injector.revoke, container, [node], force=False)
+            start = time.perf_counter()
+            await kube.delete_pod(NS, name)
+            while await kube.get_pod(NS, name) is not None:
+                await asyncio.sleep(0.01)  # a benchmark's own wait, not product code
+            parts["holder delete -> gone"].append(time.perf_counter() - start)
+    finally:
+        podresources.close()
+        cri.close()
+        kube.close()
+    return parts
+
+
+def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
+    names = [f"nb-{i:02d}" for i in range(pods)]
+    for name in names:
+        cluster.node.run_notebook_pod(NS, name)
+    clients = {name: cluster.as_pod(name) for name in names}
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    doubles = 0
+    for _ in range(rounds):
+        barrier = threading.Barrier(pods)
+        results: dict[str, tuple[int, list[str], float]] = {}
+
+        def attach(
+            name: str,
+            barrier: threading.Barrier = barrier,
+            results: dict[str, tuple[int, list[str], float]] = results,
+        ) -> None:
+            barrier.wait()
+            start = time.perf_counter()
+            response = clients[name].post("/v1/attachments", {"count": 1})
+            elapsed = time.perf_counter() - start
+            uuids = (
+                [a["uuid"] for a in response.json()["attachments"]]
+                if response.status == 201
+                else []
+            )
+            results[name] = (response.status, uuids, elapsed)
+
+        threads = [threading.Thread(target=attach, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
+        assigned = [
+            device
+            for containers in cluster.node.assignments().values()
+            for devices in containers.values()
+            for device in devices
+        ]
+        doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
+        for status, _, elapsed in results.values():
+            statuses[status] = statuses.get(status, 0) + 1
+            latencies.append(elapsed)
+        for name, (_, uuids, _) in results.items():
+            for uuid in uuids:
+                assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+    print(f"\n--- {pods} pods attach one GPU each at once, {GPUS} GPUs, {rounds} rounds ----------")
+    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(f"latency (all answers)            {summary(latencies)}")
+    print(
+        f"p50 {ms(percentile(latencies, 0.5))}   p90 {ms(percentile(latencies, 0.9))}   "
+        f"p99 {ms(percentile(latencies, 0.99))}   max {ms(max(latencies))}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-k8s-", dir="/tmp") as tmp:
+        cluster = Cluster(Path(tmp))
+        try:
+            part_one(cluster, args.runs)
+            part_two(cluster, args.pods, args.rounds)
+        finally:
+            cluster.close()
+
+
+if __name__ == "__main__":
+    main()

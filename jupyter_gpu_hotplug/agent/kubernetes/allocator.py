@@ -1,0 +1,584 @@
+"""The Kubernetes allocator: each hot-attached GPU is held by a holder pod (``holders.py``).
+
+Why it exists: in Kubernetes the kubelet's device manager, not the agent, decides which GPU is
+free. To take one, the agent creates a holder pod that requests it, waits (on the node's pod
+watch, never by polling) until the holder runs or is refused, and asks PodResources which
+device it got. The holder pods are the durable state: ``load`` rebuilds every reservation from
+their labels and annotations, so a restarted agent knows exactly what it had, and a holder
+that was never told its GPU (the agent died between creating it and reading PodResources) is
+deleted — no container was ever granted that GPU.
+
+Refusals are decided before anything is created where the node lets us see them (the target
+pod's ``max-gpus`` annotation, PodResources' count of free devices) and otherwise by the
+cluster: a holder the kubelet cannot admit (Unschedulable, or ``Failed`` at admission) means
+``insufficient_gpus``; the namespace's ResourceQuota, which the API server enforces when a
+holder is created, means ``forbidden`` with the API server's message, which names the quota;
+a deadline means ``timeout``. Every refusal
+deletes whatever holders the request created and waits until they are gone: nothing is left
+behind.
+
+Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
+node drained): ``on_lost`` is told at once, so the backend can revoke that GPU from the
+container before another pod gets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from ..._structs import MAX_GPUS_ANNOTATION, GpuUuid, PodTarget, RequestId, Target
+from ..core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    InvalidRequest,
+    NotFound,
+    TargetNotReady,
+    Timeout,
+)
+from ..core.seams import ContainerKey, GpuRecord, HostContainer, Reservation, ReservationState
+from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
+from .holders import (
+    ANNOTATION_CONTAINER_ID,
+    ANNOTATION_GRANTED_AT,
+    ANNOTATION_NODE_CREATED,
+    ANNOTATION_STATE,
+    ANNOTATION_TARGET,
+    Holder,
+    HolderSpec,
+    gpu_annotations,
+    holder_pod,
+    read_holder,
+)
+from .kube import KubeApi, KubeConflict, KubeError, KubeForbidden, KubeObject
+from .node_pods import NodePods
+from .podresources import PodDevices, PodResourcesClient, PodResourcesError, device_uuid
+
+__all__ = ["HolderAllocator"]
+
+log = logging.getLogger(__name__)
+
+_GONE_TIMEOUT: Final = 60.0
+"""How long a release waits for deleted holders to disappear (the kubelet counts a GPU as
+used until its holder is gone)."""
+
+Blocking = Callable[..., Awaitable[Any]]
+"""Runs a blocking call off the event loop (the core's ``Workers.host``)."""
+Lost = Callable[[Reservation, str], None]
+"""Told when a holder disappears (or fails) while its reservation stands, with the reason."""
+
+
+class HolderAllocator:
+    """``Allocator`` over holder pods (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        pods: NodePods,
+        podresources: PodResourcesClient,
+        spec: HolderSpec,
+        blocking: Blocking,
+        events: PodEvents | None = None,
+        gone_timeout: float = _GONE_TIMEOUT,
+    ) -> None:
+        self._events = events
+        self._kube = kube
+        self._pods = pods
+        self._podresources = podresources
+        self._spec = spec
+        self._blocking = blocking
+        self._gone_timeout = gone_timeout
+        self._entries: dict[GpuUuid, Reservation] = {}
+        self._holders: dict[GpuUuid, Holder] = {}
+        self._deleting: set[tuple[str, str]] = set()
+        """Holders this agent is deleting: their disappearance is no loss."""
+        self._lost: Lost | None = None
+        self._loaded = False
+
+    def on_lost(self, callback: Lost) -> None:
+        self._lost = callback
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def attachments_of(self, target: Target) -> list[Reservation]:
+        return sorted(
+            (entry for entry in self._entries.values() if entry.target == target),
+            key=_order,
+        )
+
+    def all_attachments(self) -> list[Reservation]:
+        return sorted(self._entries.values(), key=_order)
+
+    def get(self, uuid: GpuUuid) -> Reservation | None:
+        return self._entries.get(uuid)
+
+    def holder_of(self, uuid: GpuUuid) -> Holder | None:
+        return self._holders.get(uuid)
+
+    async def check(self) -> None:
+        """The kubelet answers PodResources (the node-local half of the durable state)."""
+        await self._blocking(self._podresources.list)
+
+    # --- load ----------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        await self._pods.start()
+        if not self._loaded:
+            self._pods.listen(self._on_pod)
+            self._loaded = True
+        self._entries.clear()
+        self._holders.clear()
+        unfinished: list[Holder] = []
+        for pod in self._pods.pods():
+            holder = read_holder(pod)
+            if holder is None or holder.deleting:
+                continue
+            if holder.uuid is None or holder.minor is None:
+                unfinished.append(holder)
+                continue
+            self._remember(holder)
+        if unfinished:
+            log.warning(
+                "deleting %d holder pod(s) whose attach never learnt its GPU: %s",
+                len(unfinished),
+                ", ".join(holder.ref for holder in unfinished),
+            )
+            await self._delete_and_wait(unfinished, timeout=self._gone_timeout)
+        log.info("holder pods on this node: %d reservation(s)", len(self._entries))
+
+    def _remember(self, holder: Holder) -> Reservation:
+        assert holder.uuid is not None and holder.minor is not None
+        entry = Reservation(
+            gpu=GpuRecord(holder.uuid, holder.index or 0, holder.minor, holder.gpu_name),
+            target=holder.target,
+            container=ContainerKey(holder.container_id),
+            state=holder.state,
+            request_id=holder.request_id,
+            created_at=holder.created_at,
+            granted_at=holder.granted_at,
+            holder=holder.ref,
+            node_created=holder.node_created,
+        )
+        self._entries[holder.uuid] = entry
+        self._holders[holder.uuid] = holder
+        return entry
+
+    # --- reserve -------------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        try:
+            return await self._reserve_checked(
+                container, count, request_id=request_id, deadline=deadline, candidates=candidates
+            )
+        except (PodResourcesError, KubeError) as e:
+            # The node's kubelet or the API server did not answer (what was created is rolled
+            # back already): the cluster's trouble, not a bug of the agent's, and passing.
+            raise TargetNotReady(
+                f"GPUs cannot be reserved for {container.target} now: {e}",
+                hint="the node's kubelet or the API server did not answer; try again shortly",
+            ) from e
+
+    async def _reserve_checked(
+        self,
+        container: HostContainer,
+        count: int,
+        *,
+        request_id: RequestId | None,
+        deadline: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        target = container.target
+        if not isinstance(target, PodTarget) or target.container is None:
+            raise InvalidRequest(f"{target} is not a pod's container", field="target")
+        if request_id is not None:
+            earlier = [e for e in self.attachments_of(target) if e.request_id == request_id]
+            if earlier:
+                if len(earlier) != count:
+                    raise InvalidRequest.request_id_reused(
+                        request_id, used=len(earlier), requested=count
+                    )
+                return earlier
+        wait_seconds = max(0.0, deadline - time.monotonic())
+        if wait_seconds <= 0:
+            raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
+        pod = await self._target_pod(target, container)
+        self._check_limit(pod, target, count)
+        free = await self._free(candidates)
+        if len(free) < count:
+            raise InsufficientGpus(free=len(free), requested=count)
+        bodies = [
+            holder_pod(
+                pod,
+                container=target.container,
+                container_id=container.key,
+                request_id=request_id,
+                index=index,
+                spec=self._spec,
+            )
+            for index in range(count)
+        ]
+        created: list[KubeObject] = []
+        try:
+            return await self._reserve(target, bodies, created, deadline, wait_seconds, candidates)
+        except BaseException:
+            holders = [h for h in map(read_holder, created) if h is not None]
+            await asyncio.shield(self._delete_and_wait(holders, timeout=self._gone_timeout))
+            raise
+
+    async def _target_pod(self, target: PodTarget, container: HostContainer) -> KubeObject:
+        """The target pod from the node's live view when that view already shows the container
+        the resolver just found (same uid-bearing object, current enough), else from the API."""
+        pod = self._pods.get(target.namespace, target.name)
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        if not any(status.get("containerID") == container.key for status in statuses):
+            pod = await self._kube.get_pod(target.namespace, target.name)
+        if pod is None:
+            raise NotFound("pod", f"{target.namespace}/{target.name}")
+        return pod
+
+    def _check_limit(self, pod: KubeObject, target: PodTarget, count: int) -> None:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        raw = annotations.get(MAX_GPUS_ANNOTATION)
+        if raw is None:
+            return
+        try:
+            limit = int(raw)
+        except ValueError:
+            limit = 0  # an unreadable limit allows nothing: fail closed
+        held = sum(
+            1
+            for entry in self._entries.values()
+            if isinstance(entry.target, PodTarget)
+            and (entry.target.namespace, entry.target.name) == (target.namespace, target.name)
+        )
+        if held + count > limit:
+            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=count)
+
+    async def _free(
+        self, candidates: Sequence[GpuRecord], *, ignore: Collection[tuple[str, str]] = ()
+    ) -> list[GpuRecord]:
+        """The candidates no pod on the node holds (but those in ``ignore``), as PodResources
+        tells."""
+        pods: list[PodDevices] = await self._blocking(self._podresources.list)
+        used = {
+            device_uuid(device)
+            for pod in pods
+            if (pod.namespace, pod.name) not in ignore
+            for device in pod.device_ids(self._spec.resource_name)
+        }
+        return [gpu for gpu in candidates if gpu.uuid not in used]
+
+    async def _reserve(
+        self,
+        target: PodTarget,
+        bodies: list[KubeObject],
+        created: list[KubeObject],
+        deadline: float,
+        wait_seconds: float,
+        candidates: Sequence[GpuRecord],
+    ) -> list[Reservation]:
+        namespace = target.namespace
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(self._kube.create_pod(namespace, body) for body in bodies), return_exceptions=True
+        )
+        failure: BaseException | None = None
+        for result in results:
+            if isinstance(result, BaseException):
+                failure = failure or result
+                continue
+            created.append(result)
+            self._pods.remember(result)
+        if isinstance(failure, KubeForbidden):
+            raise Forbidden(
+                f"a holder pod for {target} was refused: {failure}",
+                hint="a ResourceQuota of the namespace (named above) or a policy forbids it",
+            ) from failure
+        if isinstance(failure, KubeConflict):
+            raise Busy.operation_in_progress(str(target)) from failure
+        if failure is not None:
+            raise failure
+        names = [body["metadata"]["name"] for body in bodies]
+        outcome = await self._pods.wait_for(
+            lambda: _settled(self._pods, namespace, names), deadline=deadline
+        )
+        if outcome is None:
+            raise Timeout(
+                f"the holder pod(s) for {target} did not run within {wait_seconds:.0f} s",
+                wait_seconds=wait_seconds,
+            )
+        log.info(
+            "holder pod(s) %s for %s: %s after %.1f ms (create to Running or refused)",
+            ", ".join(f"{namespace}/{name}" for name in names),
+            target,
+            "refused" if outcome else "running",
+            (time.monotonic() - started) * 1000,
+        )
+        if outcome:
+            # This request's own holders are about to go: what they hold counts as free.
+            free = await self._free(candidates, ignore={(namespace, name) for name in names})
+            raise InsufficientGpus(
+                free=len(free),
+                requested=len(bodies),
+                hint=f"the kubelet refused a holder pod: {outcome}",
+            )
+        return await self._learn_gpus(target, names, candidates)
+
+    async def _learn_gpus(
+        self, target: PodTarget, names: list[str], candidates: Sequence[GpuRecord]
+    ) -> list[Reservation]:
+        """Ask PodResources which GPU each running holder got, and record it on the holder."""
+        by_uuid = {gpu.uuid: gpu for gpu in candidates}
+        records: list[tuple[str, GpuRecord]] = []
+        for name in names:
+            devices: PodDevices | None = await self._blocking(
+                self._podresources.get, target.namespace, name
+            )
+            ids = [] if devices is None else devices.device_ids(self._spec.resource_name)
+            uuids = {device_uuid(device) for device in ids}
+            if len(uuids) != 1:
+                raise InsufficientGpus(
+                    free=0,
+                    requested=len(names),
+                    hint=f"the kubelet reports devices {ids} for holder {name}, not one "
+                    f"{self._spec.resource_name}",
+                )
+            (uuid,) = uuids
+            gpu = by_uuid.get(GpuUuid(uuid))
+            if gpu is None or uuid in self._entries or any(r.uuid == uuid for _, r in records):
+                raise InsufficientGpus(
+                    free=0,
+                    requested=len(names),
+                    hint=f"the device plugin gave holder {name} the device {uuid}, which this "
+                    "node's NVML does not list or which is held already: check the agent's "
+                    "resource name and the device plugin's configuration",
+                )
+            records.append((name, gpu))
+        entries: list[Reservation] = []
+        for name, gpu in records:
+            pod = await self._kube.annotate_pod(
+                target.namespace,
+                name,
+                gpu_annotations(uuid=gpu.uuid, index=gpu.index, minor=gpu.minor, name=gpu.name),
+            )
+            self._pods.remember(pod)
+            holder = read_holder(pod)
+            if holder is None or holder.uuid != gpu.uuid:
+                raise InsufficientGpus(
+                    free=0, requested=len(names), hint=f"holder {name} changed under the agent"
+                )
+            entries.append(self._remember(holder))
+        return sorted(entries, key=_order)
+
+    # --- state changes -------------------------------------------------------------------------
+
+    async def _set_state(
+        self,
+        uuids: Collection[GpuUuid],
+        state: ReservationState,
+        *,
+        extra: dict[str, str],
+    ) -> list[Reservation]:
+        """Move the holders to ``state``, recording ``extra`` annotations with it."""
+        changed: list[Reservation] = []
+        for uuid in uuids:
+            holder = self._holders.get(uuid)
+            if holder is None:
+                raise NotFound("attachment", uuid)
+            if self._entries[uuid].state is state:
+                changed.append(self._entries[uuid])
+                continue
+            annotations = {ANNOTATION_STATE: str(state), **extra}
+            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
+            self._pods.remember(pod)
+            updated = read_holder(pod)
+            if updated is None or updated.uuid != uuid:
+                raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
+            changed.append(self._remember(updated))
+        return changed
+
+    async def mark_granted(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> list[Reservation]:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
+        granted = await self._set_state(
+            [uuid for uuid in uuids if uuid in nodes_created],
+            ReservationState.GRANTED,
+            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "true"},
+        )
+        granted += await self._set_state(
+            [uuid for uuid in uuids if uuid not in nodes_created],
+            ReservationState.GRANTED,
+            extra={ANNOTATION_GRANTED_AT: now},
+        )
+        granted.sort(key=_order)
+        for entry in granted:
+            if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
+                self._event(entry, ATTACHED, "attached")
+        return granted
+
+    def _event(self, entry: Reservation, reason: str, verb: str, *, warning: bool = False) -> None:
+        if self._events is not None:
+            container = getattr(entry.target, "container", None)
+            self._events.emit(
+                entry.target,
+                reason,
+                f"{verb} GPU {entry.gpu.uuid} (/dev/nvidia{entry.gpu.minor}) "
+                f"{'to' if reason != DETACHED else 'from'} container {container}, "
+                f"held by pod {entry.holder}",
+                warning=warning,
+            )
+
+    def _refuse_reserving(self, uuids: Collection[GpuUuid]) -> None:
+        """``NotFound`` for a GPU not reserved, ``Busy`` for one whose attach is under way."""
+        for uuid in uuids:
+            entry = self._entries.get(uuid)
+            if entry is None:
+                raise NotFound("attachment", uuid)
+            if entry.state is ReservationState.RESERVING:
+                raise Busy.operation_in_progress(str(entry.target))
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        self._refuse_reserving(uuids)
+        return await self._set_state(uuids, ReservationState.RELEASING, extra={})
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        self._refuse_reserving(uuids)
+        return await self._set_state(uuids, ReservationState.GRANTED, extra={})
+
+    async def rebind(
+        self, uuids: Collection[GpuUuid], container: HostContainer
+    ) -> list[Reservation]:
+        moved = {
+            uuid
+            for uuid in uuids
+            if (e := self._entries.get(uuid)) and e.container != container.key
+        }
+        annotations = {
+            ANNOTATION_CONTAINER_ID: container.key,
+            ANNOTATION_TARGET: container.target.key,
+        }
+        rebound: list[Reservation] = []
+        for uuid in uuids:
+            holder = self._holders.get(uuid)
+            if holder is None:
+                raise NotFound("attachment", uuid)
+            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
+            self._pods.remember(pod)
+            updated = read_holder(pod)
+            if updated is None:
+                raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
+            entry = self._remember(updated)
+            rebound.append(entry)
+            if uuid in moved:
+                self._event(entry, REINJECTED, "re-injected")
+        return rebound
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        holders = [self._holders[uuid] for uuid in uuids if uuid in self._holders]
+        await self._delete_and_wait(holders, timeout=self._gone_timeout)
+        for uuid in uuids:
+            entry = self._entries.pop(uuid, None)
+            self._holders.pop(uuid, None)
+            if entry is not None and entry.state is not ReservationState.RESERVING:
+                self._event(entry, DETACHED, "detached")
+
+    async def _delete_and_wait(self, holders: Sequence[Holder], *, timeout: float) -> None:
+        """Delete the holders (only the very pods we know, by uid) and wait until they are gone
+        from the node's view; a holder still there after ``timeout`` is logged."""
+        if not holders:
+            return
+        keys = {(h.namespace, h.name) for h in holders}
+        self._deleting |= keys
+        try:
+            await asyncio.gather(
+                *(self._kube.delete_pod(h.namespace, h.name, uid=h.uid or None) for h in holders)
+            )
+
+            def all_gone() -> bool | None:
+                gone = all(
+                    self._pods.get(h.namespace, h.name) is None or _replaced(self._pods, h)
+                    for h in holders
+                )
+                return True if gone else None
+
+            await self._pods.wait_for(all_gone, deadline=time.monotonic() + timeout)
+            still = [
+                h.ref
+                for h in holders
+                if self._pods.get(h.namespace, h.name) is not None and not _replaced(self._pods, h)
+            ]
+            if still:
+                log.warning("holder pod(s) still terminating after %.0f s: %s", timeout, still)
+        finally:
+            self._deleting -= keys
+
+    # --- holders lost behind our back ----------------------------------------------------------
+
+    def _on_pod(self, kind: str, pod: KubeObject) -> None:
+        metadata = pod.get("metadata") or {}
+        key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+        if key in self._deleting:
+            return
+        for uuid, holder in list(self._holders.items()):
+            if (holder.namespace, holder.name) != key:
+                continue
+            if holder.uid and metadata.get("uid") and metadata.get("uid") != holder.uid:
+                continue
+            status = pod.get("status") or {}
+            if kind == "DELETED":
+                reason = "its holder pod was deleted"
+            elif metadata.get("deletionTimestamp"):
+                reason = "its holder pod is being deleted"
+            elif status.get("phase") in ("Failed", "Succeeded"):
+                reason = f"its holder pod ended ({status.get('reason') or status.get('phase')})"
+            else:
+                continue
+            entry = self._entries.get(uuid)
+            if entry is not None and self._lost is not None:
+                self._lost(entry, reason)
+
+
+def _order(entry: Reservation) -> tuple[int, str]:
+    return entry.gpu.index, entry.gpu.uuid
+
+
+def _replaced(pods: NodePods, holder: Holder) -> bool:
+    """A pod of that name exists, but it is another one (a new uid)."""
+    pod = pods.get(holder.namespace, holder.name)
+    uid = (pod or {}).get("metadata", {}).get("uid")
+    return pod is not None and bool(holder.uid) and bool(uid) and uid != holder.uid
+
+
+def _settled(pods: NodePods, namespace: str, names: list[str]) -> str | None:
+    """ "" when every holder runs, the reason when one never will, None while undecided."""
+    running = 0
+    for name in names:
+        pod = pods.get(namespace, name)
+        if pod is None:
+            return f"holder pod {namespace}/{name} was deleted"
+        holder = read_holder(pod)
+        if holder is None:
+            return f"holder pod {namespace}/{name} is not a holder any more"
+        if holder.deleting:
+            return f"holder pod {namespace}/{name} is being deleted"
+        if holder.unschedulable is not None:
+            return f"holder pod {namespace}/{name}: {holder.unschedulable}"
+        if holder.phase == "Running":
+            running += 1
+    return "" if running == len(names) else None

@@ -1,0 +1,101 @@
+"""The real agent in Kubernetes mode as a subprocess, against the tier's fake apiserver, the
+kubelet simulator's PodResources socket and the real containerd's CRI socket."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..agent.agent_process import AgentProcess
+from ..agent.api_harness import ApiClient
+from ..fixtures.nvml import FakeNvmlNode
+from .apiserver.resources import EVENTS
+from .containerd import Containerd
+from .kube import FakeKube
+from .kubelet import KubeletSimulator
+
+RECONCILE_INTERVAL = 1.0
+"""Seconds between the agent's timed reconciliations in these tests."""
+
+HOLDER_LABEL = "gpu-hotplug.jupyter.org/holder"
+
+
+def kubernetes_argv(
+    *,
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    containerd: Containerd,
+    state_dir: Path,
+    socket_path: Path,
+    reconcile_interval: float = RECONCILE_INTERVAL,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "jupyter_gpu_hotplug.agent.app",
+        "--backend=kubernetes",
+        f"--node-name={kubelet.node_name}",
+        f"--kubeconfig={kube.kubeconfig_path}",
+        f"--pod-resources-socket={kubelet.pod_resources_socket}",
+        f"--cri-endpoint={containerd.endpoint}",
+        f"--state-dir={state_dir}",
+        f"--reconcile-interval={reconcile_interval}",
+        "--listen=127.0.0.1:0",
+        f"--listen=unix:{socket_path}",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def k8s_agent(
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    kubelet_nvml: FakeNvmlNode,
+    containerd: Containerd,
+) -> Iterator[AgentProcess]:
+    """The agent for ``kubelet``'s node, running (stopped at teardown, its log shown on
+    failure)."""
+    directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
+    state_dir = directory / "state"
+    process = AgentProcess(state_dir=state_dir, simulate=0, env=kubelet_nvml.environ())
+    process.argv = kubernetes_argv(
+        kube=kube,
+        kubelet=kubelet,
+        containerd=containerd,
+        state_dir=state_dir,
+        socket_path=process.socket_path,
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-6000:])
+
+
+def as_pod(agent: AgentProcess, kube: FakeKube, namespace: str, name: str) -> ApiClient:
+    """The agent's API as the pod's own bound token (audience gpu-hotplug) calls it."""
+    assert agent.tcp is not None
+    return agent.tcp.with_token(kube.pod_token(namespace, name))
+
+
+def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:
+    return [
+        pod
+        for pod in kube.pods(namespace)
+        if (pod["metadata"].get("labels") or {}).get(HOLDER_LABEL) == "true"
+    ]
+
+
+def event_reasons(kube: FakeKube, namespace: str, pod: str) -> list[str]:
+    """The reasons of the Events recorded on the pod, oldest first."""
+    events = kube.call(kube.server.cluster.store.list, EVENTS, namespace)
+    return [
+        event["reason"] for event in events if event.get("involvedObject", {}).get("name") == pod
+    ]

@@ -1,0 +1,144 @@
+"""The test image: busybox-static's binary as a one-layer OCI image, written with no registry.
+
+Why: no registry is reachable on CI, yet the kubelet simulator must run real containers. An
+OCI image layout tarball is all ``ctr images import`` needs. One layer (uncompressed, so its
+digest is also its diff id) carries ``/bin/busybox`` and symlinks for the applets tests use;
+two image configs over it give the sandbox ("pause") image, whose default process is
+``sleep infinity``, and a general image whose command the pod spec sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+BUSYBOX: Final = Path("/bin/busybox")
+"""Debian's ``busybox-static``: statically linked, so the image needs no libraries."""
+
+PAUSE_IMAGE: Final = "localhost/k8stier/pause:1"
+"""Sandbox (pause) image, and what pods without a command run: ``sleep infinity``."""
+TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
+"""Same layer, default command ``sh``: pods that give a command run it here."""
+
+APPLETS: Final = (
+    "[", "cat", "cut", "echo", "env", "false", "grep", "head", "id", "kill", "ls", "mkdir",
+    "mknod", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch", "tr",
+    "true", "wc",
+)  # fmt: skip
+"""Applets linked into ``/bin``: what a pod's command or an exec in a test may call."""
+
+_LAYER_MEDIA: Final = "application/vnd.oci.image.layer.v1.tar"
+_CONFIG_MEDIA: Final = "application/vnd.oci.image.config.v1+json"
+_MANIFEST_MEDIA: Final = "application/vnd.oci.image.manifest.v1+json"
+_INDEX_MEDIA: Final = "application/vnd.oci.image.index.v1+json"
+
+
+@dataclass(frozen=True)
+class _Blob:
+    data: bytes
+    media_type: str
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+    def descriptor(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": len(self.data),
+            **extra,
+        }
+
+
+def _add(archive: tarfile.TarFile, name: str, data: bytes | None = None, **attrs: Any) -> None:
+    info = tarfile.TarInfo(name)
+    info.mode = attrs.pop("mode", 0o644)
+    info.size = len(data or b"")
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    archive.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def _static_busybox() -> bytes:
+    """``/bin/busybox``, refused unless statically linked (the image has no libraries)."""
+    if not BUSYBOX.exists():
+        raise RuntimeError(f"{BUSYBOX} is missing: apt-get install busybox-static")
+    binary = BUSYBOX.read_bytes()
+    if b"ld-linux" in binary[:4096]:  # a dynamic ELF names its interpreter up front
+        raise RuntimeError(f"{BUSYBOX} is dynamically linked: apt-get install busybox-static")
+    return binary
+
+
+def _layer() -> _Blob:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as layer:
+        # Mount points runc and the CRI plugin expect to exist in the rootfs.
+        for directory in ("bin", "dev", "etc", "proc", "sys", "tmp"):
+            _add(layer, directory, type=tarfile.DIRTYPE, mode=0o755)
+        _add(layer, "bin/busybox", _static_busybox(), mode=0o755)
+        for applet in APPLETS:
+            _add(layer, f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox", mode=0o777)
+    return _Blob(buffer.getvalue(), _LAYER_MEDIA)
+
+
+def _image(
+    name: str, layer: _Blob, entrypoint: list[str] | None, cmd: list[str]
+) -> tuple[dict[str, Any], list[_Blob]]:
+    config = _Blob(
+        json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {
+                    "Env": ["PATH=/bin"],
+                    "Entrypoint": entrypoint,
+                    "Cmd": cmd,
+                    "WorkingDir": "/",
+                },
+                "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
+            }
+        ).encode(),
+        _CONFIG_MEDIA,
+    )
+    manifest = _Blob(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": _MANIFEST_MEDIA,
+                "config": config.descriptor(),
+                "layers": [layer.descriptor()],
+            }
+        ).encode(),
+        _MANIFEST_MEDIA,
+    )
+    # `ctr images import` names the image after this annotation (the ref.name alone would need
+    # --base-name).
+    annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"}
+    return manifest.descriptor(annotations=annotations), [config, manifest]
+
+
+def write_oci_archive(path: Path) -> tuple[str, ...]:
+    """Write both test images as one OCI image-layout tarball; returns their names."""
+    layer = _layer()
+    blobs = [layer]
+    manifests = []
+    for name, entrypoint, cmd in (
+        (PAUSE_IMAGE, ["/bin/sleep"], ["infinity"]),
+        (TOOLS_IMAGE, None, ["/bin/sh"]),
+    ):
+        descriptor, image_blobs = _image(name, layer, entrypoint, cmd)
+        manifests.append(descriptor)
+        blobs.extend(image_blobs)
+    index = {"schemaVersion": 2, "mediaType": _INDEX_MEDIA, "manifests": manifests}
+    with tarfile.open(path, "w") as archive:
+        _add(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+        _add(archive, "index.json", json.dumps(index).encode())
+        for blob in {b.digest: b for b in blobs}.values():
+            _add(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
+    return PAUSE_IMAGE, TOOLS_IMAGE
