@@ -44,6 +44,7 @@ __all__ = [
     "KernelNotFound",
     "KernelNotRunning",
     "KernelNotSandboxed",
+    "RequestNotWaiting",
     "ShuttingDown",
     "error_reply",
     "internal_error_reply",
@@ -155,6 +156,20 @@ class GpuNotAttached(HotplugError):
         super().__init__(
             f"GPU {uuid} is not attached to kernel {kernel_id}",
             extra={"resource": "attachment", "name": uuid},
+        )
+
+
+class RequestNotWaiting(HotplugError):
+    """Cancel named a request that is not waiting for this kernel (served, failed, another
+    kernel's, or never made)."""
+
+    code = "not_found"
+
+    def __init__(self, request_id: str, *, kernel_id: str | None) -> None:
+        whose = "this pod" if kernel_id is None else f"kernel {kernel_id}"
+        super().__init__(
+            f"no attach request {request_id} is waiting for a GPU for {whose}",
+            extra={"resource": "queued_request", "name": request_id},
         )
 
 

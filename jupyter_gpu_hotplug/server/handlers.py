@@ -17,6 +17,8 @@ Routes (relative to the server's ``base_url``; JSON shapes in ``models``):
 - ``POST gpu-hotplug/api/attach`` ``{count, kernel_id?, wait_seconds?, request_id?}`` → 201
   ``AttachJson``
 - ``POST gpu-hotplug/api/detach`` ``{uuid | "all", force?, kernel_id?}`` → 204
+- ``POST gpu-hotplug/api/cancel`` ``{request_id, kernel_id?}`` → 204: a waiting attach
+  leaves the agent's queue
 - ``GET gpu-hotplug/api/stream[?kernel_id=K]`` → ``text/event-stream`` of ``metrics``
   (``GpusJson``), ``progress`` (``ProgressJson``) and ``error`` (an error body plus
   ``status``) events
@@ -41,7 +43,13 @@ from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
 from .stream import STREAM_PREAMBLE, Subscription
-from .validation import MAX_BODY_BYTES, parse_attach, parse_detach, parse_kernel_query
+from .validation import (
+    MAX_BODY_BYTES,
+    parse_attach,
+    parse_cancel,
+    parse_detach,
+    parse_kernel_query,
+)
 
 AUTH_RESOURCE = "gpu_hotplug"
 """The resource name our handlers ask the server's ``Authorizer`` about."""
@@ -170,6 +178,21 @@ class DetachHandler(BodyHandler):
         self.finish()
 
 
+class CancelHandler(BodyHandler):
+    """``POST cancel``: stop waiting for a free GPU (the attach's ``POST`` then fails).
+
+    A ``POST`` with a body like ``detach`` rather than ``DELETE`` of a queue URL: the kernel
+    travels in the body as everywhere else in this API, and the browser's code stays one shape.
+    """
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        await self.manager.cancel(parse_cancel(self.body))
+        self.set_status(204)
+        self.finish()
+
+
 class StreamHandler(GPUHotplugAPIHandler):
     """``GET stream``: server-sent events until the client leaves or the server stops.
 
@@ -214,6 +237,7 @@ VERSION_URL = rf"{API_PREFIX}/version"
 GPUS_URL = rf"{API_PREFIX}/gpus"
 ATTACH_URL = rf"{API_PREFIX}/attach"
 DETACH_URL = rf"{API_PREFIX}/detach"
+CANCEL_URL = rf"{API_PREFIX}/cancel"
 STREAM_URL = rf"{API_PREFIX}/stream"
 
 default_handlers: list[tuple[str, type[GPUHotplugAPIHandler]]] = [
@@ -221,5 +245,6 @@ default_handlers: list[tuple[str, type[GPUHotplugAPIHandler]]] = [
     (GPUS_URL, GpusHandler),
     (ATTACH_URL, AttachHandler),
     (DETACH_URL, DetachHandler),
+    (CANCEL_URL, CancelHandler),
     (STREAM_URL, StreamHandler),
 ]

@@ -22,13 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
-from ..client import AsyncAgentClient, Attachment, Gpu
+from ..client import AgentClientError, AsyncAgentClient, Attachment, Gpu
 from ..nvml.state import GpuMonitor, Snapshot
 from .errors import (
     GpuNotAttached,
     HotplugError,
     KernelIdRequired,
     KernelNotFound,
+    RequestNotWaiting,
     ShuttingDown,
     error_reply,
     internal_error_reply,
@@ -45,7 +46,7 @@ from .models import (
 )
 from .stream import EventHub, Reading, Subscription
 from .targets import KernelSandboxes
-from .validation import AttachRequest, DetachRequest, KernelId
+from .validation import AttachRequest, CancelRequest, DetachRequest, KernelId
 
 __all__ = ["HotplugManager"]
 
@@ -292,7 +293,8 @@ class HotplugManager:
         self._calls.add(call)
         try:
             while not (await asyncio.wait({call}, timeout=self.interval))[0]:
-                progress.publish("waiting")
+                place = await self._queue_place(request, target, request_id)
+                progress.publish("waiting", **place)
             if call.cancelled():
                 raise ShuttingDown()
             attachments = call.result()
@@ -312,6 +314,40 @@ class HotplugManager:
             "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
         )
         return AttachJson(request_id=request_id, kernel_id=request.kernel_id, attachments=wire)
+
+    async def _queue_place(
+        self, request: AttachRequest, target: PidRef | None, request_id: RequestId
+    ) -> dict[str, int]:
+        """``{position, of}`` while the attach waits in the agent's queue (local mode, with
+        ``wait_seconds``), else ``{}``. One agent call per interval of a waiting attach,
+        however many streams watch it; a failure only leaves the place out of the event."""
+        if self.mode != "local" or request.wait_seconds is None:
+            return {}
+        try:
+            waiting = await self.client.queued(target)
+        except AgentClientError as error:
+            self._log.debug("cannot read the queue place of %s: %r", request_id, error)
+            return {}
+        for queued in waiting:
+            if queued.request_id == request_id:
+                return {"position": queued.position, "of": queued.length}
+        return {}
+
+    async def cancel(self, request: CancelRequest) -> None:
+        """Take the target's waiting attach ``request.request_id`` out of the agent's queue;
+        its ``POST attach`` then fails (``insufficient_gpus``, saying it was cancelled)."""
+        self._check_open()
+        target = self._required_target(request.kernel_id, "cancel a waiting attach")
+        # The agent cancels any request id it is given: make sure this one is the target's.
+        waiting = await self.client.queued(target)
+        if request.request_id not in {queued.request_id for queued in waiting}:
+            raise RequestNotWaiting(request.request_id, kernel_id=request.kernel_id)
+        await self.client.cancel_queued(request.request_id)
+        self._log.info(
+            "cancelled the waiting attach %s of %s",
+            request.request_id,
+            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
+        )
 
     async def detach(self, request: DetachRequest) -> None:
         """Detach one GPU of the target, or all of them."""

@@ -151,10 +151,13 @@ class _ProgressRequired(TypedDict):
 
 class ProgressJson(_ProgressRequired, total=False):
     """A ``progress`` event: ``attachments`` when ``attached``, ``error`` when ``failed``
-    (the same body an HTTP error has)."""
+    (the same body an HTTP error has); ``position`` and ``of`` while ``waiting`` in the
+    agent's queue (1 of 3: served next, three requests wait on the node), when it says."""
 
     attachments: list[AttachmentWire]
     error: dict[str, object]
+    position: int
+    of: int
 
 
 def attachment_json(attachment: Attachment) -> AttachmentWire:

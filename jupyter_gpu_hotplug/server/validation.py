@@ -36,9 +36,11 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_WAIT_SECONDS",
     "AttachRequest",
+    "CancelRequest",
     "DetachRequest",
     "KernelId",
     "parse_attach",
+    "parse_cancel",
     "parse_detach",
     "parse_kernel_query",
 ]
@@ -56,6 +58,7 @@ DETACH_ALL: Final = "all"
 
 _ATTACH_FIELDS: Final = ("count", "kernel_id", "request_id", "wait_seconds")
 _DETACH_FIELDS: Final = ("force", "kernel_id", "uuid")
+_CANCEL_FIELDS: Final = ("kernel_id", "request_id")
 _QUERY_FIELDS: Final = ("kernel_id",)
 
 
@@ -78,6 +81,15 @@ class DetachRequest:
 
     uuid: GpuUuid | None
     force: bool = False
+    kernel_id: KernelId | None = None
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """``POST cancel``: take the kernel's (or, in Kubernetes, the pod's) waiting attach
+    ``request_id`` out of the agent's queue."""
+
+    request_id: RequestId
     kernel_id: KernelId | None = None
 
 
@@ -155,19 +167,35 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
             field="wait_seconds",
         )
     request_id = obj.get("request_id")
-    if request_id is not None and (
-        not isinstance(request_id, str) or REQUEST_ID_RE.fullmatch(request_id) is None
-    ):
-        raise InvalidInput(
-            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
-            f"got {_describe(request_id)}",
-            field="request_id",
-        )
     return AttachRequest(
         count=count,
         kernel_id=_optional_kernel_id(obj),
         wait_seconds=None if wait_seconds is None else float(wait_seconds),
-        request_id=None if request_id is None else RequestId(request_id),
+        request_id=None if request_id is None else _request_id(request_id),
+    )
+
+
+def _request_id(value: object) -> RequestId:
+    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
+        raise InvalidInput(
+            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
+            f"got {_describe(value)}",
+            field="request_id",
+        )
+    return RequestId(value)
+
+
+def parse_cancel(body: bytes) -> CancelRequest:
+    """``{"request_id": R, "kernel_id"?}``: the waiting attach to cancel."""
+    obj = _json_object(body)
+    _only(obj, _CANCEL_FIELDS, where="member")
+    if "request_id" not in obj:
+        raise InvalidInput(
+            "request_id is required: the waiting attach to cancel (as its progress names it)",
+            field="request_id",
+        )
+    return CancelRequest(
+        request_id=_request_id(obj["request_id"]), kernel_id=_optional_kernel_id(obj)
     )
 
 

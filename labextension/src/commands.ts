@@ -15,8 +15,9 @@ import { Widget } from '@lumino/widgets';
 
 import { Classes, CommandIds } from './constants';
 import { cudaAlreadyInitialised } from './cuda';
-import { GpuModel } from './gpuModel';
+import { GpuModel, IOperation } from './gpuModel';
 import { describeError } from './handler';
+import { waitingMessage } from './menu';
 import { IBusyProcess, IErrorBody } from './types';
 
 /** What the commands need from the application. */
@@ -74,6 +75,14 @@ export function addCommands(ctx: ICommandContext): void {
         (args.processes as unknown as IBusyProcess[] | undefined) ?? null
       )
   });
+  commands.addCommand(CommandIds.cancelWait, {
+    label: args =>
+      (args.label as string) ?? trans.__('Stop waiting for a free GPU'),
+    isEnabled: args =>
+      enabled(args) &&
+      ctx.model.state(kernelOf(args))?.operation?.waiting === true,
+    execute: args => cancelWait(ctx, kernelOf(args))
+  });
   commands.addCommand(CommandIds.openPanel, {
     label: args => (args.label as string) ?? trans.__('Open the GPU panel'),
     execute: () => ctx.openPanel()
@@ -101,20 +110,25 @@ class ProgressNote {
     this._id = Notification.emit(message, 'in-progress', { autoClose: false });
   }
 
-  async finish(
+  /** Show `options` (after the first drawing; updates keep their order). */
+  finish(
     options: Omit<Notification.IOptions<ReadonlyJSONValue>, 'id'> & {
       message: string;
       type: Notification.TypeOptions;
     }
   ): Promise<void> {
-    const left = this._since + MIN_SHOWN_MS - Date.now();
-    if (left > 0) {
-      await new Promise(resolve => setTimeout(resolve, left));
-    }
-    Notification.update({ id: this._id, ...options });
+    this._shown = this._shown.then(async () => {
+      const left = this._since + MIN_SHOWN_MS - Date.now();
+      if (left > 0) {
+        await new Promise(resolve => setTimeout(resolve, left));
+      }
+      Notification.update({ id: this._id, actions: [], ...options });
+    });
+    return this._shown;
   }
 
   private readonly _id: string;
+  private _shown: Promise<void> = Promise.resolve();
   private readonly _since = Date.now();
 }
 
@@ -140,25 +154,47 @@ async function attach(
   const note = new ProgressNote(
     trans._n('Attaching %1 GPU…', 'Attaching %1 GPUs…', count)
   );
+  // Each new place in the queue updates the note; it offers to stop waiting.
+  let shown: IOperation | null = null;
   const onChanged = (_: GpuModel, changed: string) => {
-    const operation = model.state(kernelId)?.operation;
-    if (changed === kernelId && operation?.waiting) {
-      model.changed.disconnect(onChanged);
-      void note.finish({
-        message: wait
-          ? trans.__('Waiting for a free GPU…')
-          : trans.__('Still attaching…'),
-        type: 'in-progress'
-      });
+    const operation = model.state(kernelId)?.operation ?? null;
+    if (
+      changed !== kernelId ||
+      !operation?.waiting ||
+      (shown?.position === operation.position && shown?.of === operation.of)
+    ) {
+      return;
     }
+    shown = operation;
+    void note.finish({
+      message: wait
+        ? waitingMessage(operation, trans)
+        : trans.__('Still attaching…'),
+      type: 'in-progress',
+      actions: wait
+        ? [
+            {
+              label: trans.__('Cancel'),
+              caption: trans.__('Stop waiting for a free GPU'),
+              callback: event => {
+                // Keep the note: it turns into the outcome.
+                event.preventDefault();
+                void cancelWait(ctx, kernelId);
+              }
+            }
+          ]
+        : []
+    });
   };
   model.changed.connect(onChanged);
+  const pending = model.attach(
+    kernelId,
+    count,
+    wait ? model.settings.waitSeconds : undefined
+  );
+  const requestId = model.state(kernelId)?.operation?.requestId ?? '';
   try {
-    const reply = await model.attach(
-      kernelId,
-      count,
-      wait ? model.settings.waitSeconds : undefined
-    );
+    const reply = await pending;
     const devices = reply.attachments.map(gpu => gpu.device).join(', ');
     let message = trans._n(
       'Attached %1 GPU: %2.',
@@ -181,13 +217,46 @@ async function attach(
       autoClose: cuda === true ? false : 6000
     });
   } catch (error) {
-    await note.finish({
-      message: describeError(error).message,
-      type: 'error',
-      autoClose: false
-    });
+    const body = describeError(error);
+    const stopped =
+      stopping.has(requestId) && body.error === 'insufficient_gpus';
+    await note.finish(
+      stopped
+        ? {
+            message: trans.__('Stopped waiting for a free GPU.'),
+            type: 'info',
+            autoClose: 5000
+          }
+        : { message: body.message, type: 'error', autoClose: false }
+    );
   } finally {
+    stopping.delete(requestId);
     model.changed.disconnect(onChanged);
+  }
+}
+
+/** Attaches the user asked to stop waiting (request ids): their failure is no error. */
+const stopping = new Set<string>();
+
+/** Take the kernel's waiting attach out of the queue; the attach's note says the rest. */
+async function cancelWait(
+  ctx: ICommandContext,
+  kernelId: string | null
+): Promise<void> {
+  if (kernelId === null) {
+    return noKernel(ctx.trans);
+  }
+  const requestId = ctx.model.state(kernelId)?.operation?.requestId;
+  if (requestId !== undefined) {
+    stopping.add(requestId);
+  }
+  try {
+    await ctx.model.cancel(kernelId);
+  } catch (error) {
+    if (requestId !== undefined) {
+      stopping.delete(requestId);
+    }
+    Notification.error(describeError(error).message, { autoClose: 8000 });
   }
 }
 

@@ -51,7 +51,8 @@ export const CommandIds = {
   detachAll: 'gpu-hotplug:detach-all',
   forceDetach: 'gpu-hotplug:force-detach',
   openPanel: 'gpu-hotplug:open-panel',
-  openMenu: 'gpu-hotplug:open-menu'
+  openMenu: 'gpu-hotplug:open-menu',
+  cancelWait: 'gpu-hotplug:cancel-wait'
 } as const;
 
 /** Where the server extension mounts its REST API, relative to the server's base URL. */
@@ -63,6 +64,7 @@ export const Endpoints = {
   gpus: 'gpus',
   attach: 'attach',
   detach: 'detach',
+  cancel: 'cancel',
   stream: 'stream'
 } as const;
 

@@ -60,6 +60,10 @@ export interface IOperation {
   /** The attach waits for a GPU to become free. */
   waiting: boolean;
   requestId?: string;
+  /** Its place in the agent's queue while it waits (local mode), when known. */
+  position?: number;
+  /** How many requests wait on the node. */
+  of?: number;
 }
 
 /** How the kernel's live updates arrive now. */
@@ -299,6 +303,22 @@ export class GpuModel implements IDisposable {
     );
   }
 
+  /**
+   * Stop waiting: the kernel's attach in flight leaves the agent's queue (its
+   * `attach()` then rejects). Rejects with the server's error, e.g. when the
+   * attach was served meanwhile; does nothing when no attach is in flight.
+   */
+  async cancel(kernelId: string): Promise<void> {
+    const requestId = this.state(kernelId)?.operation?.requestId;
+    if (requestId === undefined) {
+      return;
+    }
+    await this._request<null>(Endpoints.cancel, {
+      method: 'POST',
+      body: JSON.stringify({ request_id: requestId, kernel_id: kernelId })
+    });
+  }
+
   /** Detach one GPU (`uuid`) or all (`null`) of the kernel. Rejects with the error. */
   async detach(
     kernelId: string,
@@ -397,9 +417,18 @@ export class GpuModel implements IDisposable {
     if (
       operation?.requestId === progress.request_id &&
       progress.state === 'waiting' &&
-      !operation.waiting
+      (!operation.waiting ||
+        operation.position !== progress.position ||
+        operation.of !== progress.of)
     ) {
-      this._update(kernelId, { operation: { ...operation, waiting: true } });
+      this._update(kernelId, {
+        operation: {
+          ...operation,
+          waiting: true,
+          position: progress.position,
+          of: progress.of
+        }
+      });
     }
     this._progress.emit(progress);
   }

@@ -6,7 +6,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { CommandIds } from './constants';
-import { IKernelGpus, isUnreachable } from './gpuModel';
+import { IKernelGpus, IOperation, isUnreachable } from './gpuModel';
 
 /** One item: a command, its arguments, and whether it can run now. */
 export interface IMenuEntry {
@@ -37,22 +37,27 @@ export function menuEntries(
       enabled: idle && reachable
     });
   }
-  if (allowed === 0) {
-    // Only Kubernetes can wait: the holder pod queues at the scheduler until a
-    // GPU frees up. A local agent answers "no free GPU" at once.
-    const canWait = reply?.mode === 'kubernetes';
+  if (state?.operation?.waiting && state.operation.kind === 'attach') {
+    entries.push({
+      command: CommandIds.cancelWait,
+      args: { kernelId },
+      label: trans.__('Stop waiting for a free GPU'),
+      enabled: true
+    });
+  } else if (allowed === 0) {
+    // Both modes can wait: the local agent's fair queue, or Kubernetes'
+    // scheduler queueing the holder pod until a GPU frees up.
     entries.push({
       command: CommandIds.attach,
-      args: canWait
-        ? { kernelId, count: 1, wait: true }
-        : { kernelId, count: 1 },
+      args:
+        reply === null
+          ? { kernelId, count: 1 }
+          : { kernelId, count: 1, wait: true },
       label:
         reply === null
           ? trans.__('Attach a GPU (GPU service not reachable)')
-          : canWait
-            ? trans.__('Wait for a free GPU and attach it')
-            : trans.__('No free GPU on this node'),
-      enabled: idle && reachable && canWait
+          : trans.__('Wait for a free GPU and attach it'),
+      enabled: idle && reachable
     });
   }
 
@@ -90,11 +95,29 @@ export function menuEntries(
   return entries;
 }
 
-/** The toolbar item's text: "GPU", "GPU ×2". */
+/** "Waiting for a free GPU… position 2 of 3" (the place when the server says it). */
+export function waitingMessage(
+  operation: IOperation | null,
+  trans: TranslationBundle
+): string {
+  return operation?.position !== undefined && operation.of !== undefined
+    ? trans.__(
+        'Waiting for a free GPU… position %1 of %2',
+        operation.position,
+        operation.of
+      )
+    : trans.__('Waiting for a free GPU…');
+}
+
+/** The toolbar item's text: "GPU", "GPU ×2"; "GPU 2/3" while 2nd of 3 in the queue. */
 export function buttonLabel(
   state: IKernelGpus | null,
   trans: TranslationBundle
 ): string {
+  const operation = state?.operation;
+  if (operation?.waiting && operation.position !== undefined) {
+    return trans.__('GPU %1/%2', operation.position, operation.of ?? '?');
+  }
   const count = state?.reply?.attached.length ?? 0;
   return count > 1 ? trans.__('GPU ×%1', count) : trans.__('GPU');
 }
@@ -108,7 +131,15 @@ export function buttonDescription(
     return trans.__('GPUs: no kernel');
   }
   if (state.operation?.kind === 'attach') {
-    return state.operation.waiting
+    const { waiting, position, of } = state.operation;
+    if (waiting && position !== undefined && of !== undefined) {
+      return trans.__(
+        'GPUs: waiting for a free GPU… position %1 of %2',
+        position,
+        of
+      );
+    }
+    return waiting
       ? trans.__('GPUs: waiting for a free GPU…')
       : trans.__('GPUs: attaching…');
   }

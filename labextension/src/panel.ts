@@ -11,22 +11,7 @@ import { Widget } from '@lumino/widgets';
 import { Classes, PANEL_ID } from './constants';
 import { renderChart } from './chart';
 import { GpuModel, IKernelGpus, isUnreachable, nodeGpus } from './gpuModel';
-import { INodeGpu } from './types';
-
-/** How the panel names a node GPU's state. */
-export function stateLabel(gpu: INodeGpu, trans: TranslationBundle): string {
-  if (gpu.mine) {
-    return trans.__('this kernel');
-  }
-  switch (gpu.state) {
-    case 'free':
-      return trans.__('free');
-    case 'attached':
-      return trans.__('another kernel or pod');
-    case 'allocated':
-      return trans.__('allocated by the scheduler');
-  }
-}
+import { stateLabel } from './holders';
 
 function element<K extends keyof HTMLElementTagNameMap>(
   tag: K,

@@ -48,6 +48,14 @@ export interface IAttachedGpu {
 /** Agent GPU states (`GpuState` in _structs.py). */
 export type NodeGpuState = 'free' | 'attached' | 'allocated';
 
+/** `HeldByJson` (server/models.py): who holds a GPU, as a user knows it. */
+export interface IHeldBy {
+  kind: 'notebook' | 'kernel' | 'pod' | 'process';
+  /** The notebook's path, "kernel <id>", "namespace/name", "process N". */
+  name: string;
+  kernel_id: string | null;
+}
+
 /** `NodeGpuJson` (server/models.py): one GPU of the node. */
 export interface INodeGpu {
   uuid: string;
@@ -58,6 +66,8 @@ export interface INodeGpu {
   state: NodeGpuState;
   /** Attached to the kernel (or pod) the reading is about. */
   mine: boolean;
+  /** Who holds it (`null` when free); absent from older servers. */
+  held_by?: IHeldBy | null;
 }
 
 /**
@@ -121,4 +131,8 @@ export interface IProgress {
   elapsed: number;
   attachments?: Omit<IAttachedGpu, 'metrics'>[];
   error?: IErrorBody;
+  /** While `waiting` in the agent's queue: 1 is served next… */
+  position?: number;
+  /** …of this many requests waiting on the node. */
+  of?: number;
 }

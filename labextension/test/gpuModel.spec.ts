@@ -122,6 +122,59 @@ describe('GpuModel', () => {
     expect(makeRequest.mock.calls[1][1].cache).toBe('no-cache');
   });
 
+  it('follows the place in the queue and cancels the waiting attach', async () => {
+    const { model, streams, changes } = setUp();
+    model.watch('k1');
+    let answer: (value: Response) => void = () => undefined;
+    makeRequest.mockReturnValueOnce(
+      new Promise<Response>(resolve => (answer = resolve))
+    );
+    const pending = model.attach('k1', 1, 60).catch(e => e);
+    const requestId = model.state('k1')!.operation!.requestId!;
+    const waiting = (position: number, of: number) =>
+      streams.get('k1')!.progress({
+        request_id: requestId,
+        kernel_id: 'k1',
+        state: 'waiting',
+        count: 1,
+        elapsed: 1,
+        position,
+        of
+      });
+    waiting(2, 3);
+    expect(model.state('k1')!.operation).toMatchObject({
+      waiting: true,
+      position: 2,
+      of: 3
+    });
+    const before = changes.length;
+    waiting(2, 3); // the same place: no change for the views
+    expect(changes.length).toBe(before);
+    waiting(1, 2);
+    expect(model.state('k1')!.operation).toMatchObject({ position: 1, of: 2 });
+
+    makeRequest.mockResolvedValueOnce(response(204, null));
+    await model.cancel('k1');
+    const [url, init] = makeRequest.mock.calls[1];
+    expect(url).toBe('http://localhost:8888/base/gpu-hotplug/api/cancel');
+    expect(JSON.parse(init.body)).toEqual({
+      request_id: requestId,
+      kernel_id: 'k1'
+    });
+
+    const refused = {
+      error: 'insufficient_gpus',
+      message: 'cancelled',
+      retryable: true
+    };
+    answer(response(409, refused));
+    expect(describeError(await pending).error).toBe('insufficient_gpus');
+    expect(model.state('k1')!.operation).toBeNull();
+    const calls = makeRequest.mock.calls.length;
+    await model.cancel('k1'); // nothing waits: no request
+    expect(makeRequest.mock.calls.length).toBe(calls);
+  });
+
   it('rejects with the server error body (a busy GPU lists its processes)', async () => {
     const { model } = setUp();
     model.watch('k1');

@@ -1,6 +1,11 @@
 import { CommandIds } from '../src/constants';
 import { IKernelGpus } from '../src/gpuModel';
-import { buttonDescription, buttonLabel, menuEntries } from '../src/menu';
+import {
+  buttonDescription,
+  buttonLabel,
+  menuEntries,
+  waitingMessage
+} from '../src/menu';
 import { IGpusReply } from '../src/types';
 import { gpu, reply, trans } from './fixtures';
 
@@ -43,27 +48,42 @@ describe('menuEntries', () => {
     expect(entries[1].args).toEqual({ kernelId: 'k1', count: 2 });
   });
 
-  it('with no free GPU says so (local mode cannot wait)', () => {
-    const entries = menuEntries(state(reply([gpu(0)], { free: 0 })), trans);
-    expect(entries[0]).toMatchObject({
-      command: CommandIds.attach,
-      label: 'No free GPU on this node',
-      enabled: false
-    });
-  });
+  it.each(['local', 'kubernetes'] as const)(
+    'with no free GPU in %s mode offers to wait for one',
+    mode => {
+      const queued = { ...reply([gpu(0)], { free: 0 }), mode };
+      const entries = menuEntries(state(queued), trans);
+      expect(entries[0]).toMatchObject({
+        command: CommandIds.attach,
+        args: { kernelId: 'k1', count: 1, wait: true },
+        label: 'Wait for a free GPU and attach it',
+        enabled: true
+      });
+    }
+  );
 
-  it('with no free GPU in Kubernetes offers to wait for one', () => {
-    const queued = {
-      ...reply([gpu(0)], { free: 0 }),
-      mode: 'kubernetes' as const
-    };
-    const entries = menuEntries(state(queued), trans);
+  it('while waiting offers to stop waiting instead', () => {
+    const waiting = state(reply([], { free: 0 }), {
+      operation: {
+        kind: 'attach',
+        count: 1,
+        waiting: true,
+        requestId: 'r',
+        position: 2,
+        of: 3
+      }
+    });
+    const entries = menuEntries(waiting, trans);
     expect(entries[0]).toMatchObject({
-      command: CommandIds.attach,
-      args: { kernelId: 'k1', count: 1, wait: true },
-      label: 'Wait for a free GPU and attach it',
+      command: CommandIds.cancelWait,
+      args: { kernelId: 'k1' },
+      label: 'Stop waiting for a free GPU',
       enabled: true
     });
+    expect(summary(waiting)).toEqual([
+      'Stop waiting for a free GPU',
+      'Open the GPU panel'
+    ]);
   });
 
   it('detaches one, all, and force-detaches each GPU of the kernel', () => {
@@ -109,6 +129,29 @@ describe('the toolbar button', () => {
     expect(buttonLabel(null, trans)).toBe('GPU');
     expect(buttonLabel(state(reply([gpu(0)])), trans)).toBe('GPU');
     expect(buttonLabel(state(reply([gpu(0), gpu(1)])), trans)).toBe('GPU ×2');
+  });
+
+  it('shows the place in the queue while waiting', () => {
+    const operation = {
+      kind: 'attach' as const,
+      count: 1,
+      waiting: true,
+      position: 2,
+      of: 3
+    };
+    const waiting = state(reply([]), { operation });
+    expect(buttonLabel(waiting, trans)).toBe('GPU 2/3');
+    expect(buttonDescription(waiting, trans)).toBe(
+      'GPUs: waiting for a free GPU… position 2 of 3'
+    );
+    expect(waitingMessage(operation, trans)).toBe(
+      'Waiting for a free GPU… position 2 of 3'
+    );
+    const unplaced = { ...operation, position: undefined, of: undefined };
+    expect(waitingMessage(unplaced, trans)).toBe('Waiting for a free GPU…');
+    expect(buttonLabel(state(reply([]), { operation: unplaced }), trans)).toBe(
+      'GPU'
+    );
   });
 
   it('has an accessible name for every state', () => {

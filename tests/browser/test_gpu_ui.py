@@ -146,16 +146,18 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     other.open_panel()
     for gpu in taken:
         expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "attached")
-        expect(other.panel_gpu(gpu["uuid"])).to_contain_text("another kernel or pod")
+        expect(other.panel_gpu(gpu["uuid"])).to_contain_text("held by owner.ipynb")
 
     # No free GPU: the command says what the server said.
     other.palette("Attach GPUs to this kernel")
     refused = other.page.locator(".Toastify__toast--error")
     expect(refused).to_contain_text("free", timeout=SETTLE_MS)
     expect(refused).not_to_contain_text("Traceback")
-    # The menu offers no attach (a local agent cannot wait for one), and says why.
+    # The menu offers to wait for one instead (the agent's queue).
     other.button.click()
-    expect(other.menu_item("No free GPU on this node")).to_have_class(re.compile("lm-mod-disabled"))
+    expect(other.menu_item("Wait for a free GPU and attach it")).not_to_have_class(
+        re.compile("lm-mod-disabled")
+    )
     other.page.keyboard.press("Escape")
 
     # A process in the owner's sandbox uses a GPU: a plain detach is refused and says so.
@@ -263,3 +265,72 @@ def test_keyboard_only_menu_and_no_serious_accessibility_violation(
     page.keyboard.press("Enter")  # the dialog's default button: Detach
     expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     assert lab.attached() == []
+
+
+@contextlib.contextmanager
+def _notebook_sessions(demo: DemoProcess, *names: str) -> Iterator[list[str]]:
+    """Kernels of notebook sessions ``names`` (the demo's default, sandboxed kernelspec),
+    without a page each: the ids; the sessions end afterwards."""
+    default = demo.server.request("GET", "api/kernelspecs").body["default"]
+    sessions = []
+    try:
+        for name in names:
+            answer = demo.server.request(
+                "POST",
+                "api/sessions",
+                {"path": name, "type": "notebook", "kernel": {"name": default}},
+            )
+            assert answer.status == 201, answer
+            sessions.append(answer.body)
+        yield [session["kernel"]["id"] for session in sessions]
+    finally:
+        for session in sessions:
+            demo.server.request("DELETE", f"api/sessions/{session['id']}")
+
+
+def test_wait_in_the_queue_cancel_then_get_the_gpu_another_notebook_frees(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    with _notebook_sessions(demo, "queue-1.ipynb", "queue-2.ipynb") as (first, second):
+        taken = []
+        for kernel_id in (first, second):
+            answer = demo.server.request(
+                "POST", "gpu-hotplug/api/attach", {"count": 1, "kernel_id": kernel_id}
+            )
+            assert answer.status == 201, answer
+            taken += answer.body["attachments"]
+        third = open_lab("queue-3.ipynb")
+        expect(third.button).to_have_attribute(
+            "aria-label", "GPUs: none attached to this kernel, 0 free", timeout=SETTLE_MS
+        )
+        third.open_panel()
+        expect(third.panel_gpu(taken[0]["uuid"])).to_contain_text("held by queue-1.ipynb")
+
+        # Waiting, then cancelled from the notification: it leaves the queue.
+        third.choose("Wait for a free GPU and attach it")
+        waiting = third.toast("Waiting for a free GPU… position 1 of 1")
+        expect(waiting).to_be_visible(timeout=SETTLE_MS)
+        expect(third.button).to_have_attribute(
+            "aria-label", "GPUs: waiting for a free GPU… position 1 of 1", timeout=SETTLE_MS
+        )
+        expect(third.button).to_have_text(re.compile("^GPU 1/1"))
+        waiting.locator("button", has_text="Cancel").click()
+        expect(third.toast("Stopped waiting for a free GPU.")).to_be_visible(timeout=SETTLE_MS)
+        expect(third.button).to_have_text("GPU", timeout=SETTLE_MS)
+        assert third.attached() == []
+
+        # Waiting again; the first notebook lets its GPU go: the third gets it, in its sandbox.
+        third.choose("Wait for a free GPU and attach it")
+        expect(third.toast("position 1 of 1")).to_be_visible(timeout=SETTLE_MS)
+        freed = taken[0]
+        answer = demo.server.request(
+            "POST", "gpu-hotplug/api/detach", {"uuid": freed["uuid"], "kernel_id": first}
+        )
+        assert answer.status == 204, answer
+
+        expect(third.toast(f"Attached 1 GPU: {freed['device']}")).to_be_visible(timeout=SETTLE_MS)
+        expect(third.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+        expect(third.button).to_have_text("GPU")
+        assert [gpu["uuid"] for gpu in third.attached()] == [freed["uuid"]]
+        assert third.run_probe() == f"['{freed['device']}']"
+        demo.server.request("POST", "gpu-hotplug/api/detach", {"uuid": "all", "kernel_id": second})

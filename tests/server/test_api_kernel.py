@@ -5,6 +5,7 @@ mapping here: the extension asks the kernel's provisioner itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -16,6 +17,7 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
+from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.sandboxes.provisioner import (
     SandboxedKernelProvisioner,
     sandboxed_kernelspec,
@@ -23,8 +25,9 @@ from jupyter_gpu_hotplug.sandboxes.provisioner import (
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
+from tests.fixtures.waiting import DEADLINE
 
-from .api_support import Fetch, call
+from .api_support import Fetch, call, manager_of
 
 pytestmark = [*needs_root, pytest.mark.slow]
 
@@ -123,3 +126,31 @@ async def test_attach_to_a_sandboxed_kernel_and_refuse_a_plain_one(
 
     assert detached.status == 204
     assert _device_in(pid, "nvidia0") is None
+
+
+async def test_shutting_down_a_waiting_kernel_takes_its_attach_out_of_the_queue(
+    jp_fetch: Fetch, jp_serverapp: ServerApp, start_kernel: StartKernel
+) -> None:
+    holder, waiter = await start_kernel(BOXED), await start_kernel(BOXED)
+    taken = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": holder})
+    assert taken.status == 201
+    body = {"count": 1, "kernel_id": waiter, "wait_seconds": 60, "request_id": "closing"}
+    pending = asyncio.create_task(call(jp_fetch, "POST", "attach", body))
+    provisioner = jp_serverapp.kernel_manager.get_kernel(waiter).provisioner
+    assert isinstance(provisioner, SandboxedKernelProvisioner)
+    assert provisioner.sandbox_pid is not None
+    sandbox = PidRef(provisioner.sandbox_pid)
+    client = manager_of(jp_serverapp).client
+    async with asyncio.timeout(DEADLINE):
+        while [request.request_id for request in await client.queued(sandbox)] != ["closing"]:
+            await asyncio.sleep(0.05)
+
+    await jp_serverapp.kernel_manager.shutdown_kernel(waiter, now=True)  # type: ignore[no-untyped-call]
+
+    refused = await asyncio.wait_for(pending, DEADLINE)
+    assert refused.status == 404, refused.body
+    # Nothing waits any more: both GPUs, once free, go to an attach that does not wait.
+    await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})
+    again = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": holder})
+    assert again.status == 201, again.body
+    await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})

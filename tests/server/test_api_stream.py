@@ -22,8 +22,10 @@ from tests.fixtures.sandbox import SandboxProbe
 from tests.fixtures.waiting import DEADLINE, eventually
 
 from .api_support import (
+    Event,
     Fetch,
     NoAgent,
+    Reply,
     SseClient,
     call,
     local_mode,
@@ -230,3 +232,55 @@ async def test_open_streams_share_one_upstream_poll(
         await client.close()
     await eventually(lambda: not manager.subscriptions, "no subscription")
     assert not manager.hub.polling
+
+
+@needs_root
+async def test_a_waiting_attach_shows_its_place_and_can_be_cancelled(
+    served: Served, jp_fetch: Fetch, sandbox: SandboxProbe
+) -> None:
+    """Both GPUs taken: a second kernel's attach waits in the agent's queue, its progress says
+    where; cancelled it fails and leaves the queue; a waiter is served when a GPU frees."""
+    holder = sandboxes_of(served.app).register("kernel-h", sandbox.pid)
+    waiter = sandboxes_of(served.app).register("kernel-w", sandbox.pid)
+    taken = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": holder})
+    assert taken.status == 201
+    client = await _open(served, waiter)
+
+    async def attach(request_id: str) -> tuple[asyncio.Task[Reply], Event]:
+        body = {"count": 1, "kernel_id": waiter, "wait_seconds": 60, "request_id": request_id}
+        task = asyncio.create_task(call(jp_fetch, "POST", "attach", body))
+        events = await client.events_until(
+            lambda e: (
+                e.kind == "progress" and e.data["request_id"] == request_id and "position" in e.data
+            )
+        )
+        return task, events[-1]
+
+    pending, waiting = await attach("wait-1")
+    assert waiting.data["state"] == "waiting"
+    assert (waiting.data["position"], waiting.data["of"]) == (1, 1)
+
+    unknown = await call(
+        jp_fetch, "POST", "cancel", {"request_id": "not-waiting", "kernel_id": waiter}
+    )
+    assert unknown.error(404, "not_found")["message"].startswith("no attach request not-waiting")
+    cancelled = await call(
+        jp_fetch, "POST", "cancel", {"request_id": "wait-1", "kernel_id": waiter}
+    )
+    assert cancelled.status == 204
+    refused = await asyncio.wait_for(pending, DEADLINE)
+    assert "cancel" in refused.error(409, "insufficient_gpus")["message"]
+    failed = await client.events_until(
+        lambda e: e.kind == "progress" and e.data["state"] == "failed"
+    )
+    assert failed[-1].data["request_id"] == "wait-1"
+
+    served_later, _ = await attach("wait-2")
+    first = taken.json()["attachments"][0]["uuid"]
+    released = await call(jp_fetch, "POST", "detach", {"uuid": first, "kernel_id": holder})
+    assert released.status == 204
+    reply = await asyncio.wait_for(served_later, DEADLINE)
+    assert reply.status == 201
+    assert [a["uuid"] for a in reply.json()["attachments"]] == [first]
+    await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})
+    await client.close()

@@ -36,8 +36,10 @@ from jupyter_gpu_hotplug.server.models import GpusJson, NvmlJson, ProgressJson
 from jupyter_gpu_hotplug.server.stream import EventHub, Reading, StreamEvent, Subscription
 from jupyter_gpu_hotplug.server.validation import (
     AttachRequest,
+    CancelRequest,
     DetachRequest,
     parse_attach,
+    parse_cancel,
     parse_detach,
     parse_kernel_query,
 )
@@ -91,6 +93,30 @@ def test_count_limit_follows_the_setting() -> None:
 def test_non_finite_numbers_are_refused(body: bytes) -> None:
     with pytest.raises(InvalidInput):
         parse_attach(body, max_count=8)
+
+
+def test_cancel_names_a_request_and_optionally_a_kernel() -> None:
+    assert parse_cancel(b'{"request_id": "r-1", "kernel_id": "k"}') == CancelRequest(
+        request_id="r-1",  # type: ignore[arg-type]
+        kernel_id="k",  # type: ignore[arg-type]
+    )
+    assert parse_cancel(b'{"request_id": "r-1"}').kernel_id is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"{}", "request_id"),
+        (b'{"request_id": "a/b"}', "request_id"),
+        (b'{"request_id": 7}', "request_id"),
+        (b'{"request_id": "r", "kernel_id": "../k"}', "kernel_id"),
+        (b'{"request_id": "r", "force": true}', "force"),
+    ],
+)
+def test_bad_cancel_bodies_name_their_field(body: bytes, field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_cancel(body)
+    assert caught.value.field == field
 
 
 def test_oversized_body_is_refused_unparsed() -> None:
