@@ -127,10 +127,6 @@ def test_network_policy_opens_only_the_api_port(objects: list[dict[str, Any]]) -
 
 
 def test_agent_accepts_the_daemonsets_arguments(objects: list[dict[str, Any]]) -> None:
-    from jupyter_gpu_hotplug.agent.settings import Backend
-
-    if "kubernetes" not in {backend.value for backend in Backend}:
-        pytest.skip("the agent's kubernetes backend (issue 16) is not in this tree yet")
     (container,) = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]["containers"]
     cli = str(Path(sys.executable).with_name("jupyter-gpu-hotplug"))
     result = subprocess.run(
