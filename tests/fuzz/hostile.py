@@ -10,6 +10,7 @@ HTTP); none may give a 5xx.
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 from collections.abc import Iterator
@@ -96,6 +97,9 @@ def raw_requests(path: str, authorization: str) -> Iterator[tuple[str, bytes]]:
     yield "not-http", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\r\n\r\n"
 
 
+_CLOSED_EARLY = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+
+
 def exchange(address: tuple[str, int], request: bytes, *, timeout: float = 30.0) -> int | None:
     """Send ``request`` on a fresh connection; the answer's status, or None if the server
     closed the connection without one (what tornado does with input that is not HTTP)."""
@@ -103,8 +107,11 @@ def exchange(address: tuple[str, int], request: bytes, *, timeout: float = 30.0)
         try:
             sock.sendall(request)
             sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused while we were still sending: read what it said
+        except OSError as e:
+            # Refused while we were still sending (EPIPE, ECONNRESET), or closed by the server
+            # before our shutdown (ENOTCONN): read what it said.
+            if e.errno not in _CLOSED_EARLY:
+                raise
         data = b""
         try:
             while chunk := sock.recv(65536):
