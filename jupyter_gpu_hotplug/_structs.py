@@ -581,6 +581,10 @@ TOKEN_AUDIENCE: Final = "gpu-hotplug"
 MAX_GPUS_ANNOTATION: Final = "gpu-hotplug.jupyter.org/max-gpus"
 """Pod annotation: the most GPUs the pod may hold hot-attached (set by the spawner)."""
 
+IDLE_RELEASE_ANNOTATION: Final = "gpu-hotplug.jupyter.org/idle-release-seconds"
+"""Pod annotation: a stricter idle period (seconds) for the pod's GPUs than the agent's own
+(set by the platform; a laxer or unreadable value changes nothing)."""
+
 AGENT_PORT: Final = 8477
 """The agent's TCP port in Kubernetes mode (DaemonSet, Service, network policies, spawners)."""
 

@@ -129,6 +129,7 @@ class BackendHooks(Protocol):
         reconcile: Callable[[], Awaitable[ReconcileReport]],
         locks: TargetLocks,
         injector: Injector,
+        idle: IdleBook,
     ) -> None: ...
 
     async def stop(self) -> None: ...
@@ -371,6 +372,7 @@ class Agent:
                 reconcile=self.reconciler.run_once,
                 locks=self.service.locks,
                 injector=self.components.injector,
+                idle=self.service.idle,
             )
         settings = self.settings
         self.server.start(

@@ -19,7 +19,9 @@ from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
 from jupyter_gpu_hotplug.agent.core.idle import (
     IdlePolicy,
     IdleReason,
+    IdleRelease,
     IdleReleaser,
+    IdleWarning,
 )
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 from jupyter_gpu_hotplug.agent.core.workers import Workers
@@ -187,6 +189,29 @@ async def test_a_request_may_be_stricter_never_laxer(idle: Idle) -> None:
     assert await idle.after(0) == []
     assert await idle.after(100) == [lax_uuid], "a laxer request changes nothing"
     assert idle.attached(strict) == idle.attached(lax) == []
+
+
+async def test_a_backend_per_target_period_is_stricter_only_and_listeners_hear_all(
+    idle: Idle,
+) -> None:
+    """As Kubernetes mode's pod annotation: read at each pass; warnings and releases told."""
+    idle.policy(idle_seconds=600, warning_seconds=60)
+    periods: dict[int, float | None] = {100: 120.0, 200: 10**6, 300: None}
+    idle.harness.service.idle.per_target = lambda target: periods[target.pid]  # type: ignore[union-attr]
+    heard: list[IdleWarning | IdleRelease] = []
+    idle.harness.service.idle.listeners.append(heard.append)
+    strict, uuid = await idle.attach(100)
+    lax, _ = await idle.attach(200)
+    plain, _ = await idle.attach(300)
+
+    assert await idle.after(0) == []
+    assert await idle.after(60) == []
+    assert [(type(e), e.uuid, e.target) for e in heard] == [(IdleWarning, uuid, strict.target)]
+    assert await idle.after(60) == [uuid]
+    assert isinstance(heard[-1], IdleRelease) and heard[-1].uuid == uuid
+    assert await idle.after(479) == [], "a laxer period changes nothing, nor none"
+    assert len(await idle.after(1)) == 2
+    assert idle.attached(lax) == idle.attached(plain) == []
 
 
 async def test_lease_ends_only_for_an_unused_gpu(idle: Idle) -> None:

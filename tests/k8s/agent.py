@@ -3,9 +3,11 @@ kubelet simulator's PodResources socket and the real containerd's CRI socket."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ RECONCILE_INTERVAL = 1.0
 """Seconds between the agent's timed reconciliations in these tests."""
 
 HOLDER_LABEL = "gpu-hotplug.jupyter.org/holder"
+
+WAIT = 60.0
+"""Upper bound, in seconds, of the tier's waits for the agent to act (never asserted)."""
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Wait until ``check()`` holds; fail after ``timeout`` seconds saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.1)
 
 
 def kubernetes_argv(
@@ -52,15 +65,17 @@ def kubernetes_argv(
     ]
 
 
-@pytest.fixture
-def k8s_agent(
+@contextlib.contextmanager
+def running_k8s_agent(
     kube: FakeKube,
     kubelet: KubeletSimulator,
     kubelet_nvml: FakeNvmlNode,
     containerd: Containerd,
+    *,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[AgentProcess]:
-    """The agent for ``kubelet``'s node, running (stopped at teardown, its log shown on
-    failure)."""
+    """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
+    log shown)."""
     directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
     state_dir = directory / "state"
     process = AgentProcess(state_dir=state_dir, simulate=0, env=kubelet_nvml.environ())
@@ -70,6 +85,7 @@ def k8s_agent(
         containerd=containerd,
         state_dir=state_dir,
         socket_path=process.socket_path,
+        extra=extra,
     )
     process.start()
     try:
@@ -77,6 +93,19 @@ def k8s_agent(
     finally:
         process.stop()
         print(process.log()[-6000:])
+
+
+@pytest.fixture
+def k8s_agent(
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    kubelet_nvml: FakeNvmlNode,
+    containerd: Containerd,
+) -> Iterator[AgentProcess]:
+    """The agent for ``kubelet``'s node, running (stopped at teardown, its log shown on
+    failure)."""
+    with running_k8s_agent(kube, kubelet, kubelet_nvml, containerd) as process:
+        yield process
 
 
 def as_pod(agent: AgentProcess, kube: FakeKube, namespace: str, name: str) -> ApiClient:

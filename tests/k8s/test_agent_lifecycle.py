@@ -6,7 +6,6 @@ tier's (``tests/k8s/README.md``). Waits have generous upper bounds and are never
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import as_pod, event_reasons, holders
+from .agent import WAIT, as_pod, event_reasons, eventually, holders
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -25,14 +24,6 @@ pytestmark = [*needs_root, pytest.mark.k8s, pytest.mark.slow]
 NS = "team-b"
 ENXIO = "No such device or address"
 EPERM = "Operation not permitted"
-WAIT = 60.0
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.1)
 
 
 def open_node(kubelet: KubeletSimulator, pod: str, minor: int) -> str:

@@ -10,15 +10,18 @@ detach path without ``force``, whose busy check refuses while any process holds 
 
 Before a release, a *warning* is recorded for the attachment (``warning_seconds`` ahead): the
 API shows it on the attachment (``idle_release``), where the server extension's stream and the
-``%gpu`` magic read it, and it is logged. Any use in the meantime cancels it. A release is
+``%gpu`` magic read it, it is logged, and the book's listeners hear of it (Kubernetes mode:
+an Event on the pod). Any use in the meantime cancels it. A release is
 logged, counted (``gpu_hotplug_idle_releases_total{reason}``) and kept in a short history per
 target (``GET /v1/idle-releases``), so a user who finds the GPU gone learns why.
 
 Policy: the agent's settings give the default (off unless set: see ``docs/usage.md`` for why).
 A request may ask for a *stricter* policy for the GPUs it attaches (a shorter idle period, or
 one at all when the agent has none), never a laxer one — the platform's setting is a promise to
-the other users of the node. That per-attachment choice is kept in memory: a restarted agent
-applies its own setting, and idle periods start again (they are never shortened by a restart).
+the other users of the node. A backend may add a stricter period per target the same way
+(Kubernetes mode: a pod annotation the platform sets), read at each pass. A request's
+per-attachment choice is kept in memory: a restarted agent applies its own setting (and the
+annotations), and idle periods start again (they are never shortened by a restart).
 
 Timing: one pass every ``interval`` seconds (a few), so a release comes at most one interval
 after it is due; the pass reads NVML once for all GPUs and scans each target's processes for
@@ -131,9 +134,20 @@ class IdleBook:
     """Idle periods asked for by attach requests (applied only when stricter)."""
     warnings: dict[GpuUuid, IdleWarning] = field(default_factory=dict)
     releases: dict[TargetKey, deque[IdleRelease]] = field(default_factory=dict)
+    per_target: Callable[[Target], float | None] = lambda target: None
+    """The backend's idle period for a target (Kubernetes: the pod's annotation), applied
+    only when stricter; read at every pass, so a changed setting holds without a restart."""
+    listeners: list[Callable[[IdleWarning | IdleRelease], None]] = field(default_factory=list)
+    """Told of each warning and release (Kubernetes: Events on the pod)."""
 
-    def policy_for(self, uuid: GpuUuid) -> IdlePolicy:
-        return self.policy.stricter(self.requested.get(uuid))
+    def policy_for(self, entry: Reservation) -> IdlePolicy:
+        return self.policy.stricter(self.requested.get(entry.gpu.uuid)).stricter(
+            self.per_target(entry.target)
+        )
+
+    def tell(self, event: IdleWarning | IdleRelease) -> None:
+        for listener in self.listeners:
+            listener(event)
 
     def request(self, uuids: list[GpuUuid], idle_seconds: float | None) -> None:
         """Remember an attach request's idle period for its GPUs."""
@@ -205,7 +219,7 @@ class IdleReleaser:
             if uuid not in current:
                 self._idle_since.pop(uuid, None)
                 self._book.forget(uuid)
-        watched = [entry for entry in entries if self._book.policy_for(entry.gpu.uuid).enabled]
+        watched = [entry for entry in entries if self._book.policy_for(entry).enabled]
         if not watched:
             return []
         usage = await self._workers.host(self._usage)
@@ -248,7 +262,7 @@ class IdleReleaser:
                 log.info("%s of %s is in use again: idle release called off", uuid, entry.target)
             return None
         since = self._idle_since.setdefault(uuid, now)
-        policy = self._book.policy_for(uuid)
+        policy = self._book.policy_for(entry)
         due = self._due(entry, policy, idle_for=now - since)
         if due is None:
             return None
@@ -265,6 +279,7 @@ class IdleReleaser:
         self._idle_since.pop(uuid, None)
         self._book.forget(uuid)
         self._book.record(release)
+        self._book.tell(release)
         self._metrics.idle_releases.labels(reason=str(reason)).inc()
         log.warning("released %s from %s: %s", uuid, entry.target, _explain(reason, policy))
         return release
@@ -289,6 +304,7 @@ class IdleReleaser:
             entry.gpu.uuid, entry.target, reason, self._wall() + timedelta(seconds=remaining)
         )
         self._book.warnings[entry.gpu.uuid] = warning
+        self._book.tell(warning)
         self._metrics.idle_warnings.labels(reason=str(reason)).inc()
         log.warning(
             "%s of %s will be released in %.0f s unless it is used (%s)",

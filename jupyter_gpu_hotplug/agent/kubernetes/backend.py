@@ -25,6 +25,7 @@ from typing import Final
 
 from ..._structs import PodTarget
 from ...linux import cgroups
+from ..core.idle import IdleBook
 from ..core.injector import DeviceInUse, Injector, InjectorError, TargetGone, gpu_node
 from ..core.locks import TargetLocks
 from ..core.reconcile import ReconcileReport
@@ -37,6 +38,7 @@ from .holders import LABEL_HOLDER, HolderSpec
 from .identity import TokenIdentity
 from .kube import KubeApi, KubeObject
 from .node_pods import NodePods
+from .pod_idle import PodIdle
 from .podresources import PodResourcesClient
 from .resolver import PodResolver
 
@@ -126,10 +128,15 @@ class KubernetesBackend:
         reconcile: Callable[[], Awaitable[ReconcileReport]],
         locks: TargetLocks,
         injector: Injector,
+        idle: IdleBook,
     ) -> None:
-        """React to pod events from now on (after the agent's first reconciliation)."""
+        """React to pod events from now on (after the agent's first reconciliation), and give
+        the idle policy the pods' own periods and Events."""
         self._injector = injector
         self._locks = locks
+        pod_idle = PodIdle(self.pods, self.events)
+        idle.per_target = pod_idle.idle_seconds
+        idle.listeners.append(pod_idle.announce)
         self.allocator.on_lost(self._lost)
         self.pods.listen(self._pod_changed)
         self._spawn(self._reconcile_when_wanted(reconcile))

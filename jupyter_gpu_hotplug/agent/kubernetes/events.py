@@ -16,12 +16,22 @@ from ..._structs import PodTarget, Target
 from .kube import KubeApi
 from .node_pods import NodePods
 
-__all__ = ["ATTACHED", "DETACHED", "REINJECTED", "REVOKED", "PodEvents"]
+__all__ = [
+    "ATTACHED",
+    "DETACHED",
+    "IDLE_RELEASED",
+    "IDLE_WARNING",
+    "REINJECTED",
+    "REVOKED",
+    "PodEvents",
+]
 
 ATTACHED: Final = "GpuAttached"
 DETACHED: Final = "GpuDetached"
 REINJECTED: Final = "GpuReinjected"
 REVOKED: Final = "GpuRevoked"
+IDLE_WARNING: Final = "GpuIdleWarning"
+IDLE_RELEASED: Final = "GpuIdleReleased"
 
 
 class PodEvents:
