@@ -7,6 +7,7 @@ own ``nvidia-caps`` nodes, be denied the other's, and lose exactly its slice's a
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,7 @@ def mig_agent(
     finally:
         process.stop()
         print(process.log()[-6000:])
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run(kubelet: KubeletSimulator, pod: str, script: str) -> str:
