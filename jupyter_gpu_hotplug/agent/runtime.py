@@ -186,6 +186,9 @@ class Agent:
                 max_gpus_per_target=settings.max_gpus_per_target,
                 device_major=settings.device_major,
                 simulated=settings.simulated,
+                mig_profile=None
+                if settings.kubernetes is None
+                else settings.kubernetes.mig_profile,
             ),
             checkpoints=Checkpoints(
                 pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
@@ -349,6 +352,7 @@ class Agent:
                 closers=closers,
                 allocator=backend.allocator,
                 hooks=backend,
+                mig_caps=_mig_caps(settings, simulation),
             )
         )
 

@@ -80,6 +80,14 @@ class KubernetesSettings:
         if not self.holder_image:
             raise SettingsError("holder_image must name an image")
 
+    @property
+    def mig_profile(self) -> str | None:
+        """The MIG profile that ``resource_name`` hands out (``nvidia.com/mig-1g.10gb`` →
+        ``1g.10gb``, as the NVIDIA device plugin's mixed strategy names them); ``None`` for
+        whole GPUs."""
+        name = self.resource_name.partition("/")[2]
+        return name.removeprefix("mig-") if name.startswith("mig-") else None
+
     def describe(self) -> dict[str, object]:
         return {
             "node_name": self.node_name,

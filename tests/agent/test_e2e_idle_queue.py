@@ -22,11 +22,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME, MIG_MINORS_NAME, PROC_DEVICES_NAME
-from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
-from jupyter_gpu_hotplug.linux.devrules import CharDevice
-from jupyter_gpu_hotplug.linux.mig import MigCaps
+from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, read_config, write_config
+from tests.fixtures.mig import caps_nodes
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
@@ -304,26 +302,6 @@ def mig_agent(tmp_path: Path) -> Iterator[AgentProcess]:
         process.kill9()
 
 
-def caps_nodes(agent: AgentProcess, uuid: str) -> list[tuple[str, int, int]]:
-    """The ``nvidia-caps`` nodes of the simulated slice ``uuid`` as (path, major, minor), from
-    the simulated node's own tables."""
-    directory = agent.state_dir / "simulation"
-    gpu = read_config(directory / CONFIG_NAME).gpus[0]
-    (device,) = [d for d in gpu.mig_devices if d.uuid == uuid]
-    tables = MigCaps.read(
-        proc_devices=directory / PROC_DEVICES_NAME, mig_minors=directory / MIG_MINORS_NAME
-    )
-    access = tables.access(
-        DeviceNode(f"nvidia{gpu.minor}", CharDevice(195, gpu.minor)),
-        gpu_instance_id=device.gpu_instance_id,
-        compute_instance_id=device.compute_instance_id,
-    )
-    return [
-        (f"/dev/{n.name}", n.device.major, n.device.minor)
-        for n in (access.gpu_instance, access.compute_instance)
-    ]
-
-
 def test_two_kernels_each_attach_one_slice_and_see_only_their_own(
     mig_agent: AgentProcess, sandbox_factory: SandboxFactory
 ) -> None:
@@ -339,8 +317,8 @@ def test_two_kernels_each_attach_one_slice_and_see_only_their_own(
     assert one["uuid"].startswith("MIG-") and two["uuid"].startswith("MIG-")
     assert one["uuid"] != two["uuid"] and one["minor"] == two["minor"] == 0
     own = {
-        first.pid: caps_nodes(mig_agent, one["uuid"]),
-        second.pid: caps_nodes(mig_agent, two["uuid"]),
+        first.pid: caps_nodes(mig_agent.state_dir / "simulation", one["uuid"]),
+        second.pid: caps_nodes(mig_agent.state_dir / "simulation", two["uuid"]),
     }
 
     for box, other in ((first, second), (second, first)):

@@ -142,6 +142,25 @@ async def test_detaching_one_of_two_slices_keeps_the_other(
     assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[second])
 
 
+async def test_an_agent_of_one_profile_gives_every_attach_slices_of_it(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    """Kubernetes mode with a MIG resource name: holders request slices of one profile only."""
+    harness.service._config = dataclasses.replace(harness.service._config, mig_profile=PROFILE)
+    kernel = harness.host.spawn(100, "kernel-100")
+
+    result = await harness.service.attach(
+        ADMIN, AttachRequest(count=1, target=PidRef(100), wait_seconds=60, request_id=None)
+    )
+
+    (a,) = result["attachments"]
+    slices = {device.uuid: i for i, device in enumerate(node.gpus[0].mig_devices)}
+    assert a["uuid"] in slices and a["minor"] == 0
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[a["uuid"]])
+    with pytest.raises(InvalidRequest, match=r"profile 1g\.10gb only, not 2g\.20gb"):
+        await harness.service.attach(ADMIN, mig_request(100, profile="2g.20gb"))
+
+
 async def test_unknown_profile(harness: Harness, node: FakeNvmlConfig) -> None:
     harness.host.spawn(100, "kernel-100")
     with pytest.raises(InvalidRequest, match=r"no MIG slice of profile 2g\.20gb") as caught:

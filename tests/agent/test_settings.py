@@ -17,6 +17,7 @@ from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
     AgentSettings,
+    KubernetesSettings,
     SettingsError,
     TcpAddress,
     UnixAddress,
@@ -91,6 +92,19 @@ def test_settings_describe_themselves_without_secrets() -> None:
     assert json.loads(json.dumps(described)) == described
     assert not any("token" in key and key != "test_pause_at" for key in described)
     assert settings().token_path == Path("/var/lib/gpu-hotplug/token")
+
+
+@pytest.mark.parametrize(
+    ("resource_name", "profile"),
+    [
+        ("nvidia.com/gpu", None),
+        ("nvidia.com/mig-1g.10gb", "1g.10gb"),
+        ("nvidia.com/mig-3g.40gb", "3g.40gb"),
+    ],
+)
+def test_a_mig_resource_name_names_its_profile(resource_name: str, profile: str | None) -> None:
+    kubernetes = KubernetesSettings(node_name="n", resource_name=resource_name)
+    assert kubernetes.mig_profile == profile
 
 
 def _record(**extra: object) -> logging.LogRecord:

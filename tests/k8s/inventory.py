@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from jupyter_gpu_hotplug._structs import GpuUuid
-from jupyter_gpu_hotplug.nvml.sim import FakeNvmlConfig, SimulatedGpu, default_gpus
+from jupyter_gpu_hotplug.nvml.sim import (
+    FakeNvmlConfig,
+    SimulatedGpu,
+    default_gpus,
+    with_mig_devices,
+)
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
@@ -45,10 +50,24 @@ def mig_devices(
     )
 
 
+def simulated_slices(
+    count: int, profiles: tuple[str, ...], node: str = "simulated-node"
+) -> tuple[DeviceGpu, ...]:
+    """The MIG slices of the agent's own simulated node (``--simulate=count
+    --simulate-mig=profiles``: GPU 0 in MIG mode, same UUIDs), each advertised as
+    ``nvidia.com/mig-<profile>`` on GPU 0's minor: so that PodResources and the agent's NVML
+    name the same slices."""
+    gpu = with_mig_devices(default_gpus(count, node=node)[0], profiles, node=node)
+    return tuple(
+        DeviceGpu(str(d.uuid), gpu.minor, f"nvidia.com/mig-{d.profile}") for d in gpu.mig_devices
+    )
+
+
 def nvml_config(devices: tuple[DeviceGpu, ...], node: str) -> FakeNvmlConfig:
     """The fake NVML view of the node: one simulated GPU per distinct minor, carrying the id
-    of the whole-GPU device with that minor. The fake NVML has no MIG: a MIG instance's parent
-    appears as a whole GPU with its default UUID, and the instance's id is unknown to NVML."""
+    of the whole-GPU device with that minor. This config has no MIG: a MIG instance's parent
+    appears as a whole GPU with its default UUID, and the instance's id is unknown to NVML
+    (``simulated_slices`` gives the slices that an agent's ``--simulate-mig`` node has)."""
     by_minor: dict[int, str] = {}
     for device in devices:
         if device.id.startswith("GPU-"):

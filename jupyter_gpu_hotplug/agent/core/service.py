@@ -39,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..._structs import (
@@ -111,6 +111,10 @@ class ServiceConfig:
     device_major: int
     simulated: bool = False
     """Only for log lines: every change is labelled SIMULATED when the GPUs are."""
+    mig_profile: str | None = None
+    """The one MIG profile this agent hands out (Kubernetes mode with a MIG resource name:
+    every holder requests a slice of it), so every attach takes slices of it; ``None``: a
+    request takes whole GPUs unless it names a profile."""
 
 
 @dataclass
@@ -333,6 +337,7 @@ class AgentService:
         """Attach ``request.count`` GPUs to the request's target (201 body); a request that
         waits and finds too few free GPUs waits in the queue for its turn first."""
         with self._measured("attach"):
+            request = self._profiled(request)
             deadline = time.monotonic() + request.wait_seconds
             container, snapshot = await self._workers.host(
                 self._attach_inputs, caller, request.target
@@ -369,6 +374,19 @@ class AgentService:
                     )
             finally:
                 self.queue.leave(waiter)
+
+    def _profiled(self, request: AttachRequest) -> AttachRequest:
+        """``request`` with the agent's MIG profile, where it hands out only that one."""
+        profile = self._config.mig_profile
+        if profile is None or request.mig == profile:
+            return request
+        if request.mig is None:
+            return replace(request, mig=profile)
+        raise InvalidRequest(
+            f"this agent hands out MIG slices of profile {profile} only, not {request.mig}",
+            field="mig",
+            hint=f'leave "mig" out or give "{profile}"',
+        )
 
     def _must_queue(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot

@@ -1,0 +1,143 @@
+"""MIG slices in Kubernetes mode, end to end: the agent runs with ``--resource-name
+nvidia.com/mig-1g.10gb`` on a simulated node whose GPU 0 is in MIG mode (``--simulate-mig``),
+the kubelet simulator advertises the same two slices, and two notebook pods (real containerd
+containers) each attach one. Each container must see its slice's parent GPU node and only its
+own ``nvidia-caps`` nodes, be denied the other's, and lose exactly its slice's access on detach.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME
+from jupyter_gpu_hotplug.nvml.sim import read_config
+from tests.fixtures.mig import Node, caps_nodes
+from tests.fixtures.requirements import needs_root
+
+from ..agent.agent_process import AgentProcess
+from .agent import as_pod, holders, kubernetes_argv
+from .containerd import Containerd
+from .fixtures import KubeletFactory
+from .inventory import simulated_slices
+from .kube import FakeKube
+from .kubelet import KubeletSimulator
+
+pytestmark = [*needs_root, pytest.mark.k8s, pytest.mark.slow]
+
+NS = "team-mig"
+RESOURCE = "nvidia.com/mig-1g.10gb"
+PROFILES = ("1g.10gb", "1g.10gb")
+ENXIO = "No such device or address"
+EPERM = "Operation not permitted"
+
+
+@pytest.fixture
+def mig_kubelet(kubelet_factory: KubeletFactory) -> KubeletSimulator:
+    """A kubelet whose device plugin advertises the simulated node's two 1g slices."""
+    return kubelet_factory(gpus=simulated_slices(2, PROFILES))
+
+
+@pytest.fixture
+def mig_agent(
+    kube: FakeKube, mig_kubelet: KubeletSimulator, containerd: Containerd
+) -> Iterator[AgentProcess]:
+    directory = Path(tempfile.mkdtemp(prefix="k8smig-", dir="/tmp"))
+    state_dir = directory / "state"
+    process = AgentProcess(state_dir=state_dir, simulate=0)
+    process.argv = kubernetes_argv(
+        kube=kube,
+        kubelet=mig_kubelet,
+        containerd=containerd,
+        state_dir=state_dir,
+        socket_path=process.socket_path,
+        extra=(
+            f"--resource-name={RESOURCE}",
+            "--simulate=2",
+            f"--simulate-mig={','.join(PROFILES)}",
+        ),
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-6000:])
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(kubelet: KubeletSimulator, pod: str, script: str) -> str:
+    result = kubelet.exec(NS, pod, "notebook", ["sh", "-c", script])
+    return result.stdout + result.stderr
+
+
+def opens(kubelet: KubeletSimulator, pod: str, node: Node) -> str:
+    """What opening ``node`` says in the pod's container: the agent's node if there is one,
+    else one made by the workload itself (the device cgroup alone decides)."""
+    path, major, minor = node
+    probe = f"/tmp/probe-{major}-{minor}"
+    return run(
+        kubelet,
+        pod,
+        f"if [ -e {path} ]; then cat {path}; else mknod {probe} c {major} {minor} && "
+        f"cat {probe}; rm -f {probe}; fi",
+    )
+
+
+def test_two_pods_each_attach_one_slice_and_see_only_their_own(
+    kube: FakeKube, mig_kubelet: KubeletSimulator, mig_agent: AgentProcess
+) -> None:
+    pods = ("nb-one", "nb-two")
+    for pod in pods:
+        mig_kubelet.run_notebook_pod(NS, pod)
+    advertised = {device.id for device in mig_kubelet.gpus}
+    simulated = {
+        str(d.uuid)
+        for d in read_config(mig_agent.state_dir / "simulation" / CONFIG_NAME).gpus[0].mig_devices
+    }
+    assert advertised == simulated, "PodResources and NVML must name the same slices"
+
+    answers = [
+        as_pod(mig_agent, kube, NS, pod).post("/v1/attachments", {"count": 1}) for pod in pods
+    ]
+
+    assert [a.status for a in answers] == [201, 201], [a.body for a in answers]
+    (one,), (two,) = (a.json()["attachments"] for a in answers)
+    assert {one["uuid"], two["uuid"]} == advertised
+    assert one["minor"] == two["minor"] == 0 and one["device"] == "/dev/nvidia0"
+    for holder in holders(kube, NS):
+        (container,) = holder["spec"]["containers"]
+        assert container["resources"]["limits"][RESOURCE] == "1"
+    own = {
+        "nb-one": caps_nodes(mig_agent.state_dir / "simulation", one["uuid"]),
+        "nb-two": caps_nodes(mig_agent.state_dir / "simulation", two["uuid"]),
+    }
+    gpu: Node = ("/dev/nvidia0", 195, 0)
+    for pod, other in (("nb-one", "nb-two"), ("nb-two", "nb-one")):
+        assert ENXIO in opens(mig_kubelet, pod, gpu)
+        listed = run(mig_kubelet, pod, "ls /dev/nvidia-caps").split()
+        assert sorted(listed) == sorted(p.rsplit("/", 1)[1] for p, _, _ in own[pod])
+        for node in own[pod]:
+            assert ENXIO in opens(mig_kubelet, pod, node), node
+        for node in own[other]:
+            assert EPERM in opens(mig_kubelet, pod, node), node
+    wrong = as_pod(mig_agent, kube, NS, "nb-one").post(
+        "/v1/attachments", {"count": 1, "mig": "2g.20gb"}
+    )
+    assert (wrong.status, wrong.json()["field"]) == (400, "mig"), wrong.body
+
+    detached = as_pod(mig_agent, kube, NS, "nb-one").delete(f"/v1/attachments/{one['uuid']}")
+
+    assert detached.status == 204, detached.body
+    assert [h["metadata"]["name"] for h in holders(kube, NS)] == [two["holder"].split("/")[1]]
+    for node in (gpu, *own["nb-one"]):
+        assert EPERM in opens(mig_kubelet, "nb-one", node), node
+    for path in ("/dev/nvidia0", *(p for p, _, _ in own["nb-one"])):
+        assert "No such file" in run(mig_kubelet, "nb-one", f"ls {path}"), path
+    assert ENXIO in opens(mig_kubelet, "nb-two", gpu)
+    for node in own["nb-two"]:
+        assert ENXIO in opens(mig_kubelet, "nb-two", node), node
