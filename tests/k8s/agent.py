@@ -4,6 +4,7 @@ kubelet simulator's PodResources socket and the real containerd's CRI socket."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import tempfile
 import time
@@ -69,16 +70,18 @@ def kubernetes_argv(
 def running_k8s_agent(
     kube: FakeKube,
     kubelet: KubeletSimulator,
-    kubelet_nvml: FakeNvmlNode,
+    kubelet_nvml: FakeNvmlNode | None,
     containerd: Containerd,
     *,
     extra: tuple[str, ...] = (),
 ) -> Iterator[AgentProcess]:
     """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
-    log shown)."""
+    log shown, its directory removed). ``kubelet_nvml``: the fake NVML it reads (``None``: the
+    agent simulates its own, e.g. with ``--simulate-mig``)."""
     directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
     state_dir = directory / "state"
-    process = AgentProcess(state_dir=state_dir, simulate=0, env=kubelet_nvml.environ())
+    env = {} if kubelet_nvml is None else dict(kubelet_nvml.environ())
+    process = AgentProcess(state_dir=state_dir, simulate=0, env=env)
     process.argv = kubernetes_argv(
         kube=kube,
         kubelet=kubelet,
@@ -93,6 +96,7 @@ def running_k8s_agent(
     finally:
         process.stop()
         print(process.log()[-6000:])
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,10 +7,7 @@ own ``nvidia-caps`` nodes, be denied the other's, and lose exactly its slice's a
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +17,7 @@ from tests.fixtures.mig import Node, caps_nodes
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import as_pod, holders, kubernetes_argv
+from .agent import as_pod, holders, running_k8s_agent
 from .containerd import Containerd
 from .fixtures import KubeletFactory
 from .inventory import simulated_slices
@@ -46,28 +43,18 @@ def mig_kubelet(kubelet_factory: KubeletFactory) -> KubeletSimulator:
 def mig_agent(
     kube: FakeKube, mig_kubelet: KubeletSimulator, containerd: Containerd
 ) -> Iterator[AgentProcess]:
-    directory = Path(tempfile.mkdtemp(prefix="k8smig-", dir="/tmp"))
-    state_dir = directory / "state"
-    process = AgentProcess(state_dir=state_dir, simulate=0)
-    process.argv = kubernetes_argv(
-        kube=kube,
-        kubelet=mig_kubelet,
-        containerd=containerd,
-        state_dir=state_dir,
-        socket_path=process.socket_path,
+    with running_k8s_agent(
+        kube,
+        mig_kubelet,
+        None,
+        containerd,
         extra=(
             f"--resource-name={RESOURCE}",
             "--simulate=2",
             f"--simulate-mig={','.join(PROFILES)}",
         ),
-    )
-    process.start()
-    try:
+    ) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-6000:])
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run(kubelet: KubeletSimulator, pod: str, script: str) -> str:
