@@ -221,20 +221,24 @@ class Reconciler:
         ]
         return self._nodes.to_revoke(row.gpu, keeping=keeping)
 
+    async def _take_back(
+        self, container: HostContainer, row: Reservation, *, keep_every_node: bool
+    ) -> None:
+        """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
+        only when the agent created them, and never with ``keep_every_node``."""
+        nodes = self._revocable(container, row)
+        keep = [node.name for node in nodes] if keep_every_node or not row.node_created else []
+        await self._workers.host(
+            self._injector.revoke, container, nodes, force=False, keep_nodes=keep
+        )
+
     async def _reserving(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
             # Whether the cut-short grant created the node is unknown: it stays (without the
             # permission it opens nothing).
-            nodes = self._revocable(container, row)
-            await self._workers.host(
-                self._injector.revoke,
-                container,
-                nodes,
-                force=False,
-                keep_nodes=[node.name for node in nodes],
-            )
+            await self._take_back(container, row, keep_every_node=True)
         except DeviceInUse as e:
             await self._allocator.mark_granted([row.gpu.uuid])
             report.add("finished_attach", row.gpu.uuid)
@@ -253,14 +257,7 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            nodes = self._revocable(container, row)
-            await self._workers.host(
-                self._injector.revoke,
-                container,
-                nodes,
-                force=False,
-                keep_nodes=() if row.node_created else [node.name for node in nodes],
-            )
+            await self._take_back(container, row, keep_every_node=False)
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
                 raise
