@@ -157,8 +157,9 @@ def test_an_evicted_slice_holder_takes_only_that_slice_from_a_pod_holding_both(
     for path, _, _ in lost_caps:
         assert "No such file" in run(mig_kubelet, "nb", f"ls {path}"), path
     eventually(
-        lambda: [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]]
-        == [kept["uuid"]],
+        lambda: (
+            [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]] == [kept["uuid"]]
+        ),
         "only the kept slice is still attached",
     )
     assert ENXIO in opens(mig_kubelet, "nb", gpu), "the kept slice still needs its GPU node"
