@@ -32,6 +32,7 @@ Figures are printed, never asserted; docs/performance.md records them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -106,17 +107,13 @@ def _stays_up(daemon: Containerd, name: str) -> bool:
 
 def _remove(daemon: Containerd, name: str) -> None:
     for args in (("tasks", "kill", "-s", "SIGKILL", name), ("tasks", "rm", "-f", name)):
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             daemon.ctr(*args)
-        except subprocess.CalledProcessError:
-            pass
     deadline = time.monotonic() + 10
     while _status(daemon, name) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
-    try:
+    with contextlib.suppress(subprocess.CalledProcessError):
         daemon.ctr("containers", "rm", name)
-    except subprocess.CalledProcessError:
-        pass
     cgroup = _cgroup(daemon, name)
     if cgroup.exists():
         cgroup.rmdir()
@@ -164,9 +161,7 @@ def start_times(daemon: Containerd, runs: int, memory: int) -> dict[str, list[fl
         for i in range(runs):
             name = f"floor-cpu-{millicores}-{i}"
             try:
-                times.setdefault(key, []).append(
-                    _run(daemon, name, memory=memory, cpu_quota=quota)
-                )
+                times.setdefault(key, []).append(_run(daemon, name, memory=memory, cpu_quota=quota))
             finally:
                 _remove(daemon, name)
     return times

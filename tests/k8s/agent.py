@@ -130,6 +130,17 @@ def as_pod(agent: AgentProcess, kube: FakeKube, namespace: str, name: str) -> Ap
     return agent.tcp.with_token(kube.pod_token(namespace, name))
 
 
+def notebook_with_one_gpu(
+    agent: AgentProcess, kube: FakeKube, kubelet: KubeletSimulator, namespace: str, name: str
+) -> dict[str, Any]:
+    """Run a notebook pod and attach one GPU with its own token; the attachment."""
+    kubelet.run_notebook_pod(namespace, name)
+    answer = as_pod(agent, kube, namespace, name).post("/v1/attachments", {"count": 1})
+    assert answer.status == 201, answer.body
+    (attachment,) = answer.json()["attachments"]
+    return dict(attachment)
+
+
 def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:
     return [
         pod

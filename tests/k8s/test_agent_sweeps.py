@@ -28,7 +28,15 @@ from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
 from ..fixtures.nvml import FakeNvmlNode
-from .agent import as_pod, event_reasons, eventually, holders, pod_events, running_k8s_agent
+from .agent import (
+    as_pod,
+    event_reasons,
+    eventually,
+    holders,
+    notebook_with_one_gpu,
+    pod_events,
+    running_k8s_agent,
+)
 from .containerd import Containerd
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -79,9 +87,8 @@ def patient_agent(
 def test_a_lost_holder_is_announced_before_anything_is_ended(
     kube: FakeKube, kubelet: KubeletSimulator, patient_agent: AgentProcess
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
+    attachment = notebook_with_one_gpu(patient_agent, kube, kubelet, NS, "nb")
     api = as_pod(patient_agent, kube, NS, "nb")
-    (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
 
     kubelet.evict(NS, attachment["holder"].split("/")[1], delete=False)
 
@@ -99,9 +106,8 @@ def test_a_lost_holder_held_open_is_revoked_without_ending_the_process(
     kubelet_nvml: FakeNvmlNode,
     k8s_agent: AgentProcess,
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
+    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
     api = as_pod(k8s_agent, kube, NS, "nb")
-    (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
     worker = kubelet.exec(
         NS, "nb", "notebook", ["sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $!"]
     )
@@ -149,10 +155,7 @@ def _same_container(proc: Path, init_pid: int) -> bool:
 def test_a_holder_deleted_while_the_agent_is_stopped_is_revoked_at_start(
     kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
-    (attachment,) = (
-        as_pod(k8s_agent, kube, NS, "nb").post("/v1/attachments", {"count": 1}).json()
-    )["attachments"]
+    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
     k8s_agent.stop()
     kube.delete_pod(NS, attachment["holder"].split("/")[1])
     eventually(lambda: holders(kube, NS) == [], "the holder is gone")
