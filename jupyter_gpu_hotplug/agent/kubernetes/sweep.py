@@ -229,8 +229,10 @@ class NodeSweep:
     ) -> None:
         container = item.container
         devices = ", ".join(f"/dev/{node.name} ({node.device})" for node in nodes)
-        if (container.key, gpu.uuid) not in self._reported:
+        first = (container.key, gpu.uuid) not in self._reported
+        if first:
             self._reported.add((container.key, gpu.uuid))
+            report.add("stray_found", gpu.uuid)
             log.warning(
                 "stray GPU access: %s can open %s of %s, which neither the device plugin "
                 "assigned to it nor the agent granted",
@@ -246,14 +248,16 @@ class NodeSweep:
                 + ("; the access is revoked" if self._revoke_strays else ""),
                 warning=True,
             )
-        report.add("stray_access", gpu.uuid)
         if not self._revoke_strays:
             return
         try:
             await self._service.take_back_orphan(container, [gpu], force=False, spare=item.spare)
         except (InjectorError, AgentError) as e:
+            # E.g. a v1 wildcard ('c 195:* rwm'), which a deny cannot narrow: said once, the
+            # Event and the gauge keep reporting it.
             report.failures.append(f"{container}: stray {gpu.uuid} not revoked: {e}")
-            log.error("stray GPU access of %s to %s could not be revoked: %s", container, gpu, e)
+            if first:
+                log.error("stray GPU access of %s to %s cannot be revoked: %s", container, gpu, e)
             return
         report.add("revoked_stray", gpu.uuid)
 
