@@ -71,6 +71,16 @@ def kubernetes_argv(
     ]
 
 
+def ensure_holder_priority_class(kube: FakeKube) -> None:
+    """The holders' PriorityClass, as the agent's manifests ship it beside the DaemonSet (the
+    API server refuses holders that name a missing class)."""
+    if not any(
+        item["metadata"]["name"] == HOLDER_PRIORITY_CLASS
+        for item in kube.call(kube.server.cluster.store.list, PRIORITY_CLASSES, "")
+    ):
+        kube.create_priority_class(HOLDER_PRIORITY_CLASS, HOLDER_PRIORITY)
+
+
 @contextlib.contextmanager
 def running_k8s_agent(
     kube: FakeKube,
@@ -83,13 +93,7 @@ def running_k8s_agent(
     """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
     log shown, its directory removed). ``kubelet_nvml``: the fake NVML it reads (``None``: the
     agent simulates its own, e.g. with ``--simulate-mig``)."""
-    if not any(
-        item["metadata"]["name"] == HOLDER_PRIORITY_CLASS
-        for item in kube.call(kube.server.cluster.store.list, PRIORITY_CLASSES, "")
-    ):
-        # The agent's manifests ship it beside the DaemonSet; the API server refuses holders
-        # that name a missing class.
-        kube.create_priority_class(HOLDER_PRIORITY_CLASS, HOLDER_PRIORITY)
+    ensure_holder_priority_class(kube)
     directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
     state_dir = directory / "state"
     env = {} if kubelet_nvml is None else dict(kubelet_nvml.environ())
