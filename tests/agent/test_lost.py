@@ -84,7 +84,7 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
     )
     assert harness.allocator.get(entry.gpu.uuid) is None
     assert harness.service.losses.notices == {}
-    assert harness.sample("gpu_hotplug_lost_holder_revokes_total") == 1
+    assert harness.sample("gpu_hotplug_lost_revokes_total", kind="holder") == 1
 
 
 async def test_the_notice_is_on_the_attachment_during_the_grace_period(harness: Harness) -> None:

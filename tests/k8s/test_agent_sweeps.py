@@ -170,7 +170,7 @@ def test_a_holder_deleted_while_the_agent_is_stopped_is_revoked_at_start(
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
     events = [event for event in pod_events(kube, NS, "nb") if event["reason"] == "GpuRevoked"]
     assert "no holder pod reserves it" in events[-1]["message"]
-    assert metric(k8s_agent, "gpu_hotplug_orphan_revokes_total") == 1.0
+    assert metric(k8s_agent, 'gpu_hotplug_lost_revokes_total{kind="orphan"}') == 1.0
 
 
 def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(

@@ -186,12 +186,8 @@ class LostGpus:
             self._pending.discard(key)
         if outcome is not None:
             if not outcome.gone:
-                counter = (
-                    self._metrics.orphan_revokes
-                    if notice.orphan
-                    else self._metrics.lost_holder_revokes
-                )
-                counter.inc(len(notice.gpus))
+                kind = "orphan" if notice.orphan else "holder"
+                self._metrics.lost_revokes.labels(kind=kind).inc(len(notice.gpus))
             self._tell(notice, outcome)
 
     async def _revoke(self, notice: LossNotice, revoke: Revoke) -> TakeBack | None:

@@ -7,7 +7,7 @@ of access escape it, and both let a GPU be used by a pod that does not hold it:
   backs — its holder pod was deleted, evicted or garbage-collected while the agent was down
   (a rolling update, an OOM kill), and the allocator, rebuilt from the surviving holders, does
   not know it. It is taken back by the core's loss sequence (``core/lost.py``: an Event first,
-  the grace period, then the revoke, counted as ``gpu_hotplug_orphan_revokes_total``);
+  the grace period, then the revoke, counted as ``gpu_hotplug_lost_revokes_total{kind="orphan"}``);
 - **a stray**: a container whose device cgroup lets it open an NVIDIA GPU that neither the
   device plugin assigned to it (PodResources) nor the agent granted — a misconfigured runtime
   (the container toolkit in jit-cdi mode treats ``NVIDIA_VISIBLE_DEVICES=none`` like ``all``),
@@ -19,12 +19,10 @@ Devices the device plugin assigned to a container are never touched, whatever th
 made of them. What "can open" means is what the engine reads: the v1 ``devices.list`` (where
 runc writes its rules on v1 and hybrid hosts) and our own marked v2 prefix. A runtime's own v2
 device program is not evaluated, so on a pure cgroup v2 host a stray that the runtime's
-program allows is not seen yet (orphans are: our prefix is marked).
-
-A pass reads the node's pods from the watch's cache, each container's process and cgroups
-through CRI (as the resolver does for any target), PodResources once, and the device state of
-each container once; it runs at start-up, with every reconciliation (the timer) and after pod
-events.
+program allows is not seen yet (orphans are: our prefix is marked). A pass reads the node's pods from the watch's cache, each container's process
+and cgroups through CRI (as the resolver does for any target), PodResources once, and the
+device state of each container once; it runs at start-up, with every reconciliation (the
+timer) and after pod events.
 """
 
 from __future__ import annotations
