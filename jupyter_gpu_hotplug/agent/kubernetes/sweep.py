@@ -19,10 +19,12 @@ Devices the device plugin assigned to a container are never touched, whatever th
 made of them. What "can open" means is what the engine reads: the v1 ``devices.list`` (where
 runc writes its rules on v1 and hybrid hosts) and our own marked v2 prefix. A runtime's own v2
 device program is not evaluated, so on a pure cgroup v2 host a stray that the runtime's
-program allows is not seen yet (orphans are: our prefix is marked). A pass reads the node's pods from the watch's cache, each container's process
-and cgroups through CRI (as the resolver does for any target), PodResources once, and the
-device state of each container once; it runs at start-up, with every reconciliation (the
-timer) and after pod events.
+program allows is not seen yet (orphans are: our prefix is marked).
+
+A pass reads the node's pods from the watch's cache, each container's process and cgroups
+through CRI (as the resolver does for any target), PodResources once, and the device state of
+each container once; it runs at start-up, with every reconciliation (the timer) and after pod
+events.
 """
 
 from __future__ import annotations
