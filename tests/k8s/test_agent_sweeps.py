@@ -152,25 +152,43 @@ def _same_container(proc: Path, init_pid: int) -> bool:
         return False
 
 
-def test_a_holder_deleted_while_the_agent_is_stopped_is_revoked_at_start(
-    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
+@pytest.mark.parametrize(
+    ("how", "why", "kind"),
+    [
+        ("deleted", "no holder pod reserves it", "orphan"),
+        ("evicted", "its holder pod ended (Evicted)", "holder"),
+    ],
+)
+def test_a_holder_lost_while_the_agent_is_stopped_is_revoked_at_start(
+    how: str,
+    why: str,
+    kind: str,
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    k8s_agent: AgentProcess,
 ) -> None:
+    """Deleted: the grant is an orphan (no holder is left to read); evicted: the holder's
+    object stays, Failed, and no pod event will tell the restarted agent."""
     attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
     k8s_agent.stop()
-    kube.delete_pod(NS, attachment["holder"].split("/")[1])
-    eventually(lambda: holders(kube, NS) == [], "the holder is gone")
-    assert ENXIO in open_fresh_node(kubelet, "nb", attachment["minor"]), "an orphaned grant"
+    name = attachment["holder"].split("/")[1]
+    if how == "deleted":
+        kube.delete_pod(NS, name)
+        eventually(lambda: holders(kube, NS) == [], "the holder is gone")
+    else:
+        kubelet.evict(NS, name, delete=False)
+    assert ENXIO in open_fresh_node(kubelet, "nb", attachment["minor"]), "a grant left behind"
 
     k8s_agent.start()
 
     eventually(
         lambda: EPERM in open_fresh_node(kubelet, "nb", attachment["minor"]),
-        "the orphaned grant is revoked at start",
+        "the grant left behind is revoked at start",
     )
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
     events = [event for event in pod_events(kube, NS, "nb") if event["reason"] == "GpuRevoked"]
-    assert "no holder pod reserves it" in events[-1]["message"]
-    assert metric(k8s_agent, 'gpu_hotplug_lost_revokes_total{kind="orphan"}') == 1.0
+    assert why in events[-1]["message"]
+    assert metric(k8s_agent, f'gpu_hotplug_lost_revokes_total{{kind="{kind}"}}') == 1.0
 
 
 def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(
