@@ -18,8 +18,8 @@ deletes whatever holders the request created and waits until they are gone: noth
 behind.
 
 Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
-node drained): ``on_lost`` is told at once, so the backend can revoke that GPU from the
-container before another pod gets it.
+node drained): ``on_lost`` is told at once — and at ``load`` of a holder that ended while the
+agent was away — so the backend can take that GPU back (``core/lost.py``).
 """
 
 from __future__ import annotations
