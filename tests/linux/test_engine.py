@@ -296,6 +296,30 @@ def test_status_tells_our_grant_from_a_runtimes_rule(
     assert runtimes.v1_allowed and not runtimes.ours
 
 
+def test_status_runs_the_runtimes_own_program_on_v2(
+    engine: HotplugEngine, sandbox_factory: SandboxFactory, backends: frozenset[Backend]
+) -> None:
+    """The stray sweep's question on any host: can the container open the device by its own
+    policy, whoever wrote it? On v2 that is every attached program run for the device."""
+    given = sandbox_factory(backends=backends)  # the runtime's defaults allow c 1:8
+    denied = sandbox_factory(
+        backends=backends,
+        rules=tuple(
+            r for r in CONTAINER_DEFAULTS if r.is_wildcard or not r.covers(DevType.CHAR, 1, 8)
+        ),
+    )
+    (runtimes,) = engine.status(engine.inspect(given.pid), [STAND_IN])
+    (nothing,) = engine.status(engine.inspect(denied.pid), [STAND_IN])
+    assert given.mknod("/dev/probe", 1, 8) == "OK" and given.open("/dev/probe") == "OK"
+    assert runtimes.opens and not runtimes.ours
+    assert not nothing.opens and not nothing.ours
+    if Backend.V2 in backends:
+        assert runtimes.v2_allowed is True and nothing.v2_allowed is False
+    engine.grant(denied.pid, [STAND_IN])
+    (granted,) = engine.status(engine.inspect(denied.pid), [STAND_IN])
+    assert granted.opens and granted.ours
+
+
 def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: SandboxProbe) -> None:
     """The container's init holds the device: force ends it, and the permissions still go
     (other processes could live on in its cgroups)."""
