@@ -128,9 +128,12 @@ def test_a_lost_holder_held_open_is_revoked_without_ending_the_process(
         "the lost GPU's access is revoked",
     )
     assert Path(f"/proc/{host_pid}").exists(), "the process holding the GPU was not ended"
+    # With no grace period both Events go out within the same moment; that the warning comes
+    # first is shown with a grace period (above) and by the loss sequence's own tests.
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
-    reasons = event_reasons(kube, NS, "nb")
-    assert reasons.index("GpuHolderLost") < reasons.index("GpuRevoked"), "told first"
+    assert "GpuHolderLost" in event_reasons(kube, NS, "nb")
+    (revoked,) = [e for e in pod_events(kube, NS, "nb") if e["reason"] == "GpuRevoked"]
+    assert f"(pid {host_pid})" in revoked["message"], "the Event names who keeps it open"
     assert api.get("/v1/attachments").json()["attachments"] == []
 
 
