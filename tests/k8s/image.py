@@ -27,8 +27,8 @@ TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
 
 APPLETS: Final = (
     "[", "cat", "cut", "echo", "env", "false", "grep", "head", "id", "kill", "ls", "mkdir",
-    "mknod", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch", "tr",
-    "true", "wc",
+    "mknod", "nc", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch",
+    "tr", "true", "wc", "wget",
 )  # fmt: skip
 """Applets linked into ``/bin``: what a pod's command or an exec in a test may call."""
 
