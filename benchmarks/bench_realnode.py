@@ -45,7 +45,7 @@ from tests.realnode.agent import install_agent_account, running_node_agent
 from tests.realnode.cluster import Cluster, eventually
 from tests.realnode.node import GPU_RESOURCE, new_node
 
-_HOLDER_WAIT = re.compile(r"holder pod\(s\) .* running after ([0-9.]+) ms")
+_HOLDER_WAIT = re.compile(r"holder pod\(s\) .*: running after ([0-9.]+) ms")
 
 
 def ms(seconds: float) -> str:

@@ -11,23 +11,21 @@ authorizer.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..k8s.image import PAUSE_IMAGE
+from ..manifests.support import render
 from .cluster import Cluster
 from .pki import write_kubeconfig
 
-REPO: Final = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE: Final = "gpu-hotplug"
 AGENT_ACCOUNT: Final = "gpu-hotplug-agent"
 RBAC_KINDS: Final = frozenset(
@@ -47,33 +45,6 @@ RBAC_KINDS: Final = frozenset(
 RECONCILE_INTERVAL: Final = 1.0
 
 
-def rendered_manifests(path: Path = REPO / "k8s") -> list[dict[str, Any]]:
-    """``kubectl kustomize`` of ``path``, as objects."""
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(path), "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    document = json.loads(out) if out.lstrip().startswith("{") else None
-    if document and document.get("kind") == "List":
-        return list(document["items"])
-    # kustomize prints a YAML stream; let kubectl convert it object by object.
-    yaml_out = subprocess.run(
-        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True
-    ).stdout
-    converted = subprocess.run(
-        ["kubectl", "create", "--dry-run=client", "-o", "json", "-f", "-"],
-        input=yaml_out,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    decoded = json.loads(converted)
-    return list(decoded.get("items", [decoded]))
-
-
 @dataclass(frozen=True)
 class AgentAccount:
     """The agent's identity on the node: a kubeconfig with a token of its ServiceAccount."""
@@ -83,7 +54,7 @@ class AgentAccount:
 
 def install_agent_account(cluster: Cluster) -> AgentAccount:
     """Apply the agent's Namespace, ServiceAccount and RBAC from ``k8s/``; mint a token."""
-    objects = [o for o in rendered_manifests() if o["kind"] in RBAC_KINDS]
+    objects = [o for o in render() if o["kind"] in RBAC_KINDS]
     cluster.apply(objects)
     token = cluster.kubectl(
         "create", "token", AGENT_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=6h"

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import grpc
 from kubernetes import client as k8s
 
 from jupyter_gpu_hotplug.agent.kubernetes.podresources import PodResourcesClient
+from jupyter_gpu_hotplug.agent.kubernetes.protos import podresources_pb2 as pb
 
 from ..k8s.cri import CriClient, ExecResult
 from ..k8s.image import TOOLS_IMAGE
@@ -220,6 +222,29 @@ class Cluster:
             return found
         finally:
             lister.close()
+
+    def podresources_get(self, namespace: str, pod: str) -> set[str]:
+        """The GPU ids of one pod from the kubelet's PodResources ``Get`` itself (no fallback to
+        ``List``: this proves the real kubelet serves ``Get``)."""
+        channel = grpc.insecure_channel(f"unix://{self.node.pod_resources_socket}")
+        try:
+            get = channel.unary_unary(
+                "/v1.PodResourcesLister/Get",
+                request_serializer=pb.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=pb.GetPodResourcesResponse.FromString,
+            )
+            answer = get(
+                pb.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace), timeout=10
+            )
+        finally:
+            channel.close()
+        return {
+            device_id
+            for container in answer.pod_resources.containers
+            for devices in container.devices
+            if devices.resource_name == GPU_RESOURCE
+            for device_id in devices.device_ids
+        }
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return self.node.kubectl(*args, input=input, check=check)

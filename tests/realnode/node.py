@@ -23,6 +23,7 @@ Used by ``tests/realnode/fixtures.py`` and by hand: ``python -m tests.realnode u
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -48,18 +49,25 @@ from jupyter_gpu_hotplug.nvml.sim import (
 from ..k8s.containerd import mounts_under, pids_mentioning, remove_cgroup_tree
 from ..k8s.cri import CriClient
 from ..k8s.image import PAUSE_IMAGE, write_oci_archive
+from ..manifests.support import kubectl as kubectl_binary
 from .components import Components, find_components
 from .pki import Pki, make_pki, write_kubeconfig
 
 STATE_FILE: Final = Path("/run/jupyter-gpu-hotplug-node.json")
-"""Where a running node records itself, so that ``down`` (another process) can stop it and a
-second ``up`` refuses."""
+"""Where a running node records itself, so that ``down`` (another process) can stop it, and a
+node whose owner was killed can be cleaned up."""
+LOCK_FILE: Final = Path("/run/jupyter-gpu-hotplug-node.lock")
+"""Held (``flock``) by the process that owns the node for the node's whole life: a second
+node on this machine is refused while it is held, and the kernel releases it when the owner
+dies, so a stale ``STATE_FILE`` is told from a live one without trusting pids."""
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 """Fixed in the kubelet (``pluginapi.DevicePluginPath``) whatever ``--root-dir`` says."""
 BRIDGE: Final = "jghnode0"
 POD_SUBNET: Final = "10.244.77.0/24"
 SERVICE_SUBNET: Final = "10.96.0.0/24"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+PLUGIN_REGISTERED: Final = "Registered device plugin"
+"""What NVIDIA's plugin logs each time the kubelet accepts its registration."""
 DEFAULT_GPUS: Final = 4
 SYSCTLS: Final = (
     "vm/overcommit_memory",
@@ -75,12 +83,47 @@ SYSCTLS: Final = (
 )
 """Host settings the kubelet (``protectKernelDefaults: false``), the bridge plugin or
 kube-proxy change: saved at start, restored at stop."""
+STOP_TIMEOUT: Final = 60.0
+"""Upper bound for the components to stop after SIGTERM before they are killed."""
 READY_TIMEOUT: Final = 300.0
 """Upper bound for the node to become Ready on a loaded 2-core machine (never asserted on)."""
 
 
 class NodeError(RuntimeError):
     """The node could not be started; the message says which component and shows its log."""
+
+
+class NodeBusy(NodeError):
+    """Another node runs on this machine (another test session, or ``up`` by hand): only one
+    kubelet per machine can own the device-plugin directory. Wait for it, or ``down`` it."""
+
+
+def _try_lock() -> int | None:
+    """The node lock's fd if this process got it, ``None`` if another process holds it."""
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def node_is_running() -> bool:
+    """Whether a live process owns a node on this machine (it holds ``LOCK_FILE``)."""
+    fd = _try_lock()
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def _describe_running() -> str:
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(STATE_FILE.read_text())
+        owner = state.get("owner") or ["?"]
+        return f"owner pid {owner[0]}, directory {state.get('directory')}"
+    return "its state file is not written yet"
 
 
 def free_port() -> int:
@@ -108,13 +151,6 @@ def _read_sysctl(name: str) -> str | None:
     with contextlib.suppress(OSError):
         return Path("/proc/sys", name).read_text().strip()
     return None
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 @dataclass
@@ -147,6 +183,9 @@ class RealNode:
     _saved_sysctls: dict[str, str] = field(default_factory=dict)
     _made_var_lib_kubelet: bool = False
     _netns_before: set[str] = field(default_factory=set)
+    by_hand: bool = False
+    """Owned by ``python -m tests.realnode up`` (which ``down`` may stop), not a test session."""
+    _lock_fd: int | None = None
     _owns_host: bool = False
     """Set once ``start()`` has checked that no other node runs here: only then may ``stop()``
     touch what is the machine's (the bridge, kube-proxy's rules, network namespaces)."""
@@ -222,6 +261,16 @@ class RealNode:
     def _check_host(self) -> None:
         if os.geteuid() != 0:
             raise NodeError("the real node needs root (kubelet, containerd, cgroups)")
+        self._lock_fd = _try_lock()
+        if self._lock_fd is None:
+            raise NodeBusy(
+                f"another real node is running on this machine ({_describe_running()}): only "
+                f"one kubelet per machine can own {DEVICE_PLUGIN_DIR}; wait until it is down "
+                "(a test session takes its node down at its end), or `python -m tests.realnode "
+                "down` if it is yours"
+            )
+        if STATE_FILE.exists():  # its owner died (we hold the lock): take its leftovers down
+            take_down_recorded()
         sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
         if sock.exists():
             with socket.socket(socket.AF_UNIX) as s, contextlib.suppress(OSError):
@@ -242,7 +291,8 @@ class RealNode:
                 {
                     "directory": str(self.directory),
                     "cgroup_root": self.cgroup_root,
-                    "owner": [me, _process_start(me)],
+                    "owner": [me],
+                    "by_hand": self.by_hand,
                     "made_var_lib_kubelet": self._made_var_lib_kubelet,
                     "sysctls": self._saved_sysctls,
                     "netns_before": sorted(self._netns_before),
@@ -445,6 +495,10 @@ state = "{d}/state"
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  # What `ctr images import` (the transfer service) unpacks into: the snapshotter CRI uses.
+  platform = "linux/amd64"
+  snapshotter = "native"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "native"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -488,37 +542,21 @@ state = "{d}/state"
         )
 
     def crictl(self, *args: str) -> str:
-        return subprocess.run(
+        return _run_tool(
             [
                 str(self.components.crictl),
                 f"--runtime-endpoint={self.cri_endpoint}",
                 f"--image-endpoint={self.cri_endpoint}",
                 "--timeout=30s",
                 *args,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
+            ]
+        )
 
     def ctr(self, *args: str) -> str:
+        """containerd's own client (namespace ``k8s.io``, the CRI plugin's)."""
         ctr = self.components.containerd.parent / "ctr"
-        binary = str(ctr) if ctr.exists() else "ctr"
-        return subprocess.run(
-            [
-                binary,
-                "--address",
-                str(self.containerd_dir / "containerd.sock"),
-                "--namespace",
-                "k8s.io",
-                *args,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout
+        address = str(self.containerd_dir / "containerd.sock")
+        return _run_tool([str(ctr), "--address", address, "--namespace", "k8s.io", *args])
 
     def _start_containerd(self) -> None:
         d = self.containerd_dir
@@ -540,7 +578,7 @@ state = "{d}/state"
     def import_image(self, archive: Path) -> None:
         """Import an OCI archive into the node's runtime (no registry: images are never
         pulled, and the kubelet's image GC is off so they stay)."""
-        self.ctr("images", "import", "--snapshotter", "native", str(archive))
+        self.ctr("images", "import", "--platform=linux/amd64", "--snapshotter=native", str(archive))
 
     def _kubelet_config(self) -> str:
         assert self.pki is not None
@@ -581,8 +619,11 @@ serializeImagePulls: false
                 if source.exists() and (path / name).exists():
                     (path / name).write_text(source.read_text())
         self.kubelet_dir.mkdir()
+        (self.directory / "kubelet.yaml").write_text(self._kubelet_config())
+        self._spawn_kubelet()
+
+    def _spawn_kubelet(self) -> None:
         config = self.directory / "kubelet.yaml"
-        config.write_text(self._kubelet_config())
         self._spawn(
             "kubelet",
             [
@@ -594,6 +635,35 @@ serializeImagePulls: false
                 f"--hostname-override={self.node_name}",
                 "--v=2",
             ],
+        )
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM) and start it again with the same configuration, as a
+        node's service manager does on an upgrade; pods keep running. Returns once the new
+        kubelet serves its health endpoint and NVIDIA's plugin has registered with it again
+        (the plugin watches for the new registration socket)."""
+        registered = self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED)
+        _terminate(self.processes.pop("kubelet"))
+        self._spawn_kubelet()
+        healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
+        self._wait(
+            "kubelet healthy after restart",
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", "--max-time", "3", healthz], capture_output=True, check=False
+                ).returncode
+                == 0
+            ),
+            120,
+            "kubelet",
+        )
+        self._wait(
+            "device plugin registered again",
+            lambda: (
+                self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED) > registered
+            ),
+            120,
+            "nvidia-device-plugin",
         )
 
     def _start_proxy(self) -> None:
@@ -666,7 +736,7 @@ serializeImagePulls: false
     # ------------------------------------------------------------------ use
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
-            ["kubectl", f"--kubeconfig={self.admin_kubeconfig}", *args],
+            [kubectl_binary(), f"--kubeconfig={self.admin_kubeconfig}", *args],
             input=input,
             capture_output=True,
             text=True,
@@ -720,6 +790,7 @@ serializeImagePulls: false
         left: list[str] = []
         if not self._owns_host:  # refused at start: nothing of ours is on the host
             shutil.rmtree(self.directory, ignore_errors=True)
+            self._release()
             return left
         with contextlib.suppress(Exception):
             if (self.containerd_dir / "containerd.sock").exists():
@@ -741,7 +812,21 @@ serializeImagePulls: false
             state = json.loads(STATE_FILE.read_text())
             if state.get("directory") == str(self.directory):
                 STATE_FILE.unlink()
+        self._release()
         return left
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _run_tool(argv: list[str], timeout: float = 120) -> str:
+    """A command-line client's output; its stderr in the error when it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise NodeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
 
 
 def _cgroup_mounts() -> list[Path]:
@@ -822,43 +907,49 @@ def teardown_host(
 
 
 PROXY_CHAIN_PREFIX: Final = "KUBE-"
+IPTABLES: Final = ("iptables", "ip6tables")
+"""kube-proxy and the kubelet write both families where the host has IPv6."""
 
 
 def _proxy_rules() -> list[str]:
-    """kube-proxy's iptables chains and rules (all named ``KUBE-…``)."""
-    dump = subprocess.run(["iptables-save"], capture_output=True, text=True, check=False).stdout
-    return [line for line in dump.splitlines() if PROXY_CHAIN_PREFIX in line]
+    """The iptables chains and rules of kube-proxy and the kubelet (all named ``KUBE-…``)."""
+    found = []
+    for family in IPTABLES:
+        dump = subprocess.run(
+            [f"{family}-save"], capture_output=True, text=True, check=False
+        ).stdout
+        found += [f"{family} {line}" for line in dump.splitlines() if PROXY_CHAIN_PREFIX in line]
+    return found
 
 
 def _remove_proxy_rules() -> None:
-    """Take kube-proxy's iptables rules away (its own ``--cleanup`` does this where the binary
-    is at hand; the rules are also removed by name, so a node whose cache is gone is
-    cleaned too)."""
+    """Take kube-proxy's and the kubelet's iptables rules away (kube-proxy's own ``--cleanup``
+    first where the binary is at hand; then by name, so a node whose cache is gone is cleaned
+    too): rules that jump to a ``KUBE-`` chain, then the chains."""
     if not _proxy_rules():
         return
     with contextlib.suppress(Exception):
         proxy = find_components().kube_proxy
         subprocess.run([str(proxy), "--cleanup"], capture_output=True, check=False, timeout=60)
-    for table in ("filter", "nat", "mangle"):
-        dump = subprocess.run(
-            ["iptables-save", "-t", table], capture_output=True, text=True, check=False
-        ).stdout
-        for line in dump.splitlines():
-            if line.startswith("-A") and PROXY_CHAIN_PREFIX in line:
-                subprocess.run(
-                    ["iptables", "-t", table, "-D", *shlex.split(line)[1:]],
-                    capture_output=True,
-                    check=False,
-                )
-        for line in dump.splitlines():
-            if line.startswith(":" + PROXY_CHAIN_PREFIX):
-                chain = line[1:].split()[0]
-                subprocess.run(
-                    ["iptables", "-t", table, "-F", chain], capture_output=True, check=False
-                )
-                subprocess.run(
-                    ["iptables", "-t", table, "-X", chain], capture_output=True, check=False
-                )
+    for family in IPTABLES:
+        for table in ("filter", "nat", "mangle"):
+            dump = subprocess.run(
+                [f"{family}-save", "-t", table], capture_output=True, text=True, check=False
+            ).stdout
+            for line in dump.splitlines():
+                if line.startswith("-A") and PROXY_CHAIN_PREFIX in line:
+                    subprocess.run(
+                        [family, "-t", table, "-D", *shlex.split(line)[1:]],
+                        capture_output=True,
+                        check=False,
+                    )
+            for line in dump.splitlines():
+                if line.startswith(":" + PROXY_CHAIN_PREFIX):
+                    chain = line[1:].split()[0]
+                    for action in ("-F", "-X"):
+                        subprocess.run(
+                            [family, "-t", table, action, chain], capture_output=True, check=False
+                        )
 
 
 def new_node(gpu_count: int = DEFAULT_GPUS) -> RealNode:
@@ -872,13 +963,30 @@ def new_node(gpu_count: int = DEFAULT_GPUS) -> RealNode:
     )
 
 
-def take_down_recorded() -> list[str]:
-    """Stop the node recorded in ``STATE_FILE`` (``down`` from another process, or a killed
-    run); returns what was removed."""
+def take_down_recorded(*, stop_live_owner: bool = False) -> list[str]:
+    """Take down the node recorded in ``STATE_FILE`` and return what had to be removed.
+
+    A node whose owner is dead (a killed session or ``up``) is removed from what the state file
+    records. A live owner is asked to stop it only with ``stop_live_owner`` (``down`` by hand:
+    SIGTERM, and the owner tears its node down itself); otherwise ``NodeBusy``."""
     try:
         state = json.loads(STATE_FILE.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return []
+    if node_is_running():
+        if not stop_live_owner or not state.get("by_hand"):
+            raise NodeBusy(
+                f"the recorded node is live ({_describe_running()}); a test session's node "
+                "goes down at the session's end"
+            )
+        owner = int(state["owner"][0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(owner, signal.SIGTERM)
+        _poll(lambda: not node_is_running(), STOP_TIMEOUT)
+        if node_is_running():
+            raise NodeBusy(f"the node's owner (pid {owner}) did not stop in {STOP_TIMEOUT:.0f} s")
+        if not STATE_FILE.exists():  # the owner took everything down
+            return []
     directory = Path(state["directory"])
     with contextlib.suppress(Exception):
         sock = directory / "ctd" / "containerd.sock"
@@ -889,7 +997,7 @@ def take_down_recorded() -> list[str]:
     for pid in pids_mentioning(f"{directory}/"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    time.sleep(1)
+    _poll(lambda: not pids_mentioning(f"{directory}/"), STOP_TIMEOUT)
     left = teardown_host(
         directory,
         state["cgroup_root"],
@@ -901,11 +1009,7 @@ def take_down_recorded() -> list[str]:
     return left
 
 
-def recorded_is_alive() -> bool:
-    """Whether the recorded node's starting process is still running."""
-    try:
-        state = json.loads(STATE_FILE.read_text())
-    except FileNotFoundError:
-        return False
-    pid, start = state["owner"]
-    return bool(_process_start(pid) == start)
+def _poll(done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)

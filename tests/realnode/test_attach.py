@@ -58,6 +58,9 @@ def test_a_pod_attaches_two_gpus_through_real_holders_and_detaches_one(
         for d in ids
     }
     assert reported == {a["uuid"] for a in attachments}
+    for holder in held:  # and PodResources Get, per holder, says the same
+        (device,) = cluster.podresources_get(ns, holder["metadata"]["name"])
+        assert device in reported
     for attachment in attachments:
         assert ENXIO in cluster.open_device(ns, "nb", attachment["minor"])
 
@@ -344,3 +347,33 @@ def test_a_holder_is_admitted_and_runs_in_a_podsecurity_restricted_namespace(
     (attachment,) = created.json()["attachments"]
     assert ENXIO in cluster.open_device(ns, "nb", attachment["minor"])
     assert api.delete("/v1/attachments").status == 204
+
+
+def test_the_kubelet_restarts_and_the_attached_gpu_stays_held_and_usable(
+    cluster: Cluster, node_agent: NodeAgent
+) -> None:
+    """A kubelet restart (an upgrade, a crash) re-admits the running holders from its
+    checkpoint and NVIDIA's plugin registers again: the GPU stays held, reported and usable,
+    and attaching and detaching work through the new kubelet."""
+    ns = cluster.namespace()
+    cluster.run_notebook_pod(ns, "nb")
+    api = node_agent.as_pod(ns, "nb")
+    (kept,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
+    (holder,) = cluster.holders(ns)
+
+    cluster.node.restart_kubelet()
+
+    eventually(
+        lambda: devices_of(cluster, ns) == {kept["uuid"]},
+        "the restarted kubelet's PodResources names the held GPU",
+    )
+    (after,) = cluster.holders(ns)
+    assert after["metadata"]["uid"] == holder["metadata"]["uid"]
+    assert after["status"]["phase"] == "Running", after["status"]
+    assert ENXIO in cluster.open_device(ns, "nb", kept["minor"])
+    more = api.post("/v1/attachments", {"count": 1})
+    assert more.status == 201, more.body
+    (added,) = more.json()["attachments"]
+    assert added["uuid"] != kept["uuid"]
+    assert api.delete("/v1/attachments").status == 204
+    eventually(lambda: cluster.holders(ns) == [], "no holder left")

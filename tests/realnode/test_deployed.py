@@ -27,7 +27,8 @@ from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
 
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
-from .agent import AGENT_NAMESPACE, REPO, rendered_manifests
+from ..manifests.support import K8S_DIR, render
+from .agent import AGENT_NAMESPACE
 from .agent_image import AgentImage, agent_image
 from .cluster import Cluster, eventually
 
@@ -39,7 +40,7 @@ TOKEN_PATH: Final = "/var/run/secrets/gpu-hotplug/token"
 
 def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
     """A strategic-merge patch of the shipped DaemonSet for this node (see the module doc)."""
-    (daemonset,) = [o for o in rendered_manifests() if o["kind"] == "DaemonSet"]
+    (daemonset,) = [o for o in render() if o["kind"] == "DaemonSet"]
     (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
                     if c["name"] == "agent"]  # fmt: skip
     node = cluster.node
@@ -110,7 +111,7 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
     (overlay / "agent-patch.json").write_text(json.dumps(_agent_patch(cluster, image)))
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {os.path.relpath(REPO / 'k8s', overlay)}\n"
+        f"resources:\n  - {os.path.relpath(K8S_DIR, overlay)}\n"
         "patches:\n  - path: agent-patch.json\n"
     )
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Final
 
 import pytest
 from kubernetes import client as k8s
@@ -15,9 +17,11 @@ from jupyter_gpu_hotplug.nvml.sim import read_config
 
 from ..fixtures.requirements import needs_root
 from .cluster import Cluster, eventually
-from .node import GPU_RESOURCE, NodeError, new_node
+from .node import GPU_RESOURCE, NodeBusy, new_node
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
+
+REPO: Final = Path(__file__).resolve().parents[2]
 
 
 def test_the_server_is_the_kubernetes_we_built_and_the_node_is_ready_with_gpus(
@@ -109,17 +113,22 @@ def test_podsecurity_restricted_rejects_a_privileged_pod(cluster: Cluster) -> No
 
 
 def test_a_second_node_on_the_same_machine_is_refused_clearly(cluster: Cluster) -> None:
-    """Only one kubelet per machine can own the device-plugin directory."""
+    """Only one kubelet per machine can own the device-plugin directory: a second node (another
+    session's, or one brought up by hand) is refused with the reason, and ``down`` by hand
+    leaves a test session's node alone."""
     second = new_node()
-    with pytest.raises(NodeError, match="another kubelet serves"):
+    with pytest.raises(NodeBusy, match="another real node is running on this machine"):
         second.start()
     assert cluster.kubectl("get", "nodes", "-o", "name").strip() == f"node/{cluster.node_name}"
-    by_hand = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "up"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert by_hand.returncode == 1
-    assert "already up" in by_hand.stdout + by_hand.stderr
+    for command, said in (("up", "already up"), ("down", "goes down at the session's end")):
+        by_hand = subprocess.run(
+            [sys.executable, "-m", "tests.realnode", command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            check=False,
+        )
+        assert by_hand.returncode == 1, by_hand
+        assert said in by_hand.stdout + by_hand.stderr
+    assert cluster.kubectl("get", "nodes", "-o", "name").strip() == f"node/{cluster.node_name}"
