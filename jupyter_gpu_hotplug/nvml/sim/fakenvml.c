@@ -1802,6 +1802,59 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, u
     return get_processes(device, count, infos, 1);
 }
 
+/* ----- topology ----- */
+
+/* What NVIDIA's device plugin asks (through go-gpuallocator) before it prefers devices for a
+ * pod: every pair's common ancestor and each GPU's NVLinks. Simulated GPUs sit under one CPU
+ * (NVML_TOPOLOGY_NODE) and have no NVLink (NOT_SUPPORTED, as on PCIe boards). */
+#define NVML_TOPOLOGY_NODE 40u
+#define NVML_NVLINK_MAX_LINKS 36u /* nvml.h since Blackwell (go-nvml still walks 18) */
+
+static nvmlReturn_t whole_gpu(nvmlDevice_t device)
+{
+    WITH_GPU(device, g);
+    (void)g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t first, nvmlDevice_t second,
+                                                     unsigned int *level)
+{
+    if (!level)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = whole_gpu(first);
+    if (rc == NVML_SUCCESS)
+        rc = whole_gpu(second);
+    if (rc == NVML_SUCCESS)
+        *level = NVML_TOPOLOGY_NODE;
+    return rc;
+}
+
+static nvmlReturn_t no_nvlink(nvmlDevice_t device, unsigned int link, const void *out)
+{
+    if (!out || link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = whole_gpu(device);
+    return rc == NVML_SUCCESS ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active)
+{
+    return no_nvlink(device, link, active);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                     nvmlPciInfo_t *pci)
+{
+    return no_nvlink(device, link, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                  nvmlPciInfo_t *pci)
+{
+    return no_nvlink(device, link, pci);
+}
+
 /* ----- MIG ----- */
 
 /* GPU instance profiles by slice count: NVML's profile enum (what
