@@ -324,7 +324,15 @@ class Agent:
     @classmethod
     def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
         """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
-        from .kubernetes.backend import KubernetesBackend
+        try:
+            from .kubernetes.backend import KubernetesBackend
+        except ModuleNotFoundError as e:
+            # The Kubernetes client, grpcio and protobuf are the [agent] extra: notebook images
+            # install the package without them (pyproject.toml says why).
+            raise RuntimeError(
+                f"Kubernetes mode needs the agent's dependencies ({e.name} is not installed):"
+                " pip install 'jupyter-gpu-hotplug[agent]'"
+            ) from e
 
         closers: list[Callable[[], None]] = []
         try:
