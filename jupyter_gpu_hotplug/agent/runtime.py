@@ -39,7 +39,7 @@ from .core.devices import GpuNodes
 from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
-from .core.locks import TargetLocks
+from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler, ReconcileReport
 from .core.seams import Allocator, Identity, Resolver
@@ -129,14 +129,19 @@ class BackendHooks(Protocol):
     """What a backend runs beside the core once the agent serves (Kubernetes: reactions to
     pod events), and stops before the agent closes."""
 
-    def start(
+    def bind(
         self,
         *,
-        reconcile: Callable[[], Awaitable[ReconcileReport]],
-        locks: TargetLocks,
+        service: AgentService,
+        lost: LostGpus,
+        reconciler: Reconciler,
         injector: Injector,
-        idle: IdleBook,
-    ) -> None: ...
+        metrics: AgentMetrics,
+        workers: Workers,
+    ) -> None:
+        """Join the core before the first reconciliation (its node-wide sweeps, listeners)."""
+
+    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -207,6 +212,11 @@ class Agent:
                     max_lease_seconds=settings.max_lease_seconds,
                 )
             ),
+        )
+        self.lost = LostGpus(
+            rules=LossRules(grace_seconds=settings.lost_grace_seconds, policy=settings.lost_policy),
+            book=self.service.losses,
+            metrics=self.metrics,
         )
         self.idle = IdleReleaser(
             book=self.service.idle,
@@ -385,6 +395,16 @@ class Agent:
 
     async def start(self) -> None:
         """Reconcile, then serve and run the background loops."""
+        hooks = self.components.hooks
+        if hooks is not None:
+            hooks.bind(
+                service=self.service,
+                lost=self.lost,
+                reconciler=self.reconciler,
+                injector=self.components.injector,
+                metrics=self.metrics,
+                workers=self._workers,
+            )
         await self.allocator.load()
         report = await self.reconciler.run_once()
         log.info(
@@ -394,13 +414,8 @@ class Agent:
         for failure in report.failures:
             log.error("start-up reconciliation could not fix: %s", failure)
         await self.service.refresh_gpu_metrics()
-        if self.components.hooks is not None:
-            self.components.hooks.start(
-                reconcile=self.reconciler.run_once,
-                locks=self.service.locks,
-                injector=self.components.injector,
-                idle=self.service.idle,
-            )
+        if hooks is not None:
+            hooks.start(reconcile=self.reconciler.run_once)
         settings = self.settings
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group

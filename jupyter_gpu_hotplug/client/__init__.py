@@ -52,7 +52,15 @@ from .errors import (
     TargetNotReady,
     Unauthenticated,
 )
-from .models import Attachment, Gpu, Health, IdleNotice, IdleRelease, QueuedRequest
+from .models import (
+    Attachment,
+    Gpu,
+    Health,
+    IdleNotice,
+    IdleRelease,
+    LostHolderNotice,
+    QueuedRequest,
+)
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -81,6 +89,7 @@ __all__ = [
     "IdleRelease",
     "InsufficientGpus",
     "InvalidRequest",
+    "LostHolderNotice",
     "NotFound",
     "QueuedRequest",
     "RetryPolicy",

@@ -7,7 +7,11 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, IToolbarWidgetRegistry } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  IToolbarWidgetRegistry,
+  Notification
+} from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -27,6 +31,7 @@ import {
 import { DEFAULT_SETTINGS, GpuModel, IGpuSettings } from './gpuModel';
 import { GpuStatus, hasStatus } from './gpuStatus';
 import { gpuIcon } from './icons';
+import { LostHolderWarnings } from './lostHolders';
 import { ServerVersionModel } from './model';
 import { GpuPanel } from './panel';
 import { ServerVersionStatus } from './statusItem';
@@ -126,6 +131,11 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
     model.currentChanged.connect((_, kernelId) => {
       currentWatch?.dispose();
       currentWatch = kernelId === null ? null : model.watch(kernelId);
+    });
+
+    // A lost holder's warning comes before the agent revokes the GPU.
+    new LostHolderWarnings(model, trans, message => {
+      Notification.warning(message, { autoClose: false });
     });
 
     const panel = new GpuPanel(model, trans);

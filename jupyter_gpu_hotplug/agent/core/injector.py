@@ -93,6 +93,9 @@ class DeviceState:
     """Any trace of access (node or permission): what a revoke must clean up."""
     permitted: bool
     """A device controller lets the target open it (whether or not the node is there)."""
+    ours: bool = False
+    """The permission looks like the agent's own grant (not a runtime's or a device plugin's):
+    what the orphan sweep takes back without a reservation."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -114,10 +117,12 @@ class Injector(Protocol):
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
-        ends the holders). The nodes named in ``keep_nodes`` stay (the agent did not create
-        them); their permission goes. On failure the target keeps what it had."""
+        ends the holders) or ``leave_open`` (the access goes, processes keep the fds they
+        have). The nodes named in ``keep_nodes`` stay (the agent did not create them); their
+        permission goes. On failure the target keeps what it had."""
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
         """Take the permissions for ``devices`` from the cgroups of a container that has no
@@ -166,10 +171,13 @@ class EngineInjector:
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         container = self._container(target)
         try:
-            self._engine.revoke(container, devices, force=force, keep_nodes=keep_nodes)
+            self._engine.revoke(
+                container, devices, force=force, keep_nodes=keep_nodes, leave_open=leave_open
+            )
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
         except EngineError as e:
@@ -197,6 +205,7 @@ class EngineInjector:
                 usable=s.usable,
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                ours=s.ours,
             )
             for s in states
         ]
