@@ -145,6 +145,12 @@ def test_values_reach_their_objects() -> None:
         'image.pullSecrets=["regcred"]',
         "resourceName=nvidia.com/mig-1g.10gb",
         "holder.image=registry.example.org/pause:3.10",
+        "holder.pullPolicy=Always",
+        'holder.pullSecrets=["regcred", "holders"]',
+        "holder.resources.memory=32Mi",
+        "priorityClasses.holder.name=holders",
+        "lostHolders.graceSeconds=120",
+        "strayPolicy=revoke",
         "priorityClasses.holder.value=5000",
         "priorityClasses.agent.name=node-agents",
         "priorityClasses.agent.create=false",
@@ -165,7 +171,9 @@ def test_values_reach_their_objects() -> None:
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.org/gpu-hotplug-agent:0.2.0"
     assert container["imagePullPolicy"] == "Always"
-    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    # The agent's and the holder image's secrets, once each (the init container pre-pulls).
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "holders"}]
+    assert pod["initContainers"][0]["imagePullPolicy"] == "Always"
     # Helm merges maps (the default GPU-node label stays; null removes it); lists replace.
     assert (pod["nodeSelector"], pod["tolerations"], pod["affinity"]) == (
         {"nvidia.com/gpu.present": "true", "pool": "gpu"},
@@ -174,11 +182,15 @@ def test_values_reach_their_objects() -> None:
     )
     assert "runtimeClassName" not in pod
     assert pod["priorityClassName"] == "node-agents"
-    assert [p["metadata"]["name"] for p in objects if p["kind"] == "PriorityClass"] == [
-        "gpu-hotplug-holder"
-    ]
+    assert [p["metadata"]["name"] for p in objects if p["kind"] == "PriorityClass"] == ["holders"]
     assert by_kind(objects, "PriorityClass")["value"] == 5000
     args = _args(objects)
+    assert args["holder-priority-class"] == "holders"
+    assert (args["holder-image-pull-policy"], args["holder-memory"]) == ("Always", "32Mi")
+    assert (args["lost-grace"], args["stray-policy"]) == ("120", "revoke")
+    (container,) = pod["containers"]
+    secrets = [a for a in container["args"] if a.startswith("--holder-image-pull-secret=")]
+    assert secrets == ["--holder-image-pull-secret=regcred", "--holder-image-pull-secret=holders"]
     assert args["resource-name"] == "nvidia.com/mig-1g.10gb"
     assert (args["idle-release"], args["max-lease"]) == ("3600", "86400")
     assert args["holder-image"] == "registry.example.org/pause:3.10"

@@ -101,10 +101,9 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
     ]
     # Our own class: system-node-critical is refused outside kube-system on some clouds.
     assert pod["priorityClassName"] == AGENT
-    assert (
-        by_kind(objects, "PriorityClass", AGENT)["value"]
-        > by_kind(objects, "PriorityClass", "gpu-hotplug-holder")["value"]
-    )
+    holder_class = by_kind(objects, "PriorityClass", "gpu-hotplug-holder")
+    assert by_kind(objects, "PriorityClass", AGENT)["value"] > holder_class["value"] > 0
+    assert "--holder-priority-class=gpu-hotplug-holder" in container["args"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {
         "host-proc": "/proc",
