@@ -101,6 +101,12 @@ def test_every_rendered_object_validates() -> None:
     assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
 
 
+def test_chart_pod_monitor_is_k8s_monitorings() -> None:
+    (ours,) = [o for o in render(K8S_DIR / "monitoring") if o["kind"] == "PodMonitor"]
+    from_chart = _without_helm_labels(by_kind(render_chart(*MONITORS), "PodMonitor"))
+    assert from_chart == ours
+
+
 @pytest.mark.parametrize(
     ("values", "overlay"), [((), K8S_DIR), (CRI_O, K8S_DIR / "overlays" / "cri-o")]
 )
