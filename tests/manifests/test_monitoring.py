@@ -43,7 +43,9 @@ def metrics_of(expr: str) -> set[str]:
     names: set[str] = set()
 
     def visit(node: Any) -> None:
+        # A selector without a name ({__name__=~"..."}) names no metric we could check.
         if isinstance(node, promql_parser.VectorSelector):
+            assert node.name is not None, f"{expr}: name the metric"
             names.add(node.name)
 
     promql_parser.walk(promql_parser.parse(expr), visit)
