@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.kubeconfig",
     "tests.k8s.fixtures",
     "tests.k8s.agent",
+    "tests.realnode.fixtures",
 ]
