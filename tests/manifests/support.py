@@ -107,3 +107,15 @@ def render_chart(
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def with_holder_image(obj: dict[str, Any], image: str) -> dict[str, Any]:
+    """``obj``, with the holder image the admission policy admits set to ``image`` when ``obj``
+    is that policy (tests run holders from a locally built image); other objects unchanged."""
+    if obj["kind"] != "ValidatingAdmissionPolicy":
+        return obj
+    variables = [
+        {**v, "expression": f"'{image}'"} if v["name"] == "holderImage" else v
+        for v in obj["spec"]["variables"]
+    ]
+    return {**obj, "spec": {**obj["spec"], "variables": variables}}

@@ -166,6 +166,10 @@ def test_values_reach_their_objects() -> None:
         f"tolerations=[{_json(toleration)}]",
         f"affinity={_json(affinity)}",
         "runtimeClassName=",
+        "kubelet.podResourcesDir=/var/lib/k0s/kubelet/pod-resources",
+        'agent.extraEnv=[{"name": "LD_LIBRARY_PATH", "value": "/opt/nvml"}]',
+        'agent.extraVolumes=[{"name": "nvml", "hostPath": {"path": "/opt/nvml"}}]',
+        'agent.extraVolumeMounts=[{"name": "nvml", "mountPath": "/opt/nvml"}]',
         # Replacing the default label: null removes it from Helm's merge.
         "networkPolicy.notebookNamespaceSelector="
         '{"matchLabels": {"gpu-hotplug.jupyter.org/notebooks": null, "team": "ml"}}',
@@ -175,6 +179,7 @@ def test_values_reach_their_objects() -> None:
         validate(obj)
     pod = _agent_pod(objects)
     (container,) = pod["containers"]
+    args = _args(objects)
     assert container["image"] == "registry.example.org/gpu-hotplug-agent:0.2.0"
     assert container["imagePullPolicy"] == "Always"
     # The agent's and the holder image's secrets, once each (the init container pre-pulls).
@@ -187,14 +192,18 @@ def test_values_reach_their_objects() -> None:
         affinity,
     )
     assert "runtimeClassName" not in pod
+    assert args["pod-resources-socket"] == "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
+    assert volumes["nvml"] == {"name": "nvml", "hostPath": {"path": "/opt/nvml"}}
+    assert {"name": "LD_LIBRARY_PATH", "value": "/opt/nvml"} in container["env"]
+    assert {"name": "nvml", "mountPath": "/opt/nvml"} in container["volumeMounts"]
     assert pod["priorityClassName"] == "node-agents"
     assert [p["metadata"]["name"] for p in objects if p["kind"] == "PriorityClass"] == ["holders"]
     assert by_kind(objects, "PriorityClass")["value"] == 5000
-    args = _args(objects)
     assert args["holder-priority-class"] == "holders"
     assert (args["holder-image-pull-policy"], args["holder-memory"]) == ("Always", "32Mi")
     assert (args["lost-grace"], args["stray-policy"]) == ("120", "revoke")
-    (container,) = pod["containers"]
     secrets = [a for a in container["args"] if a.startswith("--holder-image-pull-secret=")]
     assert secrets == ["--holder-image-pull-secret=regcred", "--holder-image-pull-secret=holders"]
     assert args["resource-name"] == "nvidia.com/mig-1g.10gb"

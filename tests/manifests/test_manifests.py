@@ -160,6 +160,8 @@ def test_holder_image_is_pulled_and_admitted(objects: list[dict[str, Any]]) -> N
     policy = by_kind(objects, "ValidatingAdmissionPolicy")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["holderImage"] == f"'{image}'"
+    # First: tests/realnode/test_deployed.py patches it by index.
+    assert policy["spec"]["variables"][0]["name"] == "holderImage"
     (condition,) = policy["spec"]["matchConditions"]
     assert f"'system:serviceaccount:gpu-hotplug:{AGENT}'" in condition["expression"]
     binding = by_kind(objects, "ValidatingAdmissionPolicyBinding")
