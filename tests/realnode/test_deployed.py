@@ -189,7 +189,13 @@ def _notebook_with_token(name: str) -> dict[str, Any]:
 def test_the_deployed_agent_attaches_through_the_node_local_service(
     cluster: Cluster, deployed_agent: str
 ) -> None:
-    ns = cluster.namespace("deployed")
+    attach_and_detach_through_the_service(cluster, cluster.namespace("deployed"), deployed_agent)
+
+
+def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip: str) -> None:
+    """A notebook pod in ``ns`` attaches a GPU through the agent's Service at ``service_ip``
+    with its projected token, opens it, and detaches (also the Helm chart's test)."""
+    deployed_agent = service_ip
     cluster.core.create_namespaced_pod(ns, _notebook_with_token("nb"))
     cluster.wait_running(ns, "nb")
     url = f"http://{deployed_agent}:8477/v1/attachments"
