@@ -62,6 +62,8 @@ node on this machine is refused while it is held, and the kernel releases it whe
 dies, so a stale ``STATE_FILE`` is told from a live one without trusting pids."""
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 """Fixed in the kubelet (``pluginapi.DevicePluginPath``) whatever ``--root-dir`` says."""
+NODE_AGENTS: Final = ("nvidia-device-plugin", "kube-proxy", "kubelet")
+"""Stopped before the pods are removed, in this order."""
 BRIDGE: Final = "jghnode0"
 POD_SUBNET: Final = "10.244.77.0/24"
 SERVICE_SUBNET: Final = "10.96.0.0/24"
@@ -162,6 +164,8 @@ class Ports:
     scheduler: int = field(default_factory=free_port)
     kubelet: int = field(default_factory=free_port)
     kubelet_healthz: int = field(default_factory=free_port)
+    proxy_metrics: int = field(default_factory=free_port)
+    proxy_healthz: int = field(default_factory=free_port)
 
 
 @dataclass
@@ -680,8 +684,8 @@ serializeImagePulls: false
                 f"--cluster-cidr={POD_SUBNET}",
                 "--proxy-mode=iptables",
                 "--conntrack-max-per-core=0",
-                "--metrics-bind-address=127.0.0.1:0",
-                "--healthz-bind-address=127.0.0.1:0",
+                f"--metrics-bind-address=127.0.0.1:{self.ports.proxy_metrics}",
+                f"--healthz-bind-address=127.0.0.1:{self.ports.proxy_healthz}",
             ],
         )
 
@@ -792,6 +796,12 @@ serializeImagePulls: false
             shutil.rmtree(self.directory, ignore_errors=True)
             self._release()
             return left
+        # The node's own agents first (a running kubelet would restart the pods removed
+        # next), then every pod through containerd (its shims, network namespaces and pod
+        # cgroups go with them), then the rest.
+        for name in NODE_AGENTS:
+            if name in self.processes:
+                _terminate(self.processes[name])
         with contextlib.suppress(Exception):
             if (self.containerd_dir / "containerd.sock").exists():
                 cri = CriClient(self.cri_endpoint)
@@ -799,6 +809,10 @@ serializeImagePulls: false
                 cri.close()
         for name in reversed(list(self.processes)):
             _terminate(self.processes[name])
+        # The kubelet leaves its mounts when it stops, by design (its root directory made a
+        # shared mount, pods' volumes): unmounting them is part of stopping a node.
+        for mount in mounts_under(self.kubelet_dir):
+            subprocess.run(["umount", str(mount)], check=False, capture_output=True)
         left.extend(
             teardown_host(
                 self.directory,

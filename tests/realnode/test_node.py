@@ -34,7 +34,7 @@ def test_the_server_is_the_kubernetes_we_built_and_the_node_is_ready_with_gpus(
     assert node["metadata"]["name"] == cluster.node_name
     assert node["status"]["nodeInfo"]["kubeletVersion"] == built
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == (
-        f"containerd://{cluster.node.components.versions['CONTAINERD_VERSION']}"
+        f"containerd://{cluster.node.components.versions['CONTAINERD_VERSION'].lstrip('v')}"
     )
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
     assert ready == "True"
