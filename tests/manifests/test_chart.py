@@ -13,7 +13,6 @@ What differs between the two by design, and nothing else:
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any, Final
 
@@ -23,9 +22,9 @@ from .support import (
     CHART_DIR,
     CLUSTER_SCOPED,
     K8S_DIR,
-    MissingHelm,
     by_kind,
     helm,
+    helm_or_skip,
     render,
     render_chart,
     validate,
@@ -47,12 +46,7 @@ OPERATOR_KINDS: Final = frozenset({"PodMonitor", "ServiceMonitor"})
 
 @pytest.fixture(scope="module", autouse=True)
 def _helm() -> None:
-    try:
-        helm()
-    except MissingHelm as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must build Helm (.ci/setup): {error}")
-        pytest.skip(str(error))
+    helm_or_skip()
 
 
 def _key(obj: dict[str, Any]) -> str:

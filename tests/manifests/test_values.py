@@ -24,7 +24,7 @@ from jupyter_gpu_hotplug._structs import MAX_GPUS_ANNOTATION
 from jupyter_gpu_hotplug.spawner import configure_kubespawner
 
 from ..spawner.kube_support import env_of, notebook_container, pod_for
-from .support import K8S_DIR, VALUES_FILE, MissingHelm, by_kind, helm, render, validate
+from .support import K8S_DIR, VALUES_FILE, by_kind, helm_or_skip, render, validate
 
 pytestmark = pytest.mark.usefixtures("unreachable_kubeconfig")
 
@@ -101,10 +101,7 @@ GPU_TOLERATION: Final = {"key": "nvidia.com/gpu", "operator": "Exists", "effect"
 @pytest.fixture(scope="module")
 def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``-f theirs.yaml -f k8s/jupyterhub/values.yaml``, merged by Helm itself."""
-    try:
-        binary = helm()
-    except MissingHelm as error:
-        pytest.skip(str(error))
+    binary = helm_or_skip()
     stub = tmp_path_factory.mktemp("stub")
     (stub / "templates").mkdir()
     (stub / "Chart.yaml").write_text("apiVersion: v2\nname: stub\nversion: 0.0.1\n")
