@@ -4,7 +4,11 @@ rest on.
 
 Run as root on a host with cgroups and Debian's containerd/runc/busybox-static:
 
-    .venv/bin/python benchmarks/bench_holder_floor.py [--runs 10]
+    .venv/bin/python benchmarks/bench_holder_floor.py [--runs 10] [--runc PATH]
+
+``--runc`` names another runc binary (``ctr run --runc-binary``), e.g. the real-node tier's
+(``~/.cache/jupyter-gpu-hotplug/node/bin/runc-v1.5.2/runc``, built by
+``tests/realnode/build.sh``); the default is Debian's.
 
 Why a measurement: the memory limit of a holder's container is its cgroup's, and runc's own
 ``runc init`` runs inside that cgroup before it executes the pause process (runc 1.1 first
@@ -32,6 +36,7 @@ Figures are printed, never asserted; docs/performance.md records them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -50,6 +55,10 @@ _RUNNING_WAIT = 60.0
 _STEADY_CHECKS = 5
 
 
+_RUNC: list[str] = []
+"""``--runc-binary`` and its path when ``--runc`` is given (set once by ``main``)."""
+
+
 def _run(daemon: Containerd, name: str, *, memory: int, cpu_quota: int | None = None) -> float:
     """Start ``name`` detached; the seconds from the call to the task's RUNNING state (or
     ``inf`` when it never ran: OOM-killed at start)."""
@@ -62,6 +71,7 @@ def _run(daemon: Containerd, name: str, *, memory: int, cpu_quota: int | None = 
         str(memory),
         "--cgroup",
         f"{daemon.cgroup_top}/{name}",
+        *_RUNC,
     ]
     if cpu_quota is not None:
         args += ["--cpu-period", "100000", "--cpu-quota", str(cpu_quota)]
@@ -106,17 +116,13 @@ def _stays_up(daemon: Containerd, name: str) -> bool:
 
 def _remove(daemon: Containerd, name: str) -> None:
     for args in (("tasks", "kill", "-s", "SIGKILL", name), ("tasks", "rm", "-f", name)):
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             daemon.ctr(*args)
-        except subprocess.CalledProcessError:
-            pass
     deadline = time.monotonic() + 10
     while _status(daemon, name) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
-    try:
+    with contextlib.suppress(subprocess.CalledProcessError):
         daemon.ctr("containers", "rm", name)
-    except subprocess.CalledProcessError:
-        pass
     cgroup = _cgroup(daemon, name)
     if cgroup.exists():
         cgroup.rmdir()
@@ -164,9 +170,7 @@ def start_times(daemon: Containerd, runs: int, memory: int) -> dict[str, list[fl
         for i in range(runs):
             name = f"floor-cpu-{millicores}-{i}"
             try:
-                times.setdefault(key, []).append(
-                    _run(daemon, name, memory=memory, cpu_quota=quota)
-                )
+                times.setdefault(key, []).append(_run(daemon, name, memory=memory, cpu_quota=quota))
             finally:
                 _remove(daemon, name)
     return times
@@ -176,8 +180,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--holder-memory-mib", type=int, default=24)
+    parser.add_argument("--runc", help="another runc binary to run the containers with")
     args = parser.parse_args()
-    runc = subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout
+    if args.runc:
+        _RUNC[:] = ["--runc-binary", args.runc]
+    runc = subprocess.run([args.runc or "runc", "--version"], capture_output=True, text=True).stdout
     print(f"runtime: containerd (tier) + {runc.splitlines()[0]}")
     daemon = start_containerd()
     try:

@@ -190,8 +190,7 @@ class IdleNotice:
 
     @classmethod
     def from_wire(cls, value: object, *, where: str) -> IdleNotice:
-        wire = _object(value, where)
-        return cls(_member(wire, "reason", str, where), _stamp(wire, "release_at", where))
+        return cls(*_reason_and_time(value, "release_at", where))
 
 
 @dataclass(frozen=True)
@@ -204,8 +203,13 @@ class LostHolderNotice:
 
     @classmethod
     def from_wire(cls, value: object, *, where: str) -> LostHolderNotice:
-        wire = _object(value, where)
-        return cls(_member(wire, "reason", str, where), _stamp(wire, "revoke_at", where))
+        return cls(*_reason_and_time(value, "revoke_at", where))
+
+
+def _reason_and_time(value: object, moment: str, where: str) -> tuple[str, datetime]:
+    """A notice's ``reason`` and its announced moment (named ``moment``)."""
+    wire = _object(value, where)
+    return _member(wire, "reason", str, where), _stamp(wire, moment, where)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
+from .bpf import interp
 from .devnodes import DeviceNode
 from .devrules import RW, CharDevice, DevType, effective_access
 
@@ -117,9 +118,19 @@ class DeviceStatus:
     v2_granted: bool | None
     """Whether our prefix grants it on every program; None when no program restricts it."""
     node: bool
+    v2_allowed: bool | None = None
+    """Whether every device program on the container's cgroups allows it (read and write),
+    whoever wrote them (``bpf.interp``); None when no program restricts it or one cannot be
+    read as a device program."""
     v1_ours: bool = False
     """The v1 list holds the very entry this engine writes for it (``c M:m rw``, no ``m``;
     runtimes write ``rwm`` for the devices they give, and wildcards for ``all``)."""
+
+    @property
+    def opens(self) -> bool:
+        """A confining controller allows it and none denies it, whoever's rule it is."""
+        verdicts = (self.v1_allowed, self.v2_allowed)
+        return True in verdicts and False not in verdicts
 
     @property
     def ours(self) -> bool:
@@ -274,7 +285,8 @@ class HotplugEngine:
         """The current state of each device in ``container`` (reconciliation reads this)."""
         self._check_alive(container)
         present = {node.name: node.device for node in self._nodes(container)}
-        v2_sets = [cgroup_v2.granted_devices(d) for d in container.v2_dirs if _restricted_v2(d)]
+        programs = [found for d in container.v2_dirs if (found := cgroup_v2.attached_programs(d))]
+        v2_sets = [frozenset.intersection(*(p.granted for p in at)) for at in programs]
         v1_rules = (
             cgroup_v1.read_allow_list(container.v1_scope)
             if container.v1_scope is not None
@@ -291,7 +303,11 @@ class HotplugEngine:
             mine = v1_rules is not None and device.rule(RW) in v1_rules
             v2 = all(device.rule() in s for s in v2_sets) if v2_sets else None
             node_ok = present.get(node.name) == device
-            statuses.append(DeviceStatus(device, v1, v2, node_ok, v1_ours=mine))
+            statuses.append(
+                DeviceStatus(
+                    device, v1, v2, node_ok, v1_ours=mine, v2_allowed=_v2_allows(programs, device)
+                )
+            )
         return statuses
 
     def holders_by_device(
@@ -580,8 +596,21 @@ def _container_scope(leaf: Path) -> Path:
     return leaf.parent if leaf.name == CRUN_INNER_CGROUP else leaf
 
 
-def _restricted_v2(directory: Path) -> bool:
-    return bool(cgroup_v2.attached_programs(directory))
+def _v2_allows(
+    programs: Sequence[Sequence[cgroup_v2.ProgramInfo]], device: CharDevice
+) -> bool | None:
+    """What the programs on every directory answer for opening ``device`` read-write."""
+    if not programs:
+        return None
+    verdicts = [
+        interp.allows(p.code, DevType.CHAR, RW, device.major, device.minor)
+        for at in programs
+        for p in at
+    ]
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
+
 
 
 def _names(nodes: Iterable[DeviceNode]) -> str:

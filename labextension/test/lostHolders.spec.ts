@@ -7,21 +7,10 @@ import {
   lostHolderMessage
 } from '../src/lostHolders';
 import { IAttachedGpu } from '../src/types';
-import { trans } from './fixtures';
+import { gpu as fixtureGpu, reply, trans } from './fixtures';
 
 function gpu(change: Partial<IAttachedGpu> = {}): IAttachedGpu {
-  return {
-    uuid: 'GPU-0',
-    index: 0,
-    minor: 0,
-    name: 'NVIDIA H100 80GB HBM3 (simulated)',
-    device: '/dev/nvidia0',
-    target: { pod: 'nb', namespace: 'team' },
-    holder: 'team/nb-gpu-1',
-    attached_at: '2026-11-27T05:00:00Z',
-    metrics: null,
-    ...change
-  };
+  return { ...fixtureGpu(0), ...change };
 }
 
 class Source implements ILostHolderSource {
@@ -31,21 +20,7 @@ class Source implements ILostHolderSource {
   state(kernelId: string | null): IKernelGpus | null {
     return {
       kernelId: kernelId ?? '',
-      reply: {
-        mode: 'kubernetes',
-        kernel_id: kernelId,
-        attached: this.attached,
-        free: 0,
-        total: 1,
-        simulated: true,
-        nvml: {
-          status: 'ok',
-          message: '',
-          driver_version: null,
-          cuda_driver_version: null
-        },
-        taken_at: 0
-      },
+      reply: reply(this.attached),
       error: null,
       operation: null,
       connection: 'open',

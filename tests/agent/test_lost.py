@@ -56,7 +56,9 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
     def listener(notice: LossNotice, outcome: TakeBack | None) -> None:
         heard.append((notice, outcome))
         if outcome is None:  # at the announcement nothing is touched yet
-            seen_usable.append(device in harness.injector.usable(entry.target))
+            seen_usable.append(
+                device in harness.injector.usable(harness.host.processes[100].target)
+            )
             assert list(harness.service.losses.notices) == [entry.gpu.uuid]
 
     harness.service.losses.listeners.append(listener)
@@ -76,7 +78,7 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
     assert outcome.still_open == (
         () if policy is LostPolicy.FORCE else (HolderInfo(4242, "python"),)
     )
-    assert device not in harness.injector.usable(entry.target)
+    assert device not in harness.injector.usable(harness.host.processes[100].target)
     assert [h.pid for h in harness.injector.forced] == (
         [4242] if policy is LostPolicy.FORCE else []
     )

@@ -71,6 +71,16 @@ def kubernetes_argv(
     ]
 
 
+def ensure_holder_priority_class(kube: FakeKube) -> None:
+    """The holders' PriorityClass, as the agent's manifests ship it beside the DaemonSet (the
+    API server refuses holders that name a missing class)."""
+    if not any(
+        item["metadata"]["name"] == HOLDER_PRIORITY_CLASS
+        for item in kube.call(kube.server.cluster.store.list, PRIORITY_CLASSES, "")
+    ):
+        kube.create_priority_class(HOLDER_PRIORITY_CLASS, HOLDER_PRIORITY)
+
+
 @contextlib.contextmanager
 def running_k8s_agent(
     kube: FakeKube,
@@ -83,13 +93,7 @@ def running_k8s_agent(
     """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
     log shown, its directory removed). ``kubelet_nvml``: the fake NVML it reads (``None``: the
     agent simulates its own, e.g. with ``--simulate-mig``)."""
-    if not any(
-        item["metadata"]["name"] == HOLDER_PRIORITY_CLASS
-        for item in kube.call(kube.server.cluster.store.list, PRIORITY_CLASSES, "")
-    ):
-        # The agent's manifests ship it beside the DaemonSet; the API server refuses holders
-        # that name a missing class.
-        kube.create_priority_class(HOLDER_PRIORITY_CLASS, HOLDER_PRIORITY)
+    ensure_holder_priority_class(kube)
     directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
     state_dir = directory / "state"
     env = {} if kubelet_nvml is None else dict(kubelet_nvml.environ())
@@ -128,6 +132,17 @@ def as_pod(agent: AgentProcess, kube: FakeKube, namespace: str, name: str) -> Ap
     """The agent's API as the pod's own bound token (audience gpu-hotplug) calls it."""
     assert agent.tcp is not None
     return agent.tcp.with_token(kube.pod_token(namespace, name))
+
+
+def notebook_with_one_gpu(
+    agent: AgentProcess, kube: FakeKube, kubelet: KubeletSimulator, namespace: str, name: str
+) -> dict[str, Any]:
+    """Run a notebook pod and attach one GPU with its own token; the attachment."""
+    kubelet.run_notebook_pod(namespace, name)
+    answer = as_pod(agent, kube, namespace, name).post("/v1/attachments", {"count": 1})
+    assert answer.status == 201, answer.body
+    (attachment,) = answer.json()["attachments"]
+    return dict(attachment)
 
 
 def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:

@@ -28,7 +28,15 @@ from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
 from ..fixtures.nvml import FakeNvmlNode
-from .agent import as_pod, event_reasons, eventually, holders, pod_events, running_k8s_agent
+from .agent import (
+    as_pod,
+    event_reasons,
+    eventually,
+    holders,
+    notebook_with_one_gpu,
+    pod_events,
+    running_k8s_agent,
+)
 from .containerd import Containerd
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -79,9 +87,8 @@ def patient_agent(
 def test_a_lost_holder_is_announced_before_anything_is_ended(
     kube: FakeKube, kubelet: KubeletSimulator, patient_agent: AgentProcess
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
+    attachment = notebook_with_one_gpu(patient_agent, kube, kubelet, NS, "nb")
     api = as_pod(patient_agent, kube, NS, "nb")
-    (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
 
     kubelet.evict(NS, attachment["holder"].split("/")[1], delete=False)
 
@@ -99,9 +106,8 @@ def test_a_lost_holder_held_open_is_revoked_without_ending_the_process(
     kubelet_nvml: FakeNvmlNode,
     k8s_agent: AgentProcess,
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
+    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
     api = as_pod(k8s_agent, kube, NS, "nb")
-    (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
     worker = kubelet.exec(
         NS, "nb", "notebook", ["sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $!"]
     )
@@ -146,28 +152,43 @@ def _same_container(proc: Path, init_pid: int) -> bool:
         return False
 
 
-def test_a_holder_deleted_while_the_agent_is_stopped_is_revoked_at_start(
-    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
+@pytest.mark.parametrize(
+    ("how", "why", "kind"),
+    [
+        ("deleted", "no holder pod reserves it", "orphan"),
+        ("evicted", "its holder pod ended (Evicted)", "holder"),
+    ],
+)
+def test_a_holder_lost_while_the_agent_is_stopped_is_revoked_at_start(
+    how: str,
+    why: str,
+    kind: str,
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    k8s_agent: AgentProcess,
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
-    (attachment,) = (
-        as_pod(k8s_agent, kube, NS, "nb").post("/v1/attachments", {"count": 1}).json()
-    )["attachments"]
+    """Deleted: the grant is an orphan (no holder is left to read); evicted: the holder's
+    object stays, Failed, and no pod event will tell the restarted agent."""
+    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
     k8s_agent.stop()
-    kube.delete_pod(NS, attachment["holder"].split("/")[1])
-    eventually(lambda: holders(kube, NS) == [], "the holder is gone")
-    assert ENXIO in open_fresh_node(kubelet, "nb", attachment["minor"]), "an orphaned grant"
+    name = attachment["holder"].split("/")[1]
+    if how == "deleted":
+        kube.delete_pod(NS, name)
+        eventually(lambda: holders(kube, NS) == [], "the holder is gone")
+    else:
+        kubelet.evict(NS, name, delete=False)
+    assert ENXIO in open_fresh_node(kubelet, "nb", attachment["minor"]), "a grant left behind"
 
     k8s_agent.start()
 
     eventually(
         lambda: EPERM in open_fresh_node(kubelet, "nb", attachment["minor"]),
-        "the orphaned grant is revoked at start",
+        "the grant left behind is revoked at start",
     )
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
     events = [event for event in pod_events(kube, NS, "nb") if event["reason"] == "GpuRevoked"]
-    assert "no holder pod reserves it" in events[-1]["message"]
-    assert metric(k8s_agent, 'gpu_hotplug_lost_revokes_total{kind="orphan"}') == 1.0
+    assert why in events[-1]["message"]
+    assert metric(k8s_agent, f'gpu_hotplug_lost_revokes_total{{kind="{kind}"}}') == 1.0
 
 
 def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(

@@ -96,6 +96,10 @@ class DeviceState:
     ours: bool = False
     """The permission looks like the agent's own grant (not a runtime's or a device plugin's):
     what the orphan sweep takes back without a reservation."""
+    opens: bool = False
+    """The container's own device policy lets it open the device, by whoever's rule (the v1
+    list, or every v2 program run as the kernel would), and some controller confines it (an
+    unconfined, privileged container opens everything and is not counted)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -206,6 +210,7 @@ class EngineInjector:
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
                 ours=s.ours,
+                opens=s.opens,
             )
             for s in states
         ]

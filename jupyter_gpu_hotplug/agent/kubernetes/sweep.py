@@ -16,10 +16,16 @@ of access escape it, and both let a GPU be used by a pod that does not hold it:
   ``--stray-policy=revoke``, its permission is taken (the nodes stay: they are not ours).
 
 Devices the device plugin assigned to a container are never touched, whatever the runtime
-made of them. A pass reads the node's pods from the watch's cache, each container's process
-and cgroups through CRI (as the resolver does for any target), PodResources once, and the
-device state of each container once; it runs at start-up, with every reconciliation (the
-timer) and after pod events.
+made of them. What "can open" means is what the kernel would answer: the v1 ``devices.list``
+(where runc writes its rules on v1 and hybrid hosts) and, on cgroup v2, every device program
+attached to the container's cgroups run for that device (``linux/bpf/interp.py``); an
+unconfined (privileged) container is not judged. A stray that only a runtime's v2 program
+allows is reported but cannot be revoked (the agent edits only its own marked prefix).
+
+A pass reads the node's pods from the watch's cache, each container's process and cgroups
+through CRI (as the resolver does for any target), PodResources once, and the device state of
+each container once; it runs at start-up, with every reconciliation (the timer) and after pod
+events.
 """
 
 from __future__ import annotations
@@ -190,7 +196,7 @@ class NodeSweep:
         }
         for gpu in checked:
             own = nodes[gpu.uuid]
-            if not all(by_name[node.name].permitted for node in own):
+            if not all(by_name[node.name].opens for node in own):
                 continue
             if all(node.name in needed for node in own):
                 continue  # e.g. the node of a GPU whose slice the container holds
@@ -229,8 +235,10 @@ class NodeSweep:
     ) -> None:
         container = item.container
         devices = ", ".join(f"/dev/{node.name} ({node.device})" for node in nodes)
-        if (container.key, gpu.uuid) not in self._reported:
+        first = (container.key, gpu.uuid) not in self._reported
+        if first:
             self._reported.add((container.key, gpu.uuid))
+            report.add("stray_found", gpu.uuid)
             log.warning(
                 "stray GPU access: %s can open %s of %s, which neither the device plugin "
                 "assigned to it nor the agent granted",
@@ -246,14 +254,23 @@ class NodeSweep:
                 + ("; the access is revoked" if self._revoke_strays else ""),
                 warning=True,
             )
-        report.add("stray_access", gpu.uuid)
         if not self._revoke_strays:
             return
         try:
             await self._service.take_back_orphan(container, [gpu], force=False, spare=item.spare)
+            after = await self._workers.host(self._injector.status, container, nodes)
+            if any(state.opens for state in after):
+                raise InjectionFailed(
+                    "a runtime's own device program still allows it (the agent edits only "
+                    "its own marked prefix)",
+                    clean=True,
+                )
         except (InjectorError, AgentError) as e:
+            # A v1 wildcard ('c 195:* rwm'), which a deny cannot narrow, or a runtime's v2
+            # program: said once, the Event and the gauge keep reporting it.
             report.failures.append(f"{container}: stray {gpu.uuid} not revoked: {e}")
-            log.error("stray GPU access of %s to %s could not be revoked: %s", container, gpu, e)
+            if first:
+                log.error("stray GPU access of %s to %s cannot be revoked: %s", container, gpu, e)
             return
         report.add("revoked_stray", gpu.uuid)
 
