@@ -83,6 +83,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     # traitlets reads these class attributes; they are never mutated.
     aliases: dict[str, Any] = {  # noqa: RUF012
         "listen": "AgentApp.listen",
+        "metrics-listen": "AgentApp.metrics_listen",
         "backend": "AgentApp.backend",
         "state-dir": "AgentApp.state_dir",
         "host-proc": "AgentApp.host_proc",
@@ -129,6 +130,14 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""Where to serve the API; repeat for several. HOST:PORT, [IPV6]:PORT, :PORT (all
         interfaces) or unix:/absolute/path. Callers on a unix socket are identified by their
         process credentials; over TCP they need the token from <state-dir>/token.""",
+    ).tag(config=True)
+    metrics_listen = List(
+        Unicode(),
+        default_value=[],
+        help="""Serve /metrics (and /healthz) on this TCP address of its own, HOST:PORT or :PORT;
+        repeat for several. Then the API addresses no longer serve /metrics, and a
+        NetworkPolicy can admit notebooks to the API and only the monitoring namespace here.
+        Default: /metrics is served with the API, without authentication.""",
     ).tag(config=True)
     backend = Enum(
         [backend.value for backend in Backend],
@@ -327,6 +336,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             raise SettingsError(f"{PAUSE_ENV}={pause_at!r}: the steps are {', '.join(STEPS)}")
         return AgentSettings(
             listen=tuple(parse_listen(text) for text in self.listen),
+            metrics_listen=tuple(parse_listen(text) for text in self.metrics_listen),
             state_dir=Path(self.state_dir),
             backend=Backend(self.backend),
             host_proc=Path(self.host_proc),

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._structs import GpuUuid
 from ..linux.mig import MigCaps
 from . import openapi_document
-from .api.handlers import ApiContext, Unwell
+from .api.handlers import (
+    ApiContext,
+    Unwell,
+    api_only_handlers,
+    default_handlers,
+    metrics_handlers,
+)
 from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
 from .core.devices import GpuNodes
@@ -237,19 +243,28 @@ class Agent:
             nodes=self.service.nodes,
         )
         self.health = HealthProbe(self._health_check)
+        context = ApiContext(
+            service=self.service,
+            identity=components.identity,
+            metrics=self.metrics,
+            openapi=openapi_document(),
+            max_count=settings.max_gpus_per_target,
+            health=self.health.verdict,
+            readiness=self.health.readiness,
+        )
+        separate_metrics = bool(settings.metrics_listen)
         self.server = AgentServer(
-            make_application(
-                ApiContext(
-                    service=self.service,
-                    identity=components.identity,
-                    metrics=self.metrics,
-                    openapi=openapi_document(),
-                    max_count=settings.max_gpus_per_target,
-                    health=self.health.verdict,
-                    readiness=self.health.readiness,
-                )
-            ),
+            make_application(context, api_only_handlers if separate_metrics else default_handlers),
             binder=components.identity.bind_connection,
+        )
+        # /metrics on an address of its own: its handlers never read a caller.
+        self.metrics_server = (
+            AgentServer(
+                make_application(context, metrics_handlers),
+                binder=components.identity.bind_connection,
+            )
+            if separate_metrics
+            else None
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.simulated.set(1 if settings.simulated else 0)
@@ -334,7 +349,15 @@ class Agent:
     @classmethod
     def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
         """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
-        from .kubernetes.backend import KubernetesBackend
+        try:
+            from .kubernetes.backend import KubernetesBackend
+        except ModuleNotFoundError as e:
+            # The Kubernetes client, grpcio and protobuf are the [agent] extra: notebook images
+            # install the package without them (pyproject.toml says why).
+            raise RuntimeError(
+                f"Kubernetes mode needs the agent's dependencies ({e.name} is not installed):"
+                " pip install 'jupyter-gpu-hotplug[agent]'"
+            ) from e
 
         closers: list[Callable[[], None]] = []
         try:
@@ -397,6 +420,10 @@ class Agent:
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
         )
+        if self.metrics_server is not None:
+            self.metrics_server.start(
+                settings.metrics_listen, socket_mode=settings.socket_mode, socket_group=None
+            )
         await self.health.probe()
         self._spawn(self.health.run_forever())
         if settings.reconcile_interval > 0:
@@ -436,11 +463,15 @@ class Agent:
                 await task
         self._tasks.clear()
         self.server.stop_listening()
+        if self.metrics_server is not None:
+            self.metrics_server.stop_listening()
         try:
             await asyncio.wait_for(self.service.wait_idle(), _DRAIN_TIMEOUT)
         except TimeoutError:
             log.error("operations still running after %.0f s; stopping anyway", _DRAIN_TIMEOUT)
         await self.server.close_connections()
+        if self.metrics_server is not None:
+            await self.metrics_server.close_connections()
         if self.components.hooks is not None:
             await self.components.hooks.stop()
         self._workers.shutdown()

@@ -216,6 +216,10 @@ class AgentSettings:
     """Where the API is served; at least one address."""
     state_dir: Path
     """Ledger, token, lock and simulation files live here (created 0700)."""
+    metrics_listen: tuple[ListenAddress, ...] = ()
+    """Where ``/metrics`` (and ``/healthz``) are served on their own; when given, the API's
+    addresses no longer serve ``/metrics``, so a NetworkPolicy can open the API to notebooks
+    and the metrics port to the monitoring namespace only."""
     backend: Backend = Backend.LOCAL
     host_proc: Path = Path("/proc")
     """The procfs in which target pids are given (the host's)."""
@@ -268,6 +272,11 @@ class AgentSettings:
             raise SettingsError("listen: give at least one address to serve the API on")
         if len(set(self.listen)) != len(self.listen):
             raise SettingsError("listen: the same address is given twice")
+        for address in self.metrics_listen:
+            if not isinstance(address, TcpAddress):
+                raise SettingsError(f"metrics_listen {address}: give HOST:PORT or :PORT")
+            if address.port != 0 and address in self.listen:
+                raise SettingsError(f"metrics_listen {address}: the API is served there already")
         if not self.state_dir.is_absolute():
             raise SettingsError(f"state_dir {self.state_dir} must be an absolute path")
         if not 1 <= self.max_gpus_per_target <= 255:
@@ -306,6 +315,7 @@ class AgentSettings:
         """The settings as plain values, for the start-up log line (no secrets in here)."""
         return {
             "listen": [str(address) for address in self.listen],
+            "metrics_listen": [str(address) for address in self.metrics_listen],
             "backend": str(self.backend),
             "state_dir": str(self.state_dir),
             "host_proc": str(self.host_proc),

@@ -22,7 +22,7 @@ from typing import Final
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..k8s.image import PAUSE_IMAGE
-from ..manifests.support import render
+from ..manifests.support import render, with_holder_image
 from .cluster import Cluster
 from .pki import write_kubeconfig
 
@@ -53,18 +53,45 @@ class AgentAccount:
 
 
 def install_agent_account(cluster: Cluster) -> AgentAccount:
-    """Apply the agent's Namespace, ServiceAccount and RBAC from ``k8s/``; mint a token."""
-    objects = [o for o in render() if o["kind"] in RBAC_KINDS]
+    """Apply the agent's Namespace, ServiceAccount, RBAC and admission policy from ``k8s/``
+    (holders from the test's pause image); mint a token bound to a pod on the node."""
+    objects = [with_holder_image(o, PAUSE_IMAGE) for o in render() if o["kind"] in RBAC_KINDS]
     cluster.apply(objects)
-    token = cluster.kubectl(
-        "create", "token", AGENT_ACCOUNT, "-n", AGENT_NAMESPACE, "--duration=6h"
-    ).strip()
+    token = agent_token(cluster, cluster.node_name)
     directory = Path(tempfile.mkdtemp(prefix="jgh-agent-account-", dir="/tmp"))
     assert cluster.node.pki is not None
     kubeconfig = write_kubeconfig(
         directory / "agent.kubeconfig", cluster.node.apiserver_url, cluster.node.pki.ca.cert, token
     )
     return AgentAccount(kubeconfig)
+
+
+def agent_token(cluster: Cluster, node: str, *, seconds: int = 6 * 3600) -> str:
+    """A token of the agent's ServiceAccount as its DaemonSet pod on ``node`` holds it: bound
+    to a pod there, so it names the node (``authentication.kubernetes.io/node-name``), which
+    the admission policy requires. The pod is a stand-in (the pause image) for the DaemonSet's;
+    ``node`` may be a Node object without a kubelet."""
+    name = f"{AGENT_ACCOUNT}-on-{node}"[:63].rstrip("-.")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": AGENT_NAMESPACE},
+            "spec": {
+                "serviceAccountName": AGENT_ACCOUNT,
+                "automountServiceAccountToken": False,
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "identity", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}
+                ],
+            },
+        }
+    )
+    return cluster.kubectl(
+        "create", "token", AGENT_ACCOUNT, "-n", AGENT_NAMESPACE, f"--duration={seconds}s",
+        "--bound-object-kind=Pod", f"--bound-object-name={name}",
+    ).strip()  # fmt: skip
 
 
 @dataclass

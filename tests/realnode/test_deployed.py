@@ -64,6 +64,12 @@ def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "runtimeClassName": None,
+                    # The pre-pull of the holder image: here the test's pause image, which is
+                    # imported, not pulled (busybox's sleep stands in for `pause -v`).
+                    "initContainers": [
+                        {"name": "pull-holder-image", "image": PAUSE_IMAGE,
+                         "imagePullPolicy": "Never", "command": ["/bin/sleep", "0"]}
+                    ],
                     "containers": [
                         {
                             "name": "agent",
@@ -109,10 +115,17 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite")
     overlay = Path(tempfile.mkdtemp(prefix="jgh-overlay-", dir="/tmp"))
     (overlay / "agent-patch.json").write_text(json.dumps(_agent_patch(cluster, image)))
+    # The admission policy admits holders of the holder image only: the test's pause image.
+    # (tests/manifests checks that variables[0] is holderImage.)
+    policy_patch = [{"op": "replace", "path": "/spec/variables/0/expression",
+                     "value": f"'{PAUSE_IMAGE}'"}]  # fmt: skip
+    (overlay / "policy-patch.json").write_text(json.dumps(policy_patch))
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
         f"resources:\n  - {os.path.relpath(K8S_DIR, overlay)}\n"
         "patches:\n  - path: agent-patch.json\n"
+        "  - path: policy-patch.json\n"
+        "    target: {kind: ValidatingAdmissionPolicy, name: gpu-hotplug-agent-holders-only}\n"
     )
     try:
         cluster.kubectl("apply", "--server-side", "-k", str(overlay))
@@ -176,7 +189,13 @@ def _notebook_with_token(name: str) -> dict[str, Any]:
 def test_the_deployed_agent_attaches_through_the_node_local_service(
     cluster: Cluster, deployed_agent: str
 ) -> None:
-    ns = cluster.namespace("deployed")
+    attach_and_detach_through_the_service(cluster, cluster.namespace("deployed"), deployed_agent)
+
+
+def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip: str) -> None:
+    """A notebook pod in ``ns`` attaches a GPU through the agent's Service at ``service_ip``
+    with its projected token, opens it, and detaches (also the Helm chart's test)."""
+    deployed_agent = service_ip
     cluster.core.create_namespaced_pod(ns, _notebook_with_token("nb"))
     cluster.wait_running(ns, "nb")
     url = f"http://{deployed_agent}:8477/v1/attachments"
