@@ -101,6 +101,24 @@ async def test_per_target_limit(tmp_path: Path, workers: Workers) -> None:
         harness.ledger.close()
 
 
+async def test_gpu_limit_counts_the_container_not_the_pid(tmp_path: Path, workers: Workers) -> None:
+    """Attack (issue 25, item 10): with a limit of 1, a container got a second GPU by naming its
+    second process as the target. The limit is the container's, whichever process is named."""
+    harness = await build(tmp_path, max_gpus=1, workers=workers)
+    try:
+        harness.host.spawn(100, "kernel-a")
+        harness.host.spawn(101, "kernel-a")  # another process of the same container
+        await harness.service.attach(ADMIN, request(1, pid=100))
+
+        with pytest.raises(Forbidden) as caught:
+            await harness.service.attach(ADMIN, request(1, pid=101))
+
+        assert caught.value.extra == {"limit": 1, "attached": 1, "requested": 1}
+        assert len(harness.ledger.attachments()) == 1
+    finally:
+        harness.ledger.close()
+
+
 @pytest.mark.parametrize("failure", [clean_failure, unclean_failure], ids=["clean", "unclean"])
 async def test_failed_grant_rolls_back(harness: Harness, failure: type[Exception]) -> None:
     kernel = harness.host.spawn(100, "kernel-a")
