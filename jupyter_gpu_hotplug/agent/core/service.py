@@ -310,7 +310,7 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry, self.idle.warnings.get(entry.gpu.uuid))
+                attachment_of(entry, self.idle.warning_of(entry))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
             ]
@@ -422,7 +422,7 @@ class AgentService:
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
         """Refuse a request that can never be served: more GPUs (or slices of the profile)
-        than the node has, or more than the target may hold."""
+        than the node has, or more than the target's container may hold."""
         if request.mig is None:
             total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
         else:
@@ -442,7 +442,9 @@ class AgentService:
                 field="count",
                 hint=f"ask for at most {total}, or list the node's GPUs to see them all",
             )
-        existing = self._allocator.attachments_of(container.target)
+        # The container's GPUs, through whichever of its processes they were asked for: a
+        # limit counted per pid let a container hold two under a limit of one (issue 25).
+        existing = [e for e in self._allocator.all_attachments() if e.container == container.key]
         limit = self._config.max_gpus_per_target
         if len(existing) + request.count > limit:
             raise Forbidden.over_gpu_limit(
@@ -737,6 +739,8 @@ class AgentService:
             ) from e
         await self._checkpoints.reach("after_revoke")
         await self._allocator.release(uuids)
+        for uuid in uuids:
+            self.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
         self.queue.notify()
         log.info(
             "detached %s from %s%s%s",
