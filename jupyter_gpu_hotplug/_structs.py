@@ -48,6 +48,13 @@ may be any)."""
 DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
 """The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
 
+MAX_WAITERS_PER_CONTAINER: Final = 4
+"""Attach requests one container may have waiting in the node's queue at once: more are refused
+(409 ``busy``, retryable), so one container cannot fill the queue (issue 25)."""
+QUEUE_OVERTAKES: Final = 4
+"""How many requests that fit may be served before the first waiter that cannot be served yet;
+after that, GPUs that are freed are held for it (so it is never starved)."""
+
 MIG_PROFILE_RE: Final = re.compile(r"[1-8]g\.[1-9][0-9]{0,3}gb(?:\+me)?")
 """A MIG GPU instance profile as NVIDIA names them (``1g.10gb``); use with ``fullmatch``."""
 
