@@ -115,7 +115,7 @@ async def test_three_kernels_one_gpu_first_come_first_served(queue: Queue) -> No
     assert queue.held_by(100) == []
 
     (pending,) = (await queue.service.queued(ADMIN, PidRef(300)))["requests"]
-    await queue.service.cancel_queued(ADMIN, RequestId(pending["request_id"]))
+    await queue.service.cancel_queued(ADMIN, RequestId(pending["request_id"]), PidRef(300))
     with pytest.raises(InsufficientGpus, match="GPU") as cancelled:
         await third
     assert "cancelled while it waited" in cancelled.value.message
@@ -210,6 +210,24 @@ async def test_one_container_may_not_fill_the_queue(queue: Queue) -> None:
     await queue.until_waiting(MAX_WAITERS_PER_CONTAINER + 1)
 
 
+async def test_cancel_is_scoped_to_the_callers_target(queue: Queue) -> None:
+    """Attack (issue 25, item 9): a token holder's cancel of a request id cancelled every
+    waiter with that id, any container's. It cancels the named target's only."""
+    await queue.ask(100)  # takes the free GPU
+    mine = queue.ask(200, request_id="same-id")
+    theirs = queue.ask(300, request_id="same-id")
+    await queue.until_waiting(2)
+
+    await queue.service.cancel_queued(ADMIN, RequestId("same-id"), PidRef(200))
+
+    with pytest.raises(InsufficientGpus, match="cancelled"):
+        await mine
+    assert not theirs.done()
+    assert await queue.positions(300) == [1]
+    with pytest.raises(NotFound, match="queued request"):
+        await queue.service.cancel_queued(ADMIN, RequestId("same-id"), PidRef(200))
+
+
 async def test_freed_by_the_reconciler_wakes_the_first_waiter(queue: Queue) -> None:
     await queue.ask(100)
     second = queue.ask(200)
@@ -246,7 +264,7 @@ async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
 
 async def test_cancel_of_an_unknown_request(queue: Queue) -> None:
     with pytest.raises(NotFound, match="queued request"):
-        await queue.service.cancel_queued(ADMIN, RequestId("nothing-waits"))
+        await queue.service.cancel_queued(ADMIN, RequestId("nothing-waits"), PidRef(900))
 
 
 async def test_a_request_that_does_not_wait_is_answered_at_once(queue: Queue) -> None:
