@@ -181,7 +181,7 @@ async def test_the_head_is_not_starved_by_requests_that_fit(queue: Queue) -> Non
         )
     free = [g for g in (await queue.service.gpus())["gpus"] if g["state"] == "free"]
     assert refused.value.free == len(free) == 1
-    assert "held for the request first in the queue" in (refused.value.hint or "")
+    assert "held for the request first in the queue" in refused.value.message
     small = queue.ask(400)  # a waiter that fits does not overtake a held head either
     await queue.until_waiting(2)
 
