@@ -82,6 +82,7 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("delete", "/v1/queue/{request_id}"): {
         "invalid_request",
         "unauthenticated",
+        "forbidden",
         "not_found",
         "internal_error",
     },

@@ -371,8 +371,8 @@ class QueuedRequestHandler(ApiHandler):
 
     async def delete(self, raw_request_id: str) -> None:
         caller = await self.authenticate()
-        self.query()
-        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id))
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id), target)
         self.reply_empty()
 
 
