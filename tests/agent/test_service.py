@@ -21,8 +21,9 @@ from jupyter_gpu_hotplug.agent.core.errors import (
     InvalidRequest,
     NotFound,
     TargetNotReady,
+    Unavailable,
 )
-from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, TargetGone
+from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, ScanUnfinished, TargetGone
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, ContainerCgroups, ReservationState
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -328,6 +329,26 @@ async def test_busy_detach_refused_then_forced(harness: Harness) -> None:
 
     assert harness.ledger.attachments() == []
     assert [h.pid for h in harness.injector.forced] == [101]
+
+
+async def test_a_busy_scan_past_its_deadline_is_503_and_changes_nothing(harness: Harness) -> None:
+    """Issue 25: the scan of a huge container took 25-45 s. Past its deadline the detach is
+    answered 503 with retry_after (and the GPU stays attached, as it was)."""
+    harness.host.spawn(100, "kernel-a")
+    await harness.service.attach(ADMIN, request(1, pid=100))
+    harness.injector.revoke_error = lambda: ScanUnfinished(
+        "the scan looked at 3 of 500 processes before its deadline", seconds=14.5
+    )
+
+    with pytest.raises(Unavailable) as caught:
+        await harness.service.detach_all(ADMIN, PidRef(100), force=False)
+
+    assert (caught.value.status, caught.value.code, caught.value.retry_after) == (503, "busy", 15)
+    assert caught.value.to_body()["retry_after"] == 15
+    assert "3 of 500 processes" in caught.value.message
+    [entry] = harness.ledger.attachments()
+    assert entry.state is ReservationState.GRANTED
+    assert harness.injector.usable(harness.host.processes[100].target) == {gpu(0)}
 
 
 async def test_failed_revoke_keeps_the_attachment(harness: Harness) -> None:

@@ -29,6 +29,7 @@ from jupyter_gpu_hotplug.linux.engine import (
     DeviceBusyError,
     HotplugEngine,
     InjectionError,
+    ScanTimedOut,
     TargetGoneError,
 )
 from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
@@ -241,6 +242,23 @@ def test_revoke_refuses_while_a_process_holds_the_device(
     assert found.comm == Path(f"/proc/{holder}/comm").read_text().strip()
     assert str(holder) in str(caught.value)
     assert host_state(busy_box) == granted  # nothing changed
+    assert busy_box.open("/dev/nvidia7") == "OK"
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_a_busy_scan_past_its_deadline_changes_nothing(
+    busy_box: SandboxProbe, force: bool
+) -> None:
+    """Issue 25: the scan has a deadline; past it the revoke stops, having changed nothing and
+    ended no process (not even with force)."""
+    engine = HotplugEngine(control_nodes=(), terminate_grace=2.0, busy_scan_seconds=0.0)
+    engine.grant(busy_box.pid, [STAND_IN])
+    granted = host_state(busy_box)
+
+    with pytest.raises(ScanTimedOut, match=r"looked at 0 of \d+ processes"):
+        engine.revoke(busy_box.pid, [STAND_IN], force=force)
+
+    assert host_state(busy_box) == granted
     assert busy_box.open("/dev/nvidia7") == "OK"
 
 

@@ -13,8 +13,9 @@ cannot undo in a state the reconciler finishes.
 Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
 authorize it → per-target lock → ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
 Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) → ``revoke``
-(refused while processes hold the GPU, unless ``force``) → ``release``; a refused revoke is
-undone with ``cancel_release``.
+(refused while processes hold the GPU, unless ``force``; answered 503 with ``retry_after``
+when the scan for them runs past its deadline) → ``release``; a refused revoke is undone
+with ``cancel_release``.
 
 Concurrency: one operation at a time per target; a second one on the same target is answered
 409 ``busy`` at once (retryable) rather than queued, so a client never waits behind an operation
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -71,6 +73,7 @@ from .errors import (
     InvalidRequest,
     NotFound,
     TargetNotReady,
+    Unavailable,
 )
 from .idle import IdleBook, IdleWarning
 from .injector import (
@@ -79,6 +82,7 @@ from .injector import (
     InjectionFailed,
     Injector,
     InjectorError,
+    ScanUnfinished,
     TargetGone,
 )
 from .inventory import GpuDevice, Inventory, InventorySnapshot
@@ -734,6 +738,15 @@ class AgentService:
         except DeviceInUse as e:
             await self._allocator.cancel_release(uuids)
             raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
+        except ScanUnfinished as e:
+            await self._allocator.cancel_release(uuids)
+            raise Unavailable(
+                f"could not tell in time whether {', '.join(uuids)} is in use in {container}: "
+                f"{e}",
+                retry_after=math.ceil(e.seconds),
+                hint="nothing was changed; try again (a container with very many processes "
+                "and open files takes long to scan)",
+            ) from e
         except InjectionFailed as e:
             if e.clean:
                 await self._allocator.cancel_release(uuids)
