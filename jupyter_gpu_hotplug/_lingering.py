@@ -68,9 +68,7 @@ def refuse_unread(
     task.add_done_callback(_lingering.discard)
 
 
-async def _answer_and_linger(
-    stream: iostream.IOStream, response: bytes, *, linger: bool
-) -> None:
+async def _answer_and_linger(stream: iostream.IOStream, response: bytes, *, linger: bool) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LINGER_SECONDS
     dropped = 0

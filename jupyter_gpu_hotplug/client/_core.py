@@ -260,9 +260,7 @@ def cancel_queued(request_id: str, target: AnyTarget | None = None) -> ApiCall[N
     return ApiCall(
         f"cancel the waiting request {request_id} of {_subject(target)}",
         "DELETE",
-        _with_query(
-            f"/v1/queue/{urllib.parse.quote(request_id, safe='')}", _target_query(target)
-        ),
+        _with_query(f"/v1/queue/{urllib.parse.quote(request_id, safe='')}", _target_query(target)),
         _no_body,
         has_body=False,
         idempotent=True,

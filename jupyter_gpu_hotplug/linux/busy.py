@@ -32,8 +32,8 @@ GPU. What it cannot see: an fd handed to a process *outside* the container (that
 the other container's to account for), and one in flight between two sockets of which
 the container holds neither (then no process of it can receive it).
 
-The scan has a deadline (``deadline``): a container with 500 processes × 2,000 fds
-took 25–45 s; past the deadline it stops with :class:`ScanTimeout`, saying how far it
+The scan has a deadline (``deadline``): a container with 500 processes x 2,000 fds
+took 25-45 s; past the deadline it stops with :class:`ScanTimeout`, saying how far it
 got, and the caller answers "try again" instead of holding the request.
 """
 

@@ -102,7 +102,7 @@ class ScanTimedOut(EngineError):
 
 BUSY_SCAN_SECONDS: Final = 15.0
 """How long one scan of a container's processes for open devices may take (issue 25: 500
-processes × 2,000 fds took 25–45 s); past it a revoke stops, having changed nothing."""
+processes x 2,000 fds took 25-45 s); past it a revoke stops, having changed nothing."""
 
 
 @dataclass(frozen=True)
@@ -440,8 +440,7 @@ class HotplugEngine:
             failures = undo.run()
             if failures:
                 raise InjectionError(
-                    "a process opened the device during revoke, or the scan ran past its "
-                    "deadline",
+                    "a process opened the device during revoke, or the scan ran past its deadline",
                     rollback_errors=failures,
                 ) from None
             raise

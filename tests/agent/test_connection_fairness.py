@@ -122,7 +122,7 @@ def test_slow_unauthenticated_bodies_from_8_addresses_leave_token_holders_served
 def test_eight_containers_at_their_cap_leave_token_holders_and_others_served(
     served: ServedAgent,
 ) -> None:
-    """8 containers × 64 stalled connections (what 8 uids did): a token holder and a ninth
+    """8 containers x 64 stalled connections (what 8 uids did): a token holder and a ninth
     container are still served; the abusers' slow bodies give way."""
     cap = DEFAULT_LIMITS.max_per_peer
     with contextlib.ExitStack() as stack:

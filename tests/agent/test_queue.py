@@ -3,8 +3,8 @@
 What must hold: requests that wait are served first come, first served; each can see its
 position; a freed GPU goes to the first waiter; a request that fits is served while the first
 cannot be, but only ``QUEUE_OVERTAKES`` times, then what is freed is held for the first; one
-container may have only ``MAX_WAITERS_PER_CONTAINER`` waiting; a cancelled waiter, one whose deadline passes and one whose target exits
-leave the queue with nothing reserved for them.
+container may have only ``MAX_WAITERS_PER_CONTAINER`` waiting; a cancelled waiter, one whose
+deadline passes and one whose target exits leave the queue with nothing reserved for them.
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def test_a_socket_with_nothing_queued_holds_nothing() -> None:
 
 
 def test_a_scan_past_its_deadline_stops_and_says_how_far_it_got() -> None:
-    """Issue 25: a detach of a container with 500 processes × 2,000 fds took 25-45 s; the scan
+    """Issue 25: a detach of a container with 500 processes x 2,000 fds took 25-45 s; the scan
     has a deadline and stops there (the caller answers 503 with retry_after)."""
     with probe() as first, probe() as second:
         with pytest.raises(ScanTimeout) as stopped:

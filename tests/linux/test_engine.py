@@ -246,9 +246,7 @@ def test_revoke_refuses_while_a_process_holds_the_device(
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
-def test_a_busy_scan_past_its_deadline_changes_nothing(
-    busy_box: SandboxProbe, force: bool
-) -> None:
+def test_a_busy_scan_past_its_deadline_changes_nothing(busy_box: SandboxProbe, force: bool) -> None:
     """Issue 25: the scan has a deadline; past it the revoke stops, having changed nothing and
     ended no process (not even with force)."""
     engine = HotplugEngine(control_nodes=(), terminate_grace=2.0, busy_scan_seconds=0.0)

@@ -6,7 +6,7 @@ tornado holds any number of them for as long as a client likes. A red team (issu
 the first caps easy to turn against everyone: unix-socket connections were counted per uid (so
 all root kernels and the Jupyter server shared 64), a connection past its headers could never
 be made to give way, and credentials were checked only after the body — 64 stalled uploads
-from one sandbox, or 512 slow unauthenticated bodies from 127.0.0.2–9, answered 503 to every
+from one sandbox, or 512 slow unauthenticated bodies from 127.0.0.2-9, answered 503 to every
 caller. Now:
 
 - **Deadlines.** The headers of a request must arrive within ``idle_timeout`` of the moment
@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import weakref
 from asyncio import Future
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 

@@ -24,8 +24,9 @@ scheduling step. A waiter also looks again every ``recheck`` seconds by itself, 
 it notices that its target has gone (the notebook was closed: it leaves the queue).
 
 Leaving: served (it got its GPUs), cancelled (``DELETE /v1/queue/{request_id}`` for its
-target: the waiting ``POST`` answers ``insufficient_gpus`` saying so), deadline passed (``504 timeout``), target
-gone (``404``). In every case nothing was reserved for it and nothing is left behind.
+target: the waiting ``POST`` answers ``insufficient_gpus`` saying so), deadline passed
+(``504 timeout``), target gone (``404``). In every case nothing was reserved for it and
+nothing is left behind.
 
 Kubernetes mode does not use this queue: there a pending holder pod is the queue and the
 scheduler orders it (by priority).

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -368,7 +369,7 @@ class AgentService:
                 while True:
                     await self.queue.turn(
                         waiter,
-                        free=lambda: self._free(snapshot, request.mig),
+                        free=functools.partial(self._free, snapshot, request.mig),
                         alive=lambda: self._alive(container),
                         wait_seconds=request.wait_seconds,
                     )
@@ -403,7 +404,8 @@ class AgentService:
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> bool:
         """Whether a waiting request has to queue: too few GPUs are free beyond what the
-        queue's head holds. A retry of a request that was already served, or one that is refused anyway, does not."""
+        queue's head holds. A retry of a request that was already served, or one that is
+        refused anyway, does not."""
         self._admit(container, request, snapshot)
         if request.request_id is not None and any(
             entry.request_id == request.request_id
@@ -741,8 +743,7 @@ class AgentService:
         except ScanUnfinished as e:
             await self._allocator.cancel_release(uuids)
             raise Unavailable(
-                f"could not tell in time whether {', '.join(uuids)} is in use in {container}: "
-                f"{e}",
+                f"could not tell in time whether {', '.join(uuids)} is in use in {container}: {e}",
                 retry_after=math.ceil(e.seconds),
                 hint="nothing was changed; try again (a container with very many processes "
                 "and open files takes long to scan)",
