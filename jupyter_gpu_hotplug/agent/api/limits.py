@@ -190,13 +190,13 @@ class LimitedHTTPServer(HTTPServer):
             self._refuse(stream, f"{len(mine)} connections of yours are busy")
             return
         if len(self._open) >= self.limits.max_connections and not self._evict_greediest(
-            admission.peer
+            admission.peer, tokens_too=True
         ):
             self._refuse(stream, f"the agent has {len(self._open)} busy connections")
             return
         ordinary = sum(1 for other in self._open.values() if not other.token)
         if ordinary >= self.limits.max_connections - self.limits.reserve:
-            admission.probation = not self._evict_greediest(admission.peer)
+            admission.probation = not self._evict_greediest(admission.peer, tokens_too=False)
         self._open[stream] = admission
         self._by_peer.setdefault(admission.peer, []).append(admission)
         _admissions[stream] = admission
@@ -232,11 +232,12 @@ class LimitedHTTPServer(HTTPServer):
             if not mine:
                 del self._by_peer[admission.peer]
 
-    def _evict_greediest(self, newcomer: str) -> bool:
-        """Make room by evicting from the peer holding the most connections without the token,
-        if it holds more than the newcomer's peer would."""
+    def _evict_greediest(self, newcomer: str, *, tokens_too: bool) -> bool:
+        """Make room by evicting from the peer holding the most connections (counting those
+        of token holders only when ``tokens_too``: the reserve is theirs), if it holds more
+        than the newcomer's peer would."""
         counts = {
-            peer: [a for a in admissions if not a.token]
+            peer: [a for a in admissions if tokens_too or not a.token]
             for peer, admissions in self._by_peer.items()
         }
         greediest = max(counts, key=lambda peer: len(counts[peer]), default=None)
