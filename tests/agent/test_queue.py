@@ -62,6 +62,21 @@ class Queue:
         self.tasks.append(task)
         return task
 
+    async def at_once(self, pid: int) -> AttachmentList:
+        """An attach of one GPU for a new kernel ``pid`` that does not wait."""
+        self.harness.host.spawn(pid, f"kernel-{pid}")
+        request = AttachRequest(count=1, target=PidRef(pid), wait_seconds=60, request_id=None)
+        return await self.service.attach(ADMIN, request)
+
+    async def refused_at_once(self, pid: int) -> InsufficientGpus:
+        with pytest.raises(InsufficientGpus) as refused:
+            await self.at_once(pid)
+        return refused.value
+
+    async def free_gpus(self) -> int:
+        """What ``GET /v1/gpus`` says is free."""
+        return sum(1 for gpu in (await self.service.gpus())["gpus"] if gpu["state"] == "free")
+
     async def positions(self, pid: int) -> list[int]:
         view = await self.service.queued(ADMIN, PidRef(pid))
         return [request["position"] for request in view["requests"]]
@@ -143,20 +158,12 @@ async def test_a_request_that_fits_is_served_while_the_head_cannot_be(queue: Que
     big = queue.ask(100, count=2)  # one is free: it waits
     await queue.until_waiting(1)
 
-    queue.harness.host.spawn(200, "kernel-200")
-    served = await queue.service.attach(
-        ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
-    )
+    served = await queue.at_once(200)
     assert [a["target"] for a in served["attachments"]] == [{"pid": 200}]
     assert not big.done()
 
-    queue.harness.host.spawn(300, "kernel-300")
-    with pytest.raises(InsufficientGpus) as refused:
-        await queue.service.attach(
-            ADMIN, AttachRequest(count=1, target=PidRef(300), wait_seconds=60, request_id=None)
-        )
-    free = [g for g in (await queue.service.gpus())["gpus"] if g["state"] == "free"]
-    assert refused.value.free == len(free) == 0
+    refused = await queue.refused_at_once(300)
+    assert refused.free == await queue.free_gpus() == 0
 
 
 async def test_the_head_is_not_starved_by_requests_that_fit(queue: Queue) -> None:
@@ -167,21 +174,13 @@ async def test_the_head_is_not_starved_by_requests_that_fit(queue: Queue) -> Non
     await queue.until_waiting(1)
     hog = queue.held_by(900)
     for pid in range(200, 200 + QUEUE_OVERTAKES):
-        queue.harness.host.spawn(pid, f"kernel-{pid}")
-        got = await queue.service.attach(
-            ADMIN, AttachRequest(count=1, target=PidRef(pid), wait_seconds=60, request_id=None)
-        )
+        got = await queue.at_once(pid)
         await queue.service.detach(ADMIN, got["attachments"][0]["uuid"], force=False)
     assert not big.done()
 
-    queue.harness.host.spawn(300, "kernel-300")
-    with pytest.raises(InsufficientGpus) as refused:
-        await queue.service.attach(
-            ADMIN, AttachRequest(count=1, target=PidRef(300), wait_seconds=60, request_id=None)
-        )
-    free = [g for g in (await queue.service.gpus())["gpus"] if g["state"] == "free"]
-    assert refused.value.free == len(free) == 1
-    assert "held for the request first in the queue" in refused.value.message
+    refused = await queue.refused_at_once(300)
+    assert refused.free == await queue.free_gpus() == 1
+    assert "held for the request first in the queue" in refused.message
     small = queue.ask(400)  # a waiter that fits does not overtake a held head either
     await queue.until_waiting(2)
 
