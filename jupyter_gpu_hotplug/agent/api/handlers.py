@@ -202,8 +202,10 @@ class ApiHandler(web.RequestHandler):
         return headers
 
     async def authenticate(self) -> Caller:
-        """The caller, from the bearer token or the connection's bound identity; first in
-        every protected verb, so that an unsupported method is a 405 for anyone."""
+        """The caller, from the bearer token or the connection's bound identity (once per
+        request: ``prepare`` asks first, at the headers, for every verb the route serves; a
+        verb it does not serve is a 405 for anyone). A connection let in on the token
+        holders' reserve must show the token (``limits``)."""
         if self.caller is None:
             caller = await self.context.identity.authenticate(
                 authorization=self.request.headers.get("Authorization"),
