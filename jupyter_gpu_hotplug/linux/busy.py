@@ -24,8 +24,8 @@ message carries cannot be read without receiving it, so the scan is conservative
 process that holds a unix socket with anything queued — in its receive queue (even a
 message of no bytes, or a connection not yet accepted) or sent and not yet received
 (``SIOCOUTQ``) — counts as a holder of every device asked about (``Holder.queued``).
-The check looks at a duplicate of the socket (``pidfd_getfd(2)``, Linux 5.6) with
-``poll`` and two ``ioctl`` calls, and never reads from it. So "not busy" means: no
+The check looks at duplicates of the sockets (``pidfd_getfd(2)``, Linux 5.6): one
+``poll`` for a batch of them, an ``ioctl`` each, and never reads from them. So "not busy" means: no
 process of the container has the device open, none has an fd of any kind in flight on
 a unix socket it holds, and (on real hardware) NVML lists none of them as using the
 GPU. What it cannot see: an fd handed to a process *outside* the container (that is
@@ -51,7 +51,7 @@ import stat
 import struct
 import termios
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -276,6 +276,10 @@ def _inspect(pid: int, wanted: Mapping[int, CharDevice], proc: Path) -> dict[Cha
 
 _SYS_PIDFD_GETFD: Final = 438
 """``pidfd_getfd(2)``: the same number on every architecture (new syscalls share one table)."""
+_BATCH: Final = 256
+"""Duplicates held at once while looking at a process's sockets."""
+_SO_DOMAIN: Final = 39
+"""``<asm-generic/socket.h>``."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _INT: Final = struct.Struct("i")
 
@@ -289,48 +293,84 @@ def _pidfd_getfd(pidfd: int, fd: int) -> int:
     return ours
 
 
-def _queued_sockets(pid: int, fds: Iterable[int]) -> tuple[int, ...]:
+def _queued_sockets(pid: int, fds: Sequence[int]) -> tuple[int, ...]:
     """Which of the socket ``fds`` of ``pid`` are unix sockets with a message queued either
-    way (module docstring). Looks at duplicates; never reads from them."""
+    way (module docstring). Looks at duplicates, polled ``_BATCH`` at a time (the agent's own
+    descriptors are bounded too); never reads from them."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
         return ()
     try:
-        queued = []
-        for fd in fds:
-            try:
-                ours = _pidfd_getfd(pidfd, fd)
-            except OSError as e:
-                if e.errno in (errno.EBADF, errno.ESRCH):
-                    continue  # closed since we listed it, or the process exited
-                raise
-            with socket.socket(fileno=ours) as sock:
-                if sock.family == socket.AF_UNIX and _has_queued(sock):
-                    queued.append(fd)
+        queued: list[int] = []
+        for start in range(0, len(fds), _BATCH):
+            queued += _queued_batch(pidfd, fds[start : start + _BATCH])
         return tuple(sorted(queued))
     finally:
         os.close(pidfd)
 
 
-def _has_queued(sock: socket.socket) -> bool:
-    """Whether anything waits in ``sock``'s receive queue (a message, even of no bytes, or an
-    unaccepted connection: ``POLLIN`` without end-of-stream), or it has sent something not yet
-    received (``SIOCOUTQ``: memory still charged to it), or bytes wait (``SIOCINQ``)."""
+def _queued_batch(pidfd: int, fds: Sequence[int]) -> list[int]:
+    ours: dict[int, int] = {}  # our duplicate -> the process's fd
+    try:
+        for fd in fds:
+            try:
+                dup = _pidfd_getfd(pidfd, fd)
+            except OSError as e:
+                if e.errno in (errno.EBADF, errno.ESRCH):
+                    continue  # closed since we listed it, or the process exited
+                raise
+            ours[dup] = fd
+            if _domain(dup) != socket.AF_UNIX:
+                del ours[dup]
+                os.close(dup)
+        return [ours[dup] for dup in _with_queued(list(ours))]
+    finally:
+        for dup in ours:
+            os.close(dup)
+
+
+def _domain(fd: int) -> int:
+    """The address family of socket ``fd`` (``SO_DOMAIN``), without a socket object."""
+    value = ctypes.c_int(0)
+    size = ctypes.c_uint32(ctypes.sizeof(value))
+    if _libc.getsockopt(fd, socket.SOL_SOCKET, _SO_DOMAIN, ctypes.byref(value), ctypes.byref(size)):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return value.value
+
+
+def _with_queued(fds: list[int]) -> list[int]:
+    """Those of the unix sockets ``fds`` with anything in their receive queue (a message,
+    even of no bytes, or an unaccepted connection: ``POLLIN`` without end-of-stream), or
+    bytes waiting there (``SIOCINQ``, for one whose peer has shut down), or something sent
+    and not yet received (``SIOCOUTQ``: memory still charged to it)."""
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
-    events = poller.poll(0)
-    mask = events[0][1] if events else 0
-    if mask & select.POLLIN and not mask & select.POLLRDHUP:
-        return True
-    for request in (termios.FIONREAD, termios.TIOCOUTQ):  # SIOCINQ, SIOCOUTQ
-        try:
-            answer = fcntl.ioctl(sock.fileno(), request, _INT.pack(0))
-        except OSError:
-            continue  # a listening socket has no byte counts (EINVAL)
-        if _INT.unpack(answer)[0] > 0:
-            return True
-    return False
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLRDHUP)
+    ready = dict(poller.poll(0))
+    found = []
+    for fd in fds:
+        mask = ready.get(fd, 0)
+        if mask & select.POLLIN and not mask & select.POLLRDHUP:
+            found.append(fd)
+            continue
+        counts = (
+            (termios.TIOCOUTQ, termios.FIONREAD) if mask & select.POLLRDHUP else (termios.TIOCOUTQ,)
+        )
+        if any(_count(fd, request) for request in counts):
+            found.append(fd)
+    return found
+
+
+def _count(fd: int, request: int) -> int:
+    """A socket's byte count (``SIOCINQ``/``SIOCOUTQ``); 0 where it has none (a listening
+    socket: ``EINVAL``)."""
+    try:
+        answer = fcntl.ioctl(fd, request, _INT.pack(0))
+    except OSError:
+        return 0
+    return int(_INT.unpack(answer)[0])
 
 
 def terminate(
