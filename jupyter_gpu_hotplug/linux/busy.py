@@ -29,8 +29,10 @@ The check looks at duplicates of the sockets (``pidfd_getfd(2)``, Linux 5.6): on
 process of the container has the device open, none has an fd of any kind in flight on
 a unix socket it holds, and (on real hardware) NVML lists none of them as using the
 GPU. What it cannot see: an fd handed to a process *outside* the container (that is
-the other container's to account for), and one in flight between two sockets of which
-the container holds neither (then no process of it can receive it).
+the other container's to account for); one in flight between two sockets of which the
+container holds neither (then no process of it can receive it); and one in a message of
+no bytes on a ``SOCK_SEQPACKET`` socket whose peer has closed (the kernel reports that
+socket as at its end with nothing to read, and telling the two apart would mean receiving).
 
 The scan has a deadline (``deadline``): a container with 500 processes x 2,000 fds
 took 25-45 s; past the deadline it stops with :class:`ScanTimeout`, saying how far it
