@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
-from jupyter_gpu_hotplug.agent.core.injector import HolderInfo
+from jupyter_gpu_hotplug.agent.core import lost as lost_module
+from jupyter_gpu_hotplug.agent.core.injector import HolderInfo, InjectionFailed
 from jupyter_gpu_hotplug.agent.core.lost import (
     LossNotice,
     LossRules,
@@ -128,4 +129,30 @@ async def test_an_operation_in_flight_is_waited_for(harness: Harness) -> None:
             await asyncio.sleep(0)
         assert harness.allocator.get(entry.gpu.uuid) is not None
     await task
+    assert harness.allocator.get(entry.gpu.uuid) is None
+
+
+async def test_a_revoke_the_host_refuses_is_tried_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU stays usable while the revoke fails, so the sequence keeps trying."""
+    monkeypatch.setattr(lost_module, "_FAILED_RETRY", 0.0)
+    entry = await _attached(harness)
+    lost = _lost(harness, LostPolicy.REVOKE, grace=0)
+    tries = 0
+
+    def refuse_once() -> Exception:
+        nonlocal tries
+        tries += 1
+        harness.injector.revoke_error = None
+        return InjectionFailed("cgroup busy", clean=True)
+
+    harness.injector.revoke_error = refuse_once
+
+    async def revoke(force: bool) -> TakeBack | None:
+        return await harness.service.take_back(entry, force=force)
+
+    await lost.handle(key="h", target=entry.target, gpus=[entry.gpu], reason="gone", revoke=revoke)
+
+    assert tries == 1
     assert harness.allocator.get(entry.gpu.uuid) is None

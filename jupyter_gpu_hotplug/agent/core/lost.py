@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 _BUSY_RETRY: Final = 0.2
 """Seconds between two tries while a caller's operation holds the target."""
+_FAILED_RETRY: Final = 5.0
+"""Seconds between two tries of a revoke that failed on the host."""
 
 
 class LostPolicy(enum.StrEnum):
@@ -192,20 +194,25 @@ class LostGpus:
 
     async def _revoke(self, notice: LossNotice, revoke: Revoke) -> TakeBack | None:
         force = self.rules.policy is LostPolicy.FORCE
+        failures = 0
         while True:
             try:
                 return await revoke(force)
             except Busy:
                 await asyncio.sleep(_BUSY_RETRY)  # a caller's operation ends by itself
             except InjectorError as e:
-                log.error(
-                    "%s: %s could not be revoked (%s): %s; the next sweep tries again",
+                # The GPU stays usable while this fails: keep trying (said once, then quietly).
+                failures += 1
+                log.log(
+                    logging.ERROR if failures == 1 else logging.DEBUG,
+                    "%s: %s could not be revoked (%s): %s; trying again every %.0f s",
                     notice.target,
                     ", ".join(gpu.uuid for gpu in notice.gpus),
                     notice.reason,
                     e,
+                    _FAILED_RETRY,
                 )
-                return None
+                await asyncio.sleep(_FAILED_RETRY)
 
     def _tell(self, notice: LossNotice, outcome: TakeBack | None) -> None:
         for listener in self.book.listeners:
