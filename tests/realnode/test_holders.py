@@ -1,10 +1,10 @@
 """Issue 21 on the real node: holders that a real API server and kubelet accept, and a holder
 lost while the agent is stopped.
 
-- the real PodSecurity admission of a ``restricted`` namespace admits the agent's holder and
-  refuses the holder spec before issue 21 (no seccomp profile); the holder runs Guaranteed at
-  the agent's limits (the measured floor plus a margin, docs/performance.md) in the holders'
-  PriorityClass that ``k8s/`` ships;
+- the holder runs Guaranteed at the agent's limits (the measured floor plus a margin,
+  docs/performance.md) in the holders' PriorityClass that ``k8s/`` ships; the real PodSecurity
+  admission of a ``restricted`` namespace takes today's holder spec and refuses the one before
+  issue 21 (no seccomp profile);
 - the measured floor, on this kubelet: a pause pod with a 3 MiB limit (the floor measured with
   the same runc under containerd 1.6) runs here too;
 - a holder deleted while the agent is stopped: at start the notebook's grant is revoked and an
@@ -13,7 +13,7 @@ lost while the agent is stopped.
 
 from __future__ import annotations
 
-from typing import Any
+import copy
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -26,7 +26,7 @@ from jupyter_gpu_hotplug.agent.settings import (
 )
 
 from ..fixtures.requirements import needs_root
-from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
+from ..k8s.image import PAUSE_IMAGE
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import Cluster, eventually
 
@@ -36,42 +36,14 @@ ENXIO = "No such device or address"
 EPERM = "Operation not permitted"
 
 
-def restricted_notebook(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    """A notebook pod that a ``restricted`` namespace admits, Running."""
-    cluster.core.create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "notebook",
-                        "image": TOOLS_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "infinity"],
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                    }
-                ],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
-    return cluster.wait_running(namespace, name)
-
-
-def test_restricted_admission_takes_the_holder_at_its_limits_and_refuses_the_old_one(
+def test_the_holder_runs_at_its_limits_and_restricted_admission_refuses_the_old_one(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace("strict", pod_security="restricted")
-    notebook = restricted_notebook(cluster, ns, "nb")
+    """The agent's holder runs Guaranteed at the agent's limits in the holders' class; the
+    real PodSecurity admission of a ``restricted`` namespace takes today's holder spec and
+    refuses the one before issue 21 (``test_attach.py`` runs a whole attach there)."""
+    ns = cluster.namespace()
+    notebook = cluster.run_notebook_pod(ns, "nb")
     api = node_agent.as_pod(ns, "nb")
 
     created = api.post("/v1/attachments", {"count": 1})
@@ -87,22 +59,26 @@ def test_restricted_admission_takes_the_holder_at_its_limits_and_refuses_the_old
     assert holder["spec"]["priority"] > 0, "above the notebook's (0)"
     (status,) = holder["status"]["containerStatuses"]
     assert status["restartCount"] == 0, status
+    assert api.delete("/v1/attachments").status == 204
 
-    old = holder_pod(
-        notebook,
-        container="notebook",
-        container_id="containerd://" + "0" * 64,
-        request_id=None,
-        index=1,
-        spec=HolderSpec(node_name=cluster.node_name, image=PAUSE_IMAGE),
+    strict = cluster.namespace("strict", pod_security="restricted")
+    spec = HolderSpec(node_name=cluster.node_name, image=PAUSE_IMAGE)
+    today = holder_pod(
+        notebook, container="notebook", container_id="x", request_id=None, index=0, spec=spec
     )
+    # Created by the admin, not as one of the agent's holders: no owner, no holder labels.
+    today["metadata"] |= {"namespace": strict, "ownerReferences": [], "labels": {}}
+    old = copy.deepcopy(today)
+    old["metadata"]["name"] += "-old"
     del old["spec"]["securityContext"]["seccompProfile"]
     with pytest.raises(ApiException) as refused:
-        cluster.core.create_namespaced_pod(ns, old)
+        cluster.core.create_namespaced_pod(strict, old)
     assert refused.value.status == 403
     assert "violates PodSecurity" in str(refused.value.body)
     assert "seccompProfile" in str(refused.value.body)
-    assert api.delete("/v1/attachments").status == 204
+    cluster.core.create_namespaced_pod(strict, today)
+    cluster.wait_running(strict, today["metadata"]["name"])
+    cluster.delete_pod(strict, today["metadata"]["name"])
 
 
 def test_a_pause_pod_runs_at_the_measured_floor(cluster: Cluster) -> None:
