@@ -239,3 +239,30 @@ def test_process_in_the_host_mount_namespace_is_refused(tmp_path: Path) -> None:
         child.wait()
         for directory in made:
             directory.rmdir()
+
+
+# --- 4. one target cannot stop reconciliation ----------------------------------------------------
+
+
+async def test_one_targets_unforeseen_failure_does_not_stop_the_pass(harness: Harness) -> None:
+    """Whatever breaks while one target is reconciled (a RecursionError in a cgroup walk, an
+    unreadable file), the pass goes on with the others and reports the failure."""
+    broken = harness.host.spawn(100, "kernel-a")
+    gone = harness.host.spawn(200, "kernel-b")
+    await attach(harness, broken)
+    gpu_b = await attach(harness, gone)
+    harness.host.kill(200)
+    harness.host.remove_container("kernel-b")
+    real_lookup = harness.resolver.lookup
+
+    def lookup(target: object, key: object) -> object:
+        if target == broken.target:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_lookup(target, key)  # type: ignore[arg-type]
+
+    harness.resolver.lookup = lookup  # type: ignore[method-assign,assignment]
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"released_gone": [gpu_b.uuid]}
+    assert len(report.failures) == 1 and "maximum recursion depth" in report.failures[0]
+    assert [e.target for e in harness.ledger.attachments()] == [broken.target]
