@@ -126,6 +126,11 @@ class Reconciler:
                 except InjectorError as e:
                     report.failures.append(f"{target}: {e}")
                     log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
+                except Exception as e:
+                    # Whatever one target's host state does to us (a container can shape its
+                    # cgroups at will), the others are still reconciled and the agent starts.
+                    report.failures.append(f"{target}: {e}")
+                    log.exception("reconciling %s failed; retrying on the next pass", target)
         for action, items in report.actions.items():
             self._metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:
