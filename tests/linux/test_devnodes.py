@@ -174,14 +174,16 @@ class TestInContainer:
         assert container.stat("/dev/nvidia3") == "chr 195:3 666 0:0"
         assert os.listdir(container.rootfs) == []  # only the container's namespace has it
 
-    def test_ensure_is_idempotent_and_restores_mode_and_owner(
+    def test_ensure_is_idempotent_and_never_changes_a_node_it_did_not_create(
         self, container: FakeContainer
     ) -> None:
+        """A node already there is someone else's (the runtime's, the host's): its mode and
+        owner are never changed, or a node on the host could be made world-writable."""
         assert devnodes.ensure_node(container.pid, "nvidia3", GPU3) is True
         assert container.ask("chmod /dev/nvidia3 600") == "OK done"
         assert container.ask("chown /dev/nvidia3 1000:1000") == "OK done"
         assert devnodes.ensure_node(container.pid, "nvidia3", GPU3) is False
-        assert container.stat("/dev/nvidia3") == "chr 195:3 666 0:0"
+        assert container.stat("/dev/nvidia3") == "chr 195:3 600 1000:1000"
 
     def test_a_node_made_before_a_failure_is_removed_again(
         self, container: FakeContainer, monkeypatch: pytest.MonkeyPatch
