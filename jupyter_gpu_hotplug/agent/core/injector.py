@@ -143,7 +143,12 @@ class EngineInjector:
 
     def _container(self, target: HostContainer) -> Container:
         try:
-            container = self._engine.inspect(target.pid)
+            # The container's cgroups, not the process's own: it may sit in a child cgroup.
+            container = self._engine.inspect(
+                target.pid,
+                devices_v1_scope=target.cgroups.devices_v1,
+                unified_scope=target.cgroups.unified,
+            )
         except TargetGoneError as e:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:

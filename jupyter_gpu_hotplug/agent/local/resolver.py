@@ -15,7 +15,9 @@ hierarchy) with crun's inner ``container`` leaf folded into its scope, as the en
 container that is removed and re-created under the same path is another container. The owner
 of a grant is the container: when the target process exits while other processes of its
 container live on, ``current`` finds the container through its oldest remaining process, and
-``remains`` finds the empty cgroups of a container that has no process left.
+``remains`` finds the empty cgroups of a container that has no process left. A container is
+its cgroup subtree: a process that moved into a child cgroup of its own is still in it (the
+grant reaches it there), so the container has not exited while any process lives below it.
 """
 
 from __future__ import annotations
@@ -160,13 +162,18 @@ class ProcResolver:
                 continue
         return []
 
-    def oldest_member(self, container: ContainerCgroups) -> int | None:
+    def oldest_member(self, container: ContainerCgroups, *, subtree: bool = False) -> int | None:
         """The container's oldest process, which outlives short-lived ones such as a terminal
-        command (what "the caller itself" means); None when it has none."""
+        command (what "the caller itself" means); None when it has none. ``subtree``: any
+        process below the container's cgroups counts too (one may have moved into a child
+        cgroup of its own, and a grant reaches it there)."""
         oldest: tuple[int, int] | None = None
         for member in self.members(container):
             who = procfs.identity(member, proc=self._proc)
-            if who is None or self.container_of(member) != container:
+            where = self.container_of(member)
+            if who is None or where is None:
+                continue
+            if not (where.within(container) if subtree else where == container):
                 continue
             if oldest is None or (who.start_time, member) < oldest:
                 oldest = (who.start_time, member)
@@ -239,7 +246,13 @@ class ProcResolver:
             return None
         found = self._host_container(target.pid, who, container)
         # An empty key: a reservation of an agent that did not record containers.
-        return found if not key or found.key == key else None
+        if not key or found.key == key:
+            return found
+        # Still in the same container, in a cgroup below its own (made by the container).
+        owner = decode_key(key)
+        if owner is not None and container.within(owner) and self.key_of(owner) == key:
+            return self._host_container(target.pid, who, owner)
+        return None
 
     def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
         found = self.lookup(target, key)
@@ -248,7 +261,7 @@ class ProcResolver:
         container = decode_key(key)
         if container is None:
             return None
-        pid = self.oldest_member(container)
+        pid = self.oldest_member(container, subtree=True)
         if pid is None:
             return None
         who = procfs.identity(pid, proc=self._proc)
