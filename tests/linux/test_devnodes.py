@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from jupyter_gpu_hotplug.linux.devnodes import (
     DeviceNode,
     DevNodeError,
     InvalidNodeNameError,
+    HostDevError,
     UnsafeNodeError,
 )
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -164,6 +166,17 @@ def assert_untouched(host_target: Path) -> None:
     assert stat.S_IMODE(info.st_mode) == 0o600
 
 
+def _wait_for_own_mount_namespace(pid: int) -> bool:
+    """Poll until ``pid`` (just started by ``unshare``) has left our mount namespace."""
+    deadline = time.monotonic() + 30
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    while time.monotonic() < deadline:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != ours:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 class TestInContainer:
     pytestmark = needs_root
 
@@ -195,6 +208,22 @@ class TestInContainer:
         with pytest.raises(DevNodeError, match=r"making /dev/nvidia3 .* Operation not permitted"):
             devnodes.ensure_node(container.pid, "nvidia3", GPU3)
         assert container.stat("/dev/nvidia3") == "ENOENT"
+
+    def test_never_in_the_hosts_dev(self, tmp_path: Path) -> None:
+        """A process with a mount namespace of its own but the host's /dev mounted in it
+        (``unshare -m``): the host's /dev is never written, whatever the namespace."""
+        with subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"]) as p:
+            try:
+                assert _wait_for_own_mount_namespace(p.pid)
+                with pytest.raises(HostDevError, match="is the host's /dev"):
+                    devnodes.ensure_node(p.pid, "nvidia7", CharDevice(195, 7))
+                with pytest.raises(HostDevError):
+                    devnodes.remove_node(p.pid, "nvidia7", expect=CharDevice(195, 7))
+                with pytest.raises(HostDevError):
+                    devnodes.check_private_dev(p.pid)
+            finally:
+                p.kill()
+        assert not Path("/dev/nvidia7").exists()
 
     def test_other_mode(self, container: FakeContainer) -> None:
         devnodes.ensure_node(container.pid, "nvidiactl", CTL, mode=0o660)
