@@ -93,6 +93,8 @@ class DeviceState:
     """Any trace of access (node or permission): what a revoke must clean up."""
     permitted: bool
     """A device controller lets the target open it (whether or not the node is there)."""
+    node: bool
+    """The node is in the target's ``/dev`` (whether or not the cgroups allow it)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -202,6 +204,7 @@ class EngineInjector:
                 usable=s.usable,
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                node=s.node,
             )
             for s in states
         ]
