@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,9 @@ import pytest
 from tests.agent.agent_process import AgentProcess
 from tests.fixtures.requirements import needs_root
 
-from .helpers import client_argv, own_cgroups, start_in, tcp, wait_for_answer
+from tests.agent.api_harness import Response
+
+from .helpers import REPLY_TIMEOUT, client_argv, own_cgroups, start_in, tcp, wait_for_answer
 
 pytestmark = [*needs_root, pytest.mark.slow]
 
@@ -82,3 +85,51 @@ def test_own_mount_namespace_with_the_hosts_dev_gets_no_gpu(shared_dir: Path) ->
         agent.kill9()
         if before is None and HOST_NODE.exists():
             os.unlink(HOST_NODE)  # what the attack left on the host
+
+
+BUSYBOX = Path("/bin/busybox")
+
+
+@pytest.mark.skipif(not BUSYBOX.exists(), reason="needs busybox-static")
+def test_chroot_dev_on_a_host_filesystem_gets_no_node(tmp_path: Path) -> None:
+    """A chroot with a mount namespace of its own: its ``/dev`` is a directory on a host
+    filesystem, where a node the agent made would outlive the target (0666, reachable by
+    any host process). Only a private tmpfs ``/dev`` gets nodes."""
+    root = tmp_path / "chroot"
+    (root / "bin").mkdir(parents=True)
+    (root / "dev").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    agent = AgentProcess(tmp_path / "state", simulate=1, extra_args=["--reconcile-interval=0"])
+    agent.start()
+    try:
+        with own_cgroups("gpu-hotplug-sec-chroot") as directories:
+            target = start_in(
+                directories,
+                ["unshare", "-m", "--propagation", "private",
+                 "chroot", str(root), "/bin/busybox", "sleep", "600"],
+            )  # fmt: skip
+            try:
+                body = {"count": 1, "target": {"pid": target.pid}}
+                answer = _once_in_own_mount_namespace(agent, target.pid, body)
+            finally:
+                target.kill()
+                target.wait()
+        assert answer.status == 403, answer.body
+        assert os.listdir(root / "dev") == []
+    finally:
+        agent.kill9()
+
+
+def _once_in_own_mount_namespace(agent: AgentProcess, pid: int, body: object) -> Response:
+    """The attach, once ``pid`` has left the agent's mount namespace (``unshare`` first runs
+    in ours, which the agent refuses for another reason)."""
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    deadline = time.monotonic() + REPLY_TIMEOUT
+    while os.stat(f"/proc/{pid}/ns/mnt").st_ino == ours or not _chrooted(pid):
+        assert time.monotonic() < deadline, "the target never entered its chroot"
+        time.sleep(0.01)
+    return tcp(agent).post("/v1/attachments", body)
+
+
+def _chrooted(pid: int) -> bool:
+    return os.readlink(f"/proc/{pid}/root") != "/"
