@@ -222,11 +222,13 @@ class TestConfinement:
         probe = sandbox_factory(backends=backends)
         child = probe.spawn(["sleep", "1000"])
         sandbox = probe.sandbox
-        assert set(sandbox.processes()) == {sandbox.pid, child}
+        # The outer process, the sandbox's init (pid 1 inside), the probe and its child.
+        everyone = {sandbox.pid, probe.host_pid(1), probe.workload_pid, child}
+        assert set(sandbox.processes()) == everyone
         dirs = sandbox.cgroups.dirs()
         program = sandbox.cgroups.v2_program
         assert (program is not None) == (Backend.V2 in backends)
-        start_times = {pid: process_start_time(pid) for pid in (sandbox.pid, child)}
+        start_times = {pid: process_start_time(pid) for pid in everyone}
 
         assert sandbox.stop() == -signal.SIGTERM
         assert sandbox.stopped
