@@ -70,8 +70,8 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 # <linux/prctl.h> and <linux/capability.h>.
 PR_SET_PDEATHSIG = 1
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -84,6 +84,9 @@ EXIT_SETUP_FAILED = 127
 #: (exited) or ``S<signal>`` (killed), so the outer one ends the same way.
 EXITED = b"X"
 KILLED = b"S"
+#: Seconds between two checks that the sandbox's owner still runs (ipykernel's parent poller
+#: checks as often).
+OWNER_CHECK_INTERVAL = 1.0
 #: Signals the outer process passes to the sandbox's init, and init to the workload's process
 #: group: what a kernel provisioner or ``Sandbox.send_signal`` sends (SIGKILL needs no relay:
 #: init dies with the outer process, and the pid namespace with init).
@@ -155,6 +158,7 @@ class _Config:
     read_only: bool
     writable: list[str]
     hidden: list[str]
+    end_with_owner: bool
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> _Config:
@@ -171,6 +175,7 @@ class _Config:
             read_only=bool(raw["read_only"]),
             writable=[str(p) for p in raw["writable"]],
             hidden=[str(p) for p in raw["hidden"]],
+            end_with_owner=bool(raw["end_with_owner"]),
         )
 
 
@@ -418,7 +423,7 @@ SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
         "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159, "syslog": 103,
         "vhangup": 153, "keyctl": 250, "add_key": 248, "request_key": 249, "userfaultfd": 323,
         "open_by_handle_at": 304, "name_to_handle_at": 303, "lookup_dcookie": 212,
-        "clone": 56, **_NEW_CALLS,
+        "clone": 56, "seccomp": 317, **_NEW_CALLS,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
@@ -429,7 +434,7 @@ SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
         "clock_settime": 112, "clock_adjtime": 266, "adjtimex": 171, "syslog": 116,
         "vhangup": 58, "keyctl": 219, "add_key": 217, "request_key": 218, "userfaultfd": 282,
         "open_by_handle_at": 265, "name_to_handle_at": 264, "lookup_dcookie": 18,
-        "clone": 220, **_NEW_CALLS,
+        "clone": 220, "seccomp": 277, **_NEW_CALLS,
     }),
 }  # fmt: skip
 
@@ -475,12 +480,21 @@ def _install_seccomp() -> None:
     """Install the filter on this process (and so on everything it will run). Done while
     it still holds CAP_SYS_ADMIN, so no ``no_new_privs`` is needed (set-uid programs work
     inside, as in Docker)."""
-    program = seccomp_program(platform.machine())
+    machine = platform.machine()
+    program = seccomp_program(machine)
     raw = b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = _SockFprog(len(program), ctypes.cast(buffer, ctypes.c_void_p))
+    # seccomp(2) rather than prctl: only it takes SPEC_ALLOW, which keeps the kernel from
+    # switching on its speculative-execution mitigations for the filtered tasks (as runc
+    # does), a slowdown the workload would otherwise pay on every context switch.
     _check(
-        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+        _libc.syscall(
+            ctypes.c_long(SYSCALL_TABLES[machine][1]["seccomp"]),
+            ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
+            ctypes.c_uint(SECCOMP_FILTER_FLAG_SPEC_ALLOW),
+            ctypes.byref(fprog),
+        ),
         "seccomp",
         "install the seccomp filter",
     )
@@ -571,12 +585,19 @@ def _relay(pid: int, signo: int, *, group: bool) -> None:
             _relay(pid, signo, group=False)
 
 
-def _outer(init: int, report_fd: int) -> NoReturn:
+def _outer(init: int, report_fd: int, *, owner: int | None) -> NoReturn:
     """The process the caller started, outside the pid namespace: relay signals to the
-    sandbox's init, then end as the workload ended (exit status or signal)."""
+    sandbox's init, then end as the workload ended (exit status or signal). With an
+    ``owner``, the sandbox is killed once that parent of ours has gone (we were re-parented)."""
     waited = {*RELAYED, signal.SIGCHLD}
     while True:
-        signo = signal.sigwaitinfo(waited).si_signo
+        received = signal.sigtimedwait(waited, OWNER_CHECK_INTERVAL)
+        if received is None:
+            if owner is not None and os.getppid() != owner:
+                _relay(init, signal.SIGKILL, group=False)  # the namespace dies with its init
+                owner = None
+            continue
+        signo = received.si_signo
         if signo != signal.SIGCHLD:
             _relay(init, signo, group=False)
             continue
@@ -660,6 +681,7 @@ def main(argv: list[str]) -> NoReturn:
     """Three processes: this one (outside, what the caller started and signals), the
     sandbox's init (pid 1 of a new pid namespace) and the workload (pid 2, exec'd)."""
     cfg_fd, status_fd = int(argv[1]), int(argv[2])
+    owner = os.getppid()
     try:
         cfg = _read_config(cfg_fd)
         _private_mount_namespace()
@@ -686,7 +708,7 @@ def main(argv: list[str]) -> NoReturn:
         _report(status_fd, {"step": "internal", "errno": None, "message": repr(e)})
     os.close(report_w)
     os.close(status_fd)  # the workload's copy, closed by its exec, ends the parent's read
-    _outer(init, report_r)
+    _outer(init, report_r, owner=owner if cfg.end_with_owner else None)
 
 
 def _report(status_fd: int, report: dict[str, Any]) -> NoReturn:

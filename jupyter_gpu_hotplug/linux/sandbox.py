@@ -172,6 +172,9 @@ class SandboxSpec:
     """More paths that stay writable in a read-only view."""
     hidden: tuple[str, ...] = DEFAULT_HIDDEN
     """Paths covered by an empty tmpfs (a file: by an empty one), e.g. the agent's state dir."""
+    end_with_owner: bool = False
+    """End the sandbox (SIGKILL) when the process that started it exits, as a kernel ends with
+    its Jupyter server (checked once a second)."""
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -508,6 +511,7 @@ def _bootstrap_config(
         "read_only": spec.read_only,
         "writable": [*_writable(spec, env), *spec.writable],
         "hidden": list(spec.hidden),
+        "end_with_owner": spec.end_with_owner,
     }
     return json.dumps(config).encode()
 
