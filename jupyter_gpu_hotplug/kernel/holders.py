@@ -10,8 +10,9 @@ kernel reads its own from ``os.environ``; another kernel's is read from
 ``/proc/<pid>/environ`` when this process may read it (the same user and pid namespace; a
 sandboxed kernel sees its own sandbox's processes only, so there the server, which sees every
 kernel, names the others), and otherwise the holder stays ``process N``. A sandboxed kernel
-knows the pid the agent names it by from ``GPU_HOTPLUG_SANDBOX_PID``. Only that one variable is taken, and it is shown as
-text (the widget escapes it): it names a file, it is not trusted for anything.
+knows the pid the agent names it by from ``GPU_HOTPLUG_SANDBOX_PID``. Only that one variable is
+taken, and it is shown as text (the widget escapes it): it names a file, it is not trusted for
+anything.
 """
 
 from __future__ import annotations

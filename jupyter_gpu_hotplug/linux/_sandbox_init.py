@@ -521,9 +521,7 @@ def _orphaned(report_fd: int) -> bool:
 def _init(cfg: _Config, status_fd: int, mount_ns: int, report_fd: int) -> NoReturn:
     """Pid 1 of the sandbox: confine, start the workload, relay signals to it, reap."""
     try:
-        _check(
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "init", "set PDEATHSIG"
-        )
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "init", "set PDEATHSIG")
         if _orphaned(report_fd):
             os._exit(EXIT_SETUP_FAILED)
         os.setpgid(0, 0)  # the provisioner's killpg of the outer process reaches us by relay

@@ -253,9 +253,7 @@ class HotplugEngine:
         return Container(pid, who.start_time, found, v1_scope, v2_dirs)
 
     @staticmethod
-    def _scope(
-        leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int
-    ) -> Path:
+    def _scope(leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int) -> Path:
         """The container's top directory in one hierarchy, for a process in ``leaf``."""
         if given is None or mount is None:
             return _container_scope(leaf)

@@ -18,8 +18,8 @@ from jupyter_gpu_hotplug.linux.devnodes import (
     ContainerGoneError,
     DeviceNode,
     DevNodeError,
-    InvalidNodeNameError,
     HostDevError,
+    InvalidNodeNameError,
     UnsafeNodeError,
 )
 from jupyter_gpu_hotplug.linux.devrules import CharDevice

@@ -293,7 +293,9 @@ async def start_kernel(
         kernel_manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
         # The manager's client asks the provisioner whether the kernel lives; a bare client
         # would judge by a first heartbeat within 1 s, which a loaded machine can miss.
-        client = kernel_manager.client(session=kernel_manager.session)
+        client = AsyncKernelClient(
+            parent=kernel_manager, **kernel_manager.get_connection_info(session=True)
+        )
         kernel = Kernel(kernel_id, jp_serverapp, client)
         kernels.append(kernel)
         client.start_channels()

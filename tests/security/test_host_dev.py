@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent.agent_process import AgentProcess
-from tests.fixtures.requirements import needs_root
-
 from tests.agent.api_harness import Response
+from tests.fixtures.requirements import needs_root
 
 from .helpers import REPLY_TIMEOUT, client_argv, own_cgroups, start_in, tcp, wait_for_answer
 

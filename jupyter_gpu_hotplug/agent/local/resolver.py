@@ -81,9 +81,7 @@ class ProcResolver:
         check_dev: Callable[[int], None] | None = None,
     ) -> None:
         self._proc = host_proc
-        self._check_dev = check_dev or functools.partial(
-            devnodes.check_private_dev, proc=host_proc
-        )
+        self._check_dev = check_dev or functools.partial(devnodes.check_private_dev, proc=host_proc)
         self._hierarchies = hierarchies
         self._directories: dict[tuple[Path, str], Path] = {}
         self._agent_pid = os.getpid() if agent_pid is None else agent_pid
