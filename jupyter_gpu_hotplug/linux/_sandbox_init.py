@@ -408,35 +408,31 @@ REFUSED_SYSCALLS = (
 )  # fmt: skip
 """What the sandbox may never call (EPERM), by name."""
 
-# (AUDIT_ARCH, syscall numbers): arch/x86/entry/syscalls/syscall_64.tbl and
-# include/uapi/asm-generic/unistd.h (arm64). Calls added since Linux 5.1 share one number.
-_NEW_CALLS = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-              "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
-              "mount_setattr": 442}  # fmt: skip
-SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (0xC000003E, {
-        "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-        "bpf": 321, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-        "kcmp": 312, "perf_event_open": 298, "init_module": 175, "finit_module": 313,
-        "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169,
-        "swapon": 167, "swapoff": 168, "acct": 163, "quotactl": 179, "settimeofday": 164,
-        "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159, "syslog": 103,
-        "vhangup": 153, "keyctl": 250, "add_key": 248, "request_key": 249, "userfaultfd": 323,
-        "open_by_handle_at": 304, "name_to_handle_at": 303, "lookup_dcookie": 212,
-        "clone": 56, "seccomp": 317, **_NEW_CALLS,
-    }),
-    "aarch64": (0xC00000B7, {
-        "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
-        "bpf": 280, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-        "kcmp": 272, "perf_event_open": 241, "init_module": 105, "finit_module": 273,
-        "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "reboot": 142,
-        "swapon": 224, "swapoff": 225, "acct": 89, "quotactl": 60, "settimeofday": 170,
-        "clock_settime": 112, "clock_adjtime": 266, "adjtimex": 171, "syslog": 116,
-        "vhangup": 58, "keyctl": 219, "add_key": 217, "request_key": 218, "userfaultfd": 282,
-        "open_by_handle_at": 265, "name_to_handle_at": 264, "lookup_dcookie": 18,
-        "clone": 220, "seccomp": 277, **_NEW_CALLS,
-    }),
+# Syscall numbers, (x86_64, aarch64): arch/x86/entry/syscalls/syscall_64.tbl and
+# include/uapi/asm-generic/unistd.h (arm64); calls added since Linux 5.1 share one number.
+_NUMBERS: dict[str, tuple[int, int]] = {
+    "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "bpf": (321, 280), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "perf_event_open": (298, 241), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89),
+    "quotactl": (179, 60), "settimeofday": (164, 170), "clock_settime": (227, 112),
+    "clock_adjtime": (305, 266), "adjtimex": (159, 171), "syslog": (103, 116),
+    "vhangup": (153, 58), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "userfaultfd": (323, 282), "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264), "lookup_dcookie": (212, 18), "clone": (56, 220),
+    "seccomp": (317, 277), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "clone3": (435, 435), "pidfd_getfd": (438, 438), "mount_setattr": (442, 442),
 }  # fmt: skip
+#: ``platform.machine()`` → (AUDIT_ARCH, which column of ``_NUMBERS``).
+_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
+    machine: (arch, {name: pair[column] for name, pair in _NUMBERS.items()})
+    for machine, (arch, column) in _ARCHES.items()
+}
+"""``platform.machine()`` → (its AUDIT_ARCH, system call name → number)."""
 
 
 def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:

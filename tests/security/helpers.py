@@ -3,47 +3,22 @@ over the agent's unix socket (no token), and cgroups made and removed by the tes
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from jupyter_gpu_hotplug.linux import cgroups
-from tests.agent.agent_process import AgentProcess
+from tests.agent.agent_process import REPLY_TIMEOUT, AgentProcess, client_argv, wait_for_answer
 from tests.agent.api_harness import ApiClient
-
-UNIX_CLIENT = Path(__file__).parents[1] / "agent" / "_unix_client.py"
-"""Runs one request over the agent's unix socket and writes the answer to a file."""
-REPLY_TIMEOUT = 60.0
 
 
 def tcp(agent: AgentProcess) -> ApiClient:
     """The agent's TCP client, with its token (the administrator's view)."""
     assert agent.tcp is not None
     return agent.tcp
-
-
-def client_argv(socket_path: Path, method: str, path: str, body: object, out: Path) -> list[str]:
-    """The command line of one request over ``socket_path`` whose answer lands in ``out``."""
-    payload = "-" if body is None else json.dumps(body)
-    return [sys.executable, "-I", "-S", str(UNIX_CLIENT), str(socket_path), method, path,
-            payload, str(out)]  # fmt: skip
-
-
-def wait_for_answer(out: Path, agent: AgentProcess) -> dict[str, Any]:
-    """The answer ``client_argv`` wrote to ``out`` (polled; the agent's log on a timeout)."""
-    deadline = time.monotonic() + REPLY_TIMEOUT
-    while not out.exists():
-        assert time.monotonic() < deadline, f"no answer at {out}:\n{agent.log()}"
-        time.sleep(0.02)
-    result: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
-    return result
 
 
 @contextmanager
@@ -110,3 +85,15 @@ def unnest(made: Sequence[Path]) -> None:
     """Remove what ``nest`` made, deepest first (one-letter names keep the paths short)."""
     for path in reversed(made):
         _rmdir_when_empty(path)
+
+
+__all__ = [
+    "REPLY_TIMEOUT",
+    "client_argv",
+    "nest",
+    "own_cgroups",
+    "start_in",
+    "tcp",
+    "unnest",
+    "wait_for_answer",
+]
