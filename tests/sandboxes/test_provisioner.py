@@ -362,7 +362,11 @@ class Remains:
     async def assert_gone(self, *, live: tuple[Sandbox, ...] = ()) -> None:
         """Fail unless everything is gone; ``live`` are sandboxes still running."""
         assert [d for d in self.dirs if d.exists()] == []
-        assert [pid for pid, start in self.processes if process_running(pid, start)] == []
+        # A killed process leaves its cgroup before it has finished exiting.
+        await eventually(
+            lambda: not any(process_running(pid, start) for pid, start in self.processes),
+            "every process of the sandbox has exited",
+        )
         # The kernel frees a cgroup's programs and a namespace asynchronously.
         if self.program is not None:
             program = self.program
