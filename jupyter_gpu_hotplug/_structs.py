@@ -573,6 +573,23 @@ def target_from_key(key: str) -> Target:
     raise ValueError(f"{key!r} is not a target key")
 
 
+# --- HTTP, the same way in both APIs --------------------------------------------------------------
+
+HTTP_METHODS: Final = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
+"""The methods a handler may implement (tornado's ``SUPPORTED_METHODS``)."""
+
+
+def allow_header(handler: type, *, base: type) -> str:
+    """The ``Allow`` header of a 405 answer from ``handler`` (RFC 9110 §15.5.6: a 405 must
+    list the methods the resource supports): the methods it implements, that is, those whose
+    function is not ``base``'s (tornado's ``RequestHandler`` answers all of them with 405)."""
+    return ", ".join(
+        method
+        for method in HTTP_METHODS
+        if getattr(handler, method.lower(), None) is not getattr(base, method.lower(), None)
+    )
+
+
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------
 
 TOKEN_AUDIENCE: Final = "gpu-hotplug"

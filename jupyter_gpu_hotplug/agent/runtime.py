@@ -234,7 +234,6 @@ class Agent:
                     identity=components.identity,
                     metrics=self.metrics,
                     openapi=openapi_document(),
-                    max_count=settings.max_gpus_per_target,
                     health=self.health.verdict,
                     readiness=self.health.readiness,
                 )

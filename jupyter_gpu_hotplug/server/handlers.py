@@ -38,7 +38,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
-from .._structs import BoundedBody
+from .._structs import BoundedBody, allow_header
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
@@ -81,6 +81,8 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
         answer; anything else is a bug and gets a bare 500 (its traceback is in the log).
         """
         error = kwargs["exc_info"][1] if "exc_info" in kwargs else None
+        if status_code == 405:
+            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
         if error is None or isinstance(error, web.HTTPError):
             super().write_error(status_code, **kwargs)
             return

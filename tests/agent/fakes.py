@@ -29,7 +29,6 @@ from jupyter_gpu_hotplug._structs import (
 from jupyter_gpu_hotplug.agent.core.errors import (
     Forbidden,
     InsufficientGpus,
-    InvalidRequest,
     NotFound,
     Timeout,
 )
@@ -168,10 +167,10 @@ class FakeResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                f"this agent runs the local backend and cannot act on {ref}",
-                field="target",
-                hint=LOCAL_TARGET_HINT,
+            raise NotFound(
+                "pod",
+                f"{ref.namespace}/{ref.name}",
+                hint=f"this agent runs the local backend; {LOCAL_TARGET_HINT}",
             )
         process = self.host.processes.get(ref.pid)
         if process is None:

@@ -183,16 +183,13 @@ def _parse_target(value: object) -> TargetRef:
 # --- bodies --------------------------------------------------------------------------------------
 
 
-def parse_attach_request(
-    body: bytes, *, max_count: int, max_body: int = MAX_BODY_BYTES
-) -> AttachRequest:
+def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> AttachRequest:
     """Parse a ``POST /v1/attachments`` body.
 
-    ``max_count`` is the most GPUs one request may ask for (the agent's setting, at least 1);
-    asking for more than are *free* is not a validation error but ``insufficient_gpus`` later.
+    ``count`` is any positive integer, as the document says: more than the target may hold is
+    the service's ``forbidden`` and more than the node has its ``insufficient_gpus``
+    (``AgentService._admit``, the one place that knows the limit and the node).
     """
-    if max_count < 1:
-        raise ValueError(f"max_count must be at least 1, got {max_count}")
     obj = _load_json(body, max_body=max_body)
     if not isinstance(obj, dict):
         raise InvalidRequest(
@@ -201,11 +198,11 @@ def parse_attach_request(
         )
     _check_fields(obj, allowed=_BODY_FIELDS, where="the request body", prefix="")
 
-    count_rule = f"count must be an integer from 1 to {max_count} (the number of GPUs to attach)"
+    count_rule = "count must be a positive integer (the number of GPUs to attach)"
     if "count" not in obj:
         raise InvalidRequest(f"count is required: {count_rule}", field="count")
     count = _as_int(obj["count"])
-    if count is None or not 1 <= count <= max_count:
+    if count is None or count < 1:
         raise InvalidRequest(f"{count_rule}, got {_describe(obj['count'])}", field="count")
 
     wait_seconds = _seconds(obj, "wait_seconds", MAX_WAIT_SECONDS)

@@ -436,28 +436,9 @@ class AgentService:
     def _admit(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
-        """Refuse a request that can never be served: more GPUs (or slices of the profile)
-        than the node has, or more than the target may hold. Runs once per attach, under the
-        target's lock."""
-        if request.mig is None:
-            total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
-        else:
-            total = len(self._candidates(snapshot, request.mig))
-            if total == 0:
-                profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
-                raise InvalidRequest(
-                    f"this node has no MIG slice of profile {request.mig}",
-                    field="mig",
-                    hint=f"its slices are {', '.join(profiles)}"
-                    if profiles
-                    else "no GPU of this node is in MIG mode",
-                )
-        if 0 < total < request.count:
-            raise InvalidRequest(
-                f"count {request.count} is more than this node's {total} GPU(s)",
-                field="count",
-                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
-            )
+        """Refuse a request that can never be served: more than the target may hold (403),
+        or more GPUs (or slices of the profile) than the node has (409, not retryable). Runs
+        once per attach, under the target's lock."""
         # What the target's waiting requests will take counts as held: each was admitted when
         # it joined the queue and is not admitted again at its turn.
         held = len(self._allocator.attachments_of(container.target)) + sum(
@@ -468,6 +449,30 @@ class AgentService:
         limit = self._config.max_gpus_per_target
         if held + request.count > limit:
             raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
+        if request.mig is None:
+            total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
+        else:
+            total = len(self._candidates(snapshot, request.mig))
+            if total == 0:
+                profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
+                raise InsufficientGpus(
+                    free=0,
+                    requested=request.count,
+                    hint=f"this node has no MIG slice of profile {request.mig}: its slices are "
+                    f"{', '.join(profiles)}"
+                    if profiles
+                    else f"this node has no MIG slice of profile {request.mig}: no GPU of "
+                    "this node is in MIG mode",
+                    retryable=False,
+                )
+        if 0 < total < request.count:
+            raise InsufficientGpus(
+                free=self._free(snapshot, request.mig),
+                requested=request.count,
+                hint=f"that is more than this node's {total} GPU(s) in all; ask for at most "
+                f"{total}, or list the node's GPUs to see them all",
+                retryable=False,
+            )
 
     async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
         """The target's requests waiting in the queue, with their positions."""
