@@ -209,7 +209,7 @@ BAD_REQUESTS = [
     # the node's size, the backend, the transport (schemathesis' positive-data check).
     bad_post("huge-count", f'{{"count": {10**20}, {PID_100}}}', 403, None),
     bad_post("above-node", f'{{"count": 5, {PID_100}}}', 409, None),
-    bad_post("float-count", f'{{"count": 1.0, {PID_100}}}', 400, "count"),
+    bad_post("fraction-count", f'{{"count": 1.5, {PID_100}}}', 400, "count"),
     bad_post("string-count", f'{{"count": "1", {PID_100}}}', 400, "count"),
     bad_post("unknown-field", '{"count": 1, "gpus": 2}', 400, "gpus"),
     bad_post(
