@@ -88,6 +88,24 @@ def test_unknown_route_and_method_are_json(served: ServedAgent) -> None:
     assert (wrong_method.status, wrong_method.error) == (405, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/v1/gpus", "GET"),
+        ("TRACE", "/healthz", "GET"),
+        ("PATCH", "/v1/attachments", "GET, POST, DELETE"),
+        ("GET", "/v1/queue/r-1", "DELETE"),
+    ],
+)
+def test_a_405_says_which_methods_are_allowed(
+    served: ServedAgent, method: str, path: str, allowed: str
+) -> None:
+    # RFC 9110 §15.5.6 (schemathesis checks it): every 405 carries Allow.
+    response = served.tcp.call(method, path, None if method in ("GET", "TRACE") else {})
+
+    assert (response.status, response.headers.get("Allow")) == (405, allowed)
+
+
 # --- the happy paths --------------------------------------------------------------------------
 
 
