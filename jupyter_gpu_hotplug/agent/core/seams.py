@@ -219,7 +219,7 @@ def plan_transition(
     plan: dict[GpuUuid, ReservationState] = {}
     for uuid in uuids:
         entry = current(uuid)
-        outcome = TRANSITIONS[transition, None if entry is None else entry.state]
+        outcome = TRANSITIONS[transition, None] if entry is None else entry.state.then(transition)
         if isinstance(outcome, ReservationState):
             plan[uuid] = outcome
         elif entry is None:
