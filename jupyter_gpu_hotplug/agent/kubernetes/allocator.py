@@ -411,6 +411,20 @@ class HolderAllocator:
             changed.append(self._remember(updated))
         return sorted(changed, key=_order)
 
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            holder = self._holders.get(uuid)
+            entry = self._entries.get(uuid)
+            if holder is None or entry is None or entry.state is not ReservationState.RESERVING:
+                continue
+            pod = await self._kube.annotate_pod(
+                holder.namespace, holder.name, {ANNOTATION_NODE_CREATED: "true"}
+            )
+            self._pods.remember(pod)
+            updated = read_holder(pod)
+            if updated is not None and updated.uuid == uuid:
+                self._remember(updated)
+
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
@@ -420,8 +434,8 @@ class HolderAllocator:
         def annotations(uuid: GpuUuid) -> dict[str, str]:
             if before.get(uuid) is not ReservationState.RESERVING:
                 return {}  # a cancelled release: granted already, as it was
-            created = {ANNOTATION_NODE_CREATED: "true"} if uuid in nodes_created else {}
-            return {ANNOTATION_GRANTED_AT: now, **created}
+            created = "true" if uuid in nodes_created else "false"
+            return {ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: created}
 
         granted = await self._set_state(uuids, Transition.MARK_GRANTED, extra=annotations)
         for entry in granted:
