@@ -225,7 +225,7 @@ BAD_REQUESTS = [
     bad_post("negative", f'{{"count": -1, {PID_100}}}', 400, "count"),
     # Well formed by the document, refused by what only the agent knows: the target's limit,
     # the node's size, the backend, the transport (schemathesis' positive-data check).
-    bad_post("huge-count", f'{{"count": {10**20}, {PID_100}}}', 403, None),
+    bad_post("huge-count", f'{{"count": {10**20}, {PID_100}}}', 409, None),
     bad_post("above-node", f'{{"count": 5, {PID_100}}}', 409, None),
     bad_post("fraction-count", f'{{"count": 1.5, {PID_100}}}', 400, "count"),
     bad_post("string-count", f'{{"count": "1", {PID_100}}}', 400, "count"),

@@ -448,18 +448,10 @@ class AgentService:
     def _admit(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
-        """Refuse a request that can never be served: more than the target's container may
-        hold (403), or more GPUs (or slices of the profile) than the node has (409, not
-        retryable). Runs once per attach, under the target's lock."""
-        # The container's GPUs, through whichever of its processes they were asked for: a
-        # limit counted per pid let a container hold two under a limit of one (issue 25). What
-        # its waiting requests will take counts as held too: each was admitted when it joined
-        # the queue and is not admitted again at its turn.
-        held = sum(1 for e in self._allocator.all_attachments() if e.container == container.key)
-        held += sum(w.count for w in self.queue.waiters if w.container.key == container.key)
-        limit = self._config.max_gpus_per_target
-        if held + request.count > limit:
-            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
+        """Refuse a request that can never be served: more GPUs (or slices of the profile) than
+        the node has (409, not retryable; checked first, so a count no node could serve gets
+        that answer), or more than the target's container may hold (403). Runs once per
+        attach, under the target's lock."""
         if request.mig is None:
             total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
         else:
@@ -484,6 +476,15 @@ class AgentService:
                 f"{total}, or list the node's GPUs to see them all",
                 retryable=False,
             )
+        # The container's GPUs, through whichever of its processes they were asked for: a
+        # limit counted per pid let a container hold two under a limit of one (issue 25). What
+        # its waiting requests will take counts as held too: each was admitted when it joined
+        # the queue and is not admitted again at its turn.
+        held = sum(1 for e in self._allocator.all_attachments() if e.container == container.key)
+        held += sum(w.count for w in self.queue.waiters if w.container.key == container.key)
+        limit = self._config.max_gpus_per_target
+        if held + request.count > limit:
+            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
 
     async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
         """The target's requests waiting in the queue, with their positions."""
