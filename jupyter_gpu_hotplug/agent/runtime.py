@@ -170,6 +170,35 @@ class Components:
     hooks: BackendHooks | None = None
 
 
+def _service(components: Components, allocator: Allocator, workers: Workers) -> AgentService:
+    """The one ``AgentService`` over the backend's seams, configured from the settings."""
+    settings = components.settings
+    return AgentService(
+        allocator=allocator,
+        inventory=components.inventory,
+        injector=components.injector,
+        resolver=components.resolver,
+        identity=components.identity,
+        metrics=components.metrics,
+        workers=workers,
+        config=ServiceConfig(
+            max_gpus_per_target=settings.max_gpus_per_target,
+            device_major=settings.device_major,
+            simulated=settings.simulated,
+            mig_profile=None if settings.kubernetes is None else settings.kubernetes.mig_profile,
+        ),
+        checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
+        nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
+        idle=IdleBook(
+            policy=IdlePolicy(
+                idle_seconds=settings.idle_release_seconds,
+                warning_seconds=settings.idle_warning_seconds,
+                max_lease_seconds=settings.max_lease_seconds,
+            )
+        ),
+    )
+
+
 class Agent:
     """One running agent (see the module docstring)."""
 
@@ -185,34 +214,7 @@ class Agent:
         else:
             assert components.ledger is not None, "local mode needs its ledger"
             self.allocator = LedgerAllocator(components.ledger, self._workers)
-        self.service = AgentService(
-            allocator=self.allocator,
-            inventory=components.inventory,
-            injector=components.injector,
-            resolver=components.resolver,
-            identity=components.identity,
-            metrics=self.metrics,
-            workers=self._workers,
-            config=ServiceConfig(
-                max_gpus_per_target=settings.max_gpus_per_target,
-                device_major=settings.device_major,
-                simulated=settings.simulated,
-                mig_profile=None
-                if settings.kubernetes is None
-                else settings.kubernetes.mig_profile,
-            ),
-            checkpoints=Checkpoints(
-                pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
-            ),
-            nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
-            idle=IdleBook(
-                policy=IdlePolicy(
-                    idle_seconds=settings.idle_release_seconds,
-                    warning_seconds=settings.idle_warning_seconds,
-                    max_lease_seconds=settings.max_lease_seconds,
-                )
-            ),
-        )
+        self.service = _service(components, self.allocator, self._workers)
         self.lost = LostGpus(
             rules=LossRules(grace_seconds=settings.lost_grace_seconds, policy=settings.lost_policy),
             book=self.service.losses,
@@ -243,31 +245,34 @@ class Agent:
             nodes=self.service.nodes,
         )
         self.health = HealthProbe(self._health_check)
+        self.server, self.metrics_server = self._api_servers()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.simulated.set(1 if settings.simulated else 0)
+
+    def _api_servers(self) -> tuple[AgentServer, AgentServer | None]:
+        """The HTTP API over the service, bound to connections by the backend's identity, and
+        ``/metrics`` on an address of its own when one is given (its handlers never read a
+        caller)."""
+        identity = self.components.identity
         context = ApiContext(
             service=self.service,
-            identity=components.identity,
+            identity=identity,
             metrics=self.metrics,
             openapi=openapi_document(),
-            max_count=settings.max_gpus_per_target,
             health=self.health.verdict,
             readiness=self.health.readiness,
         )
-        separate_metrics = bool(settings.metrics_listen)
-        self.server = AgentServer(
-            make_application(context, api_only_handlers if separate_metrics else default_handlers),
-            binder=components.identity.bind_connection,
-        )
-        # /metrics on an address of its own: its handlers never read a caller.
-        self.metrics_server = (
+        if not self.settings.metrics_listen:
+            api = make_application(context, default_handlers)
+            return AgentServer(api, binder=identity.bind_connection), None
+        return (
             AgentServer(
-                make_application(context, metrics_handlers),
-                binder=components.identity.bind_connection,
-            )
-            if separate_metrics
-            else None
+                make_application(context, api_only_handlers), binder=identity.bind_connection
+            ),
+            AgentServer(
+                make_application(context, metrics_handlers), binder=identity.bind_connection
+            ),
         )
-        self._tasks: list[asyncio.Task[None]] = []
-        self.metrics.simulated.set(1 if settings.simulated else 0)
 
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:
