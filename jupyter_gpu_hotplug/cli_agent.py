@@ -117,7 +117,12 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_detach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "what", nargs="?", default="all", metavar="UUID|all", help="a GPU's UUID, or all"
+        "what",
+        nargs="?",
+        default="all",
+        metavar="INDEX|UUID|all",
+        help="a GPU's index on the node (as 'status' and the host's nvidia-smi show it), its "
+        "UUID or the unique beginning of one, or all",
     )
     parser.add_argument(
         "--force",
@@ -198,6 +203,25 @@ def run_attach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _resolve(client: AgentClient, what: str) -> str:
+    """The UUID that ``what`` (a node index or a UUID beginning) names on this node; raises
+    ``ValueError`` with what to type instead when it names none or several."""
+    from .client import normalise_selector, select_gpus
+
+    selector = normalise_selector(what)
+    if selector is None:
+        raise ValueError(f"expected all, a GPU index (0, 1, ...) or a GPU UUID, got {what!r}")
+    gpus = client.gpus()
+    chosen = select_gpus(selector, gpus)
+    if len(chosen) == 1:
+        return chosen[0].uuid
+    if not chosen and len(selector) == 40:  # a full UUID the node does not list: the agent says
+        return selector
+    listing = "; ".join(f"{gpu.index} = {gpu.uuid}" for gpu in gpus) or "no GPU"
+    which = "no GPU" if not chosen else f"{len(chosen)} GPUs"
+    raise ValueError(f"{what!r} names {which} of this node ({listing})")
+
+
 def run_detach(args: argparse.Namespace) -> int:
     from .client import AgentClientError
 
@@ -206,8 +230,9 @@ def run_detach(args: argparse.Namespace) -> int:
         if args.what == "all":
             client.detach_all(target=_target(args), force=args.force)
         else:
+            args.what = _resolve(client, args.what)
             client.detach(args.what, force=args.force)
-    except AgentClientError as error:
+    except (AgentClientError, ValueError) as error:
         return _fail(args, error)
     if args.json:
         print(json.dumps({"detached": args.what}))

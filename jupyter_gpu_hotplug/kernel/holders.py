@@ -64,6 +64,19 @@ class HolderNames:
         relative = os.path.relpath(path, folder) if os.path.isabs(path) and folder else path
         return path if relative.startswith("..") else relative
 
+    def name(self, target: TargetRef | None) -> str:
+        """The short form for tables: ``this notebook``, ``b.ipynb``, ``process 14``,
+        ``pod ns/name``; ``""`` for no holder."""
+        if target is None:
+            return ""
+        if isinstance(target, PodTarget):
+            return f"pod {target}"
+        assert isinstance(target, PidRef)
+        if target.pid == self.own_pid:
+            return "this notebook" if self.own_notebook else "this kernel"
+        notebook = self._session_of(target.pid)
+        return self._short(notebook) if notebook else f"process {target.pid}"
+
     def describe(self, target: TargetRef | None) -> str:
         """``this notebook (a.ipynb, process 12)``, ``b.ipynb (process 13)``, ``process 14``,
         ``pod ns/name``; ``""`` for no holder."""

@@ -11,12 +11,12 @@ Everything that reaches HTML goes through ``html.escape``: process names come fr
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from .._structs import TargetRef
-from ..client import AgentClientError, Attachment, Gpu, IdleRelease, InsufficientGpus
+from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus
+from ..nvml.sim import SIMULATED_SUFFIX
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
 __all__ = [
@@ -24,15 +24,17 @@ __all__ = [
     "attachment_lines",
     "badge_html",
     "bar_html",
+    "gpu_label",
     "gpu_row_html",
     "gpu_summary",
     "human_bytes",
-    "idle_release_lines",
     "memory_level",
-    "node_gpu_lines",
+    "model_name",
+    "no_free_gpu_html",
     "percent",
     "process_table_html",
     "snapshot_lines",
+    "sparkline_html",
     "too_many_gpus",
     "usage_ratio",
 ]
@@ -59,9 +61,17 @@ CSS: Final = """
   border-bottom: 1px solid var(--jp-border-color2, #e0e0e0); padding: 1px 12px 1px 0; }
 .gpuhp-table td { padding: 1px 12px 1px 0; color: var(--jp-content-font-color1, inherit); }
 .gpuhp-row { border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 4px;
-  padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent); }
-.gpuhp-metrics { display: grid; grid-template-columns: max-content 220px max-content;
-  gap: 2px 8px; align-items: center; margin: 4px 0; }
+  padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent);
+  min-width: 0; max-width: 100%; box-sizing: border-box; }
+.gpuhp-row .widget-hbox { flex-wrap: wrap; }
+.gpuhp-title { display: flex; flex-wrap: wrap; gap: 0 8px; align-items: baseline; }
+.gpuhp-metrics { display: grid; grid-template-columns: max-content minmax(40px, 1fr) max-content;
+  gap: 2px 8px; align-items: center; margin: 4px 0; max-width: 420px; }
+.gpuhp-spark { display: block; width: 100%; height: 18px; }
+.gpuhp-spark polyline { fill: none; stroke: var(--jp-brand-color1, #1976d2); stroke-width: 1.5;
+  vector-effect: non-scaling-stroke; }
+.gpuhp-uuid summary { cursor: pointer; }
+.gpuhp-uuid code { font-size: var(--jp-ui-font-size0, 11px); }
 .gpuhp-bar { display: block; height: 10px; border-radius: 3px; overflow: hidden;
   background: var(--jp-layout-color3, #bdbdbd); }
 .gpuhp-fill { display: block; height: 100%; background: var(--jp-brand-color1, #1976d2); }
@@ -161,34 +171,10 @@ def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
     return lines
 
 
-def idle_release_lines(releases: Sequence[IdleRelease]) -> list[str]:
-    """What the agent's idle policy took back from this kernel lately."""
-    if not releases:
-        return []
-    lines = ["  Released by the agent's idle policy:"]
-    for release in releases:
-        why = "unused" if release.reason == "idle" else "lease ended"
-        lines.append(f"    {release.uuid}  at {_local_time(release.released_at)} ({why})")
-    return lines
-
-
-def node_gpu_lines(gpus: Iterable[Gpu], *, holder: Callable[[TargetRef | None], str]) -> list[str]:
-    """The node's GPUs as a table: index, UUID, name, memory, state and who has it
-    (``holder`` words it, e.g. ``holders.HolderNames.describe``)."""
-    rows = [("IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD BY")]
-    rows.extend(
-        (
-            str(gpu.index),
-            gpu.uuid,
-            gpu.name,
-            human_bytes(gpu.memory_total),
-            gpu.state,
-            holder(gpu.target),
-        )
-        for gpu in gpus
-    )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  " + _join_padded(row, widths) for row in rows]
+def model_name(name: str) -> str:
+    """A GPU's model without the simulation's ``(simulated)`` suffix: tables say SIMULATED
+    once, in their title, instead of on every row."""
+    return name.removesuffix(SIMULATED_SUFFIX)
 
 
 def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str:
@@ -241,12 +227,49 @@ def bar_html(percent: float | None, *, label: str, level: str = "") -> str:
     )
 
 
-def gpu_row_html(gpu: GpuState) -> str:
+def gpu_label(gpu: GpuState, node_index: int | None) -> str:
+    """``GPU 1 (cuda:0)``: the node's index where the agent said it, with this kernel's own
+    index beside it when they differ; ``cuda:0`` alone while the node's is not known."""
+    if node_index is None:
+        return f"cuda:{gpu.index}"
+    if node_index == gpu.index:
+        return f"GPU {node_index}"
+    return f"GPU {node_index} (cuda:{gpu.index})"
+
+
+def sparkline_html(values: Sequence[int | None], *, slots: int, label: str) -> str:
+    """A small line of the last ``slots`` readings (0 to 100; ``None`` skipped), newest right."""
+    step = 100 / max(1, slots - 1)
+    offset = slots - len(values)
+    points = " ".join(
+        f"{(offset + i) * step:.1f},{20 - value / 5:.1f}"
+        for i, value in enumerate(values)
+        if value is not None
+    )
+    return (
+        f'<svg class="gpuhp-spark" viewBox="0 0 100 20" preserveAspectRatio="none" '
+        f'role="img" aria-label="{html.escape(label)}"><polyline points="{points}"/></svg>'
+    )
+
+
+def gpu_row_html(
+    gpu: GpuState,
+    *,
+    node_index: int | None = None,
+    history: Sequence[int | None] = (),
+    slots: int = 60,
+) -> str:
     """Everything one GPU shows, as one HTML piece (one model, one message per change):
-    title, utilisation and memory bars, temperature and power, and its processes."""
+    title (the node's numbering, the model, a short UUID whose full form is its tooltip),
+    utilisation and memory bars with a sparkline of recent utilisation, temperature and
+    power, and its processes."""
+    uuid = gpu.uuid or ""
+    short = uuid[:12] if len(uuid) > 12 else uuid
     title = (
-        f"<div><b>[{gpu.index}] {html.escape(gpu.name or 'GPU')}</b> "
-        f'<span class="gpuhp-muted">{html.escape(gpu.uuid or "")}</span></div>'
+        f'<div class="gpuhp-title"><b>{html.escape(gpu_label(gpu, node_index))} · '
+        f"{html.escape(model_name(gpu.name or 'GPU'))}</b> "
+        f'<span class="gpuhp-muted" title="{html.escape(uuid)}">{html.escape(short)}</span>'
+        "</div>"
     )
     if gpu.lost:
         return title + '<div class="gpuhp-error">lost: the GPU stopped answering</div>'
@@ -275,11 +298,22 @@ def gpu_row_html(gpu: GpuState) -> str:
         '<span class="gpuhp-muted">memory</span>'
         + bar_html(ratio, label="GPU memory in use", level=memory_level(ratio))
         + f"<span>{html.escape(memory)}</span>"
+        '<span class="gpuhp-muted">history</span>'
+        + sparkline_html(history, slots=slots, label="GPU utilisation, recent readings")
+        + "<span></span>"
         '<span class="gpuhp-muted">sensors</span>'
         f'<span style="grid-column: span 2">{html.escape(sensors)}</span>'
         "</div>"
     )
     return title + metrics + process_table_html(gpu.processes)
+
+
+def no_free_gpu_html(total: int) -> str:
+    """Why Attach is disabled: every GPU of the node is taken, and how to wait for one."""
+    return (
+        f'<span class="gpuhp-muted">No GPU free (all {total} taken). '
+        "<code>%gpu attach --wait 120</code> waits for one.</span>"
+    )
 
 
 def process_table_html(processes: tuple[GpuProcess, ...] | None) -> str:

@@ -13,11 +13,14 @@ import { Widget } from '@lumino/widgets';
 
 import { Classes, GPU_STATUS_ITEM_ID } from './constants';
 import { announcement, memoryNearLimit, statusSummary } from './format';
-import { GpuModel, IKernelGpus } from './gpuModel';
+import { GpuModel, IKernelGpus, isUnreachable } from './gpuModel';
 
-/** Whether the item has anything to say about `state`. */
+/**
+ * Whether the item has anything to say about `state`: a reading, or that the
+ * GPU service is down. A server without the extension (404) hides it.
+ */
 export function hasStatus(state: IKernelGpus | null): boolean {
-  return state !== null && (state.reply !== null || state.error !== null);
+  return state !== null && (state.reply !== null || isUnreachable(state));
 }
 
 export class GpuStatus extends Widget {
@@ -30,6 +33,7 @@ export class GpuStatus extends Widget {
     this.id = GPU_STATUS_ITEM_ID;
     this.addClass(Classes.gpuStatus);
     this._text = document.createElement('span');
+    this._text.className = `${Classes.gpuStatus}-text`;
     this._live = document.createElement('span');
     this._live.className = Classes.srOnly;
     this._live.setAttribute('role', 'status');

@@ -29,6 +29,8 @@ BUTTON: Final = ".jp-GpuHotplug-toolbarButton button"
 TOOLBAR_ITEM: Final = ".jp-GpuHotplug-toolbarButton"
 MENU: Final = ".lm-Menu.jp-GpuHotplug-menu"
 STATUS: Final = "#jp-gpu-hotplug-gpus-status"
+STATUS_TEXT: Final = f"{STATUS} .jp-GpuHotplug-gpuStatus-text"
+"""The status item's visible summary (beside it, a visually hidden live region)."""
 PANEL: Final = "#jp-gpu-hotplug-panel"
 TOAST: Final = ".Toastify__toast"
 DIALOG: Final = ".jp-Dialog"
@@ -140,6 +142,11 @@ class GpuLab:
         return self.page.locator(STATUS)
 
     @property
+    def summary(self) -> Locator:
+        """The status bar item's visible text."""
+        return self.page.locator(STATUS_TEXT)
+
+    @property
     def panel(self) -> Locator:
         return self.page.locator(PANEL)
 
@@ -154,7 +161,8 @@ class GpuLab:
         return self.page.locator(TOAST, has_text=text)
 
     def panel_gpu(self, uuid: str) -> Locator:
-        return self.panel.locator(f"li[data-uuid='{uuid}']")
+        """The panel's group (state, actions, charts) of the GPU ``uuid``."""
+        return self.panel.locator(f"section[data-uuid='{uuid}']")
 
     # --- what the server says ----------------------------------------------------------------
 

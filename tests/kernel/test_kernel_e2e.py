@@ -195,7 +195,7 @@ async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
     assert any(
         uuid in line and "attached  this kernel (process" in line for line in listing.split("\n")
     )
-    assert released == f"Released 1 GPU: {uuid}\n"
+    assert released == f"Detached 1 GPU: {uuid}\n"
     assert after == [[], []]
 
 
@@ -285,7 +285,7 @@ async def test_busy_gpu_is_refused_then_force_stops_the_process(
     assert forced.splitlines() == [
         f"--force: processes of this kernel's container that use {uuid} will be stopped "
         "(SIGTERM, then SIGKILL) before the release.",
-        f"Released 1 GPU: {uuid}",
+        f"Detached 1 GPU: {uuid}",
     ]
     assert exited != 0
     assert await kernel.eval("_gpu_nodes()") == []

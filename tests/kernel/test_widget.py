@@ -243,6 +243,55 @@ async def test_hot_attached_device_node_adds_a_row(
     await eventually(lambda: widget.rows == {}, "the detached GPU is gone")
 
 
+def _node_gpu(uuid: str, index: int, state: str) -> Gpu:
+    return Gpu.from_wire(
+        {
+            "uuid": uuid,
+            "index": index,
+            "minor": index,
+            "name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "memory_total": 80 * 2**30,
+            "state": state,
+            "target": None if state == "free" else {"pid": 4242},
+            "simulated": True,
+        }
+    )
+
+
+async def test_rows_use_the_node_numbering_and_attach_says_why_it_cannot(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent, fake_nvml: FakeNvml
+) -> None:
+    first, second = fake_nvml.gpus[0], fake_nvml.gpus[1]
+    # On the node these are GPUs 3 and 0; both are taken.
+    agent.node = (_node_gpu(first.uuid, 3, "attached"), _node_gpu(second.uuid, 0, "attached"))
+    widget = make_widget()
+
+    row = widget.rows[first.uuid]
+    await eventually(lambda: "GPU 3 (cuda:0)" in row.info.value, "the node's index is shown")
+    assert "GPU 0 (cuda:1)" in widget.rows[second.uuid].info.value
+    assert f'title="{first.uuid}">{first.uuid[:12]}<' in row.info.value  # collapsed UUID
+    assert 'class="gpuhp-spark"' in row.info.value
+    assert widget.attach_button.disabled
+    assert "No GPU free (all 2 taken)" in widget.attach_reason.value
+    assert "--wait" in widget.attach_reason.value
+
+    agent.node = (_node_gpu(first.uuid, 3, "attached"), _node_gpu(second.uuid, 0, "free"))
+    await eventually(lambda: not widget.attach_button.disabled, "a GPU freed up")
+    assert widget.attach_reason.value == ""
+
+
+async def test_a_message_goes_when_the_gpus_change_after_it(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent, fake_nvml: FakeNvml
+) -> None:
+    widget = make_widget()
+    uuid = fake_nvml.gpus[0].uuid
+    widget.rows[uuid].detach_button.click()
+    await eventually(lambda: "Detached" in widget.status.value, "the detach finished")
+
+    fake_nvml.write(default_gpus(1))  # the other GPU goes: the message is stale
+    await eventually(lambda: widget.status.value == "", "the stale message is gone")
+
+
 async def test_header_badge_and_text_form(
     make_widget: Callable[..., GpuMonitorWidget], fake_nvml: FakeNvml
 ) -> None:
@@ -321,7 +370,7 @@ async def test_close_cancels_a_running_action(
     agent.release.clear()  # the agent never answers
     widget = make_widget()
     widget.attach_button.click()
-    await eventually(lambda: agent.calls == [("attach", 1)], "the attach was sent")
+    await eventually(lambda: ("attach", 1) in agent.calls, "the attach was sent")
     assert len(_widget_tasks()) == 2
 
     widget.close()
@@ -357,7 +406,7 @@ async def test_attach_button_attaches_and_says_gpu_ready(
     await eventually(lambda: "GPU ready" in widget.status.value, "the attach finished")
 
     assert agent.calls == [("attach", 2)]
-    assert gpu.uuid in widget.status.value
+    assert f"Attached GPU {gpu.minor} (/dev/nvidia{gpu.minor})" in widget.status.value
     assert not widget.attach_button.disabled
 
 
@@ -460,7 +509,7 @@ async def test_detach_button(
     widget = make_widget(autostart=False)
 
     widget.rows[uuid].detach_button.click()
-    await eventually(lambda: f"Released {uuid}" in widget.status.value, "the detach finished")
+    await eventually(lambda: f"Detached {uuid[:12]}" in widget.status.value, "the detach finished")
 
     assert agent.calls == [("detach", uuid, False)]
 
@@ -504,7 +553,7 @@ async def test_busy_gpu_suggests_force(
     widget.rows[uuid].detach_button.click()
     await eventually(lambda: "in use" in widget.status.value, "the refusal is shown")
 
-    assert "Force detach" in widget.status.value
+    assert "Force-detach" in widget.status.value
 
 
 # --- rendering ----------------------------------------------------------------------------
