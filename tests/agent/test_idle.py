@@ -277,3 +277,17 @@ def test_policy_values() -> None:
     assert IdlePolicy(idle_seconds=60).stricter(None).idle_seconds == 60
     with pytest.raises(ValueError, match="idle_seconds must not be negative"):
         IdlePolicy(idle_seconds=-1)
+
+
+async def test_held_gpus_are_those_a_process_holds_open_not_nvml_busy_ones(idle: Idle) -> None:
+    """What the simulation asks to decide which simulated GPUs work: the device-node scan only
+    (NVML's utilisation is the simulation's own output there)."""
+    first, held = await idle.attach(100)
+    _, other = await idle.attach(200)
+    idle.usage[other] = 90
+    assert await idle.releaser.held_gpus() == set()
+
+    [entry] = idle.harness.allocator.attachments_of(first.target)
+    idle.harness.injector.hold(first, entry.gpu.minor, pid=101)
+
+    assert await idle.releaser.held_gpus() == {held}

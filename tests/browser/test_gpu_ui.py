@@ -145,7 +145,7 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     taken = owner.attached()
     assert len(taken) == GPUS
     # The status bar sums both: count, mean utilisation, memory used of the total
-    # (2 × 79.6 GiB, the simulated H100's memory).
+    # (twice 79.6 GiB, the simulated H100's memory).
     expect(owner.summary).to_have_text(re.compile(r"^2 GPUs · \d+ % · [\d.]+/159 GiB$"))
 
     # The other notebook shows only its own GPUs (none); its panel shows them taken.
@@ -399,7 +399,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
         ["GPU busy", "memory bandwidth"]
     )
     expect(memory.locator(".jp-GpuHotplug-chart-legend li")).to_have_text(["used", "total 80 GiB"])
-    expect(utilisation.locator("svg")).to_have_attribute(
+    expect(utilisation.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
         "aria-label", re.compile(r"^Utilisation, last 2 min: GPU busy \d+ %")
     )
 
@@ -407,7 +407,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(utilisation.locator("path.jp-GpuHotplug-chart-utilization")).to_have_attribute(
         "d", re.compile("L"), timeout=SETTLE_MS
     )
-    box = utilisation.locator("svg").bounding_box()
+    box = utilisation.locator("svg.jp-GpuHotplug-chart-svg").bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + box["width"] - 14, box["y"] + box["height"] / 2)
     expect(utilisation.locator(".jp-GpuHotplug-chart-tooltip")).to_contain_text("GPU busy: ")
