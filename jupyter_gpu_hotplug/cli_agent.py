@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from ._structs import PidRef
+    from ._structs import PidRef, TargetRef
     from .client import AgentClient, Attachment, Gpu
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "add_attach_arguments",
     "add_detach_arguments",
     "add_status_arguments",
+    "holder_name",
     "run_agent",
     "run_attach",
     "run_detach",
@@ -241,8 +242,18 @@ def run_detach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def holder_name(target: TargetRef) -> str:
+    """Who holds a GPU in words a person knows: a kernel's notebook (jupyter_server puts its
+    path in the kernel's environment), else the agent's name for it (process, pod)."""
+    from ._structs import PidRef as Pid
+    from .kernel.holders import session_of
+
+    notebook = session_of(target.pid) if isinstance(target, Pid) else None
+    return f"{notebook} ({target})" if notebook else str(target)
+
+
 def _gpu_line(gpu: Gpu) -> str:
-    owner = "" if gpu.target is None else f" -> {gpu.target}"
+    owner = "" if gpu.target is None else f" -> {holder_name(gpu.target)}"
     simulated = " [simulated]" if gpu.simulated and "simulated" not in gpu.name else ""
     memory = f"{gpu.memory_total / 2**30:.0f} GiB"
     return (
@@ -260,12 +271,11 @@ def run_status(args: argparse.Namespace) -> int:
     except AgentClientError as error:
         return _fail(args, error)
     attachments: Sequence[Attachment] | None
-    note = None
     try:
         attachments = client.attachments(_target(args))
-    except (Forbidden, InvalidRequest, NotFound) as error:
+    except (Forbidden, InvalidRequest, NotFound):
         # e.g. over TCP without --pid, or from the host rather than a container
-        attachments, note = None, error.message
+        attachments = None
     except AgentClientError as error:
         return _fail(args, error)
     if args.json:
@@ -283,7 +293,8 @@ def run_status(args: argparse.Namespace) -> int:
     for gpu in gpus:
         print(f"  {_gpu_line(gpu)}")
     if attachments is None:
-        print(f"attachments: not shown ({note})")
+        # The usual case on the host (the demo's banner): this shell is in no container.
+        print("this shell: no GPUs of its own (--pid N shows those of a process)")
     elif not attachments:
         print("attached here: none")
     else:
