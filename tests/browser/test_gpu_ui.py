@@ -12,8 +12,9 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 from playwright.sync_api import Browser, expect
@@ -26,13 +27,19 @@ from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
 from .gpu_lab import PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
+from .screenshots import take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
 
 GPUS = 2
+SCREENSHOTS_ENV = "GPU_HOTPLUG_SCREENSHOTS"
+"""Where ``test_screenshots_of_the_real_demo`` writes (``docs/images`` to regenerate them)."""
 
-OpenLab = Callable[[str], GpuLab]
-"""``open_lab(name)``: a page on a new notebook."""
+
+class OpenLab(Protocol):
+    """``open_lab(name, cells)``: a page on a new notebook (``cells`` after the probe)."""
+
+    def __call__(self, name: str, cells: tuple[str, ...] = ()) -> GpuLab: ...
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +63,8 @@ def open_lab(chromium: Browser, demo: DemoProcess) -> Iterator[OpenLab]:
     """``open_lab(name)``: a page on a new notebook; pages close and GPUs are freed after."""
     pages: list[GpuLab] = []
 
-    def open_page(name: str) -> GpuLab:
-        lab = GpuLab.open(chromium, demo, name)
+    def open_page(name: str, cells: tuple[str, ...] = ()) -> GpuLab:
+        lab = GpuLab.open(chromium, demo, name, cells=cells)
         pages.append(lab)
         return lab
 
@@ -469,3 +476,37 @@ def test_the_status_live_region_speaks_only_when_the_state_changes(open_lab: Ope
             expect(text).not_to_have_text(current, timeout=SETTLE_MS)
     assert {snapshot.count("1 GPU attached") for snapshot in spoken} == {1}, spoken
     assert len({s.split("status:")[-1] for s in spoken}) == 1, spoken
+
+
+def test_the_widget_fits_400_pixels_without_a_horizontal_scrollbar(open_lab: OpenLab) -> None:
+    lab = open_lab("narrow.ipynb", ("%gpu",))
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    lab.run_all()
+    widget = lab.cell_output(1)
+    expect(widget.locator(".gpuhp-row")).to_have_count(1, timeout=SETTLE_MS)
+    # A 400 px wide notebook (a split view): no part of the widget needs scrolling sideways.
+    lab.page.evaluate(
+        "() => { const n = document.querySelector('.jp-NotebookPanel');"
+        " n.style.width = '400px'; window.dispatchEvent(new Event('resize')); }"
+    )
+    expect(lab.page.locator(".jp-NotebookPanel")).to_have_css("width", "400px")
+    # Elements that would show a horizontal scrollbar: scrollable sideways, and too wide.
+    overflowing = widget.evaluate(
+        "(area) => [area, ...area.querySelectorAll('*')]"
+        ".filter(e => getComputedStyle(e).overflowX !== 'visible')"
+        ".filter(e => e.scrollWidth > e.clientWidth + 1)"
+        ".map(e => e.className)"
+    )
+    assert overflowing == []
+    box = widget.bounding_box()
+    assert box is not None and box["width"] <= 400
+    row = widget.locator(".gpuhp-row").bounding_box()
+    assert row is not None and row["x"] + row["width"] <= box["x"] + box["width"] + 1
+
+
+def test_screenshots_of_the_real_demo(open_lab: OpenLab, demo: DemoProcess, tmp_path: Path) -> None:
+    """Regenerates ``docs/images`` when ``GPU_HOTPLUG_SCREENSHOTS=docs/images`` is set."""
+    out = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
+    for path in take_all(open_lab, demo, out):
+        assert path.stat().st_size > 2000, path
