@@ -423,8 +423,12 @@ def _detach(args: argparse.Namespace, context: MagicContext) -> None:
     except Busy as error:
         hint = ""
         if error.processes and not args.force:
-            gpu = error.uuid or uuids[0]
-            hint = f"\nTo stop them and release the GPU: {PROG} detach {gpu} --force"
+            busy = error.uuid or uuids[0]
+            # Named as the user named it: the node's index when the GPU is known here.
+            gpu = next((str(a.index) for a in chosen if a.uuid == busy), busy)
+            if selector == "all":
+                gpu = "all"
+            hint = f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
         raise GpuCommandError(f"{error.message}{hint}") from error
     print(f"Detached {_plural(len(uuids))}: {', '.join(uuids)}")
 

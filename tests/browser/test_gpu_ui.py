@@ -485,24 +485,23 @@ def test_the_widget_fits_400_pixels_without_a_horizontal_scrollbar(open_lab: Ope
     lab.run_all()
     widget = lab.cell_output(1)
     expect(widget.locator(".gpuhp-row")).to_have_count(1, timeout=SETTLE_MS)
-    # A 400 px wide notebook (a split view): no part of the widget needs scrolling sideways.
-    lab.page.evaluate(
-        "() => { const n = document.querySelector('.jp-NotebookPanel');"
-        " n.style.width = '400px'; window.dispatchEvent(new Event('resize')); }"
-    )
-    expect(lab.page.locator(".jp-NotebookPanel")).to_have_css("width", "400px")
+    # The widget's output 400 px wide (a split view): nothing in it scrolls sideways.
+    output = widget.locator(".jp-OutputArea-output").filter(has=lab.page.locator(".gpuhp-row"))
+    output.evaluate("(o) => { o.style.width = '400px'; o.style.maxWidth = '400px'; }")
+    expect(output).to_have_css("width", "400px")
     # Elements that would show a horizontal scrollbar: scrollable sideways, and too wide.
-    overflowing = widget.evaluate(
+    overflowing = output.evaluate(
         "(area) => [area, ...area.querySelectorAll('*')]"
         ".filter(e => getComputedStyle(e).overflowX !== 'visible')"
         ".filter(e => e.scrollWidth > e.clientWidth + 1)"
         ".map(e => e.className)"
     )
     assert overflowing == []
-    box = widget.bounding_box()
-    assert box is not None and box["width"] <= 400
-    row = widget.locator(".gpuhp-row").bounding_box()
-    assert row is not None and row["x"] + row["width"] <= box["x"] + box["width"] + 1
+    box = output.bounding_box()
+    row = output.locator(".gpuhp-row").bounding_box()
+    assert box is not None and row is not None
+    assert row["x"] + row["width"] <= box["x"] + box["width"] + 1
+    expect(output.locator("button", has_text="Force-detach")).to_be_in_viewport()
 
 
 def test_screenshots_of_the_real_demo(open_lab: OpenLab, demo: DemoProcess, tmp_path: Path) -> None:

@@ -622,7 +622,7 @@ def test_busy_gpu_suggests_force(shell: InteractiveShell, agent: FakeAgent) -> N
 
     assert caught.value.message.splitlines() == [
         f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
-        f"To stop them and release the GPU: %gpu detach {UUID_A} --force",
+        "To stop them and detach the GPU: %gpu detach 0 --force",
     ]
 
 
