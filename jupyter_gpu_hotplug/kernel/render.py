@@ -57,9 +57,12 @@ CSS: Final = """
 .gpuhp-warn { color: var(--jp-warn-color0, #e65100); white-space: pre-wrap; }
 .gpuhp-table { border-collapse: collapse; margin: 2px 0 6px 0;
   font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 12px); }
-.gpuhp-table th { text-align: left; font-weight: 600; color: var(--jp-ui-font-color2, #757575);
-  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0); padding: 1px 12px 1px 0; }
-.gpuhp-table td { padding: 1px 12px 1px 0; color: var(--jp-content-font-color1, inherit); }
+.gpuhp-root .gpuhp-table th { text-align: left; font-weight: 600;
+  color: var(--jp-ui-font-color2, #757575);
+  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0);
+  padding: 1px 12px 1px 0; white-space: nowrap; }
+.gpuhp-root .gpuhp-table td { text-align: left; padding: 1px 12px 1px 0; white-space: nowrap;
+  vertical-align: top; color: var(--jp-content-font-color1, inherit); }
 .gpuhp-row { border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 4px;
   padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent);
   min-width: 0; max-width: 100%; box-sizing: border-box; }
@@ -84,7 +87,9 @@ fallbacks for other frontends), so the widget reads well in light and dark theme
 
 
 def human_bytes(value: int | None) -> str:
-    """``1073741824`` → ``"1.0 GiB"``; ``None`` → ``"n/a"``."""
+    """``1073741824`` → ``"1.0 GiB"``, 79.6 GiB → ``"80 GiB"``; ``None`` → ``"n/a"``. One
+    decimal below 10, whole numbers above: the JupyterLab extension rounds the same way
+    (``format.ts``), so a GPU's memory reads the same in the panel and in ``%gpu``."""
     if value is None:
         return _MISSING
     amount = float(value)
@@ -92,7 +97,9 @@ def human_bytes(value: int | None) -> str:
     while amount >= 1024 and unit < len(_UNITS) - 1:
         amount /= 1024
         unit += 1
-    return f"{value} B" if unit == 0 else f"{amount:.1f} {_UNITS[unit]}"
+    if unit == 0:
+        return f"{value} B"
+    return f"{amount:.1f} {_UNITS[unit]}" if amount < 10 else f"{amount:.0f} {_UNITS[unit]}"
 
 
 def usage_ratio(used: int | None, total: int | None) -> float | None:

@@ -355,7 +355,7 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             details.append(f"CUDA {snapshot.cuda_driver_version}")
         own = self._holders.describe(PidRef(self._holders.own_pid))
         self.header.value = render.CSS + _html(
-            "<b>GPUs in this kernel</b>"
+            "<b>GPUs of this notebook</b>"
             + (render.badge_html("SIMULATED") if simulated else "")
             + f' <span class="gpuhp-muted">· held by {html.escape(own)}</span>'
             + f' <span class="gpuhp-muted">· {html.escape(" · ".join(details))}</span>'

@@ -84,11 +84,16 @@ export function menuEntries(
 
   const attached = reply?.attached ?? [];
   for (const gpu of attached) {
+    const name = gpuTitle(gpu, attached, trans);
+    const args = { kernelId, uuid: gpu.uuid };
     detaching.push(
+      command(CommandIds.detach, args, trans.__('Detach %1', name), idle)
+    );
+    forcing.push(
       command(
-        CommandIds.detach,
-        { kernelId, uuid: gpu.uuid },
-        trans.__('Detach %1', gpuTitle(gpu, attached, trans)),
+        CommandIds.forceDetach,
+        args,
+        trans.__('Force-detach %1…', name),
         idle
       )
     );
@@ -99,16 +104,6 @@ export function menuEntries(
         CommandIds.detachAll,
         { kernelId },
         trans.__('Detach all %1 GPUs', attached.length),
-        idle
-      )
-    );
-  }
-  for (const gpu of attached) {
-    forcing.push(
-      command(
-        CommandIds.forceDetach,
-        { kernelId, uuid: gpu.uuid },
-        trans.__('Force-detach %1…', gpuTitle(gpu, attached, trans)),
         idle
       )
     );

@@ -1,4 +1,5 @@
 /** Readings and responses shaped like the server's (see `src/types.ts`). */
+import { IKernelGpus } from '../src/gpuModel';
 import { IGpuSettings } from '../src/settings';
 import { IAttachedGpu, IGpusReply, INodeGpu } from '../src/types';
 
@@ -101,3 +102,19 @@ export const trans = {
   _n: (one: string, many: string, n: number, ...args: unknown[]) =>
     fill(n === 1 ? one : many, [n, ...args])
 } as unknown as import('@jupyterlab/translation').TranslationBundle;
+
+/** A watched kernel's state with the reading `r` (and `change` on top). */
+export function kernelState(
+  r: IGpusReply | null,
+  change: Partial<IKernelGpus> = {}
+): IKernelGpus {
+  return {
+    kernelId: 'k1',
+    reply: r,
+    error: null,
+    operation: null,
+    connection: 'open',
+    history: new Map(),
+    ...change
+  };
+}

@@ -10,24 +10,7 @@ import {
   shortUuid,
   statusSummary
 } from '../src/format';
-import { IKernelGpus } from '../src/gpuModel';
-import { IGpusReply } from '../src/types';
-import { gpu, reply, trans } from './fixtures';
-
-function state(
-  r: IGpusReply | null,
-  change: Partial<IKernelGpus> = {}
-): IKernelGpus {
-  return {
-    kernelId: 'k1',
-    reply: r,
-    error: null,
-    operation: null,
-    connection: 'open',
-    history: new Map(),
-    ...change
-  };
-}
+import { gpu, kernelState as state, reply, trans } from './fixtures';
 
 describe('the status bar summary', () => {
   it('sums two GPUs: count, mean utilisation, memory used of total', () => {

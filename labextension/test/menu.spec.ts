@@ -7,23 +7,7 @@ import {
   menuEntries,
   waitingMessage
 } from '../src/menu';
-import { IGpusReply } from '../src/types';
-import { gpu, reply, trans } from './fixtures';
-
-function state(
-  r: IGpusReply | null,
-  change: Partial<IKernelGpus> = {}
-): IKernelGpus {
-  return {
-    kernelId: 'k1',
-    reply: r,
-    error: null,
-    operation: null,
-    connection: 'open',
-    history: new Map(),
-    ...change
-  };
-}
+import { gpu, kernelState as state, reply, trans } from './fixtures';
 
 const summary = (s: IKernelGpus | null) =>
   menuEntries(s, trans).map(e =>

@@ -48,6 +48,8 @@ LOAD: Final = (
     "'jupyter_gpu_hotplug.nvml.sim.load', '--seconds', '600'])"
 )
 """Run in the kernel: the SIMULATED GPU works while the load helper holds it."""
+SPARK_READINGS: Final = 20
+"""Readings the widget's sparkline shows before it is taken."""
 CELLS: Final = ("%gpu", "%gpu status", "%gpu list")
 """The notebook's cells after the probe: the widget and the two tables."""
 
@@ -98,6 +100,10 @@ def take_theme(open_lab: OpenLab, demo: DemoProcess, out: Path, name: str, theme
     expect(widget.locator(".gpuhp-row")).to_have_count(1, timeout=SETTLE_MS)
     expect(status.locator("table.gpuhp-table")).to_be_visible()
     expect(listing.locator("table.gpuhp-table")).to_be_visible()
+    spark = widget.locator(".gpuhp-spark polyline")
+    expect(spark).to_have_attribute(
+        "points", re.compile(rf"^(\S+ ){{{SPARK_READINGS - 1}}}"), timeout=SETTLE_MS * 2
+    )
     widget.screenshot(path=out / f"gpu-widget-{name}.png")
     status.screenshot(path=out / f"gpu-status-table-{name}.png")
     listing.screenshot(path=out / f"gpu-list-table-{name}.png")

@@ -50,28 +50,13 @@ from tests.fixtures.agent import LocalAgent
 from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 
-from .samples import STARTED, attachment
+from .samples import STARTED, attachment, node_gpu
 
 UUID_A = "GPU-a4bd620b-df27-5b18-a4aa-19cb70a40624"
 UUID_B = "GPU-0661fecd-d4d8-5592-9b31-d7fa74e84f1a"
 UUID_C = "GPU-a4bd0000-0000-4000-8000-000000000000"
 WAIT_S = 30.0
 """Upper bound for a thread to reach a point on a loaded shared machine; never asserted."""
-
-
-def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
-    return Gpu.from_wire(
-        {
-            "uuid": uuid,
-            "index": index,
-            "minor": index,
-            "name": "NVIDIA H100 80GB HBM3 (simulated)",
-            "memory_total": 80 * 2**30,
-            "state": state,
-            "target": None if pid is None else {"pid": pid},
-            "simulated": True,
-        }
-    )
 
 
 class FakeAgent:

@@ -37,7 +37,7 @@ from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.waiting import eventually
 
-from .samples import STARTED, attachment
+from .samples import STARTED, attachment, node_gpu
 
 INTERVAL = 0.1
 
@@ -158,7 +158,7 @@ async def test_models_follow_the_gpus_readings(
     assert "<span>77 %</span>" in shown
     assert 'aria-label="GPU memory in use" aria-valuemin="0" aria-valuemax="100" ' in shown
     assert 'style="width: 50.0%"' in shown
-    assert "39.8 GiB / 79.6 GiB" in shown
+    assert "40 GiB / 80 GiB" in shown
     assert "66 °C · power 350 W / 700 W" in shown
     assert f"<td>{os.getpid()}</td>" in shown
     assert "3.0 GiB" in shown
@@ -243,27 +243,15 @@ async def test_hot_attached_device_node_adds_a_row(
     await eventually(lambda: widget.rows == {}, "the detached GPU is gone")
 
 
-def _node_gpu(uuid: str, index: int, state: str) -> Gpu:
-    return Gpu.from_wire(
-        {
-            "uuid": uuid,
-            "index": index,
-            "minor": index,
-            "name": "NVIDIA H100 80GB HBM3 (simulated)",
-            "memory_total": 80 * 2**30,
-            "state": state,
-            "target": None if state == "free" else {"pid": 4242},
-            "simulated": True,
-        }
-    )
-
-
 async def test_rows_use_the_node_numbering_and_attach_says_why_it_cannot(
     make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent, fake_nvml: FakeNvml
 ) -> None:
     first, second = fake_nvml.gpus[0], fake_nvml.gpus[1]
     # On the node these are GPUs 3 and 0; both are taken.
-    agent.node = (_node_gpu(first.uuid, 3, "attached"), _node_gpu(second.uuid, 0, "attached"))
+    agent.node = (
+        node_gpu(first.uuid, 3, state="attached", pid=4242),
+        node_gpu(second.uuid, 0, state="attached", pid=4242),
+    )
     widget = make_widget()
 
     row = widget.rows[first.uuid]
@@ -275,7 +263,10 @@ async def test_rows_use_the_node_numbering_and_attach_says_why_it_cannot(
     assert "No GPU free (all 2 taken)" in widget.attach_reason.value
     assert "--wait" in widget.attach_reason.value
 
-    agent.node = (_node_gpu(first.uuid, 3, "attached"), _node_gpu(second.uuid, 0, "free"))
+    agent.node = (
+        node_gpu(first.uuid, 3, state="attached", pid=4242),
+        node_gpu(second.uuid, 0, state="free"),
+    )
     await eventually(lambda: not widget.attach_button.disabled, "a GPU freed up")
     assert widget.attach_reason.value == ""
 
@@ -569,7 +560,15 @@ def test_process_names_are_escaped() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (80 * 2**30, "80.0 GiB")],
+    [
+        (None, "n/a"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (80 * 2**30, "80 GiB"),
+        (int(79.6 * 2**30), "80 GiB"),
+        (3 * 2**30, "3.0 GiB"),
+    ],
 )
 def test_human_bytes(value: int | None, text: str) -> None:
     assert render.human_bytes(value) == text
@@ -606,7 +605,7 @@ def test_mig_slice_is_shown_as_a_slice_of_its_gpu(fake_nvml: FakeNvml, monitor: 
     gpu, mig_slice, _ = monitor.snapshot().gpus
 
     assert render.gpu_summary(mig_slice).startswith(
-        "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 18.6 GiB"
+        "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 19 GiB"
     )
     assert "util" in render.gpu_summary(gpu)
     row = render.gpu_row_html(mig_slice)
