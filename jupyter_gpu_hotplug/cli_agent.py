@@ -178,7 +178,7 @@ def _attachment_line(attachment: Attachment) -> str:
 
 
 def run_attach(args: argparse.Namespace) -> int:
-    from .client import AgentClientError
+    from .client import AgentClientError, InsufficientGpus
 
     if args.count < 1:
         print("error: the count must be at least 1", file=sys.stderr)
@@ -193,6 +193,10 @@ def run_attach(args: argparse.Namespace) -> int:
             idle_release_seconds=args.idle,
         )
     except AgentClientError as error:
+        if isinstance(error, InsufficientGpus) and args.wait is None and not args.json:
+            print(f"error: {error.message}", file=sys.stderr)
+            print("to wait for one in the queue: add --wait SECONDS", file=sys.stderr)
+            return EXIT_FAILED
         return _fail(args, error)
     if args.json:
         print(json.dumps({"attachments": [a.raw for a in attached]}, indent=2))

@@ -311,13 +311,11 @@ def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
         gpus: tuple[Gpu, ...] | None = client.gpus()
     except AgentClientError:
         gpus = None
-    hint = f"'{PROG} list' shows the node's GPUs and who holds them."
-    if isinstance(error, InsufficientGpus) and (gpus is None or count <= len(gpus)):
-        hint = (
-            f"To wait for one in the queue (first come, first served): "
-            f"{PROG} attach {count} --wait 120\n{hint}"
-        )
-    return f"{render.too_many_gpus(count, gpus, error=error)}\n{hint}"
+    hints = [
+        render.wait_hint(count, gpus, error=error),
+        f"'{PROG} list' shows the node's GPUs and who holds them.",
+    ]
+    return "\n".join([render.too_many_gpus(count, gpus, error=error), *filter(None, hints)])
 
 
 def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "sparkline_html",
     "too_many_gpus",
     "usage_ratio",
+    "wait_hint",
 ]
 
 _UNITS: Final = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -202,8 +203,14 @@ def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientE
     return f"Cannot attach {count} GPU{'' if count == 1 else 's'}: {reason}."
 
 
-def _join_padded(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+def wait_hint(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str | None:
+    """How to wait for GPUs after a "none free" refusal (``None`` when waiting cannot help:
+    another refusal, or more GPUs asked than the node has)."""
+    if not isinstance(error, InsufficientGpus) or (gpus is not None and count > len(gpus)):
+        return None
+    return (
+        f"To wait for one in the queue (first come, first served): %gpu attach {count} --wait 120"
+    )
 
 
 # --- HTML pieces for the widget -------------------------------------------------------------

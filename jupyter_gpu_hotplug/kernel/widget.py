@@ -467,7 +467,9 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             gpus: tuple[Gpu, ...] | None = await self._client_factory().gpus()
         except AgentClientError:
             gpus = None
-        return render.too_many_gpus(count, gpus, error=error)
+        hint = render.wait_hint(count, gpus, error=error)
+        message = render.too_many_gpus(count, gpus, error=error)
+        return message if hint is None else f"{message}\n{hint}"
 
     async def _detach(self, uuid: GpuUuid, *, force: bool) -> None:
         self._set_busy(True)

@@ -121,6 +121,25 @@ def test_detach_by_node_index_or_uuid_beginning(
     assert "'9' names no GPU of this node (0 = GPU-" in capsys.readouterr().err
 
 
+def test_none_free_says_how_to_wait(
+    served: ServedAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = served.tcp.address
+    assert isinstance(address, TcpAddress)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    common = ["--agent-url", f"http://{address.host}:{address.port}", "--token-file", str(token)]
+    served.host.spawn(200, "kernel-b")
+    served.host.spawn(201, "kernel-c")
+    assert main(["attach", "4", *common, "--pid", "200"]) == 0
+    capsys.readouterr()
+
+    assert main(["attach", "1", *common, "--pid", "201"]) == 1
+    err = capsys.readouterr().err
+    assert "0 free" in err
+    assert err.endswith("to wait for one in the queue: add --wait SECONDS\n")
+
+
 def test_errors_exit_1_with_the_agents_message(
     served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
