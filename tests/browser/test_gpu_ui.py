@@ -27,7 +27,7 @@ from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
 from .gpu_lab import PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
-from .screenshots import take_all
+from .screenshots import LOAD, take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
 
@@ -458,12 +458,16 @@ def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> Non
     lab.page.keyboard.press("Escape")
 
 
-def test_the_status_live_region_speaks_only_when_the_state_changes(open_lab: OpenLab) -> None:
+def test_the_status_live_region_speaks_only_when_the_state_changes(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
     lab = open_lab("speech.ipynb")
     live = lab.status.locator("[role=status]")
     expect(live).to_have_text("No GPU attached, 2 free")
     lab.choose("Attach 1 GPU")
     expect(live).to_have_text("1 GPU attached", timeout=SETTLE_MS)
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run(LOAD)  # the simulated GPU works: its readings move every second
     # The visible summary moves with every reading; the live region does not.
     text = lab.summary
     seen: set[str] = set()
