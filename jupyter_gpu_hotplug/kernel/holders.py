@@ -70,12 +70,16 @@ class HolderNames:
         if target is None:
             return ""
         if isinstance(target, PodTarget):
-            return f"pod {target}"
+            return f"pod {target.namespace}/{target.name}"
         assert isinstance(target, PidRef)
         if target.pid == self.own_pid:
             return "this notebook" if self.own_notebook else "this kernel"
         notebook = self._session_of(target.pid)
-        return self._short(notebook) if notebook else f"process {target.pid}"
+        if notebook is None:
+            return f"process {target.pid}"
+        short = self._short(notebook)
+        # A path outside this notebook's folder: its file name is what the user knows.
+        return os.path.basename(short) if os.path.isabs(short) else short
 
     def describe(self, target: TargetRef | None) -> str:
         """``this notebook (a.ipynb, process 12)``, ``b.ipynb (process 13)``, ``process 14``,

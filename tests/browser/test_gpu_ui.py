@@ -95,6 +95,7 @@ def test_attach_through_the_toolbar_shows_everywhere_and_detach_takes_it_away(
 
     lab.choose("Attach 1 GPU")
 
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [gpu] = lab.attached()
     name = f"GPU {gpu['index']}"
     # The notification names the notebook that got the GPU.
