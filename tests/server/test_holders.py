@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef, PodTarget
 from jupyter_gpu_hotplug.client import Gpu
-from jupyter_gpu_hotplug.nvml.state import GpuMonitor
+from jupyter_gpu_hotplug.nvml.state import GpuMonitor, Snapshot
 from jupyter_gpu_hotplug.server.models import KernelHolder, WaitingAttach, gpus_json, held_by_json
 
 KERNELS = {
@@ -32,6 +32,12 @@ def gpu(index: int, target: dict[str, Any] | None) -> Gpu:
     )
 
 
+def _snapshot() -> Snapshot:
+    """This process's NVML view (none here: every GPU then has ``metrics: None``)."""
+    with GpuMonitor() as monitor:
+        return monitor.snapshot()
+
+
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
@@ -50,17 +56,12 @@ def test_a_holder_is_named_as_the_user_knows_it(target: Any, expected: dict[str,
 
 
 def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id() -> None:
-    monitor = GpuMonitor()
-    try:
-        snapshot = monitor.snapshot()
-    finally:
-        monitor.close()
     view = gpus_json(
         mode="local",
         kernel_id=None,
         attachments=(),
         node=[gpu(0, {"pid": 101}), gpu(1, None), gpu(2, {"pid": 103})],
-        snapshot=snapshot,
+        snapshot=_snapshot(),
         max_count=8,
         kernels=KERNELS,
     )
@@ -73,17 +74,12 @@ def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id(
 
 
 def test_the_queue_names_the_waiting_notebooks_first_served_first() -> None:
-    monitor = GpuMonitor()
-    try:
-        snapshot = monitor.snapshot()
-    finally:
-        monitor.close()
     view = gpus_json(
         mode="local",
         kernel_id="k-1",
         attachments=(),
         node=[gpu(0, {"pid": 103})],
-        snapshot=snapshot,
+        snapshot=_snapshot(),
         max_count=8,
         kernels=KERNELS,
         queue=[
