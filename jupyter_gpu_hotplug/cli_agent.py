@@ -250,9 +250,9 @@ def holder_name(target: TargetRef) -> str:
     """Who holds a GPU in words a person knows: a kernel's notebook (jupyter_server puts its
     path in the kernel's environment), else the agent's name for it (process, pod)."""
     from ._structs import PidRef as Pid
-    from .kernel.holders import session_of
+    from .kernel.holders import session_in_tree
 
-    notebook = session_of(target.pid) if isinstance(target, Pid) else None
+    notebook = session_in_tree(target.pid) if isinstance(target, Pid) else None
     return f"{notebook} ({target})" if notebook else str(target)
 
 

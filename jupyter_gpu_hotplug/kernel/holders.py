@@ -7,9 +7,12 @@ recognises a notebook, so the notebook side adds that name next to the technical
 How a kernel knows which notebook a process is: jupyter_server starts every kernel of a
 notebook session with ``JPY_SESSION_NAME`` (the notebook's path) in its environment. This
 kernel reads its own from ``os.environ``; another kernel's is read from
-``/proc/<pid>/environ`` when this process may read it (the same user, as in the demo), and
-otherwise the holder stays ``process N``. Only that one variable is taken, and it is shown as
-text (the widget escapes it): it names a file, it is not trusted for anything.
+``/proc/<pid>/environ`` when this process may read it (the same user and pid namespace; a
+sandboxed kernel sees its own sandbox's processes only, so there the server, which sees every
+kernel, names the others), and otherwise the holder stays ``process N``. A sandboxed kernel
+knows the pid the agent names it by from ``GPU_HOTPLUG_SANDBOX_PID``. Only that one variable is
+taken, and it is shown as text (the widget escapes it): it names a file, it is not trusted for
+anything.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from .._structs import PidRef, PodTarget, TargetRef
+from .._structs import SANDBOX_PID_ENV, PidRef, PodTarget, TargetRef
 
-__all__ = ["SESSION_ENV", "HolderNames", "session_of"]
+__all__ = ["SESSION_ENV", "HolderNames", "session_in_tree", "session_of"]
 
 SESSION_ENV: Final = "JPY_SESSION_NAME"
 """Set by jupyter_server in the environment of a notebook session's kernel: the notebook's path."""
@@ -41,6 +44,36 @@ def session_of(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     return None
 
 
+def session_in_tree(pid: int, *, proc: Path = Path("/proc"), limit: int = 64) -> str | None:
+    """The notebook of ``pid`` or, failing that, of the first of its descendants that has one
+    (breadth first, at most ``limit`` processes): the pid the agent names a sandboxed kernel by
+    is its sandbox's first process, and the kernel runs below it in its own pid namespace. For
+    the host's tools (``jupyter gpu-hotplug status`` as root), which see every process."""
+    queue = [pid]
+    for _ in range(limit):
+        if not queue:
+            break
+        current = queue.pop(0)
+        found = session_of(current, proc=proc)
+        if found is not None:
+            return found
+        try:
+            children = (proc / str(current) / "task" / str(current) / "children").read_text()
+        except OSError:  # gone, or a kernel without CONFIG_PROC_CHILDREN
+            continue
+        queue.extend(int(child) for child in children.split())
+    return None
+
+
+def _own_target_pid(env: Mapping[str, str]) -> int:
+    """The pid the agent names this kernel by: in a sandbox, the sandbox's (this process's
+    own pid is its pid namespace's); elsewhere, this process's."""
+    try:
+        return int(env[SANDBOX_PID_ENV])
+    except (KeyError, ValueError):
+        return os.getpid()
+
+
 class HolderNames:
     """Describes holders for this kernel (process ``own_pid``, environment ``environ``)."""
 
@@ -51,8 +84,8 @@ class HolderNames:
         environ: Mapping[str, str] | None = None,
         session_of: Callable[[int], str | None] = session_of,
     ) -> None:
-        self.own_pid = os.getpid() if own_pid is None else own_pid
         env = os.environ if environ is None else environ
+        self.own_pid = own_pid if own_pid is not None else _own_target_pid(env)
         self.own_notebook = env.get(SESSION_ENV) or None
         self._session_of = session_of
 

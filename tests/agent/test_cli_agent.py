@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,27 @@ def test_holders_are_named_by_their_notebook(tmp_path: Path) -> None:
         finally:
             kernel.kill()
     assert holder_name(PidRef(os.getpid())) == f"process {os.getpid()}"
+
+
+def test_a_sandboxed_kernel_is_named_by_the_notebook_below_its_sandbox_pid() -> None:
+    """The agent names a sandbox by its first process; the kernel (with the notebook in its
+    environment) runs below it."""
+    script = "JPY_SESSION_NAME=team/train.ipynb sleep 600 & wait"
+    with subprocess.Popen(["bash", "-c", script], env=dict(os.environ)) as sandbox:
+        children = Path(f"/proc/{sandbox.pid}/task/{sandbox.pid}/children")
+        kernels: list[str] = []
+        try:
+            while not kernels:  # until bash has forked
+                kernels = children.read_text().split()
+                os.sched_yield()
+            while not Path(f"/proc/{kernels[0]}/cmdline").read_bytes().startswith(b"sleep"):
+                os.sched_yield()  # ...and the child has exec'd sleep, with its environment
+            expected = f"team/train.ipynb (process {sandbox.pid})"
+            assert holder_name(PidRef(sandbox.pid)) == expected
+        finally:
+            for kernel in kernels:
+                os.kill(int(kernel), signal.SIGKILL)
+            sandbox.kill()
 
 
 def test_detach_by_node_index_or_uuid_beginning(

@@ -17,8 +17,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from jupyter_gpu_hotplug._structs import SANDBOX_PID_ENV
+
 from ..fixtures.requirements import needs_root
 from .conftest import DemoFactory
+
+SANDBOX_PID = f"import os; print(os.environ[{SANDBOX_PID_ENV!r}])"
+"""Prints the pid the agent names a kernel by (its sandbox's, not its own namespace's)."""
 
 pytestmark = [*needs_root, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -71,18 +76,20 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
         hidden = session.run(f"import os; print(sorted(os.listdir({str(token.parent)!r})))")
         assert hidden.stdout.strip() == "[]", hidden.output
 
-        pid = int(session.run("import os; print(os.getpid())").stdout)
+        pid = int(session.run(SANDBOX_PID).stdout)
         # A second notebook takes the other GPU: each names the other's holder by notebook.
         other_kernel = server.start_session(OTHER)
         with server.connect(other_kernel) as other_session:
             other_session.run("%gpu attach 1")
+            other_pid = int(other_session.run(SANDBOX_PID).stdout)
             other_listing = "\n".join(other_session.run("%gpu list").results)
         listing = "\n".join(session.run("%gpu list").results)
-        # The table names holders by notebook (the process ids are in the CLI's status).
         assert "attached  this notebook" in listing, listing
-        assert f"{OTHER}" in listing, listing
-        assert f"attached  {NOTEBOOK}" in other_listing, other_listing
-        assert "this notebook" in other_listing, other_listing
+        # Another kernel is out of sight in a sandbox of its own (its own pid namespace): it
+        # is named by process; the JupyterLab panel, served by the server, names its notebook.
+        assert f"attached  process {other_pid}" in listing, listing
+        assert f"attached  process {pid}" in other_listing, other_listing
+        assert "attached  this notebook" in other_listing, other_listing
 
     view = server.request("GET", f"gpu-hotplug/api/gpus?kernel_id={kernel}")
     assert view.status == 200, view
@@ -105,7 +112,8 @@ def test_a_new_users_first_hour(demo_factory: DemoFactory) -> None:
     )
     assert other.returncode == 0, other
     [line] = [line for line in other.stdout.splitlines() if held["uuid"] in line]
-    # The holder is named by its notebook (the session's path, as jupyter_server gives it).
+    # The holder is named by its notebook (the session's path, as jupyter_server gives it,
+    # found below the sandbox's pid).
     assert "attached -> /" in line and line.endswith(f"/{NOTEBOOK} (process {pid})"), line
 
     # Ctrl-C: the demo's own files go, the notebook stays.
