@@ -53,6 +53,7 @@ from .errors import (
     Unauthenticated,
 )
 from .models import Attachment, Gpu, Health, IdleNotice, IdleRelease, QueuedRequest
+from .selection import is_index, normalise_selector, select_gpus
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -87,4 +88,7 @@ __all__ = [
     "TargetNotReady",
     "Timeouts",
     "Unauthenticated",
+    "is_index",
+    "normalise_selector",
+    "select_gpus",
 ]
