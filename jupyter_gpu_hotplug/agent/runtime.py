@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._structs import GpuUuid
 from ..linux.mig import MigCaps
 from . import openapi_document
 from .api.handlers import (
@@ -438,12 +437,9 @@ class Agent:
         if simulation is not None and settings.simulation_interval > 0:
             self._spawn(
                 simulation.animate(
-                    interval=settings.simulation_interval, attached=self._attached_uuids
+                    interval=settings.simulation_interval, in_use=self.idle.held_gpus
                 )
             )
-
-    def _attached_uuids(self) -> list[GpuUuid]:
-        return [entry.gpu.uuid for entry in self.allocator.all_attachments()]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))

@@ -61,6 +61,7 @@ from .models import (
     LostHolderNotice,
     QueuedRequest,
 )
+from .selection import is_index, normalise_selector, select_gpus
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -96,4 +97,7 @@ __all__ = [
     "TargetNotReady",
     "Timeouts",
     "Unauthenticated",
+    "is_index",
+    "normalise_selector",
+    "select_gpus",
 ]

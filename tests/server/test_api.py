@@ -356,6 +356,10 @@ async def test_attach_list_detach(
     assert gpu["metrics"]["utilization_gpu"] == 42
     assert gpu["metrics"]["temperature"] == 61
     assert gpu["metrics"]["lost"] is False
+    # The panel charts every GPU of the node: each node GPU carries its metrics too.
+    assert node_gpu["metrics"] == gpu["metrics"]
+    assert all(g["metrics"] is not None for g in view["node"])
+    assert view["queue"] == []
     assert view["nvml"]["status"] == "ok"
 
     detached = await call(

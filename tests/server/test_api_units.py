@@ -308,6 +308,7 @@ def _view(key: str | None) -> GpusJson:
         free=0,
         total=0,
         node=[],
+        queue=[],
         max_count=8,
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
