@@ -58,7 +58,7 @@ from jupyter_gpu_hotplug.nvml.sim.build import ensure_fake_nvml
 from jupyter_gpu_hotplug.nvml.sim.runtime import fake_nvml_environ
 from tests.agent.agent_process import AgentProcess
 from tests.agent.api_harness import ApiClient
-from tests.k8s.agent import kubernetes_argv
+from tests.k8s.agent import ensure_holder_priority_class, kubernetes_argv
 from tests.k8s.apiserver.server import ApiServer
 from tests.k8s.containerd import Containerd, start_containerd
 from tests.k8s.inventory import nvml_config, whole_gpus
@@ -91,6 +91,7 @@ class Cluster:
         self.server = ApiServer()
         self.server.start()
         self.kube = FakeKube(self.server, directory)
+        ensure_holder_priority_class(self.kube)
         gpus = whole_gpus(GPUS, NODE)
         kubelet = KubeletSimulator(
             self.kube,

@@ -182,6 +182,14 @@ class IdleReleaseWire(TypedDict):
     release_at: str
 
 
+class LostHolderWire(TypedDict):
+    """A warning on an attachment: what reserved it is gone (a holder pod preempted, evicted
+    or deleted), and the agent takes the access away at ``revoke_at``."""
+
+    reason: str
+    revoke_at: str
+
+
 class _AttachmentRequired(TypedDict):
     uuid: GpuUuid
     index: int
@@ -195,9 +203,11 @@ class _AttachmentRequired(TypedDict):
 
 class Attachment(_AttachmentRequired, total=False):
     """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally).
-    ``idle_release`` is there only while the idle policy has announced its release."""
+    ``idle_release`` is there only while the idle policy has announced its release;
+    ``holder_lost`` only while the revoke of a GPU whose reservation was lost is announced."""
 
     idle_release: IdleReleaseWire
+    holder_lost: LostHolderWire
 
 
 class IdleReleaseRecord(TypedDict):

@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.kubeconfig",
     "tests.k8s.fixtures",
     "tests.k8s.agent",
+    "tests.realnode.fixtures",
 ]
 
 FAST_RUN = "not slow and not fuzz and not k8s and not root"

@@ -52,7 +52,15 @@ from .errors import (
     TargetNotReady,
     Unauthenticated,
 )
-from .models import Attachment, Gpu, Health, IdleNotice, IdleRelease, QueuedRequest
+from .models import (
+    Attachment,
+    Gpu,
+    Health,
+    IdleNotice,
+    IdleRelease,
+    LostHolderNotice,
+    QueuedRequest,
+)
 from .selection import is_index, normalise_selector, select_gpus
 
 __all__ = [
@@ -82,6 +90,7 @@ __all__ = [
     "IdleRelease",
     "InsufficientGpus",
     "InvalidRequest",
+    "LostHolderNotice",
     "NotFound",
     "QueuedRequest",
     "RetryPolicy",

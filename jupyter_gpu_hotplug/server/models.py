@@ -20,7 +20,15 @@ from typing import Literal, TypedDict
 
 from .._structs import Attachment as AttachmentWire
 from .._structs import GpuState as GpuStateName
-from .._structs import GpuUuid, PidRef, PodTarget, TargetRef, TargetWire, format_timestamp
+from .._structs import (
+    GpuUuid,
+    LostHolderWire,
+    PidRef,
+    PodTarget,
+    TargetRef,
+    TargetWire,
+    format_timestamp,
+)
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 
@@ -199,7 +207,7 @@ class WaitingAttach:
 def attachment_json(attachment: Attachment) -> AttachmentWire:
     """The agent's attachment shape, rebuilt from the checked value (unknown members of a newer
     agent are not passed on: the browser gets this API's shape, not the agent's)."""
-    return AttachmentWire(
+    wire = AttachmentWire(
         uuid=attachment.uuid,
         index=attachment.index,
         minor=attachment.minor,
@@ -209,6 +217,13 @@ def attachment_json(attachment: Attachment) -> AttachmentWire:
         holder=attachment.holder,
         attached_at=format_timestamp(attachment.attached_at),
     )
+    if attachment.holder_lost is not None:
+        # The lab warns with it before the agent revokes the GPU (the live stream carries it).
+        wire["holder_lost"] = LostHolderWire(
+            reason=attachment.holder_lost.reason,
+            revoke_at=format_timestamp(attachment.holder_lost.revoke_at),
+        )
+    return wire
 
 
 def held_by_json(target: TargetRef, kernels: Mapping[int, KernelHolder]) -> HeldByJson:

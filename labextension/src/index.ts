@@ -10,7 +10,8 @@ import {
 import {
   ICommandPalette,
   IToolbarWidgetRegistry,
-  MainAreaWidget
+  MainAreaWidget,
+  Notification
 } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -32,6 +33,7 @@ import { notebookName } from './format';
 import { GpuModel } from './gpuModel';
 import { GpuStatus, hasStatus } from './gpuStatus';
 import { gpuIcon } from './icons';
+import { LostHolderWarnings } from './lostHolders';
 import { GpuPanel } from './panel';
 import { readSettings } from './settings';
 import { GpuToolbarButton } from './toolbar';
@@ -92,6 +94,11 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
     model.currentChanged.connect((_, kernelId) => {
       currentWatch?.dispose();
       currentWatch = kernelId === null ? null : model.watch(kernelId);
+    });
+
+    // A lost holder's warning comes before the agent revokes the GPU.
+    new LostHolderWarnings(model, trans, message => {
+      Notification.warning(message, { autoClose: false });
     });
 
     const panel = new GpuPanel({ model, commands: app.commands, trans });

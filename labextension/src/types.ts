@@ -37,6 +37,14 @@ export interface IAttachedGpu {
   holder: string | null;
   attached_at: string;
   metrics: IGpuMetrics | null;
+  /** Set while the agent announces the revoke of a GPU whose holder pod was lost. */
+  holder_lost?: ILostHolder;
+}
+
+/** `LostHolderWire` (_structs.py): why, and when the access ends. */
+export interface ILostHolder {
+  reason: string;
+  revoke_at: string;
 }
 
 /** Agent GPU states (`GpuState` in _structs.py). */

@@ -292,6 +292,7 @@ class FakeInjector:
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
@@ -299,8 +300,11 @@ class FakeInjector:
         if self.revoke_error is not None:
             raise self.revoke_error()
         busy = [h for char in chars for h in self.holders_of.get((where, char), [])]
-        if busy and not force:
+        if busy and not force and not leave_open:
             raise DeviceInUse(busy)
+        if leave_open and not force:
+            self.granted.get(where, set()).difference_update(chars)
+            return
         for char in chars:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)

@@ -80,6 +80,23 @@ def test_public_endpoints(served: ServedAgent) -> None:
     assert b'gpu_hotplug_gpus{state="free"} 4.0' in metrics.body
 
 
+def test_metrics_on_an_address_of_their_own(tmp_path: Path) -> None:
+    """``--metrics-listen``: /metrics moves there (no API), the API port keeps /healthz only."""
+    with serve_agent(tmp_path, metrics_listen=True) as served:
+        assert served.metrics is not None
+        assert served.metrics.address != served.tcp.address
+        metrics = served.metrics.get("/metrics")
+        assert b'gpu_hotplug_gpus{state="free"} 4.0' in metrics.body
+        assert served.metrics.get("/healthz").json() == {"status": "ok"}
+        for path in ("/v1/gpus", "/v1/openapi.json", "/readyz"):
+            # Not a route of this address: the API contract does not apply here.
+            refused = served.metrics.with_token(TOKEN).call("GET", path, check=False)
+            assert (refused.status, refused.error) == (404, "not_found"), path
+        moved = served.tcp.with_token(None).call("GET", "/metrics", check=False)
+        assert (moved.status, moved.error) == (404, "not_found")
+        assert served.tcp.get("/v1/gpus").status == 200
+
+
 def test_unknown_route_and_method_are_json(served: ServedAgent) -> None:
     missing = served.tcp.get("/v2/gpus")
     assert (missing.status, missing.error) == (404, "not_found")

@@ -69,7 +69,9 @@ __all__ = [
     "READY_URL",
     "ApiContext",
     "Unwell",
+    "api_only_handlers",
     "default_handlers",
+    "metrics_handlers",
 ]
 
 log = logging.getLogger(__name__)
@@ -463,3 +465,14 @@ default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (QUEUED_URL, QueuedRequestHandler),
 ]
 """Every route of the API, in the order of ``openapi.json``."""
+
+metrics_handlers: list[tuple[str, type[ApiHandler]]] = [
+    (HEALTH_URL, HealthHandler),
+    (METRICS_URL, MetricsHandler),
+]
+"""What a metrics address of its own serves (``--metrics-listen``): no API, no caller."""
+
+api_only_handlers: list[tuple[str, type[ApiHandler]]] = [
+    route for route in default_handlers if route not in metrics_handlers[1:]
+]
+"""The API's routes when ``/metrics`` has an address of its own (``/healthz`` stays: probes)."""

@@ -44,7 +44,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -57,6 +57,7 @@ from ..._structs import (
     IdleReleaseList,
     IdleReleaseRecord,
     IdleReleaseWire,
+    LostHolderWire,
     ProcessInfo,
     QueuedRequest,
     QueueView,
@@ -90,6 +91,7 @@ from .injector import (
 )
 from .inventory import GpuDevice, Inventory, InventorySnapshot
 from .locks import TargetLocks
+from .lost import LossBook, TakeBack
 from .metrics import AgentMetrics
 from .queue import Waiter, WaitQueue
 from .seams import (
@@ -133,8 +135,13 @@ class _Measure:
     """How many GPUs it concerned (detach counts per GPU)."""
 
 
-def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Attachment:
-    """The wire form of a reservation, with the idle policy's warning if one is in force."""
+def attachment_of(
+    entry: Reservation,
+    warning: IdleWarning | None = None,
+    lost: LostHolderWire | None = None,
+) -> Attachment:
+    """The wire form of a reservation, with the idle policy's warning if one is in force and
+    the announced revoke of a lost reservation if there is one."""
     moment = entry.granted_at or entry.created_at
     attachment = Attachment(
         uuid=entry.gpu.uuid,
@@ -150,6 +157,8 @@ def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Att
         attachment["idle_release"] = IdleReleaseWire(
             reason=warning.reason.value, release_at=format_timestamp(warning.release_at)
         )
+    if lost is not None:
+        attachment["holder_lost"] = lost
     return attachment
 
 
@@ -176,6 +185,7 @@ class AgentService:
         idle: IdleBook | None = None,
         queue: WaitQueue | None = None,
         nodes: GpuNodes | None = None,
+        losses: LossBook | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -193,6 +203,8 @@ class AgentService:
         """Attach requests waiting for GPUs, first come, first served."""
         self.nodes = nodes or GpuNodes(major=config.device_major)
         """Which device nodes each reserved GPU or MIG slice needs."""
+        self.losses = losses or LossBook()
+        """Announced revokes of GPUs whose reservation was lost (``lost.py``)."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -244,15 +256,12 @@ class AgentService:
     def _revocable(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
-        """The nodes taking ``entries`` back revokes from ``container``: never one that a GPU
-        or slice it keeps still needs (the node of a GPU whose other slice it holds)."""
-        leaving = {entry.gpu.uuid for entry in entries}
-        keeping = [
-            entry.gpu
-            for entry in self._allocator.attachments_of(container.target)
-            if entry.gpu.uuid not in leaving and entry.container == container.key
-        ]
-        return [self.nodes.to_revoke(entry.gpu, keeping=keeping) for entry in entries]
+        """The nodes taking ``entries`` back revokes from ``container`` (``GpuNodes.revocable``)."""
+        return self.nodes.revocable(
+            [entry.gpu for entry in entries],
+            container=container.key,
+            reservations=self._allocator.all_attachments(),
+        )
 
     @property
     def _label(self) -> str:
@@ -318,7 +327,7 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry, self.idle.warning_of(entry))
+                attachment_of(entry, self.idle.warning_of(entry), self.losses.of(entry.gpu.uuid))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
             ]
@@ -752,6 +761,104 @@ class AgentService:
             log.warning("idle release of %s from %s failed: %s", entry.gpu.uuid, container, e)
             return False
         return True
+
+    # --- lost reservations (lost.py decides when) -------------------------------------------------
+
+    async def take_back(self, entry: Reservation, *, force: bool) -> TakeBack | None:
+        """Revoke a GPU whose reservation lost its backing (a holder pod gone) and release
+        the reservation: the same node rule, ``node_created`` and pool as a detach, under the
+        target's lock (``Busy`` while a caller's operation holds it). None when the
+        reservation changed meanwhile (detached, re-attached)."""
+        async with self.locks.operation(entry.target):
+            current = self._allocator.get(entry.gpu.uuid)
+            if current is None or current.holder != entry.holder:
+                return None
+            container = await self._workers.host(
+                self._resolver.lookup, current.target, current.container
+            )
+            outcome = TakeBack(gone=True, forced=False)
+            if container is not None:
+                per_entry = self._revocable(container, [current])
+                outcome = await self._revoke_unbacked(
+                    container, per_entry, keep=_not_created([current], per_entry), force=force
+                )
+            await self._allocator.release([current.gpu.uuid])
+        self.queue.notify()
+        return outcome
+
+    async def take_back_orphan(
+        self,
+        container: HostContainer,
+        gpus: Sequence[GpuRecord],
+        *,
+        force: bool,
+        spare: Collection[str] = (),
+    ) -> TakeBack | None:
+        """Revoke from ``container`` the access to ``gpus`` that no reservation backs (an
+        orphaned grant: its holder vanished while the agent was down; or a stray one). No
+        record says the agent made their nodes, so the nodes stay and their permission goes;
+        the nodes named in ``spare`` are not touched (what the container got elsewhere still
+        needs them). None when a reservation for the container appeared meanwhile."""
+        async with self.locks.operation(container.target):
+            reserved = {
+                entry.gpu.uuid
+                for entry in self._allocator.all_attachments()
+                if entry.container == container.key
+            }
+            gpus = [gpu for gpu in gpus if gpu.uuid not in reserved]
+            if not gpus:
+                return None
+            per_gpu = [
+                [node for node in nodes if node.name not in spare]
+                for nodes in self.nodes.revocable(
+                    gpus, container=container.key, reservations=self._allocator.all_attachments()
+                )
+            ]
+            keep = [node.name for nodes in per_gpu for node in nodes]
+            return await self._revoke_unbacked(container, per_gpu, keep=keep, force=force)
+
+    async def _revoke_unbacked(
+        self,
+        container: HostContainer,
+        per_gpu: Sequence[Sequence[DeviceNode]],
+        *,
+        keep: Sequence[str],
+        force: bool,
+    ) -> TakeBack:
+        """Revoke without a user's consent: with ``force`` the holders are ended; otherwise
+        the access goes and the processes keep what they have open."""
+        nodes = flat(per_gpu)
+        try:
+            holders = await self._workers.host(self._injector.holders, container, nodes)
+        except InjectionFailed as e:
+            # Only for the record of who keeps it open: the access goes all the same.
+            log.warning("cannot tell who holds %s open in %s: %s", nodes, container, e)
+            holders = []
+        except TargetGone:
+            return TakeBack(gone=True, forced=False)
+        try:
+            await self._workers.host(
+                self._injector.revoke,
+                container,
+                nodes,
+                force=force,
+                keep_nodes=keep,
+                leave_open=True,
+            )
+        except TargetGone:
+            return TakeBack(gone=True, forced=False)
+        log.warning(
+            "revoked %s from %s%s%s",
+            ", ".join(node.name for node in nodes),
+            container,
+            " (forced)" if force and holders else "",
+            self._label,
+        )
+        return TakeBack(
+            gone=False,
+            forced=force and bool(holders),
+            still_open=() if force else tuple(holders),
+        )
 
     async def _detach_gone(
         self, caller: Caller, target: Target, entries: list[Reservation]

@@ -18,8 +18,8 @@ deletes whatever holders the request created and waits until they are gone: noth
 behind.
 
 Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
-node drained): ``on_lost`` is told at once, so the backend can revoke that GPU from the
-container before another pod gets it.
+node drained): ``on_lost`` is told at once — and at ``load`` of a holder that ended while the
+agent was away — so the backend can take that GPU back (``core/lost.py``).
 """
 
 from __future__ import annotations
@@ -150,7 +150,11 @@ class HolderAllocator:
             if holder.uuid is None or holder.minor is None:
                 unfinished.append(holder)
                 continue
-            self._remember(holder)
+            entry = self._remember(holder)
+            ended = _ended(pod)
+            if ended is not None and self._lost is not None:
+                # It ended while the agent was away (evicted): no pod event will say so now.
+                self._lost(entry, ended)
         if unfinished:
             log.warning(
                 "deleting %d holder pod(s) whose attach never learnt its GPU: %s",
@@ -540,18 +544,25 @@ class HolderAllocator:
                 continue
             if holder.uid and metadata.get("uid") and metadata.get("uid") != holder.uid:
                 continue
-            status = pod.get("status") or {}
             if kind == "DELETED":
                 reason = "its holder pod was deleted"
             elif metadata.get("deletionTimestamp"):
                 reason = "its holder pod is being deleted"
-            elif status.get("phase") in ("Failed", "Succeeded"):
-                reason = f"its holder pod ended ({status.get('reason') or status.get('phase')})"
+            elif (ended := _ended(pod)) is not None:
+                reason = ended
             else:
                 continue
             entry = self._entries.get(uuid)
             if entry is not None and self._lost is not None:
                 self._lost(entry, reason)
+
+
+def _ended(pod: KubeObject) -> str | None:
+    """Why a holder pod is over (evicted, failed), or None while it stands."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return f"its holder pod ended ({status.get('reason') or status.get('phase')})"
+    return None
 
 
 def _order(entry: Reservation) -> tuple[int, str]:

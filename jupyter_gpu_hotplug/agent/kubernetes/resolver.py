@@ -110,6 +110,14 @@ class PodResolver:
             return found
         return self._last.get(key)
 
+    def running(self, pod: KubeObject, target: PodTarget) -> HostContainer:
+        """The running container ``target`` of ``pod``, an object the caller already has
+        (the node sweep's, from the watch): resolved through CRI as any target is. No
+        RuntimeClass is read (an API call per pod and pass): the sweep only inspects the
+        device cgroup of the host process that CRI names for the container, whatever
+        sandbox it runs in."""
+        return self._running(pod, target)
+
     def remains(self, key: ContainerKey) -> ContainerCgroups | None:
         """The runtime removes a container's cgroups with it: nothing remains."""
         return None
