@@ -26,6 +26,7 @@ import pytest
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
 
 from ..fixtures.requirements import needs_root
+from ..image.agent_image import BUILD_TIMEOUT
 from ..k8s.image import PAUSE_IMAGE
 from ..manifests.support import CHART_DIR, helm, render, with_holder_image
 from . import test_deployed as deployed
@@ -127,6 +128,8 @@ def installed(cluster: Cluster, agent_account: AgentAccount) -> Iterator[str]:
         )
 
 
+# The fixture builds the image (minutes on a cold cache) before the install's own waits.
+@pytest.mark.timeout(BUILD_TIMEOUT + 900)
 def test_helm_install_brings_the_agent_up_and_a_notebook_attaches(
     cluster: Cluster, installed: str
 ) -> None:
