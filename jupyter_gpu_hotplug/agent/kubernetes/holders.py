@@ -147,7 +147,12 @@ def holder_pod(
         "enableServiceLinks": False,
         # pause exits on SIGTERM at once; 0 would make a deletion forced (see KubeApi.delete_pod).
         "terminationGracePeriodSeconds": 1,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": _PAUSE_USER},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _PAUSE_USER,
+            "runAsGroup": _PAUSE_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [
             {
                 "name": _HOLDER_CONTAINER,
