@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -34,15 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ..k8s.image import (
-    CONFIG_MEDIA,
-    INDEX_MEDIA,
-    LAYER_MEDIA,
-    MANIFEST_MEDIA,
-    PLATFORM,
-    Blob,
-    add_member,
-)
+from ..k8s.image import LAYER_MEDIA, image_blobs, write_layout
 
 REPO: Final = Path(__file__).resolve().parents[2]
 IMAGE_NAME: Final = "localhost/jupyter-gpu-hotplug-agent:test"
@@ -180,45 +171,15 @@ def _file_blob(path: Path) -> tuple[str, int]:
 def write_archive(path: Path, layers: list[Path], name: str = IMAGE_NAME) -> AgentImage:
     """An OCI image-layout tarball of ``layers`` (uncompressed tars, bottom first)."""
     described = [_file_blob(layer) for layer in layers]
-    config = Blob(
-        json.dumps(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {
-                    "Env": [f"PATH={VENV}/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                    "Entrypoint": list(ENTRYPOINT),
-                    "WorkingDir": "/",
-                },
-                "rootfs": {"type": "layers", "diff_ids": [d for d, _ in described]},
-            }
-        ).encode(),
-        CONFIG_MEDIA,
+    descriptor, blobs = image_blobs(
+        name,
+        [{"mediaType": LAYER_MEDIA, "digest": d, "size": s} for d, s in described],
+        entrypoint=list(ENTRYPOINT),
+        cmd=None,
+        env=[f"PATH={VENV}/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
     )
-    manifest = Blob(
-        json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": MANIFEST_MEDIA,
-                "config": config.descriptor(),
-                "layers": [
-                    {"mediaType": LAYER_MEDIA, "digest": d, "size": s} for d, s in described
-                ],
-            }
-        ).encode(),
-        MANIFEST_MEDIA,
-    )
-    annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "test"}
-    index = {
-        "schemaVersion": 2,
-        "mediaType": INDEX_MEDIA,
-        "manifests": [manifest.descriptor(annotations=annotations, platform=PLATFORM)],
-    }
     with tarfile.open(path, "w") as archive:
-        add_member(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        add_member(archive, "index.json", json.dumps(index).encode())
-        for blob in (config, manifest):
-            add_member(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
+        write_layout(archive, [descriptor], blobs)
         for layer, (digest, _) in zip(layers, described, strict=True):
             archive.add(layer, arcname=f"blobs/sha256/{digest.removeprefix('sha256:')}")
     return AgentImage(name, path)
