@@ -549,6 +549,7 @@ state = "{d}/state"
                         "type": "bridge",
                         "bridge": BRIDGE,
                         "isGateway": True,
+                        "isDefaultGateway": True,  # pods reach Services (ClusterIPs) through it
                         "ipMasq": False,
                         "ipam": {
                             "type": "host-local",
