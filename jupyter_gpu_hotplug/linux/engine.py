@@ -27,10 +27,12 @@ container whose runtime put them there.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Final
 
 from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
 from .bpf import interp
@@ -38,6 +40,7 @@ from .devnodes import DeviceNode
 from .devrules import RW, CharDevice, DevType, effective_access
 
 __all__ = [
+    "BUSY_SCAN_SECONDS",
     "STEP_ERRORS",
     "Container",
     "DeviceBusyError",
@@ -47,6 +50,7 @@ __all__ = [
     "HotplugEngine",
     "InjectionError",
     "RevokeResult",
+    "ScanTimedOut",
     "TargetGoneError",
 ]
 
@@ -87,6 +91,19 @@ class DeviceBusyError(EngineError):
         listed = ", ".join(f"{h.comm} (pid {h.pid})" for h in holders)
         super().__init__(f"device in use by {listed}")
         self.holders = tuple(holders)
+
+
+class ScanTimedOut(EngineError):
+    """The scan for processes holding the devices ran past its deadline: nothing changed."""
+
+    def __init__(self, timeout: busy.ScanTimeout, *, seconds: float) -> None:
+        super().__init__(f"{timeout} ({seconds:g} s)")
+        self.seconds = seconds
+
+
+BUSY_SCAN_SECONDS: Final = 15.0
+"""How long one scan of a container's processes for open devices may take (issue 25: 500
+processes x 2,000 fds took 25-45 s); past it a revoke stops, having changed nothing."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +243,7 @@ class HotplugEngine:
         extra_holders: busy.ExtraHolders | None = None,
         control_nodes: Sequence[DeviceNode] | None = None,
         terminate_grace: float = 5.0,
+        busy_scan_seconds: float = BUSY_SCAN_SECONDS,
     ) -> None:
         self.host_proc = host_proc
         self.hierarchies = hierarchies or cgroups.discover(host_proc=host_proc)
@@ -236,6 +254,7 @@ class HotplugEngine:
             else tuple(devnodes.nvidia_control_devices(proc_devices=host_proc / "devices"))
         )
         self.terminate_grace = terminate_grace
+        self.busy_scan_seconds = busy_scan_seconds
 
     # ---- inspection ------------------------------------------------------------------
 
@@ -314,13 +333,18 @@ class HotplugEngine:
         self, container: Container, devices: Iterable[CharDevice]
     ) -> dict[CharDevice, list[busy.Holder]]:
         """For each of ``devices``, the processes of the container that hold it open; one
-        walk of the container's processes and their fds for all of them."""
-        return busy.find_holders_by_device(
-            [d for d in container.cgroup_dirs if d.is_dir()],
-            devices,
-            proc=self.host_proc,
-            extra_holders=self.extra_holders,
-        )
+        walk of the container's processes and their fds for all of them, within
+        ``busy_scan_seconds`` (:class:`ScanTimedOut` past them)."""
+        try:
+            return busy.find_holders_by_device(
+                [d for d in container.cgroup_dirs if d.is_dir()],
+                devices,
+                proc=self.host_proc,
+                extra_holders=self.extra_holders,
+                deadline=time.monotonic() + self.busy_scan_seconds,
+            )
+        except busy.ScanTimeout as e:
+            raise ScanTimedOut(e, seconds=self.busy_scan_seconds) from e
 
     # ---- grant -----------------------------------------------------------------------
 
@@ -450,11 +474,12 @@ class HotplugEngine:
                 raise DeviceBusyError(late)
             if late:
                 terminated += self._terminate(late)
-        except DeviceBusyError:
+        except (DeviceBusyError, ScanTimedOut):
             failures = undo.run()
             if failures:
                 raise InjectionError(
-                    "a process opened the device during revoke", rollback_errors=failures
+                    "a process opened the device during revoke, or the scan ran past its deadline",
+                    rollback_errors=failures,
                 ) from None
             raise
         except (*STEP_ERRORS, TargetGoneError) as e:

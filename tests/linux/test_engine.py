@@ -30,6 +30,7 @@ from jupyter_gpu_hotplug.linux.engine import (
     DeviceBusyError,
     HotplugEngine,
     InjectionError,
+    ScanTimedOut,
     TargetGoneError,
 )
 from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
@@ -242,6 +243,55 @@ def test_revoke_refuses_while_a_process_holds_the_device(
     assert found.comm == Path(f"/proc/{holder}/comm").read_text().strip()
     assert str(holder) in str(caught.value)
     assert host_state(busy_box) == granted  # nothing changed
+    assert busy_box.open("/dev/nvidia7") == "OK"
+
+
+PARKER_SCRIPT = """
+import os, signal, socket
+fd = os.open('/dev/nvidia7', os.O_RDONLY)
+mine, theirs = socket.socketpair()
+socket.send_fds(mine, [b'x'], [fd])
+os.close(fd)
+os.kill(os.getpid(), signal.SIGSTOP)  # parked: the test may look now
+"""
+
+
+def test_revoke_refuses_while_a_process_has_the_device_parked_in_a_socket(
+    engine: HotplugEngine, busy_box: SandboxProbe
+) -> None:
+    """Issue 25, item 8, on a real sandbox: the process sent its fd of the device through a
+    unix socket of its own and closed it; it can take it back at any time, so the revoke is
+    refused as for an open fd, and nothing changes."""
+    engine.grant(busy_box.pid, [STAND_IN])
+    parker = busy_box.spawn([sys.executable, "-I", "-S", "-c", PARKER_SCRIPT])
+    deadline = time.monotonic() + 30
+    while process_state(parker) != "T":
+        assert time.monotonic() < deadline and process_state(parker) not in ("Z", None)
+        time.sleep(0.01)
+    assert not holds_stand_in(parker)
+    granted = host_state(busy_box)
+
+    with pytest.raises(DeviceBusyError) as caught:
+        engine.revoke(busy_box.pid, [STAND_IN])
+
+    assert [(h.pid, h.fds) for h in caught.value.holders] == [(parker, ())]
+    assert caught.value.holders[0].queued != ()
+    assert host_state(busy_box) == granted
+    assert busy_box.open("/dev/nvidia7") == "OK"
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_a_busy_scan_past_its_deadline_changes_nothing(busy_box: SandboxProbe, force: bool) -> None:
+    """Issue 25: the scan has a deadline; past it the revoke stops, having changed nothing and
+    ended no process (not even with force)."""
+    engine = HotplugEngine(control_nodes=(), terminate_grace=2.0, busy_scan_seconds=0.0)
+    engine.grant(busy_box.pid, [STAND_IN])
+    granted = host_state(busy_box)
+
+    with pytest.raises(ScanTimedOut, match=r"looked at 0 of \d+ processes"):
+        engine.revoke(busy_box.pid, [STAND_IN], force=force)
+
+    assert host_state(busy_box) == granted
     assert busy_box.open("/dev/nvidia7") == "OK"
 
 

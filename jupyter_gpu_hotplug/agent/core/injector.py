@@ -28,6 +28,7 @@ from ...linux.engine import (
     EngineError,
     HotplugEngine,
     InjectionError,
+    ScanTimedOut,
     TargetGoneError,
 )
 from .seams import ContainerCgroups, HostContainer
@@ -40,6 +41,7 @@ __all__ = [
     "InjectionFailed",
     "Injector",
     "InjectorError",
+    "ScanUnfinished",
     "TargetGone",
     "gpu_node",
 ]
@@ -63,6 +65,15 @@ class DeviceInUse(InjectorError):
         listed = ", ".join(f"{h.command} (pid {h.pid})" for h in holders)
         super().__init__(f"device in use by {listed}")
         self.holders = tuple(holders)
+
+
+class ScanUnfinished(InjectorError):
+    """The scan for processes holding the devices ran past its deadline (after ``seconds``);
+    nothing was changed, and trying again later may find it done sooner."""
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class InjectionFailed(InjectorError):
@@ -184,6 +195,8 @@ class EngineInjector:
             )
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
+        except ScanTimedOut as e:
+            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
         except EngineError as e:
             raise _change_failed(target, "revoke", e) from e
 
@@ -223,6 +236,8 @@ class EngineInjector:
             for holders in held.values():
                 for holder in holders:
                     found.setdefault(holder.pid, HolderInfo(holder.pid, holder.comm))
+        except ScanTimedOut as e:
+            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
         except _HOST_ERRORS as e:
             raise InjectionFailed(
                 f"cannot tell whether the GPU is in use in {target}: {e}", clean=True
