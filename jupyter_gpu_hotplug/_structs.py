@@ -81,6 +81,10 @@ DEFAULT_SOCKET: Final = PurePosixPath("/run/gpu-hotplug/agent.sock")
 """Where the local-mode agent listens by default."""
 DEFAULT_AGENT_URL: Final = f"unix:{DEFAULT_SOCKET}"
 """The agent URL a client uses when ``AGENT_URL_ENV`` is unset or empty."""
+SANDBOX_PID_ENV: Final = "GPU_HOTPLUG_SANDBOX_PID"
+"""Set in a local-mode sandbox: the pid, as the host (and the agent) number it, that stands
+for the sandbox — the target the agent names in its answers. A sandboxed process's own
+``os.getpid()`` is its pid namespace's."""
 
 # --- limits shared by validation, the OpenAPI document and the dataclasses below ---------------
 

@@ -104,6 +104,8 @@ class DeviceState:
     """Any trace of access (node or permission): what a revoke must clean up."""
     permitted: bool
     """A device controller lets the target open it (whether or not the node is there)."""
+    node: bool
+    """The node is in the target's ``/dev`` (whether or not the cgroups allow it)."""
     ours: bool = False
     """The permission looks like the agent's own grant (not a runtime's or a device plugin's):
     what the orphan sweep takes back without a reservation."""
@@ -163,7 +165,12 @@ class EngineInjector:
 
     def _container(self, target: HostContainer) -> Container:
         try:
-            container = self._engine.inspect(target.pid)
+            # The container's cgroups, not the process's own: it may sit in a child cgroup.
+            container = self._engine.inspect(
+                target.pid,
+                devices_v1_scope=target.cgroups.devices_v1,
+                unified_scope=target.cgroups.unified,
+            )
         except TargetGoneError as e:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:
@@ -222,6 +229,7 @@ class EngineInjector:
                 usable=s.usable,
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                node=s.node,
                 ours=s.ours,
                 opens=s.opens,
             )

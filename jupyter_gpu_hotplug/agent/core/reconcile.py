@@ -26,7 +26,9 @@ A backend may add passes over the whole node (``sweeps``; Kubernetes: grants of 
 reservation backs any more, and GPU access nobody gave), run at the end of every pass.
 
 Device nodes are removed only where the reservation records that the agent created them
-(``Reservation.node_created``): a node of unknown origin is left, without its permission.
+(``Reservation.node_created``, recorded as intent before the ``mknod``, so an attach cut short
+after it still knows the node is its own): a node of unknown origin is left, without its
+permission.
 
 Each repair is logged and counted (``gpu_hotplug_reconcile_actions_total{action}``).
 """
@@ -140,6 +142,11 @@ class Reconciler:
                 except InjectorError as e:
                     report.failures.append(f"{target}: {e}")
                     log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
+                except Exception as e:
+                    # Whatever one target's host state does to us (a container can shape its
+                    # cgroups at will), the others are still reconciled and the agent starts.
+                    report.failures.append(f"{target}: {e}")
+                    log.exception("reconciling %s failed; retrying on the next pass", target)
         for sweep in self.sweeps:
             try:
                 await sweep(known, report)
@@ -238,13 +245,12 @@ class Reconciler:
         )
         return nodes
 
-    async def _take_back(
-        self, container: HostContainer, row: Reservation, *, keep_every_node: bool
-    ) -> None:
+    async def _take_back(self, container: HostContainer, row: Reservation) -> None:
         """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
-        only when the agent created them, and never with ``keep_every_node``."""
+        only when the agent created them (for an attach cut short: when it recorded, before
+        the ``mknod``, that it was about to)."""
         nodes = self._revocable(container, row)
-        keep = [node.name for node in nodes] if keep_every_node or not row.node_created else []
+        keep = [] if row.node_created else [node.name for node in nodes]
         await self._workers.host(
             self._injector.revoke, container, nodes, force=False, keep_nodes=keep
         )
@@ -253,9 +259,7 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            # Whether the cut-short grant created the node is unknown: it stays (without the
-            # permission it opens nothing).
-            await self._take_back(container, row, keep_every_node=True)
+            await self._take_back(container, row)
         except DeviceInUse as e:
             await self._allocator.mark_granted([row.gpu.uuid])
             report.add("finished_attach", row.gpu.uuid)
@@ -274,7 +278,7 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            await self._take_back(container, row, keep_every_node=False)
+            await self._take_back(container, row)
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
                 raise

@@ -577,6 +577,7 @@ class AgentService:
             raise _attach_error(container, e) from e
         nodes = flat(per_entry)
         try:
+            await self._intend_nodes(container, entries, per_entry)
             created = await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
             await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
@@ -606,6 +607,25 @@ class AgentService:
             self._label,
         )
         return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+
+    async def _intend_nodes(
+        self,
+        container: HostContainer,
+        entries: Sequence[Reservation],
+        per_entry: Sequence[Sequence[DeviceNode]],
+    ) -> None:
+        """Record, before the grant, which reservations' nodes it is about to make (all of
+        their nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
+        nodes = flat(per_entry)
+        states = await self._workers.host(self._injector.status, container, nodes)
+        absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
+        making = [
+            entry.gpu.uuid
+            for entry, own in zip(entries, per_entry, strict=True)
+            if all(node.name in absent for node in own)
+        ]
+        if making:
+            await self._allocator.intend_nodes(making)
 
     def _repeat(
         self, target: Target, request_id: RequestId, count: int, earlier: list[Reservation]
