@@ -678,7 +678,6 @@ def _v2_allows(
     return None if None in verdicts else True
 
 
-
 def _names(nodes: Iterable[DeviceNode]) -> str:
     return ", ".join(f"/dev/{n.name}" for n in nodes)
 
