@@ -217,7 +217,9 @@ def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip:
     )
 
     def attach() -> dict[str, Any] | None:
-        answer = cluster.exec(ns, "nb", ["sh", "-c", request])
+        # An attach waits for its holder pod to run: seconds on a loaded machine, past
+        # ExecSync's default 10 s.
+        answer = cluster.exec(ns, "nb", ["sh", "-c", request], timeout=180)
         return json.loads(answer.stdout) if answer.exit_code == 0 and answer.stdout else None
 
     created = eventually(attach, "an attach through the Service (from inside the notebook pod)")
