@@ -31,12 +31,11 @@ import argparse
 import re
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _agent import percentile, summary
+from _agent import attach_at_once, percentile, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -152,30 +151,7 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     with running_node_agent(cluster, account, extra=("--reconcile-interval=10",)) as agent:
         clients = {name: agent.as_pod(ns, name) for name in names}
         for _ in range(rounds):
-            barrier = threading.Barrier(pods)
-            results: dict[str, tuple[int, list[str], float]] = {}
-
-            def attach(
-                name: str,
-                barrier: threading.Barrier = barrier,
-                results: dict[str, tuple[int, list[str], float]] = results,
-            ) -> None:
-                barrier.wait()
-                start = time.perf_counter()
-                response = clients[name].post("/v1/attachments", {"count": 1})
-                elapsed = time.perf_counter() - start
-                uuids = (
-                    [a["uuid"] for a in response.json()["attachments"]]
-                    if response.status == 201
-                    else []
-                )
-                results[name] = (response.status, uuids, elapsed)
-
-            threads = [threading.Thread(target=attach, args=(name,)) for name in names]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            results = attach_at_once(clients)
             granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
             assigned = [d for ids in cluster.assignments(ns).values() for d in ids]
             doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))

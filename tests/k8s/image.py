@@ -93,21 +93,23 @@ def _layer() -> Blob:
     return Blob(buffer.getvalue(), LAYER_MEDIA)
 
 
-def _image(
-    name: str, layer: Blob, entrypoint: list[str] | None, cmd: list[str]
+def image_blobs(
+    name: str,
+    layers: list[dict[str, Any]],
+    *,
+    entrypoint: list[str] | None,
+    cmd: list[str] | None,
+    env: list[str],
 ) -> tuple[dict[str, Any], list[Blob]]:
+    """The config and manifest of image ``name`` over ``layers`` (descriptors of uncompressed
+    layers, bottom first, whose digests are also their diff ids), and its index entry."""
     config = Blob(
         json.dumps(
             {
                 "architecture": "amd64",
                 "os": "linux",
-                "config": {
-                    "Env": ["PATH=/bin"],
-                    "Entrypoint": entrypoint,
-                    "Cmd": cmd,
-                    "WorkingDir": "/",
-                },
-                "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
+                "config": {"Env": env, "Entrypoint": entrypoint, "Cmd": cmd, "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in layers]},
             }
         ).encode(),
         CONFIG_MEDIA,
@@ -118,7 +120,7 @@ def _image(
                 "schemaVersion": 2,
                 "mediaType": MANIFEST_MEDIA,
                 "config": config.descriptor(),
-                "layers": [layer.descriptor()],
+                "layers": layers,
             }
         ).encode(),
         MANIFEST_MEDIA,
@@ -127,6 +129,17 @@ def _image(
     # --base-name).
     annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"}
     return manifest.descriptor(annotations=annotations, platform=PLATFORM), [config, manifest]
+
+
+def write_layout(
+    archive: tarfile.TarFile, manifests: list[dict[str, Any]], blobs: list[Blob]
+) -> None:
+    """The OCI layout's marker, its index of ``manifests`` and the small ``blobs``."""
+    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA, "manifests": manifests}
+    add_member(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+    add_member(archive, "index.json", json.dumps(index).encode())
+    for blob in {b.digest: b for b in blobs}.values():
+        add_member(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
 
 
 def write_oci_archive(path: Path) -> tuple[str, ...]:
@@ -138,13 +151,11 @@ def write_oci_archive(path: Path) -> tuple[str, ...]:
         (PAUSE_IMAGE, ["/bin/sleep"], ["infinity"]),
         (TOOLS_IMAGE, None, ["/bin/sh"]),
     ):
-        descriptor, image_blobs = _image(name, layer, entrypoint, cmd)
+        descriptor, image = image_blobs(
+            name, [layer.descriptor()], entrypoint=entrypoint, cmd=cmd, env=["PATH=/bin"]
+        )
         manifests.append(descriptor)
-        blobs.extend(image_blobs)
-    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA, "manifests": manifests}
+        blobs.extend(image)
     with tarfile.open(path, "w") as archive:
-        add_member(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        add_member(archive, "index.json", json.dumps(index).encode())
-        for blob in {b.digest: b for b in blobs}.values():
-            add_member(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
+        write_layout(archive, manifests, blobs)
     return PAUSE_IMAGE, TOOLS_IMAGE

@@ -65,10 +65,13 @@ def real_node() -> Iterator[RealNode]:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{REQUIRE_ENV}=1 but {error}")
         pytest.skip(str(error))
+    busy = None
     try:
         node.start()
     except NodeBusy as error:
-        pytest.fail(str(error), pytrace=False)
+        busy = str(error)
+    if busy is not None:  # failed outside the handler: the reason alone, once
+        pytest.fail(busy, pytrace=False)
     try:
         yield node
     finally:

@@ -149,6 +149,17 @@ def node_name_for_host() -> str:
     return name
 
 
+def host_address() -> str:
+    """The machine's address on its default route (what the kubelet also reports as the
+    node's InternalIP)."""
+    routes = subprocess.run(
+        ["ip", "-j", "route", "get", "1.1.1.1"], capture_output=True, text=True, check=False
+    ).stdout
+    with contextlib.suppress(ValueError, IndexError, KeyError):
+        return str(json.loads(routes)[0]["prefsrc"])
+    raise NodeError("no default route: the apiserver needs an address that pods can reach")
+
+
 def _read_sysctl(name: str) -> str | None:
     with contextlib.suppress(OSError):
         return Path("/proc/sys", name).read_text().strip()
@@ -176,6 +187,9 @@ class RealNode:
     components: Components
     node_name: str
     gpu_count: int = DEFAULT_GPUS
+    node_ip: str = field(default_factory=lambda: host_address())
+    """Where the apiserver listens: the machine's own address (not loopback), so that pods
+    reach it as the ``kubernetes`` Service."""
     ports: Ports = field(default_factory=Ports)
     cgroup_root: str = field(default_factory=lambda: f"/jgh-node-{secrets.token_hex(3)}")
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -198,7 +212,7 @@ class RealNode:
     # ------------------------------------------------------------------ paths
     @property
     def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
+        return f"https://{self.node_ip}:{self.ports.apiserver}"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -244,7 +258,7 @@ class RealNode:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.directory / "log").mkdir(exist_ok=True)
             self._record()
-            self.pki = make_pki(self.directory / "pki", self.node_name)
+            self.pki = make_pki(self.directory / "pki", self.node_name, self.node_ip)
             self._kubeconfigs()
             self._save_host_state()
             self._start_etcd()
@@ -418,10 +432,11 @@ class RealNode:
             [
                 str(self.components.kube_apiserver),
                 f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # The node's own address, which pods reach through the bridge's gateway: the
+                # `kubernetes` Service (in-cluster clients, the deployed agent) points at it.
+                f"--bind-address={self.node_ip}",
+                f"--advertise-address={self.node_ip}",
                 f"--secure-port={self.ports.apiserver}",
-                "--endpoint-reconciler-type=none",
                 f"--service-cluster-ip-range={SERVICE_SUBNET}",
                 f"--client-ca-file={pki.ca.cert}",
                 f"--tls-cert-file={pki.apiserver.cert}",
@@ -534,6 +549,7 @@ state = "{d}/state"
                         "type": "bridge",
                         "bridge": BRIDGE,
                         "isGateway": True,
+                        "isDefaultGateway": True,  # pods reach Services (ClusterIPs) through it
                         "ipMasq": False,
                         "ipam": {
                             "type": "host-local",

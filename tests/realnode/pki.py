@@ -100,7 +100,7 @@ def _sign(directory: Path, name: str, subject: str, san: str | None, ca: Identit
     return Identity(cert, key)
 
 
-def make_pki(directory: Path, node_name: str) -> Pki:
+def make_pki(directory: Path, node_name: str, node_ip: str) -> Pki:
     """A fresh CA and every certificate the node needs, in ``directory`` (created, 0700)."""
     directory.mkdir(mode=0o700, parents=True)
     ca = Identity(directory / "ca.crt", directory / "ca.key")
@@ -140,7 +140,11 @@ def make_pki(directory: Path, node_name: str) -> Pki:
         directory=directory,
         ca=ca,
         apiserver=_sign(
-            directory, "apiserver", "/CN=kube-apiserver", f"IP:127.0.0.1,IP:10.96.0.1,{names}", ca
+            directory,
+            "apiserver",
+            "/CN=kube-apiserver",
+            f"IP:127.0.0.1,IP:{node_ip},IP:10.96.0.1,{names}",
+            ca,
         ),
         apiserver_kubelet_client=_sign(
             directory, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver", None, ca

@@ -36,6 +36,8 @@ pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
 GPU_NODE_LABEL: Final = "nvidia.com/gpu.present"
 TOKEN_PATH: Final = "/var/run/secrets/gpu-hotplug/token"
+HOST_STATE_DIR: Final = Path("/run/gpu-hotplug")
+"""The DaemonSet's state directory on the host (``hostPath``, ``DirectoryOrCreate``)."""
 
 
 def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
@@ -112,6 +114,7 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
     pod is Ready; deletes everything it applied at the end."""
     image = agent_image()
     cluster.node.import_image(image.archive)
+    had_state_dir = HOST_STATE_DIR.exists()
     cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite")
     overlay = Path(tempfile.mkdtemp(prefix="jgh-overlay-", dir="/tmp"))
     (overlay / "agent-patch.json").write_text(json.dumps(_agent_patch(cluster, image)))
@@ -143,10 +146,19 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
     finally:
         print(cluster.kubectl("logs", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
                               "--tail=200", check=False))  # fmt: skip
-        cluster.kubectl("delete", "-k", str(overlay), "--wait=true", "--timeout=120s",
+        # The agent's workload only: its Namespace, ServiceAccount and RBAC are the session's
+        # (``agent_account``), which later tests still use.
+        cluster.kubectl("delete", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
+                        "service/gpu-hotplug-agent", "--wait=true", "--timeout=120s",
                         check=False)  # fmt: skip
+        eventually(
+            lambda: not cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent"),
+            "the agent's pod is gone",
+        )
         cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}-", check=False)
         shutil.rmtree(overlay, ignore_errors=True)
+        if not had_state_dir:  # the DaemonSet's hostPath (DirectoryOrCreate) made it
+            shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)
 
 
 def _notebook_with_token(name: str) -> dict[str, Any]:
@@ -205,7 +217,9 @@ def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip:
     )
 
     def attach() -> dict[str, Any] | None:
-        answer = cluster.exec(ns, "nb", ["sh", "-c", request])
+        # An attach waits for its holder pod to run: seconds on a loaded machine, past
+        # ExecSync's default 10 s.
+        answer = cluster.exec(ns, "nb", ["sh", "-c", request], timeout=180)
         return json.loads(answer.stdout) if answer.exit_code == 0 and answer.stdout else None
 
     created = eventually(attach, "an attach through the Service (from inside the notebook pod)")
