@@ -175,10 +175,17 @@ class Cluster:
         raise AssertionError(f"{namespace}/{pod} has no running container {container}")
 
     def exec(
-        self, namespace: str, pod: str, argv: list[str], container: str = "notebook"
+        self,
+        namespace: str,
+        pod: str,
+        argv: list[str],
+        container: str = "notebook",
+        *,
+        timeout: int = 10,
     ) -> ExecResult:
-        """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in)."""
-        return self.cri.exec_sync(self.container_id(namespace, pod, container), argv)
+        """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in),
+        for at most ``timeout`` seconds."""
+        return self.cri.exec_sync(self.container_id(namespace, pod, container), argv, timeout)
 
     def open_device(self, namespace: str, pod: str, minor: int) -> str:
         """What opening ``/dev/nvidia<minor>`` in the notebook says (ENXIO: allowed, the

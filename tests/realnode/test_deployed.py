@@ -36,6 +36,8 @@ pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
 GPU_NODE_LABEL: Final = "nvidia.com/gpu.present"
 TOKEN_PATH: Final = "/var/run/secrets/gpu-hotplug/token"
+REQUEST_TIMEOUT: Final = 120
+"""Seconds an attach or detach from inside the notebook may take (its holder's start)."""
 HOST_STATE_DIR: Final = Path("/run/gpu-hotplug")
 """The DaemonSet's state directory on the host (``hostPath``, ``DirectoryOrCreate``)."""
 
@@ -198,7 +200,7 @@ def test_the_deployed_agent_attaches_through_the_node_local_service(
     )
 
     def attach() -> dict[str, Any] | None:
-        answer = cluster.exec(ns, "nb", ["sh", "-c", request])
+        answer = cluster.exec(ns, "nb", ["sh", "-c", request], timeout=REQUEST_TIMEOUT)
         return json.loads(answer.stdout) if answer.exit_code == 0 and answer.stdout else None
 
     created = eventually(attach, "an attach through the Service (from inside the notebook pod)")
@@ -213,7 +215,7 @@ def test_the_deployed_agent_attaches_through_the_node_local_service(
         "printf 'DELETE /v1/attachments HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n\\r\\n' "
         f'"$(cat {TOKEN_PATH})" | nc {shlex.quote(deployed_agent)} 8477'
     )
-    answer = cluster.exec(ns, "nb", ["sh", "-c", detach])
+    answer = cluster.exec(ns, "nb", ["sh", "-c", detach], timeout=REQUEST_TIMEOUT)
     assert answer.stdout.startswith("HTTP/1.0 204") or " 204 " in answer.stdout.splitlines()[0], (
         answer
     )
