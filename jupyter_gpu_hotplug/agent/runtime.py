@@ -159,6 +159,35 @@ class Components:
     hooks: BackendHooks | None = None
 
 
+def _service(components: Components, allocator: Allocator, workers: Workers) -> AgentService:
+    """The one ``AgentService`` over the backend's seams, configured from the settings."""
+    settings = components.settings
+    return AgentService(
+        allocator=allocator,
+        inventory=components.inventory,
+        injector=components.injector,
+        resolver=components.resolver,
+        identity=components.identity,
+        metrics=components.metrics,
+        workers=workers,
+        config=ServiceConfig(
+            max_gpus_per_target=settings.max_gpus_per_target,
+            device_major=settings.device_major,
+            simulated=settings.simulated,
+            mig_profile=None if settings.kubernetes is None else settings.kubernetes.mig_profile,
+        ),
+        checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
+        nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
+        idle=IdleBook(
+            policy=IdlePolicy(
+                idle_seconds=settings.idle_release_seconds,
+                warning_seconds=settings.idle_warning_seconds,
+                max_lease_seconds=settings.max_lease_seconds,
+            )
+        ),
+    )
+
+
 class Agent:
     """One running agent (see the module docstring)."""
 
@@ -174,34 +203,7 @@ class Agent:
         else:
             assert components.ledger is not None, "local mode needs its ledger"
             self.allocator = LedgerAllocator(components.ledger, self._workers)
-        self.service = AgentService(
-            allocator=self.allocator,
-            inventory=components.inventory,
-            injector=components.injector,
-            resolver=components.resolver,
-            identity=components.identity,
-            metrics=self.metrics,
-            workers=self._workers,
-            config=ServiceConfig(
-                max_gpus_per_target=settings.max_gpus_per_target,
-                device_major=settings.device_major,
-                simulated=settings.simulated,
-                mig_profile=None
-                if settings.kubernetes is None
-                else settings.kubernetes.mig_profile,
-            ),
-            checkpoints=Checkpoints(
-                pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
-            ),
-            nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
-            idle=IdleBook(
-                policy=IdlePolicy(
-                    idle_seconds=settings.idle_release_seconds,
-                    warning_seconds=settings.idle_warning_seconds,
-                    max_lease_seconds=settings.max_lease_seconds,
-                )
-            ),
-        )
+        self.service = _service(components, self.allocator, self._workers)
         self.idle = IdleReleaser(
             book=self.service.idle,
             allocator=self.allocator,
@@ -227,22 +229,22 @@ class Agent:
             nodes=self.service.nodes,
         )
         self.health = HealthProbe(self._health_check)
-        self.server = AgentServer(
-            make_application(
-                ApiContext(
-                    service=self.service,
-                    identity=components.identity,
-                    metrics=self.metrics,
-                    openapi=openapi_document(),
-                    max_count=settings.max_gpus_per_target,
-                    health=self.health.verdict,
-                    readiness=self.health.readiness,
-                )
-            ),
-            binder=components.identity.bind_connection,
-        )
+        self.server = self._api_server()
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.simulated.set(1 if settings.simulated else 0)
+
+    def _api_server(self) -> AgentServer:
+        """The HTTP API over the service, bound to connections by the backend's identity."""
+        identity = self.components.identity
+        context = ApiContext(
+            service=self.service,
+            identity=identity,
+            metrics=self.metrics,
+            openapi=openapi_document(),
+            health=self.health.verdict,
+            readiness=self.health.readiness,
+        )
+        return AgentServer(make_application(context), binder=identity.bind_connection)
 
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:

@@ -238,8 +238,18 @@ class HotplugEngine:
 
     # ---- inspection ------------------------------------------------------------------
 
-    def inspect(self, pid: int) -> Container:
-        """Read the target's identity and cgroups; :class:`TargetGoneError` if it is gone."""
+    def inspect(
+        self, pid: int, *, devices_v1_scope: str | None = None, unified_scope: str | None = None
+    ) -> Container:
+        """Read the target's identity and cgroups; :class:`TargetGoneError` if it is gone.
+
+        A container is a cgroup subtree, and its process may sit anywhere below the top (it
+        can make child cgroups of its own): the ``*_scope`` paths (as ``/proc/<pid>/cgroup``
+        names them) say where the container's cgroups begin, so that grants, revocations
+        and busy scans cover the whole subtree. A process no longer below them has left the
+        container (:class:`TargetGoneError`). Without them, the process's own cgroup is the
+        container's (crun's inner leaf folded into its scope).
+        """
         who = procfs.identity(pid, proc=self.host_proc)
         if who is None:
             raise TargetGoneError(f"process {pid} does not exist")
@@ -253,12 +263,26 @@ class HotplugEngine:
             raise EngineError(f"cannot read the cgroups of process {pid}: {e}") from e
         v2_dirs: tuple[Path, ...] = ()
         if found.unified is not None and self._confined_v2(found.unified):
-            scope = _container_scope(found.unified)
+            scope = self._scope(found.unified, self.hierarchies.unified, unified_scope, pid)
             v2_dirs = tuple(cgroups.cgroup_dirs_to_patch_v2(found.unified, scope=scope))
         v1_scope = None
         if found.devices_v1 is not None and self._confined_v1(found.devices_v1):
-            v1_scope = _container_scope(found.devices_v1)
+            mount = self.hierarchies.devices_v1
+            v1_scope = self._scope(found.devices_v1, mount, devices_v1_scope, pid)
         return Container(pid, who.start_time, found, v1_scope, v2_dirs)
+
+    @staticmethod
+    def _scope(leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int) -> Path:
+        """The container's top directory in one hierarchy, for a process in ``leaf``."""
+        if given is None or mount is None:
+            return _container_scope(leaf)
+        try:
+            scope = mount.directory_of(given)
+        except cgroups.CgroupError as e:
+            raise EngineError(f"the container's cgroup {given!r} is not usable: {e}") from e
+        if leaf != scope and scope not in leaf.parents:
+            raise TargetGoneError(f"process {pid} has left its container's cgroup {scope}")
+        return scope
 
     def _confined_v1(self, directory: Path) -> bool:
         """Whether the v1 devices controller restricts this cgroup at all.
@@ -476,6 +500,7 @@ class HotplugEngine:
         """
         chars = [node.device for node in devices]
         try:
+            self._check_empty(devices_v1=devices_v1, unified=unified)
             v1_mount = self.hierarchies.devices_v1
             if devices_v1 is not None and v1_mount is not None:
                 scope = v1_mount.directory_of(devices_v1)
@@ -500,6 +525,22 @@ class HotplugEngine:
                 f"failed: {e}",
                 rollback_errors=["a withdraw is not rolled back"],
             ) from e
+
+    def _check_empty(self, *, devices_v1: str | None, unified: str | None) -> None:
+        """Refuse a withdraw while any process lives anywhere below the container's cgroups
+        (one may have moved into a child cgroup of its own): it can still use the device."""
+        for mount, path in (
+            (self.hierarchies.devices_v1, devices_v1),
+            (self.hierarchies.unified, unified),
+        ):
+            if mount is None or path is None:
+                continue
+            top = mount.directory_of(path)
+            if top.is_dir() and (members := cgroups.pids_in_cgroup(top, recursive=True)):
+                raise InjectionError(
+                    f"the cgroups {path} are not empty (processes {members[:8]} live below "
+                    "them): nothing is withdrawn while the container can still use it"
+                )
 
     # ---- helpers ---------------------------------------------------------------------
 

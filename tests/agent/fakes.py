@@ -27,10 +27,8 @@ from jupyter_gpu_hotplug._structs import (
     TargetRef,
 )
 from jupyter_gpu_hotplug.agent.core.errors import (
-    Busy,
     Forbidden,
     InsufficientGpus,
-    InvalidRequest,
     NotFound,
     Timeout,
 )
@@ -49,6 +47,8 @@ from jupyter_gpu_hotplug.agent.core.seams import (
     HostContainer,
     Reservation,
     ReservationState,
+    Transition,
+    plan_transition,
 )
 from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
@@ -167,10 +167,10 @@ class FakeResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                f"this agent runs the local backend and cannot act on {ref}",
-                field="target",
-                hint=LOCAL_TARGET_HINT,
+            raise NotFound(
+                "pod",
+                f"{ref.namespace}/{ref.name}",
+                hint=f"this agent runs the local backend; {LOCAL_TARGET_HINT}",
             )
         process = self.host.processes.get(ref.pid)
         if process is None:
@@ -318,6 +318,7 @@ class FakeInjector:
                 usable=node.device in have,
                 exposed=node.device in have,
                 permitted=node.device in have,
+                node=node.device in have,
             )
             for node in devices
         ]
@@ -396,15 +397,6 @@ class MemoryAllocator:
     ) -> list[Reservation]:
         if time.monotonic() > deadline:
             raise Timeout("deadline passed", wait_seconds=0)
-        mine = self.attachments_of(container.target)
-        if request_id is not None:
-            earlier = [e for e in mine if e.request_id == request_id]
-            if earlier and len(earlier) != count:
-                raise InvalidRequest.request_id_reused(
-                    request_id, used=len(earlier), requested=count
-                )
-            if earlier:
-                return earlier
         free = [gpu for gpu in candidates if gpu.uuid not in self._entries]
         if len(free) < count:
             raise InsufficientGpus(free=len(free), requested=count)
@@ -426,33 +418,39 @@ class MemoryAllocator:
         self._entries[uuid] = entry
         return entry
 
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RESERVING:
+                self._change(uuid, node_created=True)
+
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
-        for uuid in uuids:
-            if self._entries[uuid].state is ReservationState.RESERVING:
+        return self._move(Transition.MARK_GRANTED, uuids, nodes_created)
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        return self._move(Transition.BEGIN_RELEASE, uuids)
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        return self._move(Transition.CANCEL_RELEASE, uuids)
+
+    def _move(
+        self,
+        transition: Transition,
+        uuids: Collection[GpuUuid],
+        nodes_created: Collection[GpuUuid] = (),
+    ) -> list[Reservation]:
+        for uuid, state in plan_transition(transition, uuids, self._entries.get).items():
+            entry = self._entries[uuid]
+            if entry.state is ReservationState.RESERVING:
                 self._change(
                     uuid,
-                    state=ReservationState.GRANTED,
+                    state=state,
                     granted_at=datetime.now(UTC),
                     node_created=uuid in nodes_created,
                 )
-        return _ordered(self._entries[uuid] for uuid in uuids)
-
-    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        for uuid in uuids:
-            entry = self._entries.get(uuid)
-            if entry is None:
-                raise NotFound("attachment", uuid)
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
-            self._change(uuid, state=ReservationState.RELEASING)
-        return _ordered(self._entries[uuid] for uuid in uuids)
-
-    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        for uuid in uuids:
-            if self._entries[uuid].state is ReservationState.RELEASING:
-                self._change(uuid, state=ReservationState.GRANTED)
+            elif entry.state is not state:
+                self._change(uuid, state=state)
         return _ordered(self._entries[uuid] for uuid in uuids)
 
     async def release(self, uuids: Collection[GpuUuid]) -> None:

@@ -163,12 +163,13 @@ async def test_an_agent_of_one_profile_gives_every_attach_slices_of_it(
 
 async def test_unknown_profile(harness: Harness, node: FakeNvmlConfig) -> None:
     harness.host.spawn(100, "kernel-100")
-    with pytest.raises(InvalidRequest, match=r"no MIG slice of profile 2g\.20gb") as caught:
+    with pytest.raises(InsufficientGpus, match=r"no MIG slice of profile 2g\.20gb") as caught:
         await harness.service.attach(ADMIN, mig_request(100, profile="2g.20gb"))
     assert "1g.10gb" in caught.value.message
+    assert (caught.value.free, caught.value.retryable) == (0, False)
 
 
 async def test_no_mig_on_the_node(harness: Harness) -> None:
     harness.host.spawn(100, "kernel-100")
-    with pytest.raises(InvalidRequest, match="no GPU of this node is in MIG mode"):
+    with pytest.raises(InsufficientGpus, match="no GPU of this node is in MIG mode"):
         await harness.service.attach(ADMIN, mig_request(100))

@@ -746,6 +746,7 @@ def agent_shell(
     return ipython_shell
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_list_from_a_real_agent(
     agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -756,12 +757,14 @@ def test_list_from_a_real_agent(
     assert listed == {gpu.uuid for gpu in local_agent.gpus()}
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_a_real_agent_refuses_a_process_outside_any_container(
     agent_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert "is not in a container" in run_refused(agent_shell, "attach 1", capsys)
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_status_from_a_real_agent(
     agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -313,16 +313,18 @@ def test_force_terminates_holders_then_revokes(
 
 
 def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: SandboxProbe) -> None:
-    """The container's init holds the device: force ends it, and the permissions still go
-    (other processes could live on in its cgroups)."""
+    """The container's main process holds the device: force ends it (and with it the
+    sandbox, the target), and the permissions still go (other processes could live on in its
+    cgroups)."""
     before = host_state(busy_box)
     engine.grant(busy_box.pid, [STAND_IN])
     assert busy_box.hold("/dev/nvidia7") == "OK"
+    workload = busy_box.workload_pid
 
     result = engine.revoke(busy_box.pid, [STAND_IN], force=True)
 
-    assert result.target_gone
-    assert result.terminated[0].exited + result.terminated[0].killed == (busy_box.pid,)
+    assert result.terminated[0].exited + result.terminated[0].killed == (workload,)
+    assert busy_box.sandbox.wait(timeout=30) is not None  # the sandbox ended with it
     cg = busy_box.sandbox.cgroups
     if cg.v1 is not None:
         assert (cg.v1 / "devices.list").read_text() == before.v1_list

@@ -36,6 +36,9 @@ from .api_support import (
     upload,
 )
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 GPU0 = "/dev/nvidia0"
 
 

@@ -35,6 +35,9 @@ from .api_support import (
     stream_path,
 )
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:

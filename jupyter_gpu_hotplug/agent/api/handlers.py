@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Final, Literal
 from tornado import web
 
 from ..._lingering import has_unread_body, refuse_unread
-from ..._structs import BoundedBody, ErrorBody
+from ..._structs import BoundedBody, ErrorBody, allow_header
 from ..core.errors import (
     AgentError,
     BodyTooLarge,
@@ -105,8 +105,6 @@ class ApiContext:
     identity: Identity
     metrics: AgentMetrics
     openapi: bytes
-    max_count: int
-    """The most GPUs one request may ask for."""
     health: Callable[[], Unwell | None]
     """The cached liveness verdict: None when alive, else why not."""
     readiness: Callable[[], Unwell | None]
@@ -261,6 +259,8 @@ class ApiHandler(web.RequestHandler):
         else:
             failure = InternalError(request_id=self.request_id)
             status, body = failure.status, failure.to_body()
+        if status == 405:
+            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
         self.set_status(status)
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
         if isinstance(error, Unavailable):
@@ -382,7 +382,7 @@ class AttachmentsHandler(ApiHandler):
     async def post(self) -> None:
         caller = await self.authenticate()
         self.query()
-        request = parse_attach_request(self.body, max_count=self.context.max_count)
+        request = parse_attach_request(self.body)
         result = await self.context.service.attach(caller, request)
         if result["attachments"]:
             target = result["attachments"][0]["target"]

@@ -104,6 +104,8 @@ class DeviceState:
     """Any trace of access (node or permission): what a revoke must clean up."""
     permitted: bool
     """A device controller lets the target open it (whether or not the node is there)."""
+    node: bool
+    """The node is in the target's ``/dev`` (whether or not the cgroups allow it)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -154,7 +156,12 @@ class EngineInjector:
 
     def _container(self, target: HostContainer) -> Container:
         try:
-            container = self._engine.inspect(target.pid)
+            # The container's cgroups, not the process's own: it may sit in a child cgroup.
+            container = self._engine.inspect(
+                target.pid,
+                devices_v1_scope=target.cgroups.devices_v1,
+                unified_scope=target.cgroups.unified,
+            )
         except TargetGoneError as e:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:
@@ -210,6 +217,7 @@ class EngineInjector:
                 usable=s.usable,
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                node=s.node,
             )
             for s in states
         ]

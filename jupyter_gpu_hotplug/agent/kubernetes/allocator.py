@@ -41,7 +41,15 @@ from ..core.errors import (
     TargetNotReady,
     Timeout,
 )
-from ..core.seams import ContainerKey, GpuRecord, HostContainer, Reservation, ReservationState
+from ..core.seams import (
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+    Transition,
+    plan_transition,
+)
 from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
 from .holders import (
     ANNOTATION_CONTAINER_ID,
@@ -204,14 +212,6 @@ class HolderAllocator:
         target = container.target
         if not isinstance(target, PodTarget) or target.container is None:
             raise InvalidRequest(f"{target} is not a pod's container", field="target")
-        if request_id is not None:
-            earlier = [e for e in self.attachments_of(target) if e.request_id == request_id]
-            if earlier:
-                if len(earlier) != count:
-                    raise InvalidRequest.request_id_reused(
-                        request_id, used=len(earlier), requested=count
-                    )
-                return earlier
         wait_seconds = max(0.0, deadline - time.monotonic())
         if wait_seconds <= 0:
             raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
@@ -389,44 +389,55 @@ class HolderAllocator:
     async def _set_state(
         self,
         uuids: Collection[GpuUuid],
-        state: ReservationState,
+        transition: Transition,
         *,
-        extra: dict[str, str],
+        extra: Callable[[GpuUuid], dict[str, str]] = lambda uuid: {},
     ) -> list[Reservation]:
-        """Move the holders to ``state``, recording ``extra`` annotations with it."""
+        """Move the holders as ``transition`` says (``seams.TRANSITIONS``: refused before any
+        holder is touched), recording ``extra(uuid)`` annotations with each change."""
+        plan = plan_transition(transition, uuids, self._entries.get)
         changed: list[Reservation] = []
-        for uuid in uuids:
-            holder = self._holders.get(uuid)
-            if holder is None:
-                raise NotFound("attachment", uuid)
+        for uuid, state in plan.items():
+            holder = self._holders[uuid]
             if self._entries[uuid].state is state:
                 changed.append(self._entries[uuid])
                 continue
-            annotations = {ANNOTATION_STATE: str(state), **extra}
+            annotations = {ANNOTATION_STATE: str(state), **extra(uuid)}
             pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
             self._pods.remember(pod)
             updated = read_holder(pod)
             if updated is None or updated.uuid != uuid:
                 raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
             changed.append(self._remember(updated))
-        return changed
+        return sorted(changed, key=_order)
+
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            holder = self._holders.get(uuid)
+            entry = self._entries.get(uuid)
+            if holder is None or entry is None or entry.state is not ReservationState.RESERVING:
+                continue
+            pod = await self._kube.annotate_pod(
+                holder.namespace, holder.name, {ANNOTATION_NODE_CREATED: "true"}
+            )
+            self._pods.remember(pod)
+            updated = read_holder(pod)
+            if updated is not None and updated.uuid == uuid:
+                self._remember(updated)
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
-        granted = await self._set_state(
-            [uuid for uuid in uuids if uuid in nodes_created],
-            ReservationState.GRANTED,
-            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "true"},
-        )
-        granted += await self._set_state(
-            [uuid for uuid in uuids if uuid not in nodes_created],
-            ReservationState.GRANTED,
-            extra={ANNOTATION_GRANTED_AT: now},
-        )
-        granted.sort(key=_order)
+
+        def annotations(uuid: GpuUuid) -> dict[str, str]:
+            if before.get(uuid) is not ReservationState.RESERVING:
+                return {}  # a cancelled release: granted already, as it was
+            created = "true" if uuid in nodes_created else "false"
+            return {ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: created}
+
+        granted = await self._set_state(uuids, Transition.MARK_GRANTED, extra=annotations)
         for entry in granted:
             if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
                 self._event(entry, ATTACHED, "attached")
@@ -444,22 +455,11 @@ class HolderAllocator:
                 warning=warning,
             )
 
-    def _refuse_reserving(self, uuids: Collection[GpuUuid]) -> None:
-        """``NotFound`` for a GPU not reserved, ``Busy`` for one whose attach is under way."""
-        for uuid in uuids:
-            entry = self._entries.get(uuid)
-            if entry is None:
-                raise NotFound("attachment", uuid)
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
-
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        self._refuse_reserving(uuids)
-        return await self._set_state(uuids, ReservationState.RELEASING, extra={})
+        return await self._set_state(uuids, Transition.BEGIN_RELEASE)
 
     async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        self._refuse_reserving(uuids)
-        return await self._set_state(uuids, ReservationState.GRANTED, extra={})
+        return await self._set_state(uuids, Transition.CANCEL_RELEASE)
 
     async def rebind(
         self, uuids: Collection[GpuUuid], container: HostContainer

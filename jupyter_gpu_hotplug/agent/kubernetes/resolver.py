@@ -73,10 +73,12 @@ class PodResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if not isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                "this agent serves Kubernetes pods: give the target as "
+            # Well formed, but the Kubernetes backend knows no bare processes: not found (404).
+            raise NotFound(
+                "process",
+                str(ref.pid),
+                hint="this agent serves Kubernetes pods: give the target as "
                 '{"pod": {"namespace": ..., "name": ..., "container": ...}}',
-                field="target",
             )
         pod = self._pod(ref)
         if pod is None:
