@@ -99,7 +99,7 @@ def part_one(cluster: Cluster, runs: int) -> None:
     ns = cluster.namespace("bench")
     cluster.run_notebook_pod(ns, "solo")
     account = install_agent_account(cluster)
-    with running_node_agent(cluster, account, extra=("--reconcile-interval=10",)) as agent:
+    with running_node_agent(cluster, account) as agent:
         api = agent.as_pod(ns, "solo")
         attach: list[float] = []
         detach: list[float] = []
@@ -148,7 +148,7 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     doubles = 0
-    with running_node_agent(cluster, account, extra=("--reconcile-interval=10",)) as agent:
+    with running_node_agent(cluster, account) as agent:
         clients = {name: agent.as_pod(ns, name) for name in names}
         for _ in range(rounds):
             results = attach_at_once(clients)

@@ -183,7 +183,8 @@ class Cluster:
         *,
         timeout: int = 10,
     ) -> ExecResult:
-        """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in)."""
+        """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in),
+        for at most ``timeout`` seconds."""
         return self.cri.exec_sync(self.container_id(namespace, pod, container), argv, timeout)
 
     def open_device(self, namespace: str, pod: str, minor: int) -> str:
