@@ -23,7 +23,8 @@ open keeps working on a real driver whatever the cgroup says. Which fds a queued
 message carries cannot be read without receiving it, so the scan is conservative: a
 process that holds a unix socket with anything queued — in its receive queue (even a
 message of no bytes, or a connection not yet accepted) or sent and not yet received
-(``SIOCOUTQ``) — counts as a holder of every device asked about (``Holder.queued``).
+(``SIOCOUTQ``) — counts as a holder of every device asked about (``Holder.queued``),
+except on a connection to the scanning agent itself (``_peer_pid``), which cannot park one.
 The check looks at duplicates of the sockets (``pidfd_getfd(2)``, Linux 5.6): one
 ``poll`` for a batch of them, an ``ioctl`` each, and never reads from them. So "not busy" means: no
 process of the container has the device open, none has an fd of any kind in flight on
@@ -284,6 +285,8 @@ _SO_DOMAIN: Final = 39
 """``<asm-generic/socket.h>``."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _INT: Final = struct.Struct("i")
+_UCRED: Final = struct.Struct("iII")
+"""``struct ucred``: pid, uid, gid."""
 
 
 def _pidfd_getfd(pidfd: int, fd: int) -> int:
@@ -323,7 +326,7 @@ def _queued_batch(pidfd: int, fds: Sequence[int]) -> list[int]:
                     continue  # closed since we listed it, or the process exited
                 raise
             ours[dup] = fd
-            if _domain(dup) != socket.AF_UNIX:
+            if _domain(dup) != socket.AF_UNIX or _peer_pid(dup) == os.getpid():
                 del ours[dup]
                 os.close(dup)
         return [ours[dup] for dup in _with_queued(list(ours))]
@@ -340,6 +343,21 @@ def _domain(fd: int) -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return value.value
+
+
+def _peer_pid(fd: int) -> int:
+    """The pid of unix socket ``fd``'s peer (``SO_PEERCRED``; 0 where it has none).
+
+    A connection to the scanning process itself (the agent: a kernel's own ``%gpu`` or its
+    widget asking it something) cannot park a GPU fd: the agent reads requests without
+    ancillary data, so an fd sent to it is closed by the kernel on receipt, and it never
+    sends one. Counting such a connection would refuse a detach whenever the agent's own
+    answer waits unread in the caller's socket."""
+    creds = ctypes.create_string_buffer(_UCRED.size)
+    size = ctypes.c_uint32(_UCRED.size)
+    if _libc.getsockopt(fd, socket.SOL_SOCKET, socket.SO_PEERCRED, creds, ctypes.byref(size)):
+        return 0
+    return int(_UCRED.unpack(creds.raw)[0])
 
 
 def _with_queued(fds: list[int]) -> list[int]:

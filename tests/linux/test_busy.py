@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -221,6 +222,45 @@ def test_a_device_fd_parked_in_a_socket_is_held(kind: str) -> None:
 def test_a_socket_with_nothing_queued_holds_nothing() -> None:
     with _parked("drained") as pid:
         assert busy.holders_among([pid], ZERO) == []
+
+
+_ASK_THE_SCANNER = """
+import socket, sys
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+client.connect(sys.argv[1])
+client.sendall(b"request")
+print("asked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_unread_answer_of_the_scanner_itself_holds_nothing(tmp_path: Path) -> None:
+    """A kernel's ``%gpu detach`` ran while its widget's answer from the agent still waited
+    unread in its socket, and the detach was refused as busy (found in CI on the merged
+    tree). A connection to the scanning process (the agent) cannot park a GPU fd: the agent
+    reads without ancillary data, so an fd sent to it is closed on receipt, and it never sends
+    one. Data queued either way on it does not make a holder; the same queue on a socket to a
+    third process still does (above)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "agent.sock")
+    listener.bind(path)
+    listener.listen(1)
+    with (
+        listener,
+        subprocess.Popen(
+            [sys.executable, "-c", _ASK_THE_SCANNER, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        ) as child,
+    ):
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"asked\n"
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(b"an answer the caller has not read yet")
+                assert busy.holders_among([child.pid], ZERO) == []
+        finally:
+            child.kill()
 
 
 def test_a_scan_past_its_deadline_stops_and_says_how_far_it_got() -> None:
