@@ -665,6 +665,13 @@ def _signal_members(dirs: Sequence[Path], sig: signal.Signals) -> None:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             continue  # Exited since we listed it: nothing to signal.
+        except OSError as e:
+            # EINVAL: a thread-group leader that has exited while its other threads still
+            # run (kernels before 6.9 refuse to pin it). The callers signal again until the
+            # cgroup is empty, so the next round reaches what is left of it.
+            if e.errno != errno.EINVAL:
+                raise
+            continue
         try:
             if pid in _members(dirs):
                 with contextlib.suppress(ProcessLookupError):  # Exited meanwhile: fine.
