@@ -395,8 +395,8 @@ def test_target_dies_between_cgroups_and_nodes(
     real_grant = cgroup_v2.grant
     sandbox = hybrid_box.sandbox
 
-    def grant_then_die(directory: Path, rules: object) -> object:
-        change = real_grant(directory, rules)  # type: ignore[arg-type]
+    def grant_then_die(directory: Path, rules: object, **options: object) -> object:
+        change = real_grant(directory, rules, **options)  # type: ignore[arg-type]
         sandbox.stop()
         return change
 
