@@ -3,18 +3,26 @@
 Run as root on a host with cgroups:
 
     .venv/bin/python benchmarks/bench_soak.py [--clients 6] [--hostile 4] [--idle 150] \
-        [--seconds 30]
+        [--hog 64] [--slow-bodies 512] [--seconds 30]
 
 Starts a local agent with ``--simulate 4`` and one sandboxed process per valid client. For
 ``--seconds``: each valid client cycles attach / ``GET /v1/gpus`` / detach on its sandbox over
 one persistent connection; each hostile client sends, on fresh connections, what the fuzzing
 tier sends (huge numbers, deep nesting, duplicate keys, an oversized declared body, an
-oversized chunked body, a body that never comes); and ``--idle`` connections are opened and
-left silent, to be closed by the agent's idle timeout. Printed: p50/p99 of each kind of
-answer, every status seen, the number of 5xx (must be 0), and the leak check after the soak
+oversized chunked body, a body that never comes); ``--idle`` connections are opened and
+left silent, to be closed by the agent's idle timeout; and two abusers of the connection
+caps (issue 25) run all along: one sandboxed container that keeps ``--hog`` connections to
+the agent's unix socket open with a body that never comes (it opens a new one whenever one is
+closed), and ``--slow-bodies`` connections from 127.0.0.2-127.0.0.9 that send their headers
+without credentials and then a byte of body a second (likewise replaced when answered).
+Printed: p50/p99 of each kind of answer, every status seen, the number of 5xx to well-behaved
+callers (must be 0), and the leak check after the soak
 and a quiet period: the agent's open file descriptors, threads and RSS against their values
 before, the ledger (every GPU free again) and each sandbox's device access (as at start).
-Figures are printed, never asserted; the exit status is 1 if a 5xx or a leak was seen.
+Figures are printed, never asserted; the exit status is 1 if a well-behaved caller got a 5xx
+or a leak was seen (a documented 503 with ``Retry-After`` to an abuser is counted apart).
+The interpreter's environment picks the checkout that runs (``PYTHONPATH``), so the same
+script measures an older commit's agent for a before/after comparison.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import http.client
 import json
 import os
+import select
 import socket
 import sys
 import tempfile
@@ -38,7 +48,30 @@ from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2
 from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-soak"
-QUIET_SECONDS = 35.0  # longer than the agent's idle timeout (30 s)
+QUIET_SECONDS = 35.0  # longer than the agent's idle timeout (30 s before issue 25, 10 s now)
+SLOW_SOURCES = [f"127.0.0.{n}" for n in range(2, 10)]
+SLOW_BODY = b"POST /v1/attachments HTTP/1.1\r\nHost: soak\r\nContent-Length: 100\r\n\r\n{"
+HOG = """
+import select, socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+head = b"POST /v1/attachments HTTP/1.1\\r\\nHost: hog\\r\\nContent-Length: 100\\r\\n\\r\\n{"
+held = []
+while True:
+    while len(held) < count:
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(path)
+            sock.sendall(head)
+        except OSError:
+            sock.close()
+            time.sleep(0.05)
+            continue
+        held.append(sock)
+    for sock in select.select(held, [], [], 0.5)[0]:  # answered or closed: open another
+        held.remove(sock)
+        sock.close()
+"""
+"""One container holding its connections: runs in a sandbox, as a kernel would."""
 
 
 def _hostile(token: str) -> list[tuple[str, bytes]]:
@@ -76,22 +109,30 @@ class Tally:
 
 
 def valid_client(agent: RunningAgent, pid: int, stop: threading.Event, tally: Tally) -> None:
+    """Attach, list, detach, over and over; a call the agent drops even after the client's one
+    reconnection is recorded as ``None`` (what a user sees as "connection reset")."""
     client = agent.client()
+
+    def call(kind: str, method: str, path: str, body: object = None) -> tuple[int | None, object]:
+        start = time.perf_counter()
+        try:
+            status, answer = client.request(method, path, body)
+        except (http.client.HTTPException, ConnectionError):
+            status, answer = None, None
+        tally.record(kind, status, time.perf_counter() - start)
+        return status, answer
+
     try:
         while not stop.is_set():
-            start = time.perf_counter()
-            status, body = client.request(
-                "POST", "/v1/attachments", {"count": 1, "target": {"pid": pid}}
+            status, body = call(
+                "attach", "POST", "/v1/attachments", {"count": 1, "target": {"pid": pid}}
             )
-            tally.record("attach", status, time.perf_counter() - start)
-            start = time.perf_counter()
-            listed, _ = client.request("GET", "/v1/gpus")
-            tally.record("GET /v1/gpus", listed, time.perf_counter() - start)
+            call("GET /v1/gpus", "GET", "/v1/gpus")
             if status == 201:
                 uuid = body["attachments"][0]["uuid"]  # type: ignore[index]
-                start = time.perf_counter()
-                status, _ = client.request("DELETE", f"/v1/attachments/{uuid}")
-                tally.record("detach", status, time.perf_counter() - start)
+                while call("detach", "DELETE", f"/v1/attachments/{uuid}")[0] not in (204, 404):
+                    if stop.is_set():
+                        break
     finally:
         client.close()
 
@@ -103,6 +144,42 @@ def hostile_client(
         for kind, request in cases:
             start = time.perf_counter()
             tally.record(f"hostile: {kind}", _exchange(port, request), time.perf_counter() - start)
+
+
+def slow_bodies(port: int, count: int, stop: threading.Event, tally: Tally) -> None:
+    """``count`` connections from 127.0.0.2-9 sending a body a byte a second, without
+    credentials; each one answered or closed is recorded and replaced."""
+    held: dict[socket.socket, float] = {}
+
+    def open_one(source: str) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((source, 0))
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(SLOW_BODY)
+        except OSError:
+            sock.close()
+            return
+        held[sock] = time.perf_counter()
+
+    sources = [SLOW_SOURCES[n % len(SLOW_SOURCES)] for n in range(count)]
+    while not stop.is_set():
+        for source in sources[len(held) :]:
+            open_one(source)
+        for sock in select.select(list(held), [], [], 1.0)[0]:
+            started = held.pop(sock)
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.") else None
+            tally.record("hostile: slow body", status, time.perf_counter() - started)
+            sock.close()
+        for sock in list(held):
+            with contextlib.suppress(OSError):
+                sock.send(b" ")
+    for sock in held:
+        sock.close()
 
 
 def _exchange(port: int, request: bytes) -> int | None:
@@ -152,17 +229,25 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--hostile", type=int, default=4)
     parser.add_argument("--idle", type=int, default=150)
+    parser.add_argument("--hog", type=int, default=64)
+    parser.add_argument("--slow-bodies", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args()
 
     tally = Tally()
     sandboxes: list[Sandbox] = []
+    hog: Sandbox | None = None
+    # Outside /tmp, which a sandbox sees as its own: the hog must reach the socket.
+    socket_path = Path(f"/run/gpu-hotplug-bench-soak-{os.getpid()}.sock")
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        agent = start_agent(Path(tmp) / "state", simulate=4)
+        agent = start_agent(Path(tmp) / "state", simulate=4, extra=[f"--listen=unix:{socket_path}"])
         try:
             for _ in range(args.clients):
                 spec = SandboxSpec(("sleep", "100000"), cgroup_parent=PARENT, name_prefix="soak")
                 sandboxes.append(Sandbox.start(spec))
+            if args.hog:
+                argv = (sys.executable, "-c", HOG, str(socket_path), str(args.hog))
+                hog = Sandbox.start(SandboxSpec(argv, cgroup_parent=PARENT, name_prefix="hog"))
             access_before = {box.pid: device_access(box) for box in sandboxes}
             agent.client().request("GET", "/v1/gpus")
             before = Footprint.of(agent)
@@ -177,6 +262,12 @@ def main() -> int:
                 threading.Thread(target=hostile_client, args=(agent.port, cases, stop, tally))
                 for _ in range(args.hostile)
             ]
+            if args.slow_bodies:
+                threads.append(
+                    threading.Thread(
+                        target=slow_bodies, args=(agent.port, args.slow_bodies, stop, tally)
+                    )
+                )
             started = time.perf_counter()
             for thread in threads:
                 thread.start()
@@ -186,6 +277,9 @@ def main() -> int:
                 thread.join(timeout=120)
             elapsed = time.perf_counter() - started
             under_load = Footprint.of(agent)
+            if hog is not None:  # its connections are not the agent's leak
+                hog.stop()
+                hog = None
             idle_closed = sum(1 for sock in idle if _closed_by_peer(sock))
             for sock in idle:
                 sock.close()
@@ -195,7 +289,7 @@ def main() -> int:
             states = collections.Counter(g["state"] for g in listed["gpus"])  # type: ignore[index]
             access_after = {box.pid: device_access(box) for box in sandboxes}
         finally:
-            for box in sandboxes:
+            for box in [*sandboxes, *([hog] if hog is not None else [])]:
                 box.stop()
             agent.stop()
             remove_parent_cgroups(PARENT)
@@ -203,7 +297,8 @@ def main() -> int:
     load = Path("/proc/loadavg").read_text().split()[0]
     print(
         f"soak: {args.clients} valid + {args.hostile} hostile clients, {args.idle} idle "
-        f"connections, 4 simulated GPUs, {elapsed:.1f} s (load {load})"
+        f"connections, a container holding {args.hog}, {args.slow_bodies} slow bodies from "
+        f"8 addresses, 4 simulated GPUs, {elapsed:.1f} s (load {load})"
     )
     print(f"  {'kind':32} {'n':>6} {'p50 ms':>9} {'p99 ms':>9}")
     for kind, samples in sorted(tally.latency.items()):
@@ -213,9 +308,24 @@ def main() -> int:
         )
     print("  statuses:", json.dumps(dict(sorted(tally.statuses.items()))))
     server_errors = sum(
-        n for key, n in tally.statuses.items() if key.split("-> ")[1].startswith("5")
+        n
+        for key, n in tally.statuses.items()
+        if key.split("-> ")[1].startswith("5") and not key.startswith("hostile:")
     )
-    print(f"  5xx answers: {server_errors}")
+    abused = sum(
+        n for key, n in tally.statuses.items() if key.startswith("hostile:") and key.endswith("503")
+    )
+    well = [s for kind, v in tally.latency.items() if not kind.startswith("hostile:") for s in v]
+    print(
+        f"  well-behaved callers: {len(well)} answers, p99 {percentile(well, 0.99) * 1000:.2f} ms"
+    )
+    dropped = sum(
+        n
+        for key, n in tally.statuses.items()
+        if key.endswith("-> None") and not key.startswith("hostile:")
+    )
+    print(f"  5xx answers to well-behaved callers: {server_errors}; 503 to abusers: {abused}")
+    print(f"  well-behaved calls dropped (connection reset or closed): {dropped}")
     print(f"  idle connections closed by the agent during the soak: {idle_closed} of {args.idle}")
     print(
         f"  agent fds/threads/RSS: before {before}, under load {under_load}, "
@@ -226,7 +336,7 @@ def main() -> int:
     unchanged = access_after == access_before
     print(f"  ledger after: {dict(states)}; sandboxes' device access as at start: {unchanged}")
     print(f"  leaks: {'YES' if leaked else 'none'}")
-    return 1 if server_errors or leaked else 0
+    return 1 if server_errors or dropped or leaked else 0
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

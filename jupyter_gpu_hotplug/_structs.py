@@ -48,6 +48,20 @@ may be any)."""
 DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
 """The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
 
+LINGER_MAX_BYTES: Final = 64 * 1024 * 1024
+"""After refusing a request whose body it has not read (413, 401), an HTTP API reads and drops
+at most this much more of it before closing, so that a client still sending reads the answer
+instead of a reset (nginx's lingering close). Both APIs, the agent's and the server's."""
+LINGER_SECONDS: Final = 10.0
+"""...and for at most this long."""
+
+MAX_WAITERS_PER_CONTAINER: Final = 4
+"""Attach requests one container may have waiting in the node's queue at once: more are refused
+(409 ``busy``, retryable), so one container cannot fill the queue (issue 25)."""
+QUEUE_OVERTAKES: Final = 4
+"""How many requests that fit may be served before the first waiter that cannot be served yet;
+after that, GPUs that are freed are held for it (so it is never starved)."""
+
 MIG_PROFILE_RE: Final = re.compile(r"[1-8]g\.[1-9][0-9]{0,3}gb(?:\+me)?")
 """A MIG GPU instance profile as NVIDIA names them (``1g.10gb``); use with ``fullmatch``."""
 
@@ -67,6 +81,10 @@ DEFAULT_SOCKET: Final = PurePosixPath("/run/gpu-hotplug/agent.sock")
 """Where the local-mode agent listens by default."""
 DEFAULT_AGENT_URL: Final = f"unix:{DEFAULT_SOCKET}"
 """The agent URL a client uses when ``AGENT_URL_ENV`` is unset or empty."""
+SANDBOX_PID_ENV: Final = "GPU_HOTPLUG_SANDBOX_PID"
+"""Set in a local-mode sandbox: the pid, as the host (and the agent) number it, that stands
+for the sandbox — the target the agent names in its answers. A sandboxed process's own
+``os.getpid()`` is its pid namespace's."""
 
 # --- limits shared by validation, the OpenAPI document and the dataclasses below ---------------
 
@@ -264,7 +282,7 @@ EXTRA_FIELDS_BY_CODE: Final[Mapping[ErrorCode, frozenset[str]]] = {
     "unauthenticated": frozenset(),
     "forbidden": frozenset({"limit", "attached", "requested"}),
     "not_found": frozenset({"resource", "name"}),
-    "busy": frozenset({"processes", "uuid"}),
+    "busy": frozenset({"processes", "uuid", "retry_after"}),
     "insufficient_gpus": frozenset({"free", "requested"}),
     "target_not_ready": frozenset(),
     "timeout": frozenset({"wait_seconds"}),
@@ -297,6 +315,8 @@ class ErrorExtra(TypedDict, total=False):
     attached: int
     wait_seconds: float
     request_id: str
+    retry_after: int
+    """Seconds after which to try again (also the ``Retry-After`` header): a 503."""
 
 
 class ErrorBody(ErrorExtra):

@@ -166,7 +166,8 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     ).tag(config=True)
     max_gpus_per_target = Int(
         DEFAULT_MAX_GPUS_PER_TARGET,
-        help="The most GPUs one target may hold (and one request may ask for).",
+        help="The most GPUs one container may hold, whichever of its processes a request "
+        "names (and one request may ask for).",
     ).tag(config=True)
     device_major = Int(
         NVIDIA_MAJOR, help="Character-device major number of GPU nodes (NVIDIA: 195)."

@@ -139,9 +139,10 @@ class AsyncAgentClient(BaseAgentClient):
         """``target``'s attach requests waiting for GPUs, with their positions (local mode)."""
         return await self._call(list_queued_call(target))
 
-    async def cancel_queued(self, request_id: str) -> None:
-        """Cancel a waiting attach request (its attach then fails with ``InsufficientGpus``)."""
-        await self._call(cancel_queued_call(request_id))
+    async def cancel_queued(self, request_id: str, target: AnyTarget | None = None) -> None:
+        """Cancel ``target``'s waiting attach request (its attach then fails with
+        ``InsufficientGpus``); without a target, the calling container's."""
+        await self._call(cancel_queued_call(request_id, target))
 
     async def idle_releases(self, target: AnyTarget | None = None) -> tuple[IdleRelease, ...]:
         """The GPUs the agent's idle policy took back from ``target`` lately, oldest first."""

@@ -256,11 +256,11 @@ def list_queued(target: AnyTarget | None) -> ApiCall[tuple[QueuedRequest, ...]]:
     )
 
 
-def cancel_queued(request_id: str) -> ApiCall[None]:
+def cancel_queued(request_id: str, target: AnyTarget | None = None) -> ApiCall[None]:
     return ApiCall(
-        f"cancel the waiting request {request_id}",
+        f"cancel the waiting request {request_id} of {_subject(target)}",
         "DELETE",
-        f"/v1/queue/{urllib.parse.quote(request_id, safe='')}",
+        _with_query(f"/v1/queue/{urllib.parse.quote(request_id, safe='')}", _target_query(target)),
         _no_body,
         has_body=False,
         idempotent=True,

@@ -137,9 +137,10 @@ class AgentClient(BaseAgentClient):
         """``target``'s attach requests waiting for GPUs, with their positions (local mode)."""
         return self._call(list_queued_call(target))
 
-    def cancel_queued(self, request_id: str) -> None:
-        """Cancel a waiting attach request (its attach then fails with ``InsufficientGpus``)."""
-        self._call(cancel_queued_call(request_id))
+    def cancel_queued(self, request_id: str, target: AnyTarget | None = None) -> None:
+        """Cancel ``target``'s waiting attach request (its attach then fails with
+        ``InsufficientGpus``); without a target, the calling container's."""
+        self._call(cancel_queued_call(request_id, target))
 
     def idle_releases(self, target: AnyTarget | None = None) -> tuple[IdleRelease, ...]:
         """The GPUs the agent's idle policy took back from ``target`` lately, oldest first."""

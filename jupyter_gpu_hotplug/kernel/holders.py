@@ -7,9 +7,12 @@ recognises a notebook, so the notebook side adds that name next to the technical
 How a kernel knows which notebook a process is: jupyter_server starts every kernel of a
 notebook session with ``JPY_SESSION_NAME`` (the notebook's path) in its environment. This
 kernel reads its own from ``os.environ``; another kernel's is read from
-``/proc/<pid>/environ`` when this process may read it (the same user, as in the demo), and
-otherwise the holder stays ``process N``. Only that one variable is taken, and it is shown as
-text (the widget escapes it): it names a file, it is not trusted for anything.
+``/proc/<pid>/environ`` when this process may read it (the same user and pid namespace; a
+sandboxed kernel sees its own sandbox's processes only, so there the server, which sees every
+kernel, names the others), and otherwise the holder stays ``process N``. A sandboxed kernel
+knows the pid the agent names it by from ``GPU_HOTPLUG_SANDBOX_PID``. Only that one variable is
+taken, and it is shown as text (the widget escapes it): it names a file, it is not trusted for
+anything.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from .._structs import PidRef, PodTarget, TargetRef
+from .._structs import SANDBOX_PID_ENV, PidRef, PodTarget, TargetRef
 
 __all__ = ["SESSION_ENV", "HolderNames", "session_of"]
 
@@ -41,6 +44,15 @@ def session_of(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     return None
 
 
+def _own_target_pid(env: Mapping[str, str]) -> int:
+    """The pid the agent names this kernel by: in a sandbox, the sandbox's (this process's
+    own pid is its pid namespace's); elsewhere, this process's."""
+    try:
+        return int(env[SANDBOX_PID_ENV])
+    except (KeyError, ValueError):
+        return os.getpid()
+
+
 class HolderNames:
     """Describes holders for this kernel (process ``own_pid``, environment ``environ``)."""
 
@@ -51,8 +63,8 @@ class HolderNames:
         environ: Mapping[str, str] | None = None,
         session_of: Callable[[int], str | None] = session_of,
     ) -> None:
-        self.own_pid = os.getpid() if own_pid is None else own_pid
         env = os.environ if environ is None else environ
+        self.own_pid = own_pid if own_pid is not None else _own_target_pid(env)
         self.own_notebook = env.get(SESSION_ENV) or None
         self._session_of = session_of
 

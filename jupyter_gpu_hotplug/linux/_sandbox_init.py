@@ -29,14 +29,29 @@ import ctypes
 import errno
 import json
 import os
+import platform
+import resource
+import select
 import signal
 import stat
+import struct
 import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 # Flags from <sys/mount.h> and <sched.h>; stable kernel ABI.
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+#: Every namespace flag ``clone`` takes (CLONE_NEWTIME's bit is CSIGNAL's there).
+CLONE_NAMESPACES = (
+    CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
+    | CLONE_NEWNET
+)  # fmt: skip
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
@@ -54,6 +69,9 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 # <linux/prctl.h> and <linux/capability.h>.
+PR_SET_PDEATHSIG = 1
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -62,6 +80,20 @@ LINUX_CAPABILITY_VERSION_3 = 0x20080522
 READY = b"R"
 ERROR = b"E"
 EXIT_SETUP_FAILED = 127
+#: What the sandbox's init tells the outer process when the workload ended: ``X<status>``
+#: (exited) or ``S<signal>`` (killed), so the outer one ends the same way.
+EXITED = b"X"
+KILLED = b"S"
+#: Seconds between two checks that the sandbox's owner still runs (ipykernel's parent poller
+#: checks as often).
+OWNER_CHECK_INTERVAL = 1.0
+#: Signals the outer process passes to the sandbox's init, and init to the workload's process
+#: group: what a kernel provisioner or ``Sandbox.send_signal`` sends (SIGKILL needs no relay:
+#: init dies with the outer process, and the pid namespace with init).
+RELAYED = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGTERM, signal.SIGCONT, signal.SIGWINCH, signal.SIGALRM,
+)  # fmt: skip
 
 #: Size of the private ``/dev`` tmpfs: it only holds device nodes and symlinks (runc's value).
 DEV_TMPFS_OPTIONS = "mode=755,size=65536k"
@@ -126,6 +158,7 @@ class _Config:
     read_only: bool
     writable: list[str]
     hidden: list[str]
+    end_with_owner: bool
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> _Config:
@@ -142,6 +175,7 @@ class _Config:
             read_only=bool(raw["read_only"]),
             writable=[str(p) for p in raw["writable"]],
             hidden=[str(p) for p in raw["hidden"]],
+            end_with_owner=bool(raw["end_with_owner"]),
         )
 
 
@@ -171,7 +205,10 @@ def _mount(
 
 
 def _private_mount_namespace() -> None:
-    _check(_libc.unshare(CLONE_NEWNS), "unshare", "unshare(CLONE_NEWNS)")
+    """A mount namespace for us, and a pid namespace for our next child (its init)."""
+    _check(
+        _libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare", "unshare(CLONE_NEWNS|CLONE_NEWPID)"
+    )
     # Without this, our mounts would propagate back to the host through shared peer groups
     # (systemd makes / shared). Like runc's rootfsPropagation "rprivate".
     _mount("propagation", "none", "/", None, MS_REC | MS_PRIVATE, None)
@@ -334,6 +371,252 @@ def _restrict_capabilities(keep: list[int]) -> None:
     _check(_libc.capset(ctypes.byref(header), data), "capabilities", "capset")
 
 
+# ---- seccomp --------------------------------------------------------------------------------
+#
+# Docker's default profile (moby profiles/seccomp/default.json) allows a list of ~350 system
+# calls and refuses the rest with EPERM; what it refuses a container without extra
+# capabilities is what matters here, and this filter refuses exactly that set by name: the
+# namespace and mount calls (a sandbox must never build a user namespace in which it holds
+# every capability), bpf, ptrace and the other process-inspection calls, module and kexec
+# loading, the clock, swap, reboot, quota and accounting calls, keyrings, userfaultfd and
+# perf events. clone is allowed unless it asks for a namespace; clone3, whose flags a classic
+# BPF filter cannot read (they sit behind a pointer), answers ENOSYS, as in Docker, so that
+# libc falls back to clone. A classic BPF program installed with prctl is all it takes
+# (the kernel's own interface; no libseccomp needed, so nothing to install). It is a list of
+# names, not of numbers: the numbers below are each architecture's.
+
+# <linux/filter.h> and <linux/seccomp.h>, <linux/audit.h>.
+_BPF_LD_W_ABS = 0x20
+_BPF_JEQ_K = 0x15
+_BPF_JGE_K = 0x35
+_BPF_JSET_K = 0x45
+_BPF_RET_K = 0x06
+_SECCOMP_RET_ALLOW = 0x7FFF0000
+_SECCOMP_RET_ERRNO = 0x00050000
+_SECCOMP_RET_KILL_PROCESS = 0x80000000
+_DATA_NR, _DATA_ARCH, _DATA_ARG0 = 0, 4, 16
+_X32_SYSCALL_BIT = 0x40000000
+
+REFUSED_SYSCALLS = (
+    "unshare", "setns", "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount",
+    "fspick", "move_mount", "open_tree", "mount_setattr", "bpf", "ptrace",
+    "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "perf_event_open",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "reboot", "swapon", "swapoff", "acct", "quotactl", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "syslog", "vhangup", "keyctl", "add_key", "request_key",
+    "userfaultfd", "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
+)  # fmt: skip
+"""What the sandbox may never call (EPERM), by name."""
+
+# Syscall numbers, (x86_64, aarch64): arch/x86/entry/syscalls/syscall_64.tbl and
+# include/uapi/asm-generic/unistd.h (arm64); calls added since Linux 5.1 share one number.
+_NUMBERS: dict[str, tuple[int, int]] = {
+    "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "bpf": (321, 280), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "perf_event_open": (298, 241), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89),
+    "quotactl": (179, 60), "settimeofday": (164, 170), "clock_settime": (227, 112),
+    "clock_adjtime": (305, 266), "adjtimex": (159, 171), "syslog": (103, 116),
+    "vhangup": (153, 58), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "userfaultfd": (323, 282), "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264), "lookup_dcookie": (212, 18), "clone": (56, 220),
+    "seccomp": (317, 277), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "clone3": (435, 435), "pidfd_getfd": (438, 438), "mount_setattr": (442, 442),
+}  # fmt: skip
+#: ``platform.machine()`` → (AUDIT_ARCH, which column of ``_NUMBERS``).
+_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+SYSCALL_TABLES: dict[str, tuple[int, dict[str, int]]] = {
+    machine: (arch, {name: pair[column] for name, pair in _NUMBERS.items()})
+    for machine, (arch, column) in _ARCHES.items()
+}
+"""``platform.machine()`` → (its AUDIT_ARCH, system call name → number)."""
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter for ``machine`` (``platform.machine()``), as ``(code, jt, jf, k)``.
+
+    Another architecture's system calls are refused outright (the numbers would mean other
+    calls), and on x86_64 so are the x32 ones.
+    """
+    if machine not in SYSCALL_TABLES:
+        raise SetupError("seccomp", f"no system call table for {machine}")
+    arch, numbers = SYSCALL_TABLES[machine]
+    errno_eperm = _SECCOMP_RET_ERRNO | errno.EPERM
+    program = [
+        (_BPF_LD_W_ABS, 0, 0, _DATA_ARCH),
+        (_BPF_JEQ_K, 1, 0, arch),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS),
+        (_BPF_LD_W_ABS, 0, 0, _DATA_NR),
+    ]
+    if machine == "x86_64":
+        program += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), (_BPF_RET_K, 0, 0, errno_eperm)]
+    for name in REFUSED_SYSCALLS:
+        program += [(_BPF_JEQ_K, 0, 1, numbers[name]), (_BPF_RET_K, 0, 0, errno_eperm)]
+    program += [
+        (_BPF_JEQ_K, 0, 1, numbers["clone3"]),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS),
+        # clone: refused when its flags (the first argument's low word) ask for a namespace.
+        (_BPF_JEQ_K, 0, 3, numbers["clone"]),
+        (_BPF_LD_W_ABS, 0, 0, _DATA_ARG0),
+        (_BPF_JSET_K, 0, 1, CLONE_NAMESPACES),
+        (_BPF_RET_K, 0, 0, errno_eperm),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+    ]
+    return program
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def _install_seccomp() -> None:
+    """Install the filter on this process (and so on everything it will run). Done while
+    it still holds CAP_SYS_ADMIN, so no ``no_new_privs`` is needed (set-uid programs work
+    inside, as in Docker)."""
+    machine = platform.machine()
+    program = seccomp_program(machine)
+    raw = b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+    buffer = ctypes.create_string_buffer(raw, len(raw))
+    fprog = _SockFprog(len(program), ctypes.cast(buffer, ctypes.c_void_p))
+    # seccomp(2) rather than prctl: only it takes SPEC_ALLOW, which keeps the kernel from
+    # switching on its speculative-execution mitigations for the filtered tasks (as runc
+    # does), a slowdown the workload would otherwise pay on every context switch.
+    _check(
+        _libc.syscall(
+            ctypes.c_long(SYSCALL_TABLES[machine][1]["seccomp"]),
+            ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
+            ctypes.c_uint(SECCOMP_FILTER_FLAG_SPEC_ALLOW),
+            ctypes.byref(fprog),
+        ),
+        "seccomp",
+        "install the seccomp filter",
+    )
+
+
+# ---- the pid namespace ---------------------------------------------------------------------
+
+
+def _mount_proc() -> None:
+    """A procfs of the sandbox's pid namespace instead of the host's: its processes only."""
+    if _libc.umount2(b"/proc", MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise SetupError("mount-proc", f"umount /proc: {os.strerror(err)}", err)
+    _mount("mount-proc", "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def _orphaned(report_fd: int) -> bool:
+    """Whether the outer process is gone (the read end of our report pipe is closed)."""
+    poller = select.poll()
+    poller.register(report_fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _init(cfg: _Config, status_fd: int, mount_ns: int, report_fd: int) -> NoReturn:
+    """Pid 1 of the sandbox: confine, start the workload, relay signals to it, reap."""
+    try:
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "init", "set PDEATHSIG")
+        if _orphaned(report_fd):
+            os._exit(EXIT_SETUP_FAILED)
+        os.setpgid(0, 0)  # the provisioner's killpg of the outer process reaches us by relay
+        _mount_proc()
+        if cfg.read_only:
+            _read_only_view(cfg.writable)
+        if cfg.capabilities is not None:
+            _limit_capabilities(cfg.capabilities)
+        _install_seccomp()
+        _drop_privileges(cfg)
+        if cfg.capabilities is not None:
+            _restrict_capabilities(cfg.capabilities)
+        workload = os.fork()
+        if workload == 0:
+            os.close(report_fd)
+            os.setsid()  # its own session and process group, as the command had before
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            _exec(cfg, status_fd, mount_ns)
+    except SetupError as e:
+        _report(status_fd, {"step": e.step, "errno": e.errno, "message": e.message})
+    except Exception as e:
+        _report(status_fd, {"step": "internal", "errno": None, "message": repr(e)})
+    os.close(status_fd)
+    _supervise(workload, report_fd)
+
+
+def _supervise(workload: int, report_fd: int) -> NoReturn:
+    """Relay signals to the workload's process group and reap every orphan until the
+    workload ends; then report how it ended (the namespace dies with us)."""
+    waited = {*RELAYED, signal.SIGCHLD}
+    while True:
+        signo = signal.sigwaitinfo(waited).si_signo
+        if signo != signal.SIGCHLD:
+            _relay(workload, signo, group=True)
+            continue
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = 0, 0
+            if pid == 0:
+                break
+            if pid == workload:
+                if os.WIFSIGNALED(status):
+                    os.write(report_fd, KILLED + str(os.WTERMSIG(status)).encode())
+                else:
+                    os.write(report_fd, EXITED + str(os.waitstatus_to_exitcode(status)).encode())
+                os._exit(0)
+
+
+def _relay(pid: int, signo: int, *, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, signo)
+        else:
+            os.kill(pid, signo)
+    except ProcessLookupError:
+        if group:  # not yet (or no longer) a group leader
+            _relay(pid, signo, group=False)
+
+
+def _outer(init: int, report_fd: int, *, owner: int | None) -> NoReturn:
+    """The process the caller started, outside the pid namespace: relay signals to the
+    sandbox's init, then end as the workload ended (exit status or signal). With an
+    ``owner``, the sandbox is killed once that parent of ours has gone (we were re-parented)."""
+    waited = {*RELAYED, signal.SIGCHLD}
+    while True:
+        received = signal.sigtimedwait(waited, OWNER_CHECK_INTERVAL)
+        if received is None:
+            if owner is not None and os.getppid() != owner:
+                _relay(init, signal.SIGKILL, group=False)  # the namespace dies with its init
+                owner = None
+            continue
+        signo = received.si_signo
+        if signo != signal.SIGCHLD:
+            _relay(init, signo, group=False)
+            continue
+        pid, status = os.waitpid(init, os.WNOHANG)
+        if pid == init:
+            break
+    report = os.read(report_fd, 64)
+    if report.startswith(EXITED):
+        os._exit(int(report[1:]))
+    if report.startswith(KILLED):
+        _die_by(int(report[1:]))
+    if os.WIFSIGNALED(status):  # init itself was killed (SIGKILL from the caller)
+        _die_by(os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _die_by(signo: int) -> NoReturn:
+    """End by ``signo``, as the workload did (no core dump of ours)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signo, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+    os.kill(os.getpid(), signo)
+    os._exit(128 + signo)  # a signal that does not kill by default
+
+
 def _join_cgroups(procs_files: list[str]) -> None:
     pid = str(os.getpid())
     for path in procs_files:
@@ -389,7 +672,10 @@ def _exec(cfg: _Config, status_fd: int, mount_ns: int) -> NoReturn:
 
 
 def main(argv: list[str]) -> NoReturn:
+    """Three processes: this one (outside, what the caller started and signals), the
+    sandbox's init (pid 1 of a new pid namespace) and the workload (pid 2, exec'd)."""
     cfg_fd, status_fd = int(argv[1]), int(argv[2])
+    owner = os.getppid()
     try:
         cfg = _read_config(cfg_fd)
         _private_mount_namespace()
@@ -400,20 +686,23 @@ def main(argv: list[str]) -> NoReturn:
         # Join only now: creating /dev's nodes must not depend on the policy granting
         # mknod, and everything from here on (the exec above all) runs confined.
         _join_cgroups(cfg.cgroup_procs)
-        # Read-only after joining (that writes to cgroupfs), capabilities last (mounting
-        # needs CAP_SYS_ADMIN, the bounding set CAP_SETPCAP, the credentials CAP_SETUID).
-        if cfg.read_only:
-            _read_only_view(cfg.writable)
-        if cfg.capabilities is not None:
-            _limit_capabilities(cfg.capabilities)
-        _drop_privileges(cfg)
-        if cfg.capabilities is not None:
-            _restrict_capabilities(cfg.capabilities)
-        _exec(cfg, status_fd, mount_ns)
+        # Blocked before the fork, so that no signal is lost before a relay waits for it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*RELAYED, signal.SIGCHLD})
+        report_r, report_w = os.pipe()
+        # Read-only, seccomp and capabilities come in init, after its own /proc is mounted
+        # (mounting needs CAP_SYS_ADMIN, the bounding set CAP_SETPCAP, the credentials
+        # CAP_SETUID).
+        init = os.fork()
+        if init == 0:
+            os.close(report_r)
+            _init(cfg, status_fd, mount_ns, report_w)
     except SetupError as e:
         _report(status_fd, {"step": e.step, "errno": e.errno, "message": e.message})
     except Exception as e:  # Anything unforeseen must still reach the parent as an error.
         _report(status_fd, {"step": "internal", "errno": None, "message": repr(e)})
+    os.close(report_w)
+    os.close(status_fd)  # the workload's copy, closed by its exec, ends the parent's read
+    _outer(init, report_r, owner=owner if cfg.end_with_owner else None)
 
 
 def _report(status_fd: int, report: dict[str, Any]) -> NoReturn:

@@ -39,6 +39,8 @@ CGROUP_SUPER_MAGIC: Final = 0x0027E0EB
 """``f_type`` of a cgroup v1 hierarchy (include/uapi/linux/magic.h)."""
 CGROUP2_SUPER_MAGIC: Final = 0x63677270
 """``f_type`` of the cgroup v2 (unified) hierarchy."""
+TMPFS_MAGIC: Final = 0x01021994
+"""``f_type`` of a tmpfs (a container's private ``/dev``; also the host's devtmpfs)."""
 
 # With RESOLVE_BENEATH/RESOLVE_IN_ROOT the kernel answers EAGAIN when a concurrent
 # rename could have let ".." escape; openat2(2) says the caller may retry.

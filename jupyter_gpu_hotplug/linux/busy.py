@@ -14,17 +14,46 @@ device); an optional second source — NVML's running processes — can add pids
 use the device without a visible fd. Asking about several devices at once walks
 each process's fds once for all of them (``holders_by_device``): the walk, one
 ``stat`` per open fd of every process in the container, is the cost.
+
+What "not busy" means (issue 25). An fd is not only in fd tables: a process can send
+it through a unix socket (``SCM_RIGHTS``) and close its own copy; while the message
+waits in a socket's queue no ``/proc/<pid>/fd`` shows it, and the process receives
+it back whenever it likes — after the GPU went to someone else, and an fd already
+open keeps working on a real driver whatever the cgroup says. Which fds a queued
+message carries cannot be read without receiving it, so the scan is conservative: a
+process that holds a unix socket with anything queued — in its receive queue (even a
+message of no bytes, or a connection not yet accepted) or sent and not yet received
+(``SIOCOUTQ``) — counts as a holder of every device asked about (``Holder.queued``).
+The check looks at duplicates of the sockets (``pidfd_getfd(2)``, Linux 5.6): one
+``poll`` for a batch of them, an ``ioctl`` each, and never reads from them. So "not busy" means: no
+process of the container has the device open, none has an fd of any kind in flight on
+a unix socket it holds, and (on real hardware) NVML lists none of them as using the
+GPU. What it cannot see: an fd handed to a process *outside* the container (that is
+the other container's to account for); one in flight between two sockets of which the
+container holds neither (then no process of it can receive it); and one in a message of
+no bytes on a ``SOCK_SEQPACKET`` socket whose peer has closed (the kernel reports that
+socket as at its end with nothing to read, and telling the two apart would mean receiving).
+
+The scan has a deadline (``deadline``): a container with 500 processes x 2,000 fds
+took 25-45 s; past the deadline it stops with :class:`ScanTimeout`, saying how far it
+got, and the caller answers "try again" instead of holding the request.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import math
 import os
 import select
 import signal
+import socket
 import stat
+import struct
+import termios
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -42,6 +71,18 @@ _PROC: Final = procfs.PROC
 
 class BusyError(Exception):
     """Base of this module's errors."""
+
+
+class ScanTimeout(BusyError):
+    """The scan reached its deadline before it looked at every process."""
+
+    def __init__(self, scanned: int, total: int) -> None:
+        super().__init__(
+            f"the scan for open devices looked at {scanned} of {total} processes before its "
+            "deadline"
+        )
+        self.scanned = scanned
+        self.total = total
 
 
 class ScanError(BusyError):
@@ -71,6 +112,9 @@ class Holder:
     """Its fds open on the device; empty when only the extra source reported it."""
     start_time: int
     """Start time in clock ticks since boot: with ``pid``, who this process is."""
+    queued: tuple[int, ...] = ()
+    """Its unix sockets (fds) with a message queued, which may carry an fd of the device
+    (module docstring): it is a holder of every device asked about."""
 
 
 @dataclass(frozen=True)
@@ -113,12 +157,15 @@ def find_holders_by_device(
     *,
     proc: Path = _PROC,
     extra_holders: ExtraHolders | None = None,
+    deadline: float | None = None,
 ) -> dict[CharDevice, list[Holder]]:
     """:func:`find_holders` for several devices, with one scan of the container."""
     pids: set[int] = set()
     for directory in cgroup_dirs:
         pids.update(cgroups.pids_in_cgroup(directory, recursive=True))
-    return holders_by_device(pids, devices, proc=proc, extra_holders=extra_holders)
+    return holders_by_device(
+        pids, devices, proc=proc, extra_holders=extra_holders, deadline=deadline
+    )
 
 
 def holders_among(
@@ -144,18 +191,22 @@ def holders_by_device(
     *,
     proc: Path = _PROC,
     extra_holders: ExtraHolders | None = None,
+    deadline: float | None = None,
 ) -> dict[CharDevice, list[Holder]]:
     """:func:`holders_among` for several devices: each device (every one asked about is
     a key) with its holders, sorted by pid. Each process's fds are walked once.
 
     A process holding several of the devices is a holder of each, with that device's
-    fds. :class:`ScanError` carries the holders found of every device.
+    fds. :class:`ScanError` carries the holders found of every device; past ``deadline``
+    (a ``time.monotonic()`` value) the scan stops with :class:`ScanTimeout`.
     """
     candidates = sorted(set(pids))
     wanted = {os.makedev(device.major, device.minor): device for device in devices}
     found: dict[CharDevice, dict[int, Holder]] = {device: {} for device in wanted.values()}
     unreadable: list[tuple[int, str]] = []
-    for pid in candidates:
+    for scanned, pid in enumerate(candidates):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ScanTimeout(scanned, len(candidates))
         try:
             held = _inspect(pid, wanted, proc)
         except OSError as e:
@@ -185,9 +236,9 @@ def holders_by_device(
 
 
 def _inspect(pid: int, wanted: Mapping[int, CharDevice], proc: Path) -> dict[CharDevice, Holder]:
-    """The process as a holder of each ``wanted`` device (by ``st_rdev``) it has open;
-    empty when it holds none, exited, or its pid was reused while we looked (its
-    identity changed between the two reads)."""
+    """The process as a holder of each ``wanted`` device (by ``st_rdev``) it has open, or of
+    all of them when a unix socket of it has a message queued; empty when it holds none,
+    exited, or its pid was reused while we looked (its identity changed between the reads)."""
     before = procfs.identity(pid, proc=proc)
     if before is None:
         return {}
@@ -199,6 +250,7 @@ def _inspect(pid: int, wanted: Mapping[int, CharDevice], proc: Path) -> dict[Cha
             return {}
         raise
     fds: dict[CharDevice, list[int]] = {}
+    sockets: list[int] = []
     for name in names:
         try:
             info = os.stat(fd_dir / name)  # follows the fd to the file it has open
@@ -208,12 +260,119 @@ def _inspect(pid: int, wanted: Mapping[int, CharDevice], proc: Path) -> dict[Cha
             raise
         if stat.S_ISCHR(info.st_mode) and info.st_rdev in wanted:
             fds.setdefault(wanted[info.st_rdev], []).append(int(name))
+        elif stat.S_ISSOCK(info.st_mode):
+            sockets.append(int(name))
+    queued = _queued_sockets(pid, sockets) if sockets else ()
     if procfs.identity(pid, proc=proc) != before:
         return {}
     return {
-        device: Holder(pid, before.comm, tuple(sorted(held)), before.start_time)
-        for device, held in fds.items()
+        device: Holder(
+            pid, before.comm, tuple(sorted(fds.get(device, ()))), before.start_time, queued
+        )
+        for device in wanted.values()
+        if device in fds or queued
     }
+
+
+# --- fds in flight -------------------------------------------------------------------------------
+
+_SYS_PIDFD_GETFD: Final = 438
+"""``pidfd_getfd(2)``: the same number on every architecture (new syscalls share one table)."""
+_BATCH: Final = 256
+"""Duplicates held at once while looking at a process's sockets."""
+_SO_DOMAIN: Final = 39
+"""``<asm-generic/socket.h>``."""
+_libc = ctypes.CDLL(None, use_errno=True)
+_INT: Final = struct.Struct("i")
+
+
+def _pidfd_getfd(pidfd: int, fd: int) -> int:
+    """A duplicate, in this process, of ``fd`` of the process of ``pidfd``."""
+    ours = int(_libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0))
+    if ours < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return ours
+
+
+def _queued_sockets(pid: int, fds: Sequence[int]) -> tuple[int, ...]:
+    """Which of the socket ``fds`` of ``pid`` are unix sockets with a message queued either
+    way (module docstring). Looks at duplicates, polled ``_BATCH`` at a time (the agent's own
+    descriptors are bounded too); never reads from them."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return ()
+    try:
+        queued: list[int] = []
+        for start in range(0, len(fds), _BATCH):
+            queued += _queued_batch(pidfd, fds[start : start + _BATCH])
+        return tuple(sorted(queued))
+    finally:
+        os.close(pidfd)
+
+
+def _queued_batch(pidfd: int, fds: Sequence[int]) -> list[int]:
+    ours: dict[int, int] = {}  # our duplicate -> the process's fd
+    try:
+        for fd in fds:
+            try:
+                dup = _pidfd_getfd(pidfd, fd)
+            except OSError as e:
+                if e.errno in (errno.EBADF, errno.ESRCH):
+                    continue  # closed since we listed it, or the process exited
+                raise
+            ours[dup] = fd
+            if _domain(dup) != socket.AF_UNIX:
+                del ours[dup]
+                os.close(dup)
+        return [ours[dup] for dup in _with_queued(list(ours))]
+    finally:
+        for dup in ours:
+            os.close(dup)
+
+
+def _domain(fd: int) -> int:
+    """The address family of socket ``fd`` (``SO_DOMAIN``), without a socket object."""
+    value = ctypes.c_int(0)
+    size = ctypes.c_uint32(ctypes.sizeof(value))
+    if _libc.getsockopt(fd, socket.SOL_SOCKET, _SO_DOMAIN, ctypes.byref(value), ctypes.byref(size)):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return value.value
+
+
+def _with_queued(fds: list[int]) -> list[int]:
+    """Those of the unix sockets ``fds`` with anything in their receive queue (a message,
+    even of no bytes, or an unaccepted connection: ``POLLIN`` without end-of-stream), or
+    bytes waiting there (``SIOCINQ``, for one whose peer has shut down), or something sent
+    and not yet received (``SIOCOUTQ``: memory still charged to it)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLRDHUP)
+    ready = dict(poller.poll(0))
+    found = []
+    for fd in fds:
+        mask = ready.get(fd, 0)
+        if mask & select.POLLIN and not mask & select.POLLRDHUP:
+            found.append(fd)
+            continue
+        counts = (
+            (termios.TIOCOUTQ, termios.FIONREAD) if mask & select.POLLRDHUP else (termios.TIOCOUTQ,)
+        )
+        if any(_count(fd, request) for request in counts):
+            found.append(fd)
+    return found
+
+
+def _count(fd: int, request: int) -> int:
+    """A socket's byte count (``SIOCINQ``/``SIOCOUTQ``); 0 where it has none (a listening
+    socket: ``EINVAL``)."""
+    try:
+        answer = fcntl.ioctl(fd, request, _INT.pack(0))
+    except OSError:
+        return 0
+    return int(_INT.unpack(answer)[0])
 
 
 def terminate(

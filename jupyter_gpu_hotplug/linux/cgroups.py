@@ -20,10 +20,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Final, Literal
 
 DEVICES_CONTROLLER = "devices"
 _PROC = Path("/proc")
@@ -38,6 +37,10 @@ class CgroupError(Exception):
 
 class CgroupPathError(CgroupError):
     """A cgroup path read from the kernel would lead outside its hierarchy."""
+
+
+class CgroupLimitError(CgroupError):
+    """A container has more cgroups below it than a walk visits (``MAX_DESCENDANTS``)."""
 
 
 class CgroupNotFoundError(CgroupError):
@@ -253,29 +256,46 @@ def cgroup_dirs_to_patch_v2(leaf: Path, *, scope: Path) -> list[Path]:
     return directories
 
 
-def descendants(directory: Path) -> list[Path]:
+MAX_DESCENDANTS: Final = 65_536
+"""The most cgroups a walk below one container visits. A container may make cgroups below
+its own at will (1,200 nested ones broke a recursive walk); a walk that would visit more
+fails with :class:`CgroupLimitError`, so a hostile container costs a bounded amount of work
+and never the agent's stack."""
+
+
+def descendants(directory: Path, *, limit: int = MAX_DESCENDANTS) -> list[Path]:
     """Every cgroup below ``directory`` (not itself), parents before their children.
 
     v1 ``devices.allow`` does not propagate to existing child cgroups, so a grant
     must be written to each of them, and a child can only be given what its parent
     has — hence the top-down order. A child removed while we walk is skipped; the
-    top directory missing is an error.
+    top directory missing is an error. The walk is iterative (any depth) and visits at
+    most ``limit`` cgroups (:class:`CgroupLimitError` beyond).
     """
     if not directory.is_dir():
         raise CgroupNotFoundError(f"cgroup directory {directory} does not exist")
-    return list(_walk(directory))
+    found: list[Path] = []
+    pending = list(reversed(_child_dirs(directory)))  # a stack: depth first, in name order
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        if len(found) > limit:
+            raise CgroupLimitError(
+                f"more than {limit} cgroups below {directory}; refusing to walk them all"
+            )
+        pending += reversed(_child_dirs(current))
+    return found
 
 
-def _walk(directory: Path) -> Iterator[Path]:
+def _child_dirs(directory: Path) -> list[Path]:
     try:
-        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        with os.scandir(directory) as entries:
+            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
     except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            child = directory / entry.name
-            yield child
-            yield from _walk(child)
+        return []  # removed while we walk
+    except OSError as e:
+        raise CgroupError(f"cannot list cgroup {directory}: {e.strerror}") from e
+    return [directory / name for name in names]
 
 
 def pids_in_cgroup(directory: Path, *, recursive: bool = True) -> list[int]:

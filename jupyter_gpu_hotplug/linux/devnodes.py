@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ._sys import RESOLVE_BENEATH, RESOLVE_IN_ROOT, RESOLVE_NO_SYMLINKS, fd_path, openat2
+from ._sys import (
+    RESOLVE_BENEATH,
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_SYMLINKS,
+    TMPFS_MAGIC,
+    fd_path,
+    fs_type,
+    openat2,
+)
 from .devrules import NVIDIACTL_MINOR, CharDevice
 
 DEFAULT_MODE: Final = 0o666
@@ -39,6 +47,8 @@ DEFAULT_MODE: Final = 0o666
 CAPS_DIR: Final = "nvidia-caps"
 _CAPS_DIR_MODE: Final = 0o755
 _PROC: Final = Path("/proc")
+_HOST_DEV: Final = Path("/dev")
+_HOST_INIT: Final = 1
 
 _NODE_NAME: Final = re.compile(
     r"^(?:nvidia(?:0|[1-9][0-9]{0,2})|nvidiactl|nvidia-uvm|nvidia-uvm-tools"
@@ -73,6 +83,11 @@ class UnsafeNodeError(DevNodeError):
     symlink, a file, a directory or another device. It is never followed or removed."""
 
 
+class HostDevError(UnsafeNodeError):
+    """The process's ``/dev`` is the host's (or not a container's private tmpfs): the
+    agent never creates, changes or removes a node there."""
+
+
 @dataclass(frozen=True)
 class DeviceNode:
     """A character device node, named relative to ``/dev``."""
@@ -100,10 +115,12 @@ def ensure_node(
 ) -> bool:
     """Make ``/dev/<name>`` the char device ``device`` with ``mode``, owned by root, in
     the mount namespace of ``pid``. True when this call created it; False when it was
-    already that device (its mode and owner are still set, whatever the umask was).
+    already that device — made by someone else (the runtime, the host), so its mode and
+    owner are never changed.
 
-    Anything else at that name raises :class:`UnsafeNodeError` and is left alone. A
-    node this call created is removed again if a later step fails. ``pid`` is in our
+    Anything else at that name raises :class:`UnsafeNodeError` and is left alone; a
+    ``/dev`` that is the host's raises :class:`HostDevError` (:func:`check_private_dev`).
+    A node this call created is removed again if a later step fails. ``pid`` is in our
     pid namespace and ``proc`` is that namespace's procfs.
     """
     validate_name(name)
@@ -113,24 +130,30 @@ def ensure_node(
     with (
         _reported(f"making /dev/{name} ({device}) for process {pid}"),
         _container_dev(pid, proc) as devfd,
-        _node_dir(devfd, subdir, create=True) as dirfd,
     ):
-        created = _mknod(dirfd, leaf, device, name=name)
+        _check_private(devfd, pid, proc)
+        with _node_dir(devfd, subdir, create=True) as dirfd:
+            return _ensure(dirfd, leaf, device, mode=mode, name=name)
+
+
+def _ensure(dirfd: int, leaf: str, device: CharDevice, *, mode: int, name: str) -> bool:
+    created = _mknod(dirfd, leaf, device, name=name)
+    try:
         try:
-            try:
-                node = _open_node(dirfd, leaf, name=name)
-            except FileNotFoundError as e:
-                raise UnsafeNodeError(f"/dev/{name} vanished right after mknod") from e
-            try:
-                _check(os.fstat(node), device, name=name)
+            node = _open_node(dirfd, leaf, name=name)
+        except FileNotFoundError as e:
+            raise UnsafeNodeError(f"/dev/{name} vanished right after mknod") from e
+        try:
+            _check(os.fstat(node), device, name=name)
+            if created:  # mknod's mode went through the umask; someone else's node stays
                 os.chmod(fd_path(node), mode)
                 os.chown(fd_path(node), 0, 0)
-            finally:
-                os.close(node)
-        except BaseException as failure:
-            if created:
-                _undo_create(dirfd, leaf, device, failure)
-            raise
+        finally:
+            os.close(node)
+    except BaseException as failure:
+        if created:
+            _undo_create(dirfd, leaf, device, failure)
+        raise
     return created
 
 
@@ -146,6 +169,7 @@ def remove_node(pid: int, name: str, *, expect: CharDevice, proc: Path = _PROC) 
     validate_name(name)
     subdir, leaf = _split(name)
     with _reported(f"removing /dev/{name} of process {pid}"), _container_dev(pid, proc) as devfd:
+        _check_private(devfd, pid, proc)
         try:
             with _node_dir(devfd, subdir, create=False) as dirfd:
                 node = _open_node(dirfd, leaf, name=name)
@@ -179,6 +203,38 @@ def list_nodes(pid: int, prefix: str = "nvidia", *, proc: Path = _PROC) -> list[
             finally:
                 os.close(caps)
     return sorted((node for node in nodes if node.name.startswith(prefix)), key=lambda n: n.name)
+
+
+def check_private_dev(pid: int, *, proc: Path = _PROC) -> None:
+    """Raise :class:`HostDevError` unless the ``/dev`` of ``pid`` is a private one, where the
+    agent may make nodes: a tmpfs (what every container runtime mounts there) that is not
+    the host's ``/dev`` (the agent's own, or that of the host's init).
+
+    Comparing mount namespaces is not enough: a process with a mount namespace of its own
+    (``unshare -Urm``, no privilege needed) still has the host's ``/dev`` mounted, and a
+    chroot's ``/dev`` may be a directory on a host filesystem where a node outlives it.
+    """
+    with _reported(f"checking the /dev of process {pid}"), _container_dev(pid, proc) as devfd:
+        _check_private(devfd, pid, proc)
+
+
+def _check_private(devfd: int, pid: int, proc: Path) -> None:
+    where = f"the /dev of process {pid}"
+    if fs_type(devfd) != TMPFS_MAGIC:
+        raise HostDevError(f"{where} is not a private tmpfs (as a container's is)")
+    device = os.fstat(devfd).st_dev
+    if device == os.stat(_HOST_DEV).st_dev or device == _host_init_dev(proc):
+        raise HostDevError(f"{where} is the host's /dev")
+
+
+def _host_init_dev(proc: Path) -> int | None:
+    """The filesystem of the host's ``/dev`` as its init sees it (the agent's own may be a
+    pod's); None when it cannot be read."""
+    try:
+        with _container_dev(_HOST_INIT, proc) as devfd:
+            return os.fstat(devfd).st_dev
+    except (DevNodeError, OSError):
+        return None
 
 
 def parse_proc_devices(text: str) -> dict[str, int]:

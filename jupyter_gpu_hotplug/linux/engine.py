@@ -31,17 +31,19 @@ container whose runtime put them there.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Final, Literal
 
 from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs, systemd_units
 from .devnodes import DeviceNode
 from .devrules import RW, CharDevice, DevType
 
 __all__ = [
+    "BUSY_SCAN_SECONDS",
     "STEP_ERRORS",
     "Container",
     "DeviceBusyError",
@@ -51,6 +53,7 @@ __all__ = [
     "HotplugEngine",
     "InjectionError",
     "RevokeResult",
+    "ScanTimedOut",
     "TargetGoneError",
 ]
 
@@ -91,6 +94,19 @@ class DeviceBusyError(EngineError):
         listed = ", ".join(f"{h.comm} (pid {h.pid})" for h in holders)
         super().__init__(f"device in use by {listed}")
         self.holders = tuple(holders)
+
+
+class ScanTimedOut(EngineError):
+    """The scan for processes holding the devices ran past its deadline: nothing changed."""
+
+    def __init__(self, timeout: busy.ScanTimeout, *, seconds: float) -> None:
+        super().__init__(f"{timeout} ({seconds:g} s)")
+        self.seconds = seconds
+
+
+BUSY_SCAN_SECONDS: Final = 15.0
+"""How long one scan of a container's processes for open devices may take (issue 25: 500
+processes x 2,000 fds took 25-45 s); past it a revoke stops, having changed nothing."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +248,7 @@ class HotplugEngine:
         extra_holders: busy.ExtraHolders | None = None,
         control_nodes: Sequence[DeviceNode] | None = None,
         terminate_grace: float = 5.0,
+        busy_scan_seconds: float = BUSY_SCAN_SECONDS,
         systemd: systemd_units.SystemdUnits | Literal["detect"] | None = "detect",
     ) -> None:
         self.host_proc = host_proc
@@ -243,14 +260,25 @@ class HotplugEngine:
             else tuple(devnodes.nvidia_control_devices(proc_devices=host_proc / "devices"))
         )
         self.terminate_grace = terminate_grace
+        self.busy_scan_seconds = busy_scan_seconds
         self.systemd = (
             systemd_units.SystemdUnits.for_host(_program_names) if systemd == "detect" else systemd
         )
 
     # ---- inspection ------------------------------------------------------------------
 
-    def inspect(self, pid: int) -> Container:
-        """Read the target's identity and cgroups; :class:`TargetGoneError` if it is gone."""
+    def inspect(
+        self, pid: int, *, devices_v1_scope: str | None = None, unified_scope: str | None = None
+    ) -> Container:
+        """Read the target's identity and cgroups; :class:`TargetGoneError` if it is gone.
+
+        A container is a cgroup subtree, and its process may sit anywhere below the top (it
+        can make child cgroups of its own): the ``*_scope`` paths (as ``/proc/<pid>/cgroup``
+        names them) say where the container's cgroups begin, so that grants, revocations
+        and busy scans cover the whole subtree. A process no longer below them has left the
+        container (:class:`TargetGoneError`). Without them, the process's own cgroup is the
+        container's (crun's inner leaf folded into its scope).
+        """
         who = procfs.identity(pid, proc=self.host_proc)
         if who is None:
             raise TargetGoneError(f"process {pid} does not exist")
@@ -264,11 +292,12 @@ class HotplugEngine:
             raise EngineError(f"cannot read the cgroups of process {pid}: {e}") from e
         v2_dirs: tuple[Path, ...] = ()
         if found.unified is not None and self._confined_v2(found.unified):
-            scope = _container_scope(found.unified)
+            scope = self._scope(found.unified, self.hierarchies.unified, unified_scope, pid)
             v2_dirs = tuple(cgroups.cgroup_dirs_to_patch_v2(found.unified, scope=scope))
         v1_scope = None
         if found.devices_v1 is not None and self._confined_v1(found.devices_v1):
-            v1_scope = _container_scope(found.devices_v1)
+            mount = self.hierarchies.devices_v1
+            v1_scope = self._scope(found.devices_v1, mount, devices_v1_scope, pid)
         unit = self._unit_of(v2_dirs[-1]) if v2_dirs else None
         return Container(pid, who.start_time, found, v1_scope, v2_dirs, unit)
 
@@ -278,6 +307,19 @@ class HotplugEngine:
             return None
         relative = directory.relative_to(mount.mount_point)
         return self.systemd.unit_of(directory, control_group=PurePosixPath(mount.root) / relative)
+
+    @staticmethod
+    def _scope(leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int) -> Path:
+        """The container's top directory in one hierarchy, for a process in ``leaf``."""
+        if given is None or mount is None:
+            return _container_scope(leaf)
+        try:
+            scope = mount.directory_of(given)
+        except cgroups.CgroupError as e:
+            raise EngineError(f"the container's cgroup {given!r} is not usable: {e}") from e
+        if leaf != scope and scope not in leaf.parents:
+            raise TargetGoneError(f"process {pid} has left its container's cgroup {scope}")
+        return scope
 
     def _confined_v1(self, directory: Path) -> bool:
         """Whether the v1 devices controller restricts this cgroup at all.
@@ -339,13 +381,18 @@ class HotplugEngine:
         self, container: Container, devices: Iterable[CharDevice]
     ) -> dict[CharDevice, list[busy.Holder]]:
         """For each of ``devices``, the processes of the container that hold it open; one
-        walk of the container's processes and their fds for all of them."""
-        return busy.find_holders_by_device(
-            [d for d in container.cgroup_dirs if d.is_dir()],
-            devices,
-            proc=self.host_proc,
-            extra_holders=self.extra_holders,
-        )
+        walk of the container's processes and their fds for all of them, within
+        ``busy_scan_seconds`` (:class:`ScanTimedOut` past them)."""
+        try:
+            return busy.find_holders_by_device(
+                [d for d in container.cgroup_dirs if d.is_dir()],
+                devices,
+                proc=self.host_proc,
+                extra_holders=self.extra_holders,
+                deadline=time.monotonic() + self.busy_scan_seconds,
+            )
+        except busy.ScanTimeout as e:
+            raise ScanTimedOut(e, seconds=self.busy_scan_seconds) from e
 
     # ---- grant -----------------------------------------------------------------------
 
@@ -491,11 +538,12 @@ class HotplugEngine:
                 raise DeviceBusyError(late)
             if late:
                 terminated += self._terminate(late)
-        except DeviceBusyError:
+        except (DeviceBusyError, ScanTimedOut):
             failures = undo.run()
             if failures:
                 raise InjectionError(
-                    "a process opened the device during revoke", rollback_errors=failures
+                    "a process opened the device during revoke, or the scan ran past its deadline",
+                    rollback_errors=failures,
                 ) from None
             raise
         except (*STEP_ERRORS, TargetGoneError) as e:
@@ -530,6 +578,7 @@ class HotplugEngine:
         """
         chars = [node.device for node in devices]
         try:
+            self._check_empty(devices_v1=devices_v1, unified=unified)
             v1_mount = self.hierarchies.devices_v1
             if devices_v1 is not None and v1_mount is not None:
                 scope = v1_mount.directory_of(devices_v1)
@@ -560,6 +609,22 @@ class HotplugEngine:
                 f"failed: {e}",
                 rollback_errors=["a withdraw is not rolled back"],
             ) from e
+
+    def _check_empty(self, *, devices_v1: str | None, unified: str | None) -> None:
+        """Refuse a withdraw while any process lives anywhere below the container's cgroups
+        (one may have moved into a child cgroup of its own): it can still use the device."""
+        for mount, path in (
+            (self.hierarchies.devices_v1, devices_v1),
+            (self.hierarchies.unified, unified),
+        ):
+            if mount is None or path is None:
+                continue
+            top = mount.directory_of(path)
+            if top.is_dir() and (members := cgroups.pids_in_cgroup(top, recursive=True)):
+                raise InjectionError(
+                    f"the cgroups {path} are not empty (processes {members[:8]} live below "
+                    "them): nothing is withdrawn while the container can still use it"
+                )
 
     # ---- helpers ---------------------------------------------------------------------
 

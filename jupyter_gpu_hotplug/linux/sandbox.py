@@ -19,8 +19,19 @@ filesystem read-only except its working directory, home, ``/tmp``, ``/var/tmp``,
 ``/dev`` and ``/proc`` but for the host's sysctls (so ``/sys/fs/cgroup`` cannot be written: it
 cannot leave its device cgroup); and the
 ``hidden`` paths (the agent's state directory, with its token and ledger) are covered by an
-empty tmpfs. It shares the host's pid and network namespaces, as local mode needs them. Give
-``uid``/``gid`` to run the command unprivileged as well.
+empty tmpfs. It has a pid namespace of its own — its ``/proc`` shows its own process tree
+only, and no process outside can be named, so none can be signalled (the agent above all) —
+and Docker's default seccomp restrictions, as a filter: no ``unshare``/``setns``/``clone`` of a
+namespace (no user namespace in which it would hold every capability), no ``mount``, ``bpf``,
+``ptrace``, module or kexec loading, clock, swap or keyring calls (``_sandbox_init``). It
+shares the host's network namespace (the agent's socket and TCP port). Give ``uid``/``gid`` to
+run the command unprivileged as well.
+
+Its shape, as the caller sees it: ``pid`` is an outer process in the caller's pid namespace
+(the one that stands for the sandbox: the agent's target, the provisioner's kernel pid) that
+relays signals to the sandbox's init (pid 1 inside), which relays them to the command's
+process group (pid 2) and reaps orphans; the command learns the outer pid from
+``GPU_HOTPLUG_SANDBOX_PID``.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, NewType
 
+from .._structs import SANDBOX_PID_ENV
 from . import _sandbox_init, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
 from .devrules import CONTAINER_DEFAULTS, RW, DeviceRule
 
@@ -160,6 +172,9 @@ class SandboxSpec:
     """More paths that stay writable in a read-only view."""
     hidden: tuple[str, ...] = DEFAULT_HIDDEN
     """Paths covered by an empty tmpfs (a file: by an empty one), e.g. the agent's state dir."""
+    end_with_owner: bool = False
+    """End the sandbox (SIGKILL) when the process that started it exits, as a kernel ends with
+    its Jupyter server (checked once a second)."""
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -271,7 +286,10 @@ class Sandbox:
 
     @property
     def pid(self) -> int:
-        """The command's pid (it replaced the bootstrap, so this is the workload itself)."""
+        """The sandbox's outermost process, in the caller's pid namespace: it runs in the
+        sandbox's cgroups and mount namespace, relays signals to the command and ends as the
+        command does (exit status or signal). The command itself is pid 2 of the sandbox's
+        own pid namespace (its init is pid 1); ``processes`` lists them all."""
         return self._process.pid
 
     @property
@@ -314,7 +332,7 @@ class Sandbox:
         return self._process.wait(timeout)
 
     def send_signal(self, sig: int) -> None:
-        """Signal the command (a no-op once it has been reaped)."""
+        """Signal the command (relayed to its process group; a no-op once reaped)."""
         self._process.send_signal(sig)
 
     def processes(self) -> list[int]:
@@ -468,11 +486,15 @@ def _create_cgroups(
 
 
 def _bootstrap_config(
-    spec: SandboxSpec, sandbox_cgroups: SandboxCgroups, nodes: Sequence[devnodes.DeviceNode]
+    spec: SandboxSpec,
+    sandbox_cgroups: SandboxCgroups,
+    nodes: Sequence[devnodes.DeviceNode],
+    *,
+    pid: int,
 ) -> bytes:
     dropping = spec.uid is not None or spec.gid is not None
     groups = spec.groups if spec.groups is not None else (() if dropping else None)
-    env = dict(os.environ if spec.env is None else spec.env)
+    env = {**(os.environ if spec.env is None else spec.env), SANDBOX_PID_ENV: str(pid)}
     config = {
         "argv": list(spec.argv),
         "env": env,
@@ -489,6 +511,7 @@ def _bootstrap_config(
         "read_only": spec.read_only,
         "writable": [*_writable(spec, env), *spec.writable],
         "hidden": list(spec.hidden),
+        "end_with_owner": spec.end_with_owner,
     }
     return json.dumps(config).encode()
 
@@ -510,7 +533,6 @@ def _spawn(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the bootstrap, hand it its configuration and wait until it has exec'd."""
     deadline = time.monotonic() + timeout
-    config = _bootstrap_config(spec, sandbox_cgroups, nodes)
     cfg_r, cfg_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
@@ -536,6 +558,7 @@ def _spawn(
             os.close(cfg_r)
             os.close(status_w)
         try:
+            config = _bootstrap_config(spec, sandbox_cgroups, nodes, pid=process.pid)
             _write_all(cfg_w, config, deadline)
             os.close(cfg_w)
             cfg_w = -1

@@ -254,9 +254,10 @@ class SandboxedKernelProvisioner(LocalProvisioner):
                 f"launch options {sorted(unsupported)} are not supported in a kernel sandbox"
             )
         env = dict(kwargs.get("env") or os.environ)
-        if not kwargs.get("independent", False):
-            # As jupyter_client's launcher: ipykernel exits when this process goes.
-            env["JPY_PARENT_PID"] = str(os.getpid())
+        # ipykernel's own parent poller cannot work in a sandbox (its parent there is the
+        # sandbox's init, pid 1, which it takes for "orphaned"): the sandbox itself ends with
+        # this process instead, unless the kernel is to be independent of it.
+        env.pop("JPY_PARENT_PID", None)
         cwd = kwargs.get("cwd")
         return SandboxSpec(
             tuple(os.path.expanduser(arg) for arg in cmd),
@@ -267,6 +268,7 @@ class SandboxedKernelProvisioner(LocalProvisioner):
             name_prefix=self.name_prefix,
             cgroup_parent=self.cgroup_parent,
             hidden=tuple(self.hidden_paths),
+            end_with_owner=not kwargs.get("independent", False),
         )
 
     def _start_sandbox(self, spec: SandboxSpec, stdio: Mapping[str, Any]) -> Sandbox:

@@ -38,6 +38,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
+from .._lingering import has_unread_body, refuse_unread
 from .._structs import BoundedBody
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
@@ -110,8 +111,9 @@ class BodyHandler(GPUHotplugAPIHandler):
     """A handler with a JSON body of at most ``MAX_BODY_BYTES``, refused with 413 unread.
 
     jupyter_server reads a whole body (up to its ``max_body_size``, 512 MiB) before a handler
-    runs; streamed, the declared ``Content-Length`` is checked when the headers arrive, and a
-    chunked body is counted as it comes and dropped past the limit.
+    runs; streamed, the declared ``Content-Length`` is checked when the headers arrive (the 413
+    is sent at once, with a lingering close: ``_lingering``), and a chunked body is counted as
+    it comes and dropped past the limit.
     """
 
     _body: BoundedBody
@@ -119,7 +121,19 @@ class BodyHandler(GPUHotplugAPIHandler):
     async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's is async
         self._body = BoundedBody(MAX_BODY_BYTES)
         if self._body.declare(self.request.headers.get("Content-Length")):
-            raise BodyTooLarge(MAX_BODY_BYTES)
+            if not has_unread_body(self):
+                raise BodyTooLarge(MAX_BODY_BYTES)
+            # Answered now, the rest of the body read and dropped (``_lingering``): a client
+            # still sending reads the 413 instead of a reset.
+            reply = error_reply(BodyTooLarge(MAX_BODY_BYTES)) or internal_error_reply()
+            self.log.warning("%d %s: %s", reply.status, self._request_summary(), "body too large")
+            refuse_unread(
+                self,
+                reply.status,
+                json.dumps(reply.body).encode(),
+                {"Content-Type": "application/json; charset=UTF-8", "Cache-Control": "no-store"},
+            )
+            return
         await super().prepare()
 
     def data_received(self, chunk: bytes) -> None:

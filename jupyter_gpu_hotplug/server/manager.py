@@ -338,11 +338,11 @@ class HotplugManager:
         its ``POST attach`` then fails (``insufficient_gpus``, saying it was cancelled)."""
         self._check_open()
         target = self._required_target(request.kernel_id, "cancel a waiting attach")
-        # The agent cancels any request id it is given: make sure this one is the target's.
         waiting = await self.client.queued(target)
         if request.request_id not in {queued.request_id for queued in waiting}:
             raise RequestNotWaiting(request.request_id, kernel_id=request.kernel_id)
-        await self.client.cancel_queued(request.request_id)
+        # Scoped to the target: another container's request with the same id stays.
+        await self.client.cancel_queued(request.request_id, target)
         self._log.info(
             "cancelled the waiting attach %s of %s",
             request.request_id,

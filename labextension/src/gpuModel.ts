@@ -283,7 +283,7 @@ export class GpuModel implements IDisposable {
     count: number,
     waitSeconds?: number
   ): Promise<IAttachReply> {
-    const requestId = `lab-${Math.random().toString(16).slice(2, 14)}`;
+    const requestId = `lab-${crypto.randomUUID()}`;
     const body: Record<string, unknown> = {
       count,
       kernel_id: kernelId,

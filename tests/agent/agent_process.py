@@ -8,14 +8,17 @@ runs never race for a port. The log (stderr) goes to a file that is shown when a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
 from tests.fixtures.agent import agent_argv, terminate
@@ -23,6 +26,10 @@ from tests.fixtures.agent import agent_argv, terminate
 from .api_harness import ApiClient
 
 READY_TIMEOUT = 60.0
+REPLY_TIMEOUT = 60.0
+"""Seconds a request made by ``client_argv`` may take to be answered."""
+UNIX_CLIENT = Path(__file__).with_name("_unix_client.py")
+"""Runs one request over the agent's unix socket (no token) and writes the answer to a file."""
 _SERVING = re.compile(r"serving the agent API on (\S+):(\d+)\s*$", re.MULTILINE)
 _READY = "agent ready"
 
@@ -140,3 +147,21 @@ class AgentProcess:
             raise AgentDied(f"the agent ignored SIGTERM:\n{self.log()}")
         self.process = None
         return process.returncode
+
+
+def client_argv(socket_path: Path, method: str, path: str, body: object, out: Path) -> list[str]:
+    """The command line of one request over ``socket_path`` whose answer lands in ``out``."""
+    payload = "-" if body is None else json.dumps(body)
+    return [sys.executable, "-I", "-S", str(UNIX_CLIENT), str(socket_path), method, path,
+            payload, str(out)]  # fmt: skip
+
+
+def wait_for_answer(out: Path, agent: AgentProcess) -> dict[str, Any]:
+    """The answer ``client_argv`` wrote to ``out`` (polled; the agent's log on a timeout)."""
+    deadline = time.monotonic() + REPLY_TIMEOUT
+    while not out.exists():
+        assert time.monotonic() < deadline, f"no answer at {out}:\n{agent.log()}"
+        time.sleep(0.02)
+    result: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return result

@@ -185,6 +185,24 @@ class AllocatorContract:
         assert allocator.attachments_of(old.target) == []
         assert allocator.attachments_of(new.target) == [moved]
 
+    async def test_node_intent_is_recorded_before_the_grant(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        """Intent on a reserving row survives a fresh instance (the agent killed after its
+        ``mknod``); ``mark_granted`` then records what the grant really did."""
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        (entry,) = await _reserve(allocator, setup, setup.containers[0], 1)
+        await allocator.intend_nodes([entry.gpu.uuid])
+        restarted = await _loaded(setup)
+        found = restarted.get(entry.gpu.uuid)
+        assert found is not None
+        assert (found.state, found.node_created) == (ReservationState.RESERVING, True)
+        (granted,) = await restarted.mark_granted([entry.gpu.uuid], nodes_created=[])
+        assert not granted.node_created
+        await restarted.intend_nodes([entry.gpu.uuid])  # granted: unchanged
+        assert restarted.get(entry.gpu.uuid) == granted
+
     async def test_every_state_survives_a_fresh_instance(
         self, allocator_setup: AllocatorSetup
     ) -> None:

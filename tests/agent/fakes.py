@@ -318,6 +318,7 @@ class FakeInjector:
                 usable=node.device in have,
                 exposed=node.device in have,
                 permitted=node.device in have,
+                node=node.device in have,
             )
             for node in devices
         ]
@@ -425,6 +426,11 @@ class MemoryAllocator:
         entry = dataclasses.replace(self._entries[uuid], **changes)  # type: ignore[arg-type]
         self._entries[uuid] = entry
         return entry
+
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            if self._entries[uuid].state is ReservationState.RESERVING:
+                self._change(uuid, node_created=True)
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()

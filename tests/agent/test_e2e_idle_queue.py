@@ -267,7 +267,7 @@ def test_three_kernels_one_gpu_served_in_order(
     assert opens(first, 0) == "EPERM"
     poll(lambda: positions(queue_agent, third) == ([1], 1), "the third moves up", queue_agent)
 
-    cancelled = tcp(queue_agent).delete(f"/v1/queue/kernel-{third.pid}")
+    cancelled = tcp(queue_agent).delete(f"/v1/queue/kernel-{third.pid}?pid={third.pid}")
     assert cancelled.status == 204, cancelled.body
     answer = waiting_third.answer()
     assert answer.status == 409 and answer.json()["error"] == "insufficient_gpus"

@@ -277,3 +277,23 @@ def test_policy_values() -> None:
     assert IdlePolicy(idle_seconds=60).stricter(None).idle_seconds == 60
     with pytest.raises(ValueError, match="idle_seconds must not be negative"):
         IdlePolicy(idle_seconds=-1)
+
+
+async def test_the_next_holder_starts_its_own_idle_period(idle: Idle) -> None:
+    """Attack (issue 25, item 6): idle state was kept per GPU, so B, who got the GPU A had left
+    unused for 590 s, lost it 10 s later (and saw A's warning). It belongs to the attachment."""
+    idle.policy(idle_seconds=600, warning_seconds=60)
+    _, uuid = await idle.attach(100)
+    assert await idle.after(0) == []
+    assert await idle.after(590) == []  # A: unused for 590 s, warned
+    await idle.harness.service.detach(ADMIN, uuid, force=False)
+
+    second, again = await idle.attach(200)
+    assert again == uuid, "B gets the GPU A left"
+
+    view = await idle.harness.service.attachments(ADMIN, PidRef(200))
+    assert "idle_release" not in view["attachments"][0], "A's warning is not B's"
+    assert await idle.after(10) == []  # B's idle period starts at this pass
+    assert await idle.after(599) == []
+    assert await idle.after(1) == [uuid], "B's own 600 s"
+    assert idle.attached(second) == []

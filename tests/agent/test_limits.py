@@ -1,6 +1,7 @@
-"""Connection limits of the agent's HTTP server (issue 9): idle connections are closed, a
-hoarder of silent connections loses them to the next caller, and only when every connection
-is busy is a newcomer refused, with a JSON 503.
+"""Connection limits of the agent's HTTP server (issues 9 and 25): idle connections are closed,
+a hoarder of silent connections loses them to the next caller, and only when every connection
+is busy is a newcomer refused, with a JSON 503 and Retry-After. (The attacks of issue 25 on
+these caps run against a whole agent in ``test_connection_fairness``.)
 
 A real ``LimitedHTTPServer`` on loopback with small limits, driven with raw connections.
 """
@@ -39,7 +40,7 @@ class _Slow(web.RequestHandler):
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[LimitedHTTPServer, int, asyncio.Event]]:
     release = asyncio.Event()
-    limits = ConnectionLimits(idle_timeout=0.5, max_connections=4, max_per_peer=3)
+    limits = ConnectionLimits(idle_timeout=0.5, max_connections=4, max_per_peer=3, reserve=0)
     app = web.Application([("/", _Hello), ("/slow", _Slow)], release=release)
     http = LimitedHTTPServer(app, limits=limits)
     sockets = bind_sockets(0, "127.0.0.1")
@@ -79,7 +80,9 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 async def _busy(http: LimitedHTTPServer, port: int, count: int) -> list[Connection]:
     held = [await _open(port, SLOW) for _ in range(count)]
-    await _until(lambda: len(http._peer_of) == count and not http._idle)
+    await _until(
+        lambda: len(http._open) == count and all(a.phase == "served" for a in http._open.values())
+    )
     return held
 
 
@@ -97,9 +100,9 @@ async def test_a_hoarder_of_idle_connections_loses_the_oldest(
     server: tuple[LimitedHTTPServer, int, asyncio.Event],
 ) -> None:
     http, port, _ = server
-    http.limits = ConnectionLimits(idle_timeout=60, max_connections=4, max_per_peer=3)
+    http.limits = ConnectionLimits(idle_timeout=60, max_connections=4, max_per_peer=3, reserve=0)
     held = [await _open(port) for _ in range(3)]
-    await _until(lambda: len(http._peer_of) == 3)
+    await _until(lambda: len(http._open) == 3)
 
     assert (await _exchange(port)).startswith(b"HTTP/1.1 200 ")
 
@@ -122,7 +125,7 @@ async def test_busy_connections_are_kept_and_the_newcomer_gets_json_503(
     assert head.startswith(b"HTTP/1.1 503 ")
     assert b"Retry-After: 1" in head
     error = json.loads(body)
-    assert (error["error"], error["retryable"]) == ("busy", True)
+    assert (error["error"], error["retryable"], error["retry_after"]) == ("busy", True, 1)
     assert "3 connections of yours are busy" in error["message"]
     release.set()
     for reader, writer in held:  # the busy ones were served to the end
@@ -135,7 +138,7 @@ async def test_total_cap_over_every_peer(
 ) -> None:
     http, port, release = server
     # Every peer may have 10 here, but only 3 may be open in all.
-    http.limits = ConnectionLimits(idle_timeout=0.5, max_connections=3, max_per_peer=10)
+    http.limits = ConnectionLimits(idle_timeout=0.5, max_connections=3, max_per_peer=10, reserve=0)
     held = await _busy(http, port, 3)
 
     refused = await _exchange(port)
@@ -149,4 +152,5 @@ async def test_total_cap_over_every_peer(
 
 def test_default_limits_leave_room_and_close_idlers() -> None:
     assert DEFAULT_LIMITS.idle_timeout <= 60
-    assert DEFAULT_LIMITS.max_per_peer < DEFAULT_LIMITS.max_connections
+    assert DEFAULT_LIMITS.body_timeout <= 60
+    assert DEFAULT_LIMITS.max_per_peer < DEFAULT_LIMITS.max_connections - DEFAULT_LIMITS.reserve

@@ -27,6 +27,7 @@ from jupyter_gpu_hotplug.agent.core.errors import (
     AgentError,
     BodyTooLarge,
     InvalidRequest,
+    Unavailable,
 )
 
 from .test_errors import CASES as ERROR_CASES
@@ -82,6 +83,7 @@ EXPECTED_ERRORS: dict[tuple[str, str], set[_structs.ErrorCode]] = {
     ("delete", "/v1/queue/{request_id}"): {
         "invalid_request",
         "unauthenticated",
+        "forbidden",
         "not_found",
         "internal_error",
     },
@@ -161,12 +163,13 @@ def test_errors_documented_with_their_status(method: str, path: str) -> None:
     operation = DOC["paths"][path][method]
     expected = {(ERRORS_BY_CODE[code].status, code) for code in EXPECTED_ERRORS[(method, path)]}
     expected.add((BodyTooLarge.status, BodyTooLarge.code))  # any request may send a body
+    expected.add((Unavailable.status, Unavailable.code))  # any connection may meet the caps
     assert documented_errors(operation) == expected
 
 
 def test_every_error_class_is_documented_somewhere() -> None:
     documented = set().union(*(documented_errors(op) for _, _, op in operations()))
-    classes: list[type[AgentError]] = [*ERRORS_BY_CODE.values(), BodyTooLarge]
+    classes: list[type[AgentError]] = [*ERRORS_BY_CODE.values(), BodyTooLarge, Unavailable]
     assert documented == {(cls.status, cls.code) for cls in classes}
 
 

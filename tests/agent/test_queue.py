@@ -1,9 +1,10 @@
 """The fair wait queue, through the service, against in-memory host fakes and a real ledger.
 
 What must hold: requests that wait are served first come, first served; each can see its
-position; a freed GPU goes to the first waiter; nobody overtakes a waiter (not even a request
-that does not wait); a cancelled waiter, one whose deadline passes and one whose target exits
-leave the queue with nothing reserved for them.
+position; a freed GPU goes to the first waiter; a request that fits is served while the first
+cannot be, but only ``QUEUE_OVERTAKES`` times, then what is freed is held for the first; one
+container may have only ``MAX_WAITERS_PER_CONTAINER`` waiting; a cancelled waiter, one whose
+deadline passes and one whose target exits leave the queue with nothing reserved for them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import AttachmentList, GpuUuid, PidRef, RequestId
+from jupyter_gpu_hotplug._structs import (
+    MAX_WAITERS_PER_CONTAINER,
+    QUEUE_OVERTAKES,
+    AttachmentList,
+    GpuUuid,
+    PidRef,
+    RequestId,
+)
 from jupyter_gpu_hotplug.agent.core.errors import Busy, InsufficientGpus, NotFound, Timeout
 from jupyter_gpu_hotplug.agent.core.queue import WaitQueue
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
@@ -53,6 +61,21 @@ class Queue:
         task = asyncio.create_task(self.service.attach(ADMIN, request))
         self.tasks.append(task)
         return task
+
+    async def at_once(self, pid: int) -> AttachmentList:
+        """An attach of one GPU for a new kernel ``pid`` that does not wait."""
+        self.harness.host.spawn(pid, f"kernel-{pid}")
+        request = AttachRequest(count=1, target=PidRef(pid), wait_seconds=60, request_id=None)
+        return await self.service.attach(ADMIN, request)
+
+    async def refused_at_once(self, pid: int) -> InsufficientGpus:
+        with pytest.raises(InsufficientGpus) as refused:
+            await self.at_once(pid)
+        return refused.value
+
+    async def free_gpus(self) -> int:
+        """What ``GET /v1/gpus`` says is free."""
+        return sum(1 for gpu in (await self.service.gpus())["gpus"] if gpu["state"] == "free")
 
     async def positions(self, pid: int) -> list[int]:
         view = await self.service.queued(ADMIN, PidRef(pid))
@@ -107,7 +130,7 @@ async def test_three_kernels_one_gpu_first_come_first_served(queue: Queue) -> No
     assert queue.held_by(100) == []
 
     (pending,) = (await queue.service.queued(ADMIN, PidRef(300)))["requests"]
-    await queue.service.cancel_queued(ADMIN, RequestId(pending["request_id"]))
+    await queue.service.cancel_queued(ADMIN, RequestId(pending["request_id"]), PidRef(300))
     with pytest.raises(InsufficientGpus, match="GPU") as cancelled:
         await third
     assert "cancelled while it waited" in cancelled.value.message
@@ -128,26 +151,80 @@ async def test_deadline_answers_504_and_leaves_nothing(queue: Queue) -> None:
     assert queue.held_by(200) == []
 
 
-async def test_nobody_overtakes_a_waiter(queue: Queue) -> None:
+async def test_a_request_that_fits_is_served_while_the_head_cannot_be(queue: Queue) -> None:
+    """Attack (issue 25, item 7): one container's waiter for 2 GPUs (1 free) made every other
+    caller get 409 "0 free" while ``/v1/gpus`` showed one free. A request that fits is served
+    when the head of the queue cannot be; what the 409 says free is what ``/v1/gpus`` says."""
     big = queue.ask(100, count=2)  # one is free: it waits
     await queue.until_waiting(1)
 
-    queue.harness.host.spawn(200, "kernel-200")
-    with pytest.raises(InsufficientGpus, match="0 free") as refused:
-        await queue.service.attach(
-            ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
-        )
-    assert "wait_seconds" in refused.value.message
-    small = queue.ask(300)  # waits behind the big one, although one GPU is free
-    await queue.until_waiting(2)
-    await asyncio.sleep(0.2)  # several rechecks: still nobody served
-    assert not big.done() and not small.done()
+    served = await queue.at_once(200)
+    assert [a["target"] for a in served["attachments"]] == [{"pid": 200}]
+    assert not big.done()
 
+    refused = await queue.refused_at_once(300)
+    assert refused.free == await queue.free_gpus() == 0
+
+
+async def test_the_head_is_not_starved_by_requests_that_fit(queue: Queue) -> None:
+    """Overtaking is bounded: once the head has been overtaken ``QUEUE_OVERTAKES`` times, what
+    is freed is held for it, and the 409 of a request that would take it says so — with the
+    same free count as ``/v1/gpus``."""
+    big = queue.ask(100, count=2)
+    await queue.until_waiting(1)
     hog = queue.held_by(900)
+    for pid in range(200, 200 + QUEUE_OVERTAKES):
+        got = await queue.at_once(pid)
+        await queue.service.detach(ADMIN, got["attachments"][0]["uuid"], force=False)
+    assert not big.done()
+
+    refused = await queue.refused_at_once(300)
+    assert refused.free == await queue.free_gpus() == 1
+    assert "held for the request first in the queue" in refused.message
+    small = queue.ask(400)  # a waiter that fits does not overtake a held head either
+    await queue.until_waiting(2)
+
     await queue.service.detach(ADMIN, hog[0], force=False)
 
     assert len((await big)["attachments"]) == 2
     assert not small.done()
+
+
+async def test_one_container_may_not_fill_the_queue(queue: Queue) -> None:
+    """Attack (issue 25, item 7): one container queued 20 waiters. It may have
+    ``MAX_WAITERS_PER_CONTAINER``; the next is refused at once and nothing is queued for it."""
+    await queue.ask(100)  # takes the free GPU
+    for pid in range(200, 200 + MAX_WAITERS_PER_CONTAINER):
+        queue.harness.host.spawn(pid, "greedy")
+        task = asyncio.create_task(queue.service.attach(ADMIN, waiting(pid)))
+        queue.tasks.append(task)
+    await queue.until_waiting(MAX_WAITERS_PER_CONTAINER)
+
+    queue.harness.host.spawn(299, "greedy")
+    with pytest.raises(Busy, match="already waits") as refused:
+        await queue.service.attach(ADMIN, waiting(299))
+    assert refused.value.retryable
+    assert len(queue.service.queue) == MAX_WAITERS_PER_CONTAINER
+    queue.ask(300)  # another container still queues
+    await queue.until_waiting(MAX_WAITERS_PER_CONTAINER + 1)
+
+
+async def test_cancel_is_scoped_to_the_callers_target(queue: Queue) -> None:
+    """Attack (issue 25, item 9): a token holder's cancel of a request id cancelled every
+    waiter with that id, any container's. It cancels the named target's only."""
+    await queue.ask(100)  # takes the free GPU
+    mine = queue.ask(200, request_id="same-id")
+    theirs = queue.ask(300, request_id="same-id")
+    await queue.until_waiting(2)
+
+    await queue.service.cancel_queued(ADMIN, RequestId("same-id"), PidRef(200))
+
+    with pytest.raises(InsufficientGpus, match="cancelled"):
+        await mine
+    assert not theirs.done()
+    assert await queue.positions(300) == [1]
+    with pytest.raises(NotFound, match="queued request"):
+        await queue.service.cancel_queued(ADMIN, RequestId("same-id"), PidRef(200))
 
 
 async def test_freed_by_the_reconciler_wakes_the_first_waiter(queue: Queue) -> None:
@@ -186,7 +263,7 @@ async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
 
 async def test_cancel_of_an_unknown_request(queue: Queue) -> None:
     with pytest.raises(NotFound, match="queued request"):
-        await queue.service.cancel_queued(ADMIN, RequestId("nothing-waits"))
+        await queue.service.cancel_queued(ADMIN, RequestId("nothing-waits"), PidRef(900))
 
 
 async def test_a_request_that_does_not_wait_is_answered_at_once(queue: Queue) -> None:

@@ -7,7 +7,7 @@ inner ``container`` leaf, a reused pid — is built exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -17,6 +17,7 @@ from jupyter_gpu_hotplug.agent.core.errors import Forbidden, NotFound
 from jupyter_gpu_hotplug.agent.core.seams import ContainerCgroups
 from jupyter_gpu_hotplug.agent.local.resolver import ProcResolver
 from jupyter_gpu_hotplug.linux.cgroups import CgroupHierarchies, CgroupMount
+from jupyter_gpu_hotplug.linux.devnodes import HostDevError
 
 AGENT = 10
 
@@ -26,6 +27,8 @@ class FakeProc:
     root: Path
     devices: Path
     unified: Path
+    host_dev: set[int] = field(default_factory=set)
+    """Processes whose ``/dev`` is the host's (a mount namespace of their own, nonetheless)."""
 
     def add(
         self,
@@ -67,7 +70,14 @@ class FakeProc:
             devices_v1=CgroupMount(self.devices, PurePosixPath("/")),
             unified=CgroupMount(self.unified, PurePosixPath("/")),
         )
-        return ProcResolver(host_proc=self.root, hierarchies=hierarchies, agent_pid=AGENT)
+        return ProcResolver(
+            host_proc=self.root, hierarchies=hierarchies, agent_pid=AGENT, check_dev=self.check_dev
+        )
+
+    def check_dev(self, pid: int) -> None:
+        """The fake processes' ``/dev``: private, but for those in ``host_dev``."""
+        if pid in self.host_dev:
+            raise HostDevError(f"the /dev of process {pid} is the host's /dev")
 
 
 @pytest.fixture
@@ -82,6 +92,8 @@ def proc(tmp_path: Path) -> FakeProc:
     fake.add(31, "/kubepods/pod-a/ctr-1", start=600)
     fake.add(40, "/machine.slice/libpod-abc.scope/container", start=700)
     fake.add(50, "/system.slice/cron.service", mounts_of=1)
+    fake.add(60, "/user.slice/user-1000.slice/session-1.scope")  # unshare -Urm: host's /dev
+    fake.host_dev.add(60)
     return fake
 
 
@@ -107,6 +119,7 @@ def test_crun_inner_cgroup_is_folded_into_the_scope(proc: FakeProc) -> None:
         (11, "agent's own cgroup"),
         (20, "root cgroup"),
         (50, "shares the agent's mount namespace"),
+        (60, "not in a container with a /dev of its own.*host's /dev"),
     ],
 )
 def test_not_containers_are_refused(proc: FakeProc, pid: int, reason: str) -> None:

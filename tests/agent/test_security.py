@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
 from jupyter_gpu_hotplug.agent.local.resolver import ProcResolver
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from tests.security.helpers import own_cgroups, start_in
 
 from .api_harness import ServedAgent, UnixConnection, self_in
 from .service_harness import ADMIN, Harness
@@ -217,25 +219,51 @@ async def test_node_the_agent_did_not_create_is_never_removed(harness: Harness) 
 def test_process_in_the_host_mount_namespace_is_refused(tmp_path: Path) -> None:
     """A real process in cgroups of its own (so it passes every cgroup check) but in the
     agent's mount namespace: its /dev is the host's, so it is never a target."""
-    hierarchies = cgroups.discover()
-    made: list[Path] = []
-    child = subprocess.Popen(["sleep", "60"])
-    try:
-        for mount in (hierarchies.devices_v1, hierarchies.unified):
-            if mount is None:
-                continue
-            directory = mount.mount_point / f"gpu-hotplug-core-test-{os.getpid()}"
-            directory.mkdir()
-            made.append(directory)
-            (directory / "cgroup.procs").write_text(str(child.pid))
-        resolver = ProcResolver(
-            host_proc=Path("/proc"), hierarchies=hierarchies, agent_pid=os.getpid()
-        )
+    with own_cgroups("gpu-hotplug-core-test") as directories:
+        child = start_in(directories, ["sleep", "60"])
+        try:
+            resolver = ProcResolver(
+                host_proc=Path("/proc"), hierarchies=cgroups.discover(), agent_pid=os.getpid()
+            )
+            _wait_until_in(child.pid, directories)
 
-        with pytest.raises(Forbidden, match="mount namespace"):
-            resolver.resolve(PidRef(child.pid))
-    finally:
-        child.kill()
-        child.wait()
-        for directory in made:
-            directory.rmdir()
+            with pytest.raises(Forbidden, match="mount namespace"):
+                resolver.resolve(PidRef(child.pid))
+        finally:
+            child.kill()
+            child.wait()
+
+
+def _wait_until_in(pid: int, directories: list[Path]) -> None:
+    """Poll until ``start_in``'s shell has joined ``directories`` (it execs only then)."""
+    deadline = time.monotonic() + 30
+    while not all(str(pid) in (d / "cgroup.procs").read_text().split() for d in directories):
+        assert time.monotonic() < deadline, f"process {pid} never joined {directories}"
+        time.sleep(0.01)
+
+
+# --- 4. one target cannot stop reconciliation ----------------------------------------------------
+
+
+async def test_one_targets_unforeseen_failure_does_not_stop_the_pass(harness: Harness) -> None:
+    """Whatever breaks while one target is reconciled (a RecursionError in a cgroup walk, an
+    unreadable file), the pass goes on with the others and reports the failure."""
+    broken = harness.host.spawn(100, "kernel-a")
+    gone = harness.host.spawn(200, "kernel-b")
+    await attach(harness, broken)
+    gpu_b = await attach(harness, gone)
+    harness.host.kill(200)
+    harness.host.remove_container("kernel-b")
+    real_lookup = harness.resolver.lookup
+
+    def lookup(target: object, key: object) -> object:
+        if target == broken.target:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_lookup(target, key)  # type: ignore[arg-type]
+
+    harness.resolver.lookup = lookup  # type: ignore[method-assign,assignment]
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"released_gone": [gpu_b.uuid]}
+    assert len(report.failures) == 1 and "maximum recursion depth" in report.failures[0]
+    assert [e.target for e in harness.ledger.attachments()] == [broken.target]

@@ -21,8 +21,9 @@ from jupyter_gpu_hotplug.agent.core.errors import (
     InvalidRequest,
     NotFound,
     TargetNotReady,
+    Unavailable,
 )
-from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, TargetGone
+from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, ScanUnfinished, TargetGone
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, ContainerCgroups, ReservationState
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -97,6 +98,24 @@ async def test_per_target_limit(tmp_path: Path, workers: Workers) -> None:
             await harness.service.attach(ADMIN, request(2, pid=100))
 
         assert caught.value.extra == {"limit": 2, "attached": 1, "requested": 2}
+    finally:
+        harness.ledger.close()
+
+
+async def test_gpu_limit_counts_the_container_not_the_pid(tmp_path: Path, workers: Workers) -> None:
+    """Attack (issue 25, item 10): with a limit of 1, a container got a second GPU by naming its
+    second process as the target. The limit is the container's, whichever process is named."""
+    harness = await build(tmp_path, max_gpus=1, workers=workers)
+    try:
+        harness.host.spawn(100, "kernel-a")
+        harness.host.spawn(101, "kernel-a")  # another process of the same container
+        await harness.service.attach(ADMIN, request(1, pid=100))
+
+        with pytest.raises(Forbidden) as caught:
+            await harness.service.attach(ADMIN, request(1, pid=101))
+
+        assert caught.value.extra == {"limit": 1, "attached": 1, "requested": 1}
+        assert len(harness.ledger.attachments()) == 1
     finally:
         harness.ledger.close()
 
@@ -310,6 +329,26 @@ async def test_busy_detach_refused_then_forced(harness: Harness) -> None:
 
     assert harness.ledger.attachments() == []
     assert [h.pid for h in harness.injector.forced] == [101]
+
+
+async def test_a_busy_scan_past_its_deadline_is_503_and_changes_nothing(harness: Harness) -> None:
+    """Issue 25: the scan of a huge container took 25-45 s. Past its deadline the detach is
+    answered 503 with retry_after (and the GPU stays attached, as it was)."""
+    harness.host.spawn(100, "kernel-a")
+    await harness.service.attach(ADMIN, request(1, pid=100))
+    harness.injector.revoke_error = lambda: ScanUnfinished(
+        "the scan looked at 3 of 500 processes before its deadline", seconds=14.5
+    )
+
+    with pytest.raises(Unavailable) as caught:
+        await harness.service.detach_all(ADMIN, PidRef(100), force=False)
+
+    assert (caught.value.status, caught.value.code, caught.value.retry_after) == (503, "busy", 15)
+    assert caught.value.to_body()["retry_after"] == 15
+    assert "3 of 500 processes" in caught.value.message
+    [entry] = harness.ledger.attachments()
+    assert entry.state is ReservationState.GRANTED
+    assert harness.injector.usable(harness.host.processes[100].target) == {gpu(0)}
 
 
 async def test_failed_revoke_keeps_the_attachment(harness: Harness) -> None:

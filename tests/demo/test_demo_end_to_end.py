@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug._structs import SANDBOX_PID_ENV, PidRef
 from jupyter_gpu_hotplug.client import Gpu
 
 from ..fixtures.host_state import bpf_program_loaded
@@ -73,10 +73,12 @@ PROBE = textwrap.dedent(
             pynvml.nvmlShutdown()
         nodes = sorted(p for p in _glob.glob("/dev/nvidia*")
                        if _re.fullmatch(r"/dev/nvidia[0-9]+", p))
-        print(_json.dumps({"pid": _os.getpid(), "nodes": nodes, "nvml": uuids,
+        # The pid the agent names this kernel by: its sandbox's, not its own namespace's.
+        pid = int(_os.environ["SANDBOX_PID_ENV"])
+        print(_json.dumps({"pid": pid, "nodes": nodes, "nvml": uuids,
                            "open": {str(m): _can_open(m) for m in minors}}))
     """
-)
+).replace("SANDBOX_PID_ENV", SANDBOX_PID_ENV)
 
 
 def probe(session: KernelSession) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from jupyter_gpu_hotplug.sandboxes.provisioner import (
 )
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
-from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
+from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession, host_pid
 
 from .cuda_stand_in import build_stand_in
 
@@ -269,11 +269,14 @@ async def test_busy_gpu_is_refused_then_force_stops_the_process(
     kernel: Kernel, local_agent: LocalAgent
 ) -> None:
     uuid, _ = _attached(await kernel.run("%gpu attach 1"))
-    child = int(
+    inner = int(
         await kernel.run(
             "import subprocess\n_child = subprocess.Popen(['sleep', '600'])\nprint(_child.pid)"
         )
     )
+    # NVML names processes as the host numbers them, not as the kernel's pid namespace does.
+    sandbox = kernel.manager.provisioner.sandbox  # type: ignore[union-attr]
+    child = host_pid(sandbox, inner)
     local_agent.update_gpu(uuid, processes=(SimulatedProcess(child, 2**30),))
 
     refused = await kernel.execute("%gpu detach")

@@ -6,14 +6,19 @@ without the NVIDIA driver, and the scan only compares ``st_rdev``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from jupyter_gpu_hotplug.linux import busy
-from jupyter_gpu_hotplug.linux.busy import Holder, ScanError
+from jupyter_gpu_hotplug.linux.busy import Holder, ScanError, ScanTimeout
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
 from ..fixtures.requirements import needs_cgroup_v1_devices, needs_root
@@ -147,3 +152,83 @@ class TestAsRoot:
             assert report.startswith(f"[{child.pid}] cannot inspect"), report
             assert "Permission denied" in report
             assert busy.holders_among([child.pid], ZERO)[0].fds == (fd,)
+
+
+# --- issue 25: a device fd parked in a socket, and a scan that would take too long -------------
+
+_PARK = """
+import os, socket, sys
+fd = os.open("/dev/zero", os.O_RDONLY)
+kind = sys.argv[1]
+if kind == "stream":
+    # Both ends stay open: the fd sits in the receiving end's queue.
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket.send_fds(mine, [b"x"], [fd])
+elif kind == "datagram":
+    # A message of no bytes, and the sending end closed: only the queue holds the fd.
+    theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    socket.send_fds(mine, [b""], [fd])
+    mine.close()
+elif kind == "drained":
+    # Sent and received: the fd is back in the fd table, then closed; nothing is queued.
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket.send_fds(mine, [b"x"], [fd])
+    _, fds, _, _ = socket.recv_fds(theirs, 1, 1)
+    os.close(fds[0])
+else:
+    # Sent through a connection the process has not accepted yet, both client ends closed.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(b"\\0" + os.urandom(8).hex().encode())
+    listener.listen(1)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(listener.getsockname())
+    socket.send_fds(client, [b"x"], [fd])
+    client.close()
+os.close(fd)
+print("parked", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _parked(kind: str) -> Iterator[int]:
+    """A process that did ``kind`` (see ``_PARK``) with its fd of ``/dev/zero``; its pid."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _PARK, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"parked\n"
+            yield child.pid
+        finally:
+            child.kill()
+
+
+@pytest.mark.parametrize("kind", ["stream", "datagram", "unaccepted"])
+def test_a_device_fd_parked_in_a_socket_is_held(kind: str) -> None:
+    """Attack (issue 25, item 8): a process sends its fd of the device through a unix socket
+    of its own (SCM_RIGHTS) and closes it: ``/proc/<pid>/fd`` shows no fd of the device, the
+    detach said "not busy", and the process took the fd back once the GPU was another's. A
+    process with a message queued on a unix socket it holds (sent or not yet received, even
+    one of no bytes, even on a connection not yet accepted) may hold any device that way: it
+    counts as a holder."""
+    with _parked(kind) as pid:
+        [holder] = busy.holders_among([pid], ZERO)
+
+        assert holder.pid == pid
+        assert holder.fds == () and holder.queued != ()
+
+
+def test_a_socket_with_nothing_queued_holds_nothing() -> None:
+    with _parked("drained") as pid:
+        assert busy.holders_among([pid], ZERO) == []
+
+
+def test_a_scan_past_its_deadline_stops_and_says_how_far_it_got() -> None:
+    """Issue 25: a detach of a container with 500 processes x 2,000 fds took 25-45 s; the scan
+    has a deadline and stops there (the caller answers 503 with retry_after)."""
+    with probe() as first, probe() as second:
+        with pytest.raises(ScanTimeout) as stopped:
+            busy.holders_by_device([first.pid, second.pid], [ZERO], deadline=time.monotonic())
+
+        assert (stopped.value.scanned, stopped.value.total) == (0, 2)
+        assert "0 of 2 processes" in str(stopped.value)

@@ -266,6 +266,20 @@ class TestWalking:
     def test_descendants_parents_first_without_following_links(self, tree: Path) -> None:
         assert cgroups.descendants(tree) == [tree / "a", tree / "a" / "deep", tree / "b"]
 
+    def test_descendants_walk_is_bounded_and_iterative(self, tree: Path) -> None:
+        with pytest.raises(cgroups.CgroupLimitError, match="more than 2 cgroups"):
+            cgroups.descendants(tree, limit=2)
+        chain = [tree / "b" / ("n/" * level) / "n" for level in range(1100)]  # > recursion limit
+        try:
+            for directory in chain:
+                directory.mkdir()
+            assert cgroups.descendants(tree)[-1] == chain[-1]
+        finally:
+            # Deepest first: pytest's own clean-up (shutil.rmtree) recurses, and must never
+            # meet a tree deeper than its recursion limit.
+            for directory in reversed(chain):
+                directory.rmdir()
+
     def test_pids_recursive_and_not(self, tree: Path) -> None:
         assert cgroups.pids_in_cgroup(tree) == [10, 11, 12, 13]
         assert cgroups.pids_in_cgroup(tree, recursive=False) == [10, 11]

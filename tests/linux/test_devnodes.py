@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from jupyter_gpu_hotplug.linux.devnodes import (
     ContainerGoneError,
     DeviceNode,
     DevNodeError,
+    HostDevError,
     InvalidNodeNameError,
     UnsafeNodeError,
 )
@@ -164,6 +166,17 @@ def assert_untouched(host_target: Path) -> None:
     assert stat.S_IMODE(info.st_mode) == 0o600
 
 
+def _wait_for_own_mount_namespace(pid: int) -> bool:
+    """Poll until ``pid`` (just started by ``unshare``) has left our mount namespace."""
+    deadline = time.monotonic() + 30
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    while time.monotonic() < deadline:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != ours:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 class TestInContainer:
     pytestmark = needs_root
 
@@ -174,14 +187,16 @@ class TestInContainer:
         assert container.stat("/dev/nvidia3") == "chr 195:3 666 0:0"
         assert os.listdir(container.rootfs) == []  # only the container's namespace has it
 
-    def test_ensure_is_idempotent_and_restores_mode_and_owner(
+    def test_ensure_is_idempotent_and_never_changes_a_node_it_did_not_create(
         self, container: FakeContainer
     ) -> None:
+        """A node already there is someone else's (the runtime's, the host's): its mode and
+        owner are never changed, or a node on the host could be made world-writable."""
         assert devnodes.ensure_node(container.pid, "nvidia3", GPU3) is True
         assert container.ask("chmod /dev/nvidia3 600") == "OK done"
         assert container.ask("chown /dev/nvidia3 1000:1000") == "OK done"
         assert devnodes.ensure_node(container.pid, "nvidia3", GPU3) is False
-        assert container.stat("/dev/nvidia3") == "chr 195:3 666 0:0"
+        assert container.stat("/dev/nvidia3") == "chr 195:3 600 1000:1000"
 
     def test_a_node_made_before_a_failure_is_removed_again(
         self, container: FakeContainer, monkeypatch: pytest.MonkeyPatch
@@ -193,6 +208,22 @@ class TestInContainer:
         with pytest.raises(DevNodeError, match=r"making /dev/nvidia3 .* Operation not permitted"):
             devnodes.ensure_node(container.pid, "nvidia3", GPU3)
         assert container.stat("/dev/nvidia3") == "ENOENT"
+
+    def test_never_in_the_hosts_dev(self, tmp_path: Path) -> None:
+        """A process with a mount namespace of its own but the host's /dev mounted in it
+        (``unshare -m``): the host's /dev is never written, whatever the namespace."""
+        with subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"]) as p:
+            try:
+                assert _wait_for_own_mount_namespace(p.pid)
+                with pytest.raises(HostDevError, match="is the host's /dev"):
+                    devnodes.ensure_node(p.pid, "nvidia7", CharDevice(195, 7))
+                with pytest.raises(HostDevError):
+                    devnodes.remove_node(p.pid, "nvidia7", expect=CharDevice(195, 7))
+                with pytest.raises(HostDevError):
+                    devnodes.check_private_dev(p.pid)
+            finally:
+                p.kill()
+        assert not Path("/dev/nvidia7").exists()
 
     def test_other_mode(self, container: FakeContainer) -> None:
         devnodes.ensure_node(container.pid, "nvidiactl", CTL, mode=0o660)

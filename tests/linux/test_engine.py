@@ -29,6 +29,7 @@ from jupyter_gpu_hotplug.linux.engine import (
     DeviceBusyError,
     HotplugEngine,
     InjectionError,
+    ScanTimedOut,
     TargetGoneError,
 )
 from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
@@ -244,6 +245,55 @@ def test_revoke_refuses_while_a_process_holds_the_device(
     assert busy_box.open("/dev/nvidia7") == "OK"
 
 
+PARKER_SCRIPT = """
+import os, signal, socket
+fd = os.open('/dev/nvidia7', os.O_RDONLY)
+mine, theirs = socket.socketpair()
+socket.send_fds(mine, [b'x'], [fd])
+os.close(fd)
+os.kill(os.getpid(), signal.SIGSTOP)  # parked: the test may look now
+"""
+
+
+def test_revoke_refuses_while_a_process_has_the_device_parked_in_a_socket(
+    engine: HotplugEngine, busy_box: SandboxProbe
+) -> None:
+    """Issue 25, item 8, on a real sandbox: the process sent its fd of the device through a
+    unix socket of its own and closed it; it can take it back at any time, so the revoke is
+    refused as for an open fd, and nothing changes."""
+    engine.grant(busy_box.pid, [STAND_IN])
+    parker = busy_box.spawn([sys.executable, "-I", "-S", "-c", PARKER_SCRIPT])
+    deadline = time.monotonic() + 30
+    while process_state(parker) != "T":
+        assert time.monotonic() < deadline and process_state(parker) not in ("Z", None)
+        time.sleep(0.01)
+    assert not holds_stand_in(parker)
+    granted = host_state(busy_box)
+
+    with pytest.raises(DeviceBusyError) as caught:
+        engine.revoke(busy_box.pid, [STAND_IN])
+
+    assert [(h.pid, h.fds) for h in caught.value.holders] == [(parker, ())]
+    assert caught.value.holders[0].queued != ()
+    assert host_state(busy_box) == granted
+    assert busy_box.open("/dev/nvidia7") == "OK"
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "forced"])
+def test_a_busy_scan_past_its_deadline_changes_nothing(busy_box: SandboxProbe, force: bool) -> None:
+    """Issue 25: the scan has a deadline; past it the revoke stops, having changed nothing and
+    ended no process (not even with force)."""
+    engine = HotplugEngine(control_nodes=(), terminate_grace=2.0, busy_scan_seconds=0.0)
+    engine.grant(busy_box.pid, [STAND_IN])
+    granted = host_state(busy_box)
+
+    with pytest.raises(ScanTimedOut, match=r"looked at 0 of \d+ processes"):
+        engine.revoke(busy_box.pid, [STAND_IN], force=force)
+
+    assert host_state(busy_box) == granted
+    assert busy_box.open("/dev/nvidia7") == "OK"
+
+
 @pytest.mark.parametrize("mode", ["polite", "stubborn"])
 def test_force_terminates_holders_then_revokes(
     engine: HotplugEngine, busy_box: SandboxProbe, mode: str
@@ -263,16 +313,18 @@ def test_force_terminates_holders_then_revokes(
 
 
 def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: SandboxProbe) -> None:
-    """The container's init holds the device: force ends it, and the permissions still go
-    (other processes could live on in its cgroups)."""
+    """The container's main process holds the device: force ends it (and with it the
+    sandbox, the target), and the permissions still go (other processes could live on in its
+    cgroups)."""
     before = host_state(busy_box)
     engine.grant(busy_box.pid, [STAND_IN])
     assert busy_box.hold("/dev/nvidia7") == "OK"
+    workload = busy_box.workload_pid
 
     result = engine.revoke(busy_box.pid, [STAND_IN], force=True)
 
-    assert result.target_gone
-    assert result.terminated[0].exited + result.terminated[0].killed == (busy_box.pid,)
+    assert result.terminated[0].exited + result.terminated[0].killed == (workload,)
+    assert busy_box.sandbox.wait(timeout=30) is not None  # the sandbox ended with it
     cg = busy_box.sandbox.cgroups
     if cg.v1 is not None:
         assert (cg.v1 / "devices.list").read_text() == before.v1_list

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
-from jupyter_gpu_hotplug.linux import cgroups, devnodes
+from jupyter_gpu_hotplug.linux import _sandbox_init, cgroups, devnodes
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode, nvidia_control_devices
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
@@ -222,11 +222,13 @@ class TestConfinement:
         probe = sandbox_factory(backends=backends)
         child = probe.spawn(["sleep", "1000"])
         sandbox = probe.sandbox
-        assert set(sandbox.processes()) == {sandbox.pid, child}
+        # The outer process, the sandbox's init (pid 1 inside), the probe and its child.
+        everyone = {sandbox.pid, probe.host_pid(1), probe.workload_pid, child}
+        assert set(sandbox.processes()) == everyone
         dirs = sandbox.cgroups.dirs()
         program = sandbox.cgroups.v2_program
         assert (program is not None) == (Backend.V2 in backends)
-        start_times = {pid: process_start_time(pid) for pid in (sandbox.pid, child)}
+        start_times = {pid: process_start_time(pid) for pid in everyone}
 
         assert sandbox.stop() == -signal.SIGTERM
         assert sandbox.stopped
@@ -396,3 +398,26 @@ class TestCleanupStale:
     def test_rejects_a_bad_prefix(self) -> None:
         with pytest.raises(ValueError, match="invalid name prefix"):
             cleanup_stale("../x")
+
+
+@pytest.mark.parametrize("machine", sorted(_sandbox_init.SYSCALL_TABLES))
+def test_the_seccomp_filter_refuses_every_listed_call_on_each_architecture(machine: str) -> None:
+    """Every refused call has a number on every architecture the filter knows, and the
+    program is well formed: the architecture checked first, every jump inside the program,
+    every path ending in a return (the kernel refuses anything else at install time)."""
+    arch, numbers = _sandbox_init.SYSCALL_TABLES[machine]
+    program = _sandbox_init.seccomp_program(machine)
+
+    assert set(_sandbox_init.REFUSED_SYSCALLS) <= set(numbers)
+    assert program[:2] == [(0x20, 0, 0, 4), (0x15, 1, 0, arch)]
+    assert program[-1] == (0x06, 0, 0, 0x7FFF0000)  # allow what is not refused
+    for index, (code, jt, jf, _) in enumerate(program):
+        if code & 0x07 == 0x05:  # a conditional jump
+            assert index + 1 + max(jt, jf) < len(program)
+    refused = {k for code, _, _, k in program if code == 0x15}
+    assert {numbers[name] for name in _sandbox_init.REFUSED_SYSCALLS} <= refused
+
+
+def test_no_seccomp_filter_for_an_unknown_architecture() -> None:
+    with pytest.raises(_sandbox_init.SetupError, match="no system call table"):
+        _sandbox_init.seccomp_program("sparc64")

@@ -122,7 +122,8 @@ def test_a_sandboxed_root_process_cannot_read_the_token_nor_leave_its_cgroup(
 
     # The agent's state directory is an empty tmpfs; its own root is out of reach.
     assert seen["token"] == "ENOENT"
-    assert seen["token_via_agent_root"] in ("EACCES", "EPERM")
+    # ... and the agent cannot even be named: the sandbox has a pid namespace of its own.
+    assert seen["token_via_agent_root"] == "ENOENT"
     assert seen["ledger_listing"] == "ok"  # empty
     # The cgroup filesystems are read-only and cannot be unmounted or made writable.
     assert "allow_own" in seen or cgroups.discover().devices_v1 is None

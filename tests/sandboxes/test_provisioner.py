@@ -29,7 +29,7 @@ from jupyter_server.serverapp import ServerApp
 from traitlets import TraitError
 from traitlets.config import Config
 
-from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, SANDBOX_PID_ENV
 from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
@@ -291,7 +291,11 @@ async def start_kernel(
         )
         kernel_id = json.loads(response.body)["id"]
         kernel_manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-        client = AsyncKernelClient(**kernel_manager.get_connection_info(session=True))
+        # The manager's client asks the provisioner whether the kernel lives; a bare client
+        # would judge by a first heartbeat within 1 s, which a loaded machine can miss.
+        client = AsyncKernelClient(
+            parent=kernel_manager, **kernel_manager.get_connection_info(session=True)
+        )
         kernel = Kernel(kernel_id, jp_serverapp, client)
         kernels.append(kernel)
         client.start_channels()
@@ -358,7 +362,11 @@ class Remains:
     async def assert_gone(self, *, live: tuple[Sandbox, ...] = ()) -> None:
         """Fail unless everything is gone; ``live`` are sandboxes still running."""
         assert [d for d in self.dirs if d.exists()] == []
-        assert [pid for pid, start in self.processes if process_running(pid, start)] == []
+        # A killed process leaves its cgroup before it has finished exiting.
+        await eventually(
+            lambda: not any(process_running(pid, start) for pid, start in self.processes),
+            "every process of the sandbox has exited",
+        )
         # The kernel frees a cgroup's programs and a namespace asynchronously.
         if self.program is not None:
             program = self.program
@@ -385,7 +393,10 @@ class TestSandboxedKernels:
         second = await start_kernel()
 
         for kernel in (first, second):
-            assert await kernel.eval("_os.getpid()") == kernel.provisioner.sandbox_pid
+            # Its own pid namespace: the kernel is pid 2 there, and knows the pid it is named by.
+            assert await kernel.eval("_os.getpid()") == 2
+            pid = await kernel.eval(f"int(_os.environ[{SANDBOX_PID_ENV!r}])")
+            assert pid == kernel.provisioner.sandbox_pid
             cgroup_text = await kernel.eval("open('/proc/self/cgroup').read()")
             seen = _cgroup_paths(cgroup_text)
             expected = _expected_cgroups(kernel.sandbox)
@@ -438,7 +449,7 @@ class TestSandboxedKernels:
 
         new_pid = kernel.provisioner.sandbox_pid
         assert new_pid is not None and new_pid != old_pid
-        assert await kernel.eval("_os.getpid()") == new_pid
+        assert await kernel.eval(f"int(_os.environ[{SANDBOX_PID_ENV!r}])") == new_pid
         assert kernel.sandbox.name != old.name
         await old.assert_gone(live=(kernel.sandbox,))
         assert await kernel.eval("_open_result('/dev/nvidia0')") == "ENOENT"
@@ -489,7 +500,8 @@ class TestSandboxedKernels:
                 "_child = subprocess.Popen(['sleep', '600'], start_new_session=True)"
             )
             remains.append(Remains.of(kernel.sandbox))
-            assert len(remains[-1].processes) == 2
+            # The sandbox's outer process and init, the kernel and its child.
+            assert len(remains[-1].processes) == 4
 
         await jp_fetch("api", "kernels", graceful.kernel_id, method="DELETE")
         await jp_serverapp.kernel_manager.shutdown_kernel(  # type: ignore[no-untyped-call]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +152,20 @@ class Event:
 
     kind: str
     data: Any
+
+
+def upload(url: str, size: int, authorization: str | None) -> tuple[int, dict[str, Any]]:
+    """``POST`` ``size`` bytes to ``url`` with ``urllib`` (which sends the whole body before it
+    reads the answer, as most clients do); the status and JSON body. Blocking."""
+    request = urllib.request.Request(url, data=b"x" * size, method="POST")
+    request.add_header("Content-Type", "application/json")
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=DEADLINE) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, Any]]:

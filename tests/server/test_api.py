@@ -9,6 +9,7 @@ cgroup allows it, no driver is behind it) after an attach; ``ENOENT`` after a de
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from .api_support import (
     local_mode,
     raw_exchange,
     sandboxes_of,
+    upload,
 )
 
 GPU0 = "/dev/nvidia0"
@@ -165,6 +167,19 @@ class TestRefusedBeforeAskingTheAgent(NoAgent):
             "body",
             "Request Entity Too Large",
         )
+
+    async def test_a_50_mb_upload_with_urllib_reads_the_413(
+        self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int
+    ) -> None:
+        """Issue 23: an ordinary client sends its whole body before it reads; the server
+        answers 413 at the headers, then reads and drops the rest (a lingering close), so the
+        client gets the answer, not "connection reset"."""
+        url = f"http://127.0.0.1:{jp_http_port}{jp_serverapp.base_url}gpu-hotplug/api/attach"
+        token = jp_serverapp.identity_provider.token
+
+        status, body = await asyncio.to_thread(upload, url, 50 * 2**20, f"token {token}")
+
+        assert (status, body["error"], body["field"]) == (413, "invalid_request", "body")
 
     async def test_oversized_chunked_body_is_413(
         self, jp_serverapp: ServerApp, http_server: object, jp_http_port: int

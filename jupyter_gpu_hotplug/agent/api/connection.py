@@ -8,8 +8,8 @@ the peer (``SO_PEERCRED``) and a pidfd for that very process (``SO_PEERPIDFD``, 
 ``Identity.bind_connection``, which resolves the peer's container while the pidfd proves the
 peer alive; every request on the connection then carries the same ``ConnectionInfo``.
 
-``httpserver.BindingHTTPServer`` takes that step for each accepted connection; handlers read
-the result with ``connection_of``.
+``httpserver.BindingHTTPServer`` takes that step for each accepted connection (before the
+connection caps, which count per container); handlers read the result with ``connection_of``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ from tornado import httputil, iostream
 
 from ..core.seams import ConnectionInfo, PeerCredentials
 
-__all__ = ["Binder", "bind_connection", "connection_of", "peer_credentials", "peer_pidfd"]
+__all__ = [
+    "Binder",
+    "bind_connection",
+    "bound_to",
+    "connection_of",
+    "peer_credentials",
+    "peer_pidfd",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,11 @@ def bind_connection(stream: iostream.IOStream, binder: Binder) -> None:
         # A connection whose identity cannot be told gets none: it may still use a token.
         log.exception("cannot identify the peer of a new connection")
         _bound[stream] = ConnectionInfo(transport="unix")
+
+
+def bound_to(stream: iostream.IOStream) -> ConnectionInfo | None:
+    """What ``stream`` was bound to at accept (None: not yet)."""
+    return _bound.get(stream)
 
 
 def connection_of(request: httputil.HTTPServerRequest) -> ConnectionInfo:

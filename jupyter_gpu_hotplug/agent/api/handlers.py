@@ -1,10 +1,14 @@
 """The agent API's tornado handlers: thin, uniform, and the only place errors become HTTP.
 
-Why the shape: every request goes through ``ApiHandler``. It refuses a body above the limit
-before reading it (from ``Content-Length``, or as chunks arrive); each protected verb starts by
-authenticating the caller (bearer token, or the unix-socket peer's container bound to the
-connection when it was accepted: see ``connection``), so an unsupported
-method is a 405 for anyone; and ``write_error`` turns an ``AgentError`` into its status and JSON
+Why the shape: every request goes through ``ApiHandler``. As soon as its headers arrive, it
+refuses a body above the limit (from ``Content-Length``; a chunked one as chunks arrive) and
+authenticates the caller of a protected verb (bearer token, or the unix-socket peer's
+container bound to the connection when it was accepted: see ``connection``) — before the body,
+so an unauthenticated client never holds a connection through a body phase (issue 25); a
+verb the route does not have is a 405 for anyone. A request refused while its body is unread
+is answered with a lingering close (``_lingering``), so the client reads the answer instead of
+a reset. A connection let in on the token holders' reserve (``limits``) must show the token.
+``write_error`` turns an ``AgentError`` into its status and JSON
 body — and anything else into a JSON 500 ``internal_error`` carrying a request id, logged with
 its traceback (a 5xx is a bug, and the id finds it in the log). Each verb then parses its input
 with ``validation``, calls one ``AgentService`` method and writes the result with an explicit
@@ -25,6 +29,7 @@ from typing import Any, ClassVar, Final, Literal
 
 from tornado import web
 
+from ..._lingering import has_unread_body, refuse_unread
 from ..._structs import BoundedBody, ErrorBody
 from ..core.errors import (
     AgentError,
@@ -34,11 +39,13 @@ from ..core.errors import (
     InvalidRequest,
     NotFound,
     Unauthenticated,
+    Unavailable,
 )
 from ..core.metrics import CONTENT_TYPE, AgentMetrics
 from ..core.seams import Caller, Identity
 from ..core.service import AgentService
 from .connection import connection_of
+from .limits import RETRY_AFTER, admission_of
 from .validation import (
     MAX_BODY_BYTES,
     check_query_names,
@@ -112,6 +119,8 @@ class ApiHandler(web.RequestHandler):
 
     route: ClassVar[str] = "unknown"
     """The route as it appears in metrics labels (never the raw path: its cardinality)."""
+    protected: ClassVar[bool] = True
+    """Its verbs need an authenticated caller (checked at the headers)."""
 
     caller: Caller | None = None
     _request_id: str | None = None
@@ -153,21 +162,66 @@ class ApiHandler(web.RequestHandler):
 
     # --- request -------------------------------------------------------------------------------
 
-    def prepare(self) -> None:
-        # Only what must happen before the body arrives: a body that is too big is refused
-        # without reading it. Everything else waits for the whole request, so a client is
-        # never answered (and disconnected) while it is still sending a normal body.
-        if self._body.declare(self.request.headers.get("Content-Length")):
-            raise BodyTooLarge(MAX_BODY_BYTES)
+    async def prepare(self) -> None:
+        # What must happen before the body arrives (module docstring): a body that is too
+        # big, and a caller who may not call, are refused without reading it.
+        try:
+            if self.protected and self._has_verb():
+                await self.authenticate()
+            if self._body.declare(self.request.headers.get("Content-Length")):
+                raise BodyTooLarge(MAX_BODY_BYTES)
+        except AgentError as e:
+            if not has_unread_body(self):
+                raise
+            self._refuse_unread(e)
+
+    def _has_verb(self) -> bool:
+        """Whether this route serves the request's method (else tornado answers 405)."""
+        method = (self.request.method or "").lower()
+        return getattr(type(self), method, None) is not getattr(web.RequestHandler, method, None)
+
+    def _refuse_unread(self, error: AgentError) -> None:
+        """Answer ``error`` with its body still unread, lingering (``_lingering``)."""
+        self.log_exception(type(error), error, None)
+        refuse_unread(
+            self,
+            error.status,
+            json.dumps(error.to_body(), separators=(",", ":")).encode(),
+            self._error_headers(error),
+        )
+        self._count(error.status)
+
+    def _error_headers(self, error: AgentError) -> dict[str, str]:
+        headers = {
+            "Content-Type": f"{_JSON}; charset=utf-8",
+            "Cache-Control": "no-store",
+            "X-Request-Id": self.request_id,
+        }
+        if isinstance(error, Unavailable):
+            headers["Retry-After"] = str(error.retry_after)
+        return headers
 
     async def authenticate(self) -> Caller:
-        """The caller, from the bearer token or the connection's bound identity; first in
-        every protected verb, so that an unsupported method is a 405 for anyone."""
+        """The caller, from the bearer token or the connection's bound identity (once per
+        request: ``prepare`` asks first, at the headers, for every verb the route serves; a
+        verb it does not serve is a 405 for anyone). A connection let in on the token
+        holders' reserve must show the token (``limits``)."""
         if self.caller is None:
-            self.caller = await self.context.identity.authenticate(
+            caller = await self.context.identity.authenticate(
                 authorization=self.request.headers.get("Authorization"),
                 connection=connection_of(self.request),
             )
+            admission = admission_of(self.request)
+            if admission is not None:
+                if admission.probation and not caller.privileged:
+                    raise Unavailable(
+                        "the agent's connections are all in use; the few left are kept for "
+                        "callers with the agent token",
+                        retry_after=RETRY_AFTER,
+                        hint="try again in a moment",
+                    )
+                admission.token = admission.token or caller.privileged
+            self.caller = caller
         return self.caller
 
     def data_received(self, chunk: bytes) -> None:
@@ -209,6 +263,8 @@ class ApiHandler(web.RequestHandler):
             status, body = failure.status, failure.to_body()
         self.set_status(status)
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
+        if isinstance(error, Unavailable):
+            self.set_header("Retry-After", str(error.retry_after))
         self.finish(json.dumps(body, separators=(",", ":")))
 
     def _protocol_error(self, status: int) -> ErrorBody:
@@ -252,8 +308,11 @@ class ApiHandler(web.RequestHandler):
             )
 
     def on_finish(self) -> None:
+        self._count(self.get_status())
+
+    def _count(self, status: int) -> None:
         self.context.metrics.http_requests.labels(
-            method=self.request.method or "", route=self.route, status=str(self.get_status())
+            method=self.request.method or "", route=self.route, status=str(status)
         ).inc()
 
 
@@ -265,6 +324,7 @@ class HealthHandler(ApiHandler):
     ledger stops answering (a restart may help). Never a 500: a probe must understand it."""
 
     route = "/healthz"
+    protected = False
 
     def get(self) -> None:
         self._verdict(self.context.health())
@@ -287,6 +347,7 @@ class ReadyHandler(HealthHandler):
 
 class MetricsHandler(ApiHandler):
     route = "/metrics"
+    protected = False
 
     async def get(self) -> None:
         await self.context.service.refresh_gpu_metrics()
@@ -296,6 +357,7 @@ class MetricsHandler(ApiHandler):
 
 class OpenApiHandler(ApiHandler):
     route = "/v1/openapi.json"
+    protected = False
 
     def get(self) -> None:
         self.finish(self.context.openapi)
@@ -371,8 +433,8 @@ class QueuedRequestHandler(ApiHandler):
 
     async def delete(self, raw_request_id: str) -> None:
         caller = await self.authenticate()
-        self.query()
-        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id))
+        target = parse_target_query(self.query(*_TARGET_QUERY))
+        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id), target)
         self.reply_empty()
 
 
@@ -380,6 +442,7 @@ class UnknownRouteHandler(ApiHandler):
     """Every other path: a JSON 404 (without authentication: probing paths tells nothing)."""
 
     route = "unknown"
+    protected = False
 
     def _not_found(self, *args: str) -> None:
         raise NotFound("route", self.request.path, hint="the API is described in /v1/openapi.json")

@@ -210,6 +210,19 @@ class Busy(AgentError):
         )
 
 
+class Unavailable(Busy):
+    """503 ``busy``: the agent cannot take this request now — its connections are spoken for,
+    or a scan of the target's processes ran past its deadline — and says when to try again
+    (``retry_after`` seconds, also sent as ``Retry-After``). Nothing was changed."""
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, retryable=True)
+        self.retry_after = retry_after
+        self.extra["retry_after"] = retry_after
+
+
 class InsufficientGpus(AgentError):
     """409 ``insufficient_gpus``: fewer free GPUs on this node than requested."""
 

@@ -23,6 +23,11 @@ the other users of the node. A backend may add a stricter period per target the 
 per-attachment choice is kept in memory: a restarted agent applies its own setting (and the
 annotations), and idle periods start again (they are never shortened by a restart).
 
+Whose idle time: the attachment's — one GPU granted to one container at one moment — never
+the GPU's. A GPU released and given to the next holder starts a new idle period and carries no
+warning of the last one (before issue 25, the next holder inherited the idle time: B lost a GPU
+3 s after getting it). The pass keys its state by ``attachment_id``, and a release forgets it.
+
 Timing: one pass every ``interval`` seconds (a few), so a release comes at most one interval
 after it is due; the pass reads NVML once for all GPUs and scans each target's processes for
 open fds (the same scan as a detach's busy check). Clocks are injected, so tests move time.
@@ -44,7 +49,14 @@ from .devices import GpuNodes
 from .injector import Injector, InjectorError
 from .locks import TargetLocks
 from .metrics import AgentMetrics
-from .seams import Allocator, HostContainer, Reservation, ReservationState, Resolver
+from .seams import (
+    Allocator,
+    ContainerKey,
+    HostContainer,
+    Reservation,
+    ReservationState,
+    Resolver,
+)
 from .workers import Workers
 
 __all__ = [
@@ -55,6 +67,7 @@ __all__ = [
     "IdleReleaser",
     "IdleWarning",
     "Usage",
+    "attachment_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +77,13 @@ Usage = Callable[[], Mapping[GpuUuid, int | None]]
 
 _HISTORY: int = 20
 """Releases remembered per target."""
+
+AttachmentId = tuple[GpuUuid, ContainerKey, datetime | None]
+
+
+def attachment_id(entry: Reservation) -> AttachmentId:
+    """One attachment: a GPU granted to one container at one moment (module docstring)."""
+    return entry.gpu.uuid, entry.container, entry.granted_at
 
 
 class IdleReason(enum.StrEnum):
@@ -140,6 +160,11 @@ class IdleBook:
     listeners: list[Callable[[IdleWarning | IdleRelease], None]] = field(default_factory=list)
     """Told of each warning and release (Kubernetes: Events on the pod)."""
 
+    def warning_of(self, entry: Reservation) -> IdleWarning | None:
+        """The warning in force for this attachment (never one left by an earlier holder)."""
+        warning = self.warnings.get(entry.gpu.uuid)
+        return warning if warning is not None and warning.target == entry.target else None
+
     def policy_for(self, entry: Reservation) -> IdlePolicy:
         return self.policy.stricter(self.requested.get(entry.gpu.uuid)).stricter(
             self.per_target(entry.target)
@@ -205,7 +230,7 @@ class IdleReleaser:
         self._nodes = nodes
         self._clock = clock
         self._wall = wall
-        self._idle_since: dict[GpuUuid, float] = {}
+        self._idle_since: dict[AttachmentId, float] = {}
 
     async def run_once(self) -> list[IdleRelease]:
         """One pass over every granted attachment; returns what it released."""
@@ -214,11 +239,16 @@ class IdleReleaser:
             for entry in self._allocator.all_attachments()
             if entry.state is ReservationState.GRANTED
         ]
-        current = {entry.gpu.uuid for entry in entries}
-        for uuid in [*self._idle_since, *self._book.warnings, *self._book.requested]:
-            if uuid not in current:
-                self._idle_since.pop(uuid, None)
+        current = {attachment_id(entry) for entry in entries}
+        for gone in [key for key in self._idle_since if key not in current]:
+            del self._idle_since[gone]
+        uuids = {entry.gpu.uuid for entry in entries}
+        for uuid in [*self._book.warnings, *self._book.requested]:
+            if uuid not in uuids:
                 self._book.forget(uuid)
+        for entry in entries:
+            if self._book.warnings.get(entry.gpu.uuid) is not self._book.warning_of(entry):
+                del self._book.warnings[entry.gpu.uuid]  # an earlier holder's
         watched = [entry for entry in entries if self._book.policy_for(entry).enabled]
         if not watched:
             return []
@@ -249,7 +279,7 @@ class IdleReleaser:
     async def _consider(
         self, entry: Reservation, usage: Mapping[GpuUuid, int | None]
     ) -> IdleRelease | None:
-        uuid = entry.gpu.uuid
+        uuid, key = entry.gpu.uuid, attachment_id(entry)
         container = await self._workers.host(self._resolver.lookup, entry.target, entry.container)
         if container is None:
             return None  # gone: the reconciler releases it
@@ -257,11 +287,11 @@ class IdleReleaser:
         holders = await self._workers.host(self._injector.holders, container, nodes)
         now = self._clock()
         if holders or (usage.get(uuid) or 0) > 0:
-            self._idle_since[uuid] = now
+            self._idle_since[key] = now
             if self._book.warnings.pop(uuid, None) is not None:
                 log.info("%s of %s is in use again: idle release called off", uuid, entry.target)
             return None
-        since = self._idle_since.setdefault(uuid, now)
+        since = self._idle_since.setdefault(key, now)
         policy = self._book.policy_for(entry)
         due = self._due(entry, policy, idle_for=now - since)
         if due is None:
@@ -272,11 +302,11 @@ class IdleReleaser:
                 self._warn(entry, reason, remaining)
             return None
         if not await self._release(entry, container):
-            self._idle_since[uuid] = self._clock()  # opened just now: it is in use
+            self._idle_since[key] = self._clock()  # opened just now: it is in use
             self._book.warnings.pop(uuid, None)
             return None
         release = IdleRelease(uuid, entry.target, reason, self._wall())
-        self._idle_since.pop(uuid, None)
+        self._idle_since.pop(key, None)
         self._book.forget(uuid)
         self._book.record(release)
         self._book.tell(release)

@@ -28,6 +28,7 @@ from ...linux.engine import (
     EngineError,
     HotplugEngine,
     InjectionError,
+    ScanTimedOut,
     TargetGoneError,
 )
 from .seams import ContainerCgroups, HostContainer
@@ -40,6 +41,7 @@ __all__ = [
     "InjectionFailed",
     "Injector",
     "InjectorError",
+    "ScanUnfinished",
     "TargetGone",
     "gpu_node",
 ]
@@ -63,6 +65,15 @@ class DeviceInUse(InjectorError):
         listed = ", ".join(f"{h.command} (pid {h.pid})" for h in holders)
         super().__init__(f"device in use by {listed}")
         self.holders = tuple(holders)
+
+
+class ScanUnfinished(InjectorError):
+    """The scan for processes holding the devices ran past its deadline (after ``seconds``);
+    nothing was changed, and trying again later may find it done sooner."""
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class InjectionFailed(InjectorError):
@@ -93,6 +104,8 @@ class DeviceState:
     """Any trace of access (node or permission): what a revoke must clean up."""
     permitted: bool
     """A device controller lets the target open it (whether or not the node is there)."""
+    node: bool
+    """The node is in the target's ``/dev`` (whether or not the cgroups allow it)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -143,7 +156,12 @@ class EngineInjector:
 
     def _container(self, target: HostContainer) -> Container:
         try:
-            container = self._engine.inspect(target.pid)
+            # The container's cgroups, not the process's own: it may sit in a child cgroup.
+            container = self._engine.inspect(
+                target.pid,
+                devices_v1_scope=target.cgroups.devices_v1,
+                unified_scope=target.cgroups.unified,
+            )
         except TargetGoneError as e:
             raise TargetGone(f"{target} has exited") from e
         except _HOST_ERRORS as e:
@@ -172,6 +190,8 @@ class EngineInjector:
             self._engine.revoke(container, devices, force=force, keep_nodes=keep_nodes)
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
+        except ScanTimedOut as e:
+            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
         except EngineError as e:
             raise _change_failed(target, "revoke", e) from e
 
@@ -197,6 +217,7 @@ class EngineInjector:
                 usable=s.usable,
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                node=s.node,
             )
             for s in states
         ]
@@ -209,6 +230,8 @@ class EngineInjector:
             for holders in held.values():
                 for holder in holders:
                     found.setdefault(holder.pid, HolderInfo(holder.pid, holder.comm))
+        except ScanTimedOut as e:
+            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
         except _HOST_ERRORS as e:
             raise InjectionFailed(
                 f"cannot tell whether the GPU is in use in {target}: {e}", clean=True

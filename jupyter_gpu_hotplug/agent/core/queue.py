@@ -1,22 +1,32 @@
 """A fair FIFO queue for attach requests that wait for GPUs on this node (local mode).
 
 Why it exists: users who ask for a GPU when none is free should be served in the order they
-asked, not by who retries fastest. An attach that gives ``wait_seconds`` and finds too few free
-GPUs (or others already waiting) joins the queue; only the first waiter may take GPUs, as soon
-as enough are free; it stays first until its reservation is made, then leaves, and the next one
-becomes first. Nobody can overtake a waiter — a request that does not wait is served only from
-GPUs beyond what the waiters need — so no waiter starves, not even one that asks for more GPUs
-than the others. Each kind of request has its own order: whole GPUs, and the slices of each MIG
-profile (a freed slice serves no one who waits for a whole GPU).
+asked, not by who retries fastest. An attach that gives ``wait_seconds`` and finds too few
+GPUs it may take joins the queue. Each kind of request has its own order: whole GPUs, and the
+slices of each MIG profile (a freed slice serves no one who waits for a whole GPU).
+
+Who is served (issue 25: a waiter for 2 GPUs with 1 free used to refuse everyone, "0 free"
+while ``/v1/gpus`` showed one free): the *head* (first waiter of a kind) is served as soon as
+enough are free. A request that fits in what is free — a later waiter, or one that does not
+wait — is served while the head cannot be, and each such overtake is counted on the head.
+The head is not starved: once it has been overtaken ``QUEUE_OVERTAKES`` times, or as soon as
+enough are free for it, its count is *held* — nobody else may take those GPUs — so every GPU
+freed from then on goes to it until it is served. A request refused because of that hold
+hears so (409 ``insufficient_gpus`` with the node's real free count, the one ``/v1/gpus``
+shows, and a hint naming the hold).
+
+Fair share: one container may have at most ``MAX_WAITERS_PER_CONTAINER`` requests waiting;
+another is refused at once (409 ``busy``, retryable), so one container cannot fill the queue.
 
 Waking up: every release the agent makes (detach, idle release, reconciliation) calls
 ``notify``, which wakes every waiter at once; the first one finds its GPUs within that
 scheduling step. A waiter also looks again every ``recheck`` seconds by itself, which is when
 it notices that its target has gone (the notebook was closed: it leaves the queue).
 
-Leaving: served (it got its GPUs), cancelled (``DELETE /v1/queue/{request_id}``: the waiting
-``POST`` answers ``insufficient_gpus`` saying so), deadline passed (``504 timeout``), target
-gone (``404``). In every case nothing was reserved for it and nothing is left behind.
+Leaving: served (it got its GPUs), cancelled (``DELETE /v1/queue/{request_id}`` for its
+target: the waiting ``POST`` answers ``insufficient_gpus`` saying so), deadline passed
+(``504 timeout``), target gone (``404``). In every case nothing was reserved for it and
+nothing is left behind.
 
 Kubernetes mode does not use this queue: there a pending holder pod is the queue and the
 scheduler orders it (by priority).
@@ -32,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ..._structs import RequestId, Target
+from ..._structs import MAX_WAITERS_PER_CONTAINER, QUEUE_OVERTAKES, RequestId, Target
 from .errors import Busy, InsufficientGpus, NotFound, Timeout
 from .seams import HostContainer
 
@@ -56,6 +66,8 @@ class Waiter:
     """What it waits for: whole GPUs (``None``) or slices of a MIG profile; each kind has
     its own order (a slice freed serves no one waiting for a whole GPU)."""
     cancelled: bool = False
+    overtaken: int = 0
+    """Requests served before it while it was the head and could not be served."""
     number: int = 0
     """Arrival order (for logs)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,10 +105,26 @@ class WaitQueue:
         """1 for the first waiter."""
         return self._waiters.index(waiter) + 1
 
-    def demand(self, kind: str | None = None) -> int:
-        """GPUs (or slices) of ``kind`` the waiters need together: a request that does not wait
-        may take only more."""
-        return sum(waiter.count for waiter in self._waiters if waiter.kind == kind)
+    def head(self, kind: str | None = None) -> Waiter | None:
+        """The first waiter of ``kind``: the one that is served as soon as enough are free."""
+        return next((waiter for waiter in self._waiters if waiter.kind == kind), None)
+
+    def held(self, kind: str | None, free: int, waiter: Waiter | None = None) -> int:
+        """Of ``free`` GPUs of ``kind``, how many the head holds against ``waiter`` (None: a
+        request that does not wait): its count once it could be served now or has been
+        overtaken ``QUEUE_OVERTAKES`` times, else none (module docstring)."""
+        head = self.head(kind)
+        if head is None or head is waiter:
+            return 0
+        if free >= head.count or head.overtaken >= QUEUE_OVERTAKES:
+            return head.count
+        return 0
+
+    def served(self, kind: str | None, waiter: Waiter | None) -> None:
+        """A request of ``kind`` got its GPUs: one overtake more if it was not the head."""
+        head = self.head(kind)
+        if head is not None and head is not waiter:
+            head.overtaken += 1
 
     def find(self, request_id: str) -> list[Waiter]:
         return [waiter for waiter in self._waiters if waiter.request_id == request_id]
@@ -111,7 +139,8 @@ class WaitQueue:
         kind: str | None = None,
     ) -> Waiter:
         """Queue a request at the end. A request id already waiting for the same target is a
-        retry of a request still in the queue: ``Busy`` (its answer is on its way)."""
+        retry of a request still in the queue: ``Busy`` (its answer is on its way); so is one
+        more from a container that has ``MAX_WAITERS_PER_CONTAINER`` waiting."""
         if request_id is not None:
             for waiter in self.find(request_id):
                 if waiter.target.key == container.target.key:
@@ -121,6 +150,13 @@ class WaitQueue:
                         hint="wait for its answer, or cancel it with DELETE /v1/queue/"
                         f"{request_id}",
                     )
+        mine = sum(1 for waiter in self._waiters if waiter.container.key == container.key)
+        if mine >= MAX_WAITERS_PER_CONTAINER:
+            raise Busy(
+                f"{container} already waits with {mine} requests, the most one container may",
+                hint="wait for one of them to be answered, or cancel one, then ask again",
+                retryable=True,
+            )
         waiter = Waiter(
             container=container,
             count=count,
@@ -159,10 +195,11 @@ class WaitQueue:
         alive: Callable[[], Awaitable[bool]],
         wait_seconds: float,
     ) -> None:
-        """Return when ``waiter`` is first and ``free()`` GPUs are enough for it; it stays
-        first (the caller reserves, then calls ``leave``). Raises, with the waiter still in the
-        queue (the caller's ``leave`` removes it): ``InsufficientGpus`` when cancelled,
-        ``Timeout`` at the deadline, ``NotFound`` when ``alive()`` says the target is gone."""
+        """Return when ``free()`` GPUs are enough for ``waiter``, less what the head holds
+        against it (module docstring); it stays in the queue (the caller reserves, then calls
+        ``leave``). Raises, with the waiter still in the queue (the caller's ``leave`` removes
+        it): ``InsufficientGpus`` when cancelled, ``Timeout`` at the deadline, ``NotFound``
+        when ``alive()`` says the target is gone."""
         while True:
             if waiter.cancelled:
                 raise InsufficientGpus(
@@ -170,8 +207,8 @@ class WaitQueue:
                     requested=waiter.count,
                     hint=f"the request was cancelled while it waited (id {waiter.request_id})",
                 )
-            first = next(w for w in self._waiters if w.kind == waiter.kind)
-            if first is waiter and free() >= waiter.count:
+            available = free()
+            if available - self.held(waiter.kind, available, waiter) >= waiter.count:
                 return
             remaining = waiter.deadline - self._clock()
             if remaining <= 0:

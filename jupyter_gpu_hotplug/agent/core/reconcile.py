@@ -23,7 +23,9 @@ with reservations, each run under the target's lock so that no operation in flig
   the permission.
 
 Device nodes are removed only where the reservation records that the agent created them
-(``Reservation.node_created``): a node of unknown origin is left, without its permission.
+(``Reservation.node_created``, recorded as intent before the ``mknod``, so an attach cut short
+after it still knows the node is its own): a node of unknown origin is left, without its
+permission.
 
 Each repair is logged and counted (``gpu_hotplug_reconcile_actions_total{action}``).
 """
@@ -126,6 +128,11 @@ class Reconciler:
                 except InjectorError as e:
                     report.failures.append(f"{target}: {e}")
                     log.error("reconciling %s failed: %s; retrying on the next pass", target, e)
+                except Exception as e:
+                    # Whatever one target's host state does to us (a container can shape its
+                    # cgroups at will), the others are still reconciled and the agent starts.
+                    report.failures.append(f"{target}: {e}")
+                    log.exception("reconciling %s failed; retrying on the next pass", target)
         for action, items in report.actions.items():
             self._metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:
@@ -221,13 +228,12 @@ class Reconciler:
         ]
         return self._nodes.to_revoke(row.gpu, keeping=keeping)
 
-    async def _take_back(
-        self, container: HostContainer, row: Reservation, *, keep_every_node: bool
-    ) -> None:
+    async def _take_back(self, container: HostContainer, row: Reservation) -> None:
         """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
-        only when the agent created them, and never with ``keep_every_node``."""
+        only when the agent created them (for an attach cut short: when it recorded, before
+        the ``mknod``, that it was about to)."""
         nodes = self._revocable(container, row)
-        keep = [node.name for node in nodes] if keep_every_node or not row.node_created else []
+        keep = [] if row.node_created else [node.name for node in nodes]
         await self._workers.host(
             self._injector.revoke, container, nodes, force=False, keep_nodes=keep
         )
@@ -236,9 +242,7 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            # Whether the cut-short grant created the node is unknown: it stays (without the
-            # permission it opens nothing).
-            await self._take_back(container, row, keep_every_node=True)
+            await self._take_back(container, row)
         except DeviceInUse as e:
             await self._allocator.mark_granted([row.gpu.uuid])
             report.add("finished_attach", row.gpu.uuid)
@@ -257,7 +261,7 @@ class Reconciler:
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
         try:
-            await self._take_back(container, row, keep_every_node=False)
+            await self._take_back(container, row)
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
                 raise

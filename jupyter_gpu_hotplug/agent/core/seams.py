@@ -28,7 +28,9 @@ Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
 - ``Identity.self_target`` blocks (local mode reads ``/proc``): the service calls it in the
   worker pool.
 - ``Allocator.mark_granted`` records ``nodes_created`` (``Reservation.node_created``): the
-  agent removes only device nodes it created (Kubernetes: keep it in the holder's annotations).
+  agent removes only device nodes it created (Kubernetes: keep it in the holder's annotations);
+  ``Allocator.intend_nodes`` records the intent before the grant makes them, so a crash between
+  the two still leaves the node known as the agent's.
 - ``Caller`` also carries ``cgroups`` (local mode's authorization compares them: a caller may
   act on a target whose cgroups are its own or an ancestor's, which is what a grant reaches)
   and the ``connection`` it came on; ``Verb`` is ``get | create | delete``.
@@ -214,6 +216,12 @@ class Allocator(Protocol):
         """Take ``count`` of ``candidates`` for ``container`` (state ``RESERVING``), all or
         nothing. A ``request_id`` this target already used returns that request's
         reservations (same count) instead. ``deadline`` is a ``time.monotonic()`` value."""
+
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        """Record, before the grant makes them, that the grant is about to create the device
+        nodes of these ``RESERVING`` GPUs (``Reservation.node_created``; others unchanged):
+        an agent killed between the ``mknod`` and ``mark_granted`` then knows, when it rolls
+        the attach back, that the node is its own and removes it."""
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()

@@ -13,8 +13,9 @@ cannot undo in a state the reconciler finishes.
 Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
 authorize it → per-target lock → ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
 Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) → ``revoke``
-(refused while processes hold the GPU, unless ``force``) → ``release``; a refused revoke is
-undone with ``cancel_release``.
+(refused while processes hold the GPU, unless ``force``; answered 503 with ``retry_after``
+when the scan for them runs past its deadline) → ``release``; a refused revoke is undone
+with ``cancel_release``.
 
 Concurrency: one operation at a time per target; a second one on the same target is answered
 409 ``busy`` at once (retryable) rather than queued, so a client never waits behind an operation
@@ -26,17 +27,20 @@ allocator's reads come from memory.
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
 
-Waiting: an attach that gives ``wait_seconds`` and finds too few free GPUs, or others already
-waiting, joins the node's FIFO queue (``queue.py``) before it takes its target's lock, so a
-waiting request never blocks its target's other operations; one that does not wait is refused
-at once (409) unless GPUs beyond what the waiters need are free. Every release wakes the queue.
+Waiting: an attach that gives ``wait_seconds`` and finds too few GPUs it may take joins the
+node's FIFO queue (``queue.py``) before it takes its target's lock, so a waiting request never
+blocks its target's other operations; one that does not wait is refused at once (409) unless
+enough are free beyond what the queue's head holds (``WaitQueue.held``). Every release wakes
+the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -70,6 +74,7 @@ from .errors import (
     InvalidRequest,
     NotFound,
     TargetNotReady,
+    Unavailable,
 )
 from .idle import IdleBook, IdleWarning
 from .injector import (
@@ -78,6 +83,7 @@ from .injector import (
     InjectionFailed,
     Injector,
     InjectorError,
+    ScanUnfinished,
     TargetGone,
 )
 from .inventory import GpuDevice, Inventory, InventorySnapshot
@@ -310,7 +316,7 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry, self.idle.warnings.get(entry.gpu.uuid))
+                attachment_of(entry, self.idle.warning_of(entry))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
             ]
@@ -360,18 +366,24 @@ class AgentService:
                 self.queue.position(waiter),
             )
             try:
-                await self.queue.turn(
-                    waiter,
-                    free=lambda: self._free(snapshot, request.mig),
-                    alive=lambda: self._alive(container),
-                    wait_seconds=request.wait_seconds,
-                )
-                # The node may have changed while it waited: hand out what NVML sees now.
-                snapshot = await self._workers.host(self._inventory.snapshot)
-                async with self.locks.operation(container.target):
-                    return await self._attach_locked(
-                        container, request, snapshot, deadline, waiter=waiter
+                while True:
+                    await self.queue.turn(
+                        waiter,
+                        free=functools.partial(self._free, snapshot, request.mig),
+                        alive=lambda: self._alive(container),
+                        wait_seconds=request.wait_seconds,
                     )
+                    # The node may have changed while it waited: hand out what NVML sees now.
+                    snapshot = await self._workers.host(self._inventory.snapshot)
+                    try:
+                        async with self.locks.operation(container.target):
+                            return await self._attach_locked(
+                                container, request, snapshot, deadline, waiter=waiter
+                            )
+                    except InsufficientGpus:
+                        # Another request took them first (a later waiter may overtake):
+                        # wait on, until the deadline.
+                        continue
             finally:
                 self.queue.leave(waiter)
 
@@ -391,16 +403,17 @@ class AgentService:
     def _must_queue(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> bool:
-        """Whether a waiting request has to queue: others wait, or too few GPUs are free. A
-        retry of a request that was already served, or one that is refused anyway, does not."""
+        """Whether a waiting request has to queue: too few GPUs are free beyond what the
+        queue's head holds. A retry of a request that was already served, or one that is
+        refused anyway, does not."""
         self._admit(container, request, snapshot)
         if request.request_id is not None and any(
             entry.request_id == request.request_id
             for entry in self._allocator.attachments_of(container.target)
         ):
             return False
-        waiting = self.queue.demand(request.mig)
-        return waiting > 0 or self._free(snapshot, request.mig) < request.count
+        free = self._free(snapshot, request.mig)
+        return free - self.queue.held(request.mig, free) < request.count
 
     @staticmethod
     def _candidates(snapshot: InventorySnapshot, mig: str | None) -> list[GpuDevice]:
@@ -422,7 +435,7 @@ class AgentService:
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
         """Refuse a request that can never be served: more GPUs (or slices of the profile)
-        than the node has, or more than the target may hold."""
+        than the node has, or more than the target's container may hold."""
         if request.mig is None:
             total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
         else:
@@ -442,7 +455,9 @@ class AgentService:
                 field="count",
                 hint=f"ask for at most {total}, or list the node's GPUs to see them all",
             )
-        existing = self._allocator.attachments_of(container.target)
+        # The container's GPUs, through whichever of its processes they were asked for: a
+        # limit counted per pid let a container hold two under a limit of one (issue 25).
+        existing = [e for e in self._allocator.all_attachments() if e.container == container.key]
         limit = self._config.max_gpus_per_target
         if len(existing) + request.count > limit:
             raise Forbidden.over_gpu_limit(
@@ -468,20 +483,22 @@ class AgentService:
             ],
         )
 
-    async def cancel_queued(self, caller: Caller, request_id: RequestId) -> None:
-        """Cancel a waiting request (its ``POST`` answers that it was cancelled)."""
-        waiters = self.queue.find(request_id)
-        allowed = []
-        for waiter in waiters:
-            try:
-                await self._identity.authorize(caller, "delete", waiter.container)
-            except Forbidden:
-                continue
-            allowed.append(waiter)
-        if not allowed:
-            # Someone else's request is reported as absent: its id tells nothing.
+    async def cancel_queued(
+        self, caller: Caller, request_id: RequestId, ref: TargetRef | None
+    ) -> None:
+        """Cancel the target's waiting request ``request_id`` (its ``POST`` answers that it
+        was cancelled). Only the named target's (or the caller's own): request ids are chosen
+        by clients, and a cancel reaching every waiter with the id, any container's, let one
+        container cancel another's wait (issue 25)."""
+        container = await self._target(caller, ref, "delete")
+        waiters = [
+            waiter
+            for waiter in self.queue.find(request_id)
+            if waiter.target.key == container.target.key
+        ]
+        if not waiters:
             raise NotFound("queued request", request_id)
-        for waiter in allowed:
+        for waiter in waiters:
             self.queue.cancel(waiter)
             log.info("queued request %s for %s cancelled", request_id, waiter.target)
 
@@ -516,17 +533,17 @@ class AgentService:
             GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
             for gpu in self._candidates(snapshot, request.mig)
         ]
-        # A request that did not wait its turn takes only GPUs that no waiter needs.
-        free = self._free(snapshot, request.mig) - (
-            0 if waiter is not None else self.queue.demand(request.mig)
-        )
-        if free < request.count:
+        # Any request takes only GPUs that the queue's head does not hold (queue.py).
+        free = self._free(snapshot, request.mig)
+        held = self.queue.held(request.mig, free, waiter)
+        if free - held < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
             raise InsufficientGpus(
-                free=max(free, 0),
+                free=free,
                 requested=request.count,
-                hint="ask with wait_seconds to wait in the queue for your turn"
-                if len(self.queue)
+                hint=f"{held} of them held for the request first in the queue; ask with "
+                "wait_seconds to wait for your turn"
+                if held
                 else None,
             )
         entries = await self._allocator.reserve(
@@ -536,6 +553,7 @@ class AgentService:
             deadline=deadline,
             candidates=candidates,
         )
+        self.queue.served(request.mig, waiter)
         await self._checkpoints.reach("after_reserve")
         uuids = [entry.gpu.uuid for entry in entries]
         try:
@@ -546,6 +564,7 @@ class AgentService:
             raise _attach_error(container, e) from e
         nodes = flat(per_entry)
         try:
+            await self._intend_nodes(container, entries, per_entry)
             created = await self._workers.host(self._injector.grant, container, nodes)
         except InjectorError as e:
             await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
@@ -575,6 +594,25 @@ class AgentService:
             self._label,
         )
         return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+
+    async def _intend_nodes(
+        self,
+        container: HostContainer,
+        entries: Sequence[Reservation],
+        per_entry: Sequence[Sequence[DeviceNode]],
+    ) -> None:
+        """Record, before the grant, which reservations' nodes it is about to make (all of
+        their nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
+        nodes = flat(per_entry)
+        states = await self._workers.host(self._injector.status, container, nodes)
+        absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
+        making = [
+            entry.gpu.uuid
+            for entry, own in zip(entries, per_entry, strict=True)
+            if all(node.name in absent for node in own)
+        ]
+        if making:
+            await self._allocator.intend_nodes(making)
 
     def _repeat(
         self, target: Target, request_id: RequestId, count: int, earlier: list[Reservation]
@@ -722,6 +760,14 @@ class AgentService:
         except DeviceInUse as e:
             await self._allocator.cancel_release(uuids)
             raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
+        except ScanUnfinished as e:
+            await self._allocator.cancel_release(uuids)
+            raise Unavailable(
+                f"could not tell in time whether {', '.join(uuids)} is in use in {container}: {e}",
+                retry_after=math.ceil(e.seconds),
+                hint="nothing was changed; try again (a container with very many processes "
+                "and open files takes long to scan)",
+            ) from e
         except InjectionFailed as e:
             if e.clean:
                 await self._allocator.cancel_release(uuids)
@@ -737,6 +783,8 @@ class AgentService:
             ) from e
         await self._checkpoints.reach("after_revoke")
         await self._allocator.release(uuids)
+        for uuid in uuids:
+            self.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
         self.queue.notify()
         log.info(
             "detached %s from %s%s%s",

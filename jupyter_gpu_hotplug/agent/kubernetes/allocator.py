@@ -411,6 +411,20 @@ class HolderAllocator:
             changed.append(self._remember(updated))
         return changed
 
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        for uuid in uuids:
+            holder = self._holders.get(uuid)
+            entry = self._entries.get(uuid)
+            if holder is None or entry is None or entry.state is not ReservationState.RESERVING:
+                continue
+            pod = await self._kube.annotate_pod(
+                holder.namespace, holder.name, {ANNOTATION_NODE_CREATED: "true"}
+            )
+            self._pods.remember(pod)
+            updated = read_holder(pod)
+            if updated is not None and updated.uuid == uuid:
+                self._remember(updated)
+
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
@@ -424,7 +438,7 @@ class HolderAllocator:
         granted += await self._set_state(
             [uuid for uuid in uuids if uuid not in nodes_created],
             ReservationState.GRANTED,
-            extra={ANNOTATION_GRANTED_AT: now},
+            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "false"},
         )
         granted.sort(key=_order)
         for entry in granted:

@@ -90,6 +90,9 @@ class LedgerAllocator:
         self._put(entries)
         return entries
 
+    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
+        self._put(await self._write(self._ledger.intend_nodes, uuids))
+
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:

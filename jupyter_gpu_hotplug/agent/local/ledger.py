@@ -417,6 +417,18 @@ class Ledger:
             chosen = [gpu.uuid for gpu in free[:count]]
             return self._entries(conn, _where_uuid_in(chosen), chosen)
 
+    def intend_nodes(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        """Set ``node_created`` on those of ``uuids`` that are ``reserving``: the grant about
+        to run will make their device nodes (recorded before the ``mknod``)."""
+        wanted = sorted(set(uuids))
+        with self._session(write=True) as conn:
+            conn.execute(
+                f"""UPDATE attachments SET node_created = 1, updated_at = ?
+                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
+                (self._now(), *wanted),
+            )
+            return self._entries(conn, _where_uuid_in(wanted), wanted)
+
     def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:

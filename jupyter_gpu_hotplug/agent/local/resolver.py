@@ -6,8 +6,10 @@ start time, from ``/proc/<pid>/stat``), tells which *container* it belongs to (i
 cgroups, read from ``/proc/<pid>/cgroup``, never constructed), and refuses targets that are not
 containers: the host's init, the agent itself, anything in a root cgroup (a grant there would
 reach the whole host), in the agent's own cgroup (the agent, its children, and whatever else
-runs beside it), or in the agent's own mount namespace — the host's: its ``/dev`` is the host's
-``/dev``, where the agent must never create (or remove) a node.
+runs beside it), or whose ``/dev`` is the host's ``/dev`` — the agent's own mount namespace,
+but also a mount namespace of its own with the host's ``/dev`` still mounted (``unshare -Urm``)
+or a chroot's ``/dev`` on a host filesystem: the agent must never create (or remove) a node
+there, so only a private tmpfs ``/dev`` (what container runtimes mount) is accepted.
 
 A container is the pair of cgroups that govern device access (v1 ``devices`` and the unified
 hierarchy) with crun's inner ``container`` leaf folded into its scope, as the engine does. Its
@@ -15,17 +17,21 @@ hierarchy) with crun's inner ``container`` leaf folded into its scope, as the en
 container that is removed and re-created under the same path is another container. The owner
 of a grant is the container: when the target process exits while other processes of its
 container live on, ``current`` finds the container through its oldest remaining process, and
-``remains`` finds the empty cgroups of a container that has no process left.
+``remains`` finds the empty cgroups of a container that has no process left. A container is
+its cgroup subtree: a process that moved into a child cgroup of its own is still in it (the
+grant reaches it there), so the container has not exited while any process lives below it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..._structs import PidRef, PidTarget, PodTarget, Target, TargetRef
-from ...linux import cgroups, procfs
+from ...linux import cgroups, devnodes, procfs
 from ...linux.engine import CRUN_INNER_CGROUP
 from ..core.errors import Forbidden, InvalidRequest, NotFound
 from ..core.seams import ContainerCgroups, ContainerKey, HostContainer
@@ -62,7 +68,8 @@ class ProcResolver:
 
     ``host_proc`` is the procfs pids are given in; ``hierarchies`` says which device
     hierarchies exist (a path in one that is not mounted does not count); ``agent_pid`` is this
-    agent as ``host_proc`` numbers it.
+    agent as ``host_proc`` numbers it; ``check_dev`` raises ``devnodes.DevNodeError`` unless a
+    pid's ``/dev`` is a private one (default: ``devnodes.check_private_dev`` in ``host_proc``).
     """
 
     def __init__(
@@ -71,8 +78,10 @@ class ProcResolver:
         host_proc: Path,
         hierarchies: cgroups.CgroupHierarchies,
         agent_pid: int | None = None,
+        check_dev: Callable[[int], None] | None = None,
     ) -> None:
         self._proc = host_proc
+        self._check_dev = check_dev or functools.partial(devnodes.check_private_dev, proc=host_proc)
         self._hierarchies = hierarchies
         self._directories: dict[tuple[Path, str], Path] = {}
         self._agent_pid = os.getpid() if agent_pid is None else agent_pid
@@ -160,13 +169,18 @@ class ProcResolver:
                 continue
         return []
 
-    def oldest_member(self, container: ContainerCgroups) -> int | None:
+    def oldest_member(self, container: ContainerCgroups, *, subtree: bool = False) -> int | None:
         """The container's oldest process, which outlives short-lived ones such as a terminal
-        command (what "the caller itself" means); None when it has none."""
+        command (what "the caller itself" means); None when it has none. ``subtree``: any
+        process below the container's cgroups counts too (one may have moved into a child
+        cgroup of its own, and a grant reaches it there)."""
         oldest: tuple[int, int] | None = None
         for member in self.members(container):
             who = procfs.identity(member, proc=self._proc)
-            if who is None or self.container_of(member) != container:
+            where = self.container_of(member)
+            if who is None or where is None:
+                continue
+            if not (where.within(container) if subtree else where == container):
                 continue
             if oldest is None or (who.start_time, member) < oldest:
                 oldest = (who.start_time, member)
@@ -214,6 +228,18 @@ class ProcResolver:
                 "is the host's: the agent never creates GPU nodes there",
                 hint="run the process in a container or sandbox with its own /dev",
             )
+        try:
+            self._check_dev(pid)
+        except devnodes.ContainerGoneError as e:
+            raise NotFound(
+                "process", str(pid), hint="the process exited while being looked up"
+            ) from e
+        except devnodes.DevNodeError as e:
+            raise Forbidden(
+                f"process {pid} ({who.comm}) is not in a container with a /dev of its own: {e}; "
+                "the agent never creates GPU nodes in the host's /dev",
+                hint="run the process in a container or sandbox with its own /dev",
+            ) from e
         return self._host_container(pid, who, container)
 
     def _host_container(
@@ -239,7 +265,13 @@ class ProcResolver:
             return None
         found = self._host_container(target.pid, who, container)
         # An empty key: a reservation of an agent that did not record containers.
-        return found if not key or found.key == key else None
+        if not key or found.key == key:
+            return found
+        # Still in the same container, in a cgroup below its own (made by the container).
+        owner = decode_key(key)
+        if owner is not None and container.within(owner) and self.key_of(owner) == key:
+            return self._host_container(target.pid, who, owner)
+        return None
 
     def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
         found = self.lookup(target, key)
@@ -248,7 +280,7 @@ class ProcResolver:
         container = decode_key(key)
         if container is None:
             return None
-        pid = self.oldest_member(container)
+        pid = self.oldest_member(container, subtree=True)
         if pid is None:
             return None
         who = procfs.identity(pid, proc=self._proc)
