@@ -26,7 +26,6 @@ import re
 import shlex
 import socket
 import subprocess
-import sys
 import sysconfig
 import tarfile
 import time
@@ -301,11 +300,3 @@ def _wait_for_ssh(machine: Machine, started: float) -> None:
                 f"({'kvm' if machine.kvm else 'tcg'}); serial console:\n{machine.serial_tail()}"
             )
         time.sleep(1)  # poll interval between connection attempts, not a wait for state
-
-
-if __name__ == "__main__":  # pragma: no cover - manual use: boot, print timings, stop
-    from .image import ensure_image
-
-    with boot(ensure_image(), Path(sys.argv[1]), tree=Path(__file__).parents[2]) as vm:
-        print(f"ssh up after {vm.boot_seconds:.1f} s, ready after {vm.timings['ready']:.1f} s")
-        print(vm.run("systemctl --version | head -1; stat -fc %T /sys/fs/cgroup; uname -r").stdout)
