@@ -26,12 +26,14 @@ import pytest
 
 from tests.fixtures.requirements import needs_root
 
-from .machine import Machine
-
-pytestmark = [pytest.mark.vm, *needs_root]
+from .machine import BOOT_TIMEOUT, Machine
 
 GUEST_TIMEOUT: Final = 1500.0
 """The whole guest run: 3-6 minutes measured, 3x that on a loaded host."""
+TIER_TIMEOUT: Final = int(BOOT_TIMEOUT + GUEST_TIMEOUT + 300)
+"""pytest-timeout's bound for the first test, which boots the VM and runs the guest."""
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(TIER_TIMEOUT), *needs_root]
 SUITES: Final = {
     "daemon_reload": ["tests/vm/guest/test_daemon_reload.py"],
     "engine_v2": [
