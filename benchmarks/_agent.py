@@ -17,9 +17,12 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 _SERVING = re.compile(r"serving the agent API on 127\.0\.0\.1:(\d+)")
 
@@ -147,3 +150,32 @@ class Client:
 
     def close(self) -> None:
         self._connection.close()
+
+
+class _Poster(Protocol):
+    """What the crowd needs of a client: tests.agent.api_harness.ApiClient."""
+
+    def post(self, path: str, body: object = None) -> Any: ...
+
+
+def attach_at_once(clients: Mapping[str, _Poster]) -> dict[str, tuple[int, list[str], float]]:
+    """Every client POSTs ``{"count": 1}`` at the same moment (a barrier); per client its
+    answer's status, the UUIDs it was given, and its latency in seconds."""
+    barrier = threading.Barrier(len(clients))
+    results: dict[str, tuple[int, list[str], float]] = {}
+
+    def attach(name: str) -> None:
+        barrier.wait()
+        start = time.perf_counter()
+        response = clients[name].post("/v1/attachments", {"count": 1})
+        elapsed = time.perf_counter() - start
+        ok = response.status == 201
+        uuids = [a["uuid"] for a in response.json()["attachments"]] if ok else []
+        results[name] = (response.status, uuids, elapsed)
+
+    threads = [threading.Thread(target=attach, args=(name,)) for name in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

@@ -34,12 +34,11 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _agent import percentile, summary
+from _agent import attach_at_once, percentile, summary
 
 # The tier's fixtures stand in for the cluster; they live with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,7 +57,7 @@ from jupyter_gpu_hotplug.nvml.sim.build import ensure_fake_nvml
 from jupyter_gpu_hotplug.nvml.sim.runtime import fake_nvml_environ
 from tests.agent.agent_process import AgentProcess
 from tests.agent.api_harness import ApiClient
-from tests.k8s.agent import kubernetes_argv
+from tests.k8s.agent import ensure_holder_priority_class, kubernetes_argv
 from tests.k8s.apiserver.server import ApiServer
 from tests.k8s.containerd import Containerd, start_containerd
 from tests.k8s.inventory import nvml_config, whole_gpus
@@ -91,6 +90,7 @@ class Cluster:
         self.server = ApiServer()
         self.server.start()
         self.kube = FakeKube(self.server, directory)
+        ensure_holder_priority_class(self.kube)
         gpus = whole_gpus(GPUS, NODE)
         kubelet = KubeletSimulator(
             self.kube,
@@ -273,30 +273,7 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     statuses: dict[int, int] = {}
     doubles = 0
     for _ in range(rounds):
-        barrier = threading.Barrier(pods)
-        results: dict[str, tuple[int, list[str], float]] = {}
-
-        def attach(
-            name: str,
-            barrier: threading.Barrier = barrier,
-            results: dict[str, tuple[int, list[str], float]] = results,
-        ) -> None:
-            barrier.wait()
-            start = time.perf_counter()
-            response = clients[name].post("/v1/attachments", {"count": 1})
-            elapsed = time.perf_counter() - start
-            uuids = (
-                [a["uuid"] for a in response.json()["attachments"]]
-                if response.status == 201
-                else []
-            )
-            results[name] = (response.status, uuids, elapsed)
-
-        threads = [threading.Thread(target=attach, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results = attach_at_once(clients)
         granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
         assigned = [
             device

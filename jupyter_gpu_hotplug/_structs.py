@@ -12,8 +12,9 @@ exist, what is its start time) belong to the callers.
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -181,6 +182,14 @@ class IdleReleaseWire(TypedDict):
     release_at: str
 
 
+class LostHolderWire(TypedDict):
+    """A warning on an attachment: what reserved it is gone (a holder pod preempted, evicted
+    or deleted), and the agent takes the access away at ``revoke_at``."""
+
+    reason: str
+    revoke_at: str
+
+
 class _AttachmentRequired(TypedDict):
     uuid: GpuUuid
     index: int
@@ -194,9 +203,11 @@ class _AttachmentRequired(TypedDict):
 
 class Attachment(_AttachmentRequired, total=False):
     """One hot-attached GPU; ``holder`` is the ``ns/name`` of its holder pod (``None`` locally).
-    ``idle_release`` is there only while the idle policy has announced its release."""
+    ``idle_release`` is there only while the idle policy has announced its release;
+    ``holder_lost`` only while the revoke of a GPU whose reservation was lost is announced."""
 
     idle_release: IdleReleaseWire
+    holder_lost: LostHolderWire
 
 
 class IdleReleaseRecord(TypedDict):
@@ -591,6 +602,128 @@ def target_from_key(key: str) -> Target:
     if match := _PID_KEY_RE.fullmatch(key):
         return PidTarget(int(match[1]), int(match[2]))
     raise ValueError(f"{key!r} is not a target key")
+
+
+# --- request fields: the rules both APIs apply (agent/api/validation.py, server/validation.py) ---
+#
+# Each check returns the value or raises ``WireFormatError`` naming the field; each API turns
+# that into its own error (``InvalidRequest``, ``InvalidInput``), so the two refuse the same
+# values with the same words.
+
+
+def describe_value(value: object) -> str:
+    """A short JSON-ish rendering of a refused value for messages (never a whole body)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def clip_name(name: str) -> str:
+    """A caller-chosen name, short enough to echo in an error's ``field``."""
+    return name if len(name) <= 64 else f"{name[:61]}..."
+
+
+def json_integer(value: object) -> int | None:
+    """``value`` as JSON Schema's ``integer`` reads it (``1`` and ``1.0``, never ``true``:
+    ``bool`` is an ``int`` to Python only), else None; the documents say ``integer``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def check_names(
+    names: Collection[str], *, allowed: Sequence[str], what: str, prefix: str = ""
+) -> None:
+    """Refuse names (members, query parameters) a request may not have: a typo is never
+    ignored. ``what`` says what they are (``member(s) of target``, ``query parameter(s)``)."""
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        shown = ", ".join(describe_value(name) for name in unknown[:5])
+        raise WireFormatError(
+            f"unknown {what} {shown}; accepted: {', '.join(sorted(allowed)) or 'none'}",
+            field=f"{prefix}{clip_name(unknown[0])}",
+        )
+
+
+def check_count(value: object, *, maximum: int | None = None) -> int:
+    """How many GPUs: a whole number from 1 (to ``maximum`` where the API has one)."""
+    count = json_integer(value)
+    if count is None or count < 1 or (maximum is not None and count > maximum):
+        bound = "of at least 1" if maximum is None else f"from 1 to {maximum}"
+        raise WireFormatError(
+            f"count must be a whole number {bound} (the number of GPUs to attach), "
+            f"got {describe_value(value)}",
+            field="count",
+        )
+    return count
+
+
+def check_seconds(value: object, *, field: str, maximum: float) -> float:
+    """A duration: a number of seconds above 0 and at most ``maximum``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= maximum
+    ):
+        raise WireFormatError(
+            f"{field} must be a number of seconds greater than 0 and at most {maximum:g}, "
+            f"got {describe_value(value)}",
+            field=field,
+        )
+    return float(value)
+
+
+def check_request_id(value: object) -> RequestId:
+    """A client's idempotency key (``REQUEST_ID_RE``)."""
+    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
+        raise WireFormatError(
+            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
+            f"got {describe_value(value)}",
+            field="request_id",
+        )
+    return RequestId(value)
+
+
+def check_gpu_uuid(value: object, *, alternatives: str = "") -> GpuUuid:
+    """A GPU or MIG UUID as NVML writes it (``GPU_UUID_RE``); ``alternatives`` names what else
+    the field accepts, for the message (``'"all" or '``)."""
+    if not isinstance(value, str) or GPU_UUID_RE.fullmatch(value) is None:
+        raise WireFormatError(
+            f"uuid must be {alternatives}a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
+            f"or MIG-... with lowercase hex digits (as nvidia-smi -L prints it), "
+            f"got {describe_value(value)}",
+            field="uuid",
+        )
+    return GpuUuid(value)
+
+
+# --- HTTP, the same way in both APIs --------------------------------------------------------------
+
+HTTP_METHODS: Final = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
+"""The methods a handler may implement (tornado's ``SUPPORTED_METHODS``)."""
+
+
+def allow_header(handler: type, *, base: type) -> str:
+    """The ``Allow`` header of a 405 answer from ``handler`` (RFC 9110 §15.5.6: a 405 must
+    list the methods the resource supports): the methods it implements, that is, those whose
+    function is not ``base``'s (tornado's ``RequestHandler`` answers all of them with 405)."""
+    return ", ".join(
+        method
+        for method in HTTP_METHODS
+        if getattr(handler, method.lower(), None) is not getattr(base, method.lower(), None)
+    )
 
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------

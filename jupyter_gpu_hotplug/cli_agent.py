@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from ._structs import PidRef
+    from ._structs import PidRef, TargetRef
     from .client import AgentClient, Attachment, Gpu
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "add_attach_arguments",
     "add_detach_arguments",
     "add_status_arguments",
+    "holder_name",
     "run_agent",
     "run_attach",
     "run_detach",
@@ -117,7 +118,12 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_detach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "what", nargs="?", default="all", metavar="UUID|all", help="a GPU's UUID, or all"
+        "what",
+        nargs="?",
+        default="all",
+        metavar="INDEX|UUID|all",
+        help="a GPU's index on the node (as 'status' and the host's nvidia-smi show it), its "
+        "UUID or the unique beginning of one, or all",
     )
     parser.add_argument(
         "--force",
@@ -172,7 +178,7 @@ def _attachment_line(attachment: Attachment) -> str:
 
 
 def run_attach(args: argparse.Namespace) -> int:
-    from .client import AgentClientError
+    from .client import AgentClientError, InsufficientGpus
 
     if args.count < 1:
         print("error: the count must be at least 1", file=sys.stderr)
@@ -187,6 +193,10 @@ def run_attach(args: argparse.Namespace) -> int:
             idle_release_seconds=args.idle,
         )
     except AgentClientError as error:
+        if isinstance(error, InsufficientGpus) and args.wait is None and not args.json:
+            print(f"error: {error.message}", file=sys.stderr)
+            print("to wait for one in the queue: add --wait SECONDS", file=sys.stderr)
+            return EXIT_FAILED
         return _fail(args, error)
     if args.json:
         print(json.dumps({"attachments": [a.raw for a in attached]}, indent=2))
@@ -198,6 +208,25 @@ def run_attach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _resolve(client: AgentClient, what: str) -> str:
+    """The UUID that ``what`` (a node index or a UUID beginning) names on this node; raises
+    ``ValueError`` with what to type instead when it names none or several."""
+    from .client import normalise_selector, select_gpus
+
+    selector = normalise_selector(what)
+    if selector is None:
+        raise ValueError(f"expected all, a GPU index (0, 1, ...) or a GPU UUID, got {what!r}")
+    gpus = client.gpus()
+    chosen = select_gpus(selector, gpus)
+    if len(chosen) == 1:
+        return chosen[0].uuid
+    if not chosen and len(selector) == 40:  # a full UUID the node does not list: the agent says
+        return selector
+    listing = "; ".join(f"{gpu.index} = {gpu.uuid}" for gpu in gpus) or "no GPU"
+    which = "no GPU" if not chosen else f"{len(chosen)} GPUs"
+    raise ValueError(f"{what!r} names {which} of this node ({listing})")
+
+
 def run_detach(args: argparse.Namespace) -> int:
     from .client import AgentClientError
 
@@ -206,8 +235,9 @@ def run_detach(args: argparse.Namespace) -> int:
         if args.what == "all":
             client.detach_all(target=_target(args), force=args.force)
         else:
+            args.what = _resolve(client, args.what)
             client.detach(args.what, force=args.force)
-    except AgentClientError as error:
+    except (AgentClientError, ValueError) as error:
         return _fail(args, error)
     if args.json:
         print(json.dumps({"detached": args.what}))
@@ -216,8 +246,18 @@ def run_detach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def holder_name(target: TargetRef) -> str:
+    """Who holds a GPU in words a person knows: a kernel's notebook (jupyter_server puts its
+    path in the kernel's environment), else the agent's name for it (process, pod)."""
+    from ._structs import PidRef as Pid
+    from .kernel.holders import session_in_tree
+
+    notebook = session_in_tree(target.pid) if isinstance(target, Pid) else None
+    return f"{notebook} ({target})" if notebook else str(target)
+
+
 def _gpu_line(gpu: Gpu) -> str:
-    owner = "" if gpu.target is None else f" -> {gpu.target}"
+    owner = "" if gpu.target is None else f" -> {holder_name(gpu.target)}"
     simulated = " [simulated]" if gpu.simulated and "simulated" not in gpu.name else ""
     memory = f"{gpu.memory_total / 2**30:.0f} GiB"
     return (
@@ -235,12 +275,11 @@ def run_status(args: argparse.Namespace) -> int:
     except AgentClientError as error:
         return _fail(args, error)
     attachments: Sequence[Attachment] | None
-    note = None
     try:
         attachments = client.attachments(_target(args))
-    except (Forbidden, InvalidRequest, NotFound) as error:
+    except (Forbidden, InvalidRequest, NotFound):
         # e.g. over TCP without --pid, or from the host rather than a container
-        attachments, note = None, error.message
+        attachments = None
     except AgentClientError as error:
         return _fail(args, error)
     if args.json:
@@ -258,7 +297,8 @@ def run_status(args: argparse.Namespace) -> int:
     for gpu in gpus:
         print(f"  {_gpu_line(gpu)}")
     if attachments is None:
-        print(f"attachments: not shown ({note})")
+        # The usual case on the host (the demo's banner): this shell is in no container.
+        print("this shell: no GPUs of its own (--pid N shows those of a process)")
     elif not attachments:
         print("attached here: none")
     else:

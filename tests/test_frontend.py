@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 LABEXTENSION = Path(__file__).parents[1] / "labextension"
 JLPM = Path(sys.executable).parent / "jlpm"
 

@@ -16,6 +16,9 @@ import pytest
 
 from jupyter_gpu_hotplug import __version__
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 JUPYTER = Path(sys.executable).with_name("jupyter")
 
 

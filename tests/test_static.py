@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
 TREES = ("jupyter_gpu_hotplug", "tests", "benchmarks")

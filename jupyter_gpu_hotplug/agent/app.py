@@ -36,13 +36,19 @@ from traitlets.config import Application
 from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
 from .._version import __version__
 from .core.checkpoints import STEPS
+from .core.lost import LostPolicy
 from .logs import logging_config
 from .settings import (
     DEFAULT_CRI_ENDPOINT,
+    DEFAULT_HOLDER_CPU,
     DEFAULT_HOLDER_IMAGE,
+    DEFAULT_HOLDER_MEMORY,
+    DEFAULT_HOLDER_PRIORITY_CLASS,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_RESOURCE_NAME,
     DEFAULT_STATE_DIR,
+    PULL_POLICIES,
+    STRAY_POLICIES,
     AgentSettings,
     Backend,
     KubernetesSettings,
@@ -77,6 +83,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     # traitlets reads these class attributes; they are never mutated.
     aliases: dict[str, Any] = {  # noqa: RUF012
         "listen": "AgentApp.listen",
+        "metrics-listen": "AgentApp.metrics_listen",
         "backend": "AgentApp.backend",
         "state-dir": "AgentApp.state_dir",
         "host-proc": "AgentApp.host_proc",
@@ -101,6 +108,14 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "cri-endpoint": "AgentApp.cri_endpoint",
         "holder-image": "AgentApp.holder_image",
         "resource-name": "AgentApp.resource_name",
+        "holder-priority-class": "AgentApp.holder_priority_class",
+        "holder-image-pull-policy": "AgentApp.holder_image_pull_policy",
+        "holder-image-pull-secret": "AgentApp.holder_image_pull_secrets",
+        "holder-cpu": "AgentApp.holder_cpu",
+        "holder-memory": "AgentApp.holder_memory",
+        "stray-policy": "AgentApp.stray_policy",
+        "lost-grace": "AgentApp.lost_grace_seconds",
+        "lost-policy": "AgentApp.lost_policy",
     }
     flags: dict[str, Any] = {  # noqa: RUF012
         "show-config-json": (
@@ -115,6 +130,14 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""Where to serve the API; repeat for several. HOST:PORT, [IPV6]:PORT, :PORT (all
         interfaces) or unix:/absolute/path. Callers on a unix socket are identified by their
         process credentials; over TCP they need the token from <state-dir>/token.""",
+    ).tag(config=True)
+    metrics_listen = List(
+        Unicode(),
+        default_value=[],
+        help="""Serve /metrics (and /healthz) on this TCP address of its own, HOST:PORT or :PORT;
+        repeat for several. Then the API addresses no longer serve /metrics, and a
+        NetworkPolicy can admit notebooks to the API and only the monitoring namespace here.
+        Default: /metrics is served with the API, without authentication.""",
     ).tag(config=True)
     backend = Enum(
         [backend.value for backend in Backend],
@@ -149,6 +172,51 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         DEFAULT_RESOURCE_NAME,
         help="""Kubernetes mode: the extended resource a holder pod requests, one per GPU:
         nvidia.com/gpu, or a MIG profile such as nvidia.com/mig-1g.10gb.""",
+    ).tag(config=True)
+    holder_priority_class = Unicode(
+        DEFAULT_HOLDER_PRIORITY_CLASS,
+        help="""Kubernetes mode: the PriorityClass of holder pods, above the notebooks' so that a
+        holder is rarely preempted (the chart and k8s/ ship it); empty: each holder takes its
+        notebook pod's priority class.""",
+    ).tag(config=True)
+    holder_image_pull_policy = Enum(
+        list(PULL_POLICIES),
+        default_value="IfNotPresent",
+        help="Kubernetes mode: the imagePullPolicy of holder pods.",
+    ).tag(config=True)
+    holder_image_pull_secrets = List(
+        Unicode(),
+        default_value=[],
+        help="""Kubernetes mode: imagePullSecrets of holder pods (names of Secrets, which must
+        exist in every notebook namespace); repeat for several.""",
+    ).tag(config=True)
+    holder_cpu = Unicode(
+        DEFAULT_HOLDER_CPU,
+        help="Kubernetes mode: CPU request and limit of a holder pod (Guaranteed QoS).",
+    ).tag(config=True)
+    holder_memory = Unicode(
+        DEFAULT_HOLDER_MEMORY,
+        help="""Kubernetes mode: memory request and limit of a holder pod (Guaranteed QoS).
+        runc's init runs inside the holder's memory cgroup before the pause process: below
+        the measured floor (docs/performance.md) the holder is OOM-killed at start.""",
+    ).tag(config=True)
+    stray_policy = Enum(
+        list(STRAY_POLICIES),
+        default_value="report",
+        help="""Kubernetes mode: a running container that can open a GPU that neither the
+        device plugin assigned to it nor the agent granted: 'report' it (Event on its pod,
+        gpu_hotplug_stray_gpu_access, a log line) or also 'revoke' the access.""",
+    ).tag(config=True)
+    lost_grace_seconds = Float(
+        30.0,
+        help="""Seconds between telling the user that a GPU lost its reservation (holder pod
+        preempted, evicted or deleted; a grant no holder backs) and revoking it.""",
+    ).tag(config=True)
+    lost_policy = Enum(
+        [policy.value for policy in LostPolicy],
+        default_value=LostPolicy.REVOKE.value,
+        help="""When a lost GPU's grace period ends: 'revoke' takes the access and leaves
+        processes that hold it open alone; 'force' ends them, as a forced detach.""",
     ).tag(config=True)
     state_dir = Unicode(
         str(DEFAULT_STATE_DIR),
@@ -269,6 +337,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             raise SettingsError(f"{PAUSE_ENV}={pause_at!r}: the steps are {', '.join(STEPS)}")
         return AgentSettings(
             listen=tuple(parse_listen(text) for text in self.listen),
+            metrics_listen=tuple(parse_listen(text) for text in self.metrics_listen),
             state_dir=Path(self.state_dir),
             backend=Backend(self.backend),
             host_proc=Path(self.host_proc),
@@ -287,6 +356,8 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             idle_warning_seconds=self.idle_warning_seconds,
             max_lease_seconds=self.max_lease_seconds,
             idle_check_interval=self.idle_check_interval,
+            lost_grace_seconds=self.lost_grace_seconds,
+            lost_policy=LostPolicy(self.lost_policy),
             hooks=TestHooks(pause_at=pause_at),
             kubernetes=self._kubernetes_settings(),
         )
@@ -301,6 +372,12 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             cri_endpoint=self.cri_endpoint,
             holder_image=self.holder_image,
             resource_name=self.resource_name,
+            holder_priority_class=self.holder_priority_class,
+            holder_image_pull_policy=self.holder_image_pull_policy,
+            holder_image_pull_secrets=tuple(self.holder_image_pull_secrets),
+            holder_cpu=self.holder_cpu,
+            holder_memory=self.holder_memory,
+            stray_policy=self.stray_policy,
         )
 
     def start(self) -> None:

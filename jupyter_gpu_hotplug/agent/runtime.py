@@ -23,17 +23,22 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._structs import GpuUuid
 from ..linux.mig import MigCaps
 from . import openapi_document
-from .api.handlers import ApiContext, Unwell
+from .api.handlers import (
+    ApiContext,
+    Unwell,
+    api_only_handlers,
+    default_handlers,
+    metrics_handlers,
+)
 from .api.server import AgentServer, make_application
 from .core.checkpoints import Checkpoints
 from .core.devices import GpuNodes
 from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
-from .core.locks import TargetLocks
+from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler, ReconcileReport
 from .core.seams import Allocator, Identity, Resolver
@@ -123,14 +128,19 @@ class BackendHooks(Protocol):
     """What a backend runs beside the core once the agent serves (Kubernetes: reactions to
     pod events), and stops before the agent closes."""
 
-    def start(
+    def bind(
         self,
         *,
-        reconcile: Callable[[], Awaitable[ReconcileReport]],
-        locks: TargetLocks,
+        service: AgentService,
+        lost: LostGpus,
+        reconciler: Reconciler,
         injector: Injector,
-        idle: IdleBook,
-    ) -> None: ...
+        metrics: AgentMetrics,
+        workers: Workers,
+    ) -> None:
+        """Join the core before the first reconciliation (its node-wide sweeps, listeners)."""
+
+    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -159,6 +169,35 @@ class Components:
     hooks: BackendHooks | None = None
 
 
+def _service(components: Components, allocator: Allocator, workers: Workers) -> AgentService:
+    """The one ``AgentService`` over the backend's seams, configured from the settings."""
+    settings = components.settings
+    return AgentService(
+        allocator=allocator,
+        inventory=components.inventory,
+        injector=components.injector,
+        resolver=components.resolver,
+        identity=components.identity,
+        metrics=components.metrics,
+        workers=workers,
+        config=ServiceConfig(
+            max_gpus_per_target=settings.max_gpus_per_target,
+            device_major=settings.device_major,
+            simulated=settings.simulated,
+            mig_profile=None if settings.kubernetes is None else settings.kubernetes.mig_profile,
+        ),
+        checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
+        nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
+        idle=IdleBook(
+            policy=IdlePolicy(
+                idle_seconds=settings.idle_release_seconds,
+                warning_seconds=settings.idle_warning_seconds,
+                max_lease_seconds=settings.max_lease_seconds,
+            )
+        ),
+    )
+
+
 class Agent:
     """One running agent (see the module docstring)."""
 
@@ -174,33 +213,11 @@ class Agent:
         else:
             assert components.ledger is not None, "local mode needs its ledger"
             self.allocator = LedgerAllocator(components.ledger, self._workers)
-        self.service = AgentService(
-            allocator=self.allocator,
-            inventory=components.inventory,
-            injector=components.injector,
-            resolver=components.resolver,
-            identity=components.identity,
+        self.service = _service(components, self.allocator, self._workers)
+        self.lost = LostGpus(
+            rules=LossRules(grace_seconds=settings.lost_grace_seconds, policy=settings.lost_policy),
+            book=self.service.losses,
             metrics=self.metrics,
-            workers=self._workers,
-            config=ServiceConfig(
-                max_gpus_per_target=settings.max_gpus_per_target,
-                device_major=settings.device_major,
-                simulated=settings.simulated,
-                mig_profile=None
-                if settings.kubernetes is None
-                else settings.kubernetes.mig_profile,
-            ),
-            checkpoints=Checkpoints(
-                pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir
-            ),
-            nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
-            idle=IdleBook(
-                policy=IdlePolicy(
-                    idle_seconds=settings.idle_release_seconds,
-                    warning_seconds=settings.idle_warning_seconds,
-                    max_lease_seconds=settings.max_lease_seconds,
-                )
-            ),
         )
         self.idle = IdleReleaser(
             book=self.service.idle,
@@ -227,22 +244,34 @@ class Agent:
             nodes=self.service.nodes,
         )
         self.health = HealthProbe(self._health_check)
-        self.server = AgentServer(
-            make_application(
-                ApiContext(
-                    service=self.service,
-                    identity=components.identity,
-                    metrics=self.metrics,
-                    openapi=openapi_document(),
-                    max_count=settings.max_gpus_per_target,
-                    health=self.health.verdict,
-                    readiness=self.health.readiness,
-                )
-            ),
-            binder=components.identity.bind_connection,
-        )
+        self.server, self.metrics_server = self._api_servers()
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.simulated.set(1 if settings.simulated else 0)
+
+    def _api_servers(self) -> tuple[AgentServer, AgentServer | None]:
+        """The HTTP API over the service, bound to connections by the backend's identity, and
+        ``/metrics`` on an address of its own when one is given (its handlers never read a
+        caller)."""
+        identity = self.components.identity
+        context = ApiContext(
+            service=self.service,
+            identity=identity,
+            metrics=self.metrics,
+            openapi=openapi_document(),
+            health=self.health.verdict,
+            readiness=self.health.readiness,
+        )
+        if not self.settings.metrics_listen:
+            api = make_application(context, default_handlers)
+            return AgentServer(api, binder=identity.bind_connection), None
+        return (
+            AgentServer(
+                make_application(context, api_only_handlers), binder=identity.bind_connection
+            ),
+            AgentServer(
+                make_application(context, metrics_handlers), binder=identity.bind_connection
+            ),
+        )
 
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:
@@ -324,7 +353,15 @@ class Agent:
     @classmethod
     def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
         """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
-        from .kubernetes.backend import KubernetesBackend
+        try:
+            from .kubernetes.backend import KubernetesBackend
+        except ModuleNotFoundError as e:
+            # The Kubernetes client, grpcio and protobuf are the [agent] extra: notebook images
+            # install the package without them (pyproject.toml says why).
+            raise RuntimeError(
+                f"Kubernetes mode needs the agent's dependencies ({e.name} is not installed):"
+                " pip install 'jupyter-gpu-hotplug[agent]'"
+            ) from e
 
         closers: list[Callable[[], None]] = []
         try:
@@ -362,6 +399,16 @@ class Agent:
 
     async def start(self) -> None:
         """Reconcile, then serve and run the background loops."""
+        hooks = self.components.hooks
+        if hooks is not None:
+            hooks.bind(
+                service=self.service,
+                lost=self.lost,
+                reconciler=self.reconciler,
+                injector=self.components.injector,
+                metrics=self.metrics,
+                workers=self._workers,
+            )
         await self.allocator.load()
         report = await self.reconciler.run_once()
         log.info(
@@ -371,17 +418,16 @@ class Agent:
         for failure in report.failures:
             log.error("start-up reconciliation could not fix: %s", failure)
         await self.service.refresh_gpu_metrics()
-        if self.components.hooks is not None:
-            self.components.hooks.start(
-                reconcile=self.reconciler.run_once,
-                locks=self.service.locks,
-                injector=self.components.injector,
-                idle=self.service.idle,
-            )
+        if hooks is not None:
+            hooks.start(reconcile=self.reconciler.run_once)
         settings = self.settings
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
         )
+        if self.metrics_server is not None:
+            self.metrics_server.start(
+                settings.metrics_listen, socket_mode=settings.socket_mode, socket_group=None
+            )
         await self.health.probe()
         self._spawn(self.health.run_forever())
         if settings.reconcile_interval > 0:
@@ -391,12 +437,9 @@ class Agent:
         if simulation is not None and settings.simulation_interval > 0:
             self._spawn(
                 simulation.animate(
-                    interval=settings.simulation_interval, attached=self._attached_uuids
+                    interval=settings.simulation_interval, in_use=self.idle.held_gpus
                 )
             )
-
-    def _attached_uuids(self) -> list[GpuUuid]:
-        return [entry.gpu.uuid for entry in self.allocator.all_attachments()]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -421,11 +464,15 @@ class Agent:
                 await task
         self._tasks.clear()
         self.server.stop_listening()
+        if self.metrics_server is not None:
+            self.metrics_server.stop_listening()
         try:
             await asyncio.wait_for(self.service.wait_idle(), _DRAIN_TIMEOUT)
         except TimeoutError:
             log.error("operations still running after %.0f s; stopping anyway", _DRAIN_TIMEOUT)
         await self.server.close_connections()
+        if self.metrics_server is not None:
+            await self.metrics_server.close_connections()
         if self.components.hooks is not None:
             await self.components.hooks.stop()
         self._workers.shutdown()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final, TypeAlias
 
 from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, NVIDIA_MAJOR
+from .core.lost import LostPolicy
 
 DEFAULT_STATE_DIR: Final = Path("/var/lib/gpu-hotplug")
 TOKEN_FILE: Final = "token"
@@ -43,7 +44,17 @@ class Backend(enum.StrEnum):
 DEFAULT_POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_CRI_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 DEFAULT_HOLDER_IMAGE: Final = "registry.k8s.io/pause:3.9"
+DEFAULT_HOLDER_PRIORITY_CLASS: Final = "gpu-hotplug-holder"
+"""The PriorityClass of holder pods (shipped with the agent's manifests and chart)."""
+DEFAULT_HOLDER_CPU: Final = "10m"
+DEFAULT_HOLDER_MEMORY: Final = "24Mi"
+"""A holder's requests and limits (Guaranteed QoS): the floor measured for runc's init and the
+pause process (``benchmarks/bench_holder_floor.py``, docs/performance.md) plus a margin."""
+PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
+STRAY_POLICIES: Final = ("report", "revoke")
 DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(
     r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
@@ -65,6 +76,17 @@ class KubernetesSettings:
     """The image of holder pods (a pause image that is on every node)."""
     resource_name: str = DEFAULT_RESOURCE_NAME
     """The extended resource a holder requests: ``nvidia.com/gpu`` or a MIG profile."""
+    holder_priority_class: str = DEFAULT_HOLDER_PRIORITY_CLASS
+    """The PriorityClass of holder pods (above notebooks: preemption of a holder is rare);
+    empty: each holder takes its target pod's own priority class."""
+    holder_image_pull_policy: str = "IfNotPresent"
+    holder_image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (in each target's namespace) to pull the holder image with."""
+    holder_cpu: str = DEFAULT_HOLDER_CPU
+    holder_memory: str = DEFAULT_HOLDER_MEMORY
+    stray_policy: str = "report"
+    """What the stray sweep does with GPU access nobody granted: ``report`` (Event, metric,
+    log) or ``revoke`` (and take it away)."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -79,6 +101,23 @@ class KubernetesSettings:
             )
         if not self.holder_image:
             raise SettingsError("holder_image must name an image")
+        if self.holder_image_pull_policy not in PULL_POLICIES:
+            raise SettingsError(
+                f"holder_image_pull_policy {self.holder_image_pull_policy!r} is not one of "
+                f"{', '.join(PULL_POLICIES)}"
+            )
+        for name in (self.holder_priority_class, *self.holder_image_pull_secrets):
+            if name and (len(name) > 253 or _DNS_SUBDOMAIN.fullmatch(name) is None):
+                raise SettingsError(f"{name!r} is not a Kubernetes object name")
+        for setting in ("holder_cpu", "holder_memory"):
+            if _QUANTITY.fullmatch(getattr(self, setting)) is None:
+                raise SettingsError(
+                    f"{setting} {getattr(self, setting)!r} is not a quantity (like 10m or 24Mi)"
+                )
+        if self.stray_policy not in STRAY_POLICIES:
+            raise SettingsError(
+                f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"
+            )
 
     @property
     def mig_profile(self) -> str | None:
@@ -96,6 +135,12 @@ class KubernetesSettings:
             "cri_endpoint": self.cri_endpoint,
             "holder_image": self.holder_image,
             "resource_name": self.resource_name,
+            "holder_priority_class": self.holder_priority_class,
+            "holder_image_pull_policy": self.holder_image_pull_policy,
+            "holder_image_pull_secrets": list(self.holder_image_pull_secrets),
+            "holder_cpu": self.holder_cpu,
+            "holder_memory": self.holder_memory,
+            "stray_policy": self.stray_policy,
         }
 
 
@@ -171,6 +216,10 @@ class AgentSettings:
     """Where the API is served; at least one address."""
     state_dir: Path
     """Ledger, token, lock and simulation files live here (created 0700)."""
+    metrics_listen: tuple[ListenAddress, ...] = ()
+    """Where ``/metrics`` (and ``/healthz``) are served on their own; when given, the API's
+    addresses no longer serve ``/metrics``, so a NetworkPolicy can open the API to notebooks
+    and the metrics port to the monitoring namespace only."""
     backend: Backend = Backend.LOCAL
     host_proc: Path = Path("/proc")
     """The procfs in which target pids are given (the host's)."""
@@ -206,6 +255,12 @@ class AgentSettings:
     """Release an unused GPU once attached this long; 0: no maximum."""
     idle_check_interval: float = 5.0
     """Seconds between two passes of the idle policy."""
+    lost_grace_seconds: float = 30.0
+    """How long a user is warned before the GPU of a lost reservation (holder pod preempted,
+    evicted, deleted) or an orphaned grant is revoked."""
+    lost_policy: LostPolicy = LostPolicy.REVOKE
+    """After the grace period: ``revoke`` (the access goes, processes keep open descriptors)
+    or ``force`` (processes holding the GPU open are ended)."""
     hooks: TestHooks = field(default_factory=TestHooks)
     kubernetes: KubernetesSettings | None = None
     """Kubernetes mode's settings; given exactly when ``backend`` is ``kubernetes``."""
@@ -217,6 +272,11 @@ class AgentSettings:
             raise SettingsError("listen: give at least one address to serve the API on")
         if len(set(self.listen)) != len(self.listen):
             raise SettingsError("listen: the same address is given twice")
+        for address in self.metrics_listen:
+            if not isinstance(address, TcpAddress):
+                raise SettingsError(f"metrics_listen {address}: give HOST:PORT or :PORT")
+            if address.port != 0 and address in self.listen:
+                raise SettingsError(f"metrics_listen {address}: the API is served there already")
         if not self.state_dir.is_absolute():
             raise SettingsError(f"state_dir {self.state_dir} must be an absolute path")
         if not 1 <= self.max_gpus_per_target <= 255:
@@ -238,6 +298,7 @@ class AgentSettings:
             "idle_release_seconds",
             "idle_warning_seconds",
             "max_lease_seconds",
+            "lost_grace_seconds",
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must not be negative")
@@ -254,6 +315,7 @@ class AgentSettings:
         """The settings as plain values, for the start-up log line (no secrets in here)."""
         return {
             "listen": [str(address) for address in self.listen],
+            "metrics_listen": [str(address) for address in self.metrics_listen],
             "backend": str(self.backend),
             "state_dir": str(self.state_dir),
             "host_proc": str(self.host_proc),
@@ -272,6 +334,8 @@ class AgentSettings:
             "idle_warning_seconds": self.idle_warning_seconds,
             "max_lease_seconds": self.max_lease_seconds,
             "idle_check_interval": self.idle_check_interval,
+            "lost_grace_seconds": self.lost_grace_seconds,
+            "lost_policy": str(self.lost_policy),
             "test_pause_at": self.hooks.pause_at,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.describe(),
         }

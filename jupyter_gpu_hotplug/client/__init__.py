@@ -52,7 +52,16 @@ from .errors import (
     TargetNotReady,
     Unauthenticated,
 )
-from .models import Attachment, Gpu, Health, IdleNotice, IdleRelease, QueuedRequest
+from .models import (
+    Attachment,
+    Gpu,
+    Health,
+    IdleNotice,
+    IdleRelease,
+    LostHolderNotice,
+    QueuedRequest,
+)
+from .selection import is_index, normalise_selector, select_gpus
 
 __all__ = [
     "AGENT_URL_ENV",
@@ -81,10 +90,14 @@ __all__ = [
     "IdleRelease",
     "InsufficientGpus",
     "InvalidRequest",
+    "LostHolderNotice",
     "NotFound",
     "QueuedRequest",
     "RetryPolicy",
     "TargetNotReady",
     "Timeouts",
     "Unauthenticated",
+    "is_index",
+    "normalise_selector",
+    "select_gpus",
 ]

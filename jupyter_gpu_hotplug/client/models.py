@@ -35,6 +35,7 @@ __all__ = [
     "Health",
     "IdleNotice",
     "IdleRelease",
+    "LostHolderNotice",
     "QueuedRequest",
     "parse_attachments",
     "parse_gpus",
@@ -140,6 +141,8 @@ class Attachment:
     """The wire object, as received."""
     idle_release: IdleNotice | None = None
     """Set while the agent's idle policy has announced this GPU's release."""
+    holder_lost: LostHolderNotice | None = None
+    """Set while the agent announces the revoke of this GPU: its holder pod was lost."""
 
     @classmethod
     def from_wire(cls, value: object, *, where: str = "attachment") -> Attachment:
@@ -162,6 +165,11 @@ class Attachment:
             idle_release=IdleNotice.from_wire(wire["idle_release"], where=f"{where}.idle_release")
             if "idle_release" in wire
             else None,
+            holder_lost=LostHolderNotice.from_wire(
+                wire["holder_lost"], where=f"{where}.holder_lost"
+            )
+            if "holder_lost" in wire
+            else None,
         )
 
 
@@ -182,8 +190,26 @@ class IdleNotice:
 
     @classmethod
     def from_wire(cls, value: object, *, where: str) -> IdleNotice:
-        wire = _object(value, where)
-        return cls(_member(wire, "reason", str, where), _stamp(wire, "release_at", where))
+        return cls(*_reason_and_time(value, "release_at", where))
+
+
+@dataclass(frozen=True)
+class LostHolderNotice:
+    """What reserved a GPU is gone (its holder pod preempted, evicted or deleted): the agent
+    revokes the access at ``revoke_at``."""
+
+    reason: str
+    revoke_at: datetime
+
+    @classmethod
+    def from_wire(cls, value: object, *, where: str) -> LostHolderNotice:
+        return cls(*_reason_and_time(value, "revoke_at", where))
+
+
+def _reason_and_time(value: object, moment: str, where: str) -> tuple[str, datetime]:
+    """A notice's ``reason`` and its announced moment (named ``moment``)."""
+    wire = _object(value, where)
+    return _member(wire, "reason", str, where), _stamp(wire, moment, where)
 
 
 @dataclass(frozen=True)

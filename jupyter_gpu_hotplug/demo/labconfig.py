@@ -70,6 +70,8 @@ class SimulatedNvml:
 
     library_dir: Path
     config_path: Path
+    tools_dir: Path | None = None
+    """Put first on the kernels' ``PATH``: the SIMULATED ``nvidia-smi`` (``nvml.sim.smi``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,16 +95,16 @@ def kernel_environment(
     The agent URL makes ``%gpu`` in a kernel talk to the agent over its unix socket, where the
     agent knows the kernel by its process credentials: no token is given to kernels. With
     simulated GPUs, the fake NVML with the ``/dev`` filter lets a kernel see exactly the GPUs
-    whose device nodes its sandbox has, like NVML in a container. ``inherited`` (default: this
+    whose device nodes its sandbox has, like NVML in a container, and a SIMULATED
+    ``nvidia-smi`` reading it comes first on the ``PATH``. ``inherited`` (default: this
     process's environment) supplies the ``PATH`` that follows the kernel interpreter's
     directory, and an existing ``LD_LIBRARY_PATH`` to keep behind the fake.
     """
     base = os.environ if inherited is None else inherited
-    interpreter_dir = str(Path(sys.executable).parent)
-    env = {
-        AGENT_URL_ENV: settings.layout.agent_url,
-        "PATH": os.pathsep.join([interpreter_dir, base.get("PATH", os.defpath)]),
-    }
+    path = [str(Path(sys.executable).parent), base.get("PATH", os.defpath)]
+    if settings.nvml is not None and settings.nvml.tools_dir is not None:
+        path.insert(0, str(settings.nvml.tools_dir))
+    env = {AGENT_URL_ENV: settings.layout.agent_url, "PATH": os.pathsep.join(path)}
     if settings.nvml is not None:
         kept = {"LD_LIBRARY_PATH": base["LD_LIBRARY_PATH"]} if "LD_LIBRARY_PATH" in base else {}
         env.update(

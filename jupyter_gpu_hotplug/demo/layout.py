@@ -15,6 +15,7 @@ directory of their own, which the demo never removes. The layout is a pure value
       agent.sock             the agent's API (unix socket; callers known by their credentials)
       agent.log, jupyterlab.log
       simulation/            the simulated GPUs' config, written and animated by the agent
+      simulation-tools/      the SIMULATED nvidia-smi, first on simulated kernels' PATH
       nvml/                  the fake libnvidia-ml.so.1 the kernels load
       jupyterlab/            0700: JupyterLab's config (holds the token), runtime dir,
                              settings overrides and the demo's kernel spec
@@ -80,6 +81,12 @@ class DemoLayout:
     def simulation_config(self) -> Path:
         """The simulated GPUs' config, which the agent writes and the kernels' NVML reads."""
         return self.simulation_dir / CONFIG_NAME
+
+    @property
+    def simulation_tools(self) -> Path:
+        """Commands simulated kernels find first on their ``PATH`` (the SIMULATED
+        ``nvidia-smi``)."""
+        return self.root / "simulation-tools"
 
     @property
     def nvml_cache(self) -> Path:

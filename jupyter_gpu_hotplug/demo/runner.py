@@ -256,12 +256,18 @@ class DemoRun:
         if not mode.simulated:
             return None
         from ..nvml.sim import FakeNvmlError, ensure_fake_nvml
+        from ..nvml.sim.smi import write_command
 
         try:
             library = await asyncio.to_thread(ensure_fake_nvml, self.layout.nvml_cache)
         except FakeNvmlError as e:
             raise DemoStartError(f"cannot build the simulated NVML library: {e}") from e
-        return SimulatedNvml(library_dir=library, config_path=self.layout.simulation_config)
+        await asyncio.to_thread(write_command, self.layout.simulation_tools)
+        return SimulatedNvml(
+            library_dir=library,
+            config_path=self.layout.simulation_config,
+            tools_dir=self.layout.simulation_tools,
+        )
 
     # ---- the agent ---------------------------------------------------------------------------
 

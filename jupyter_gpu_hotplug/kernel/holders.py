@@ -24,7 +24,7 @@ from typing import Final
 
 from .._structs import SANDBOX_PID_ENV, PidRef, PodTarget, TargetRef
 
-__all__ = ["SESSION_ENV", "HolderNames", "session_of"]
+__all__ = ["SESSION_ENV", "HolderNames", "session_in_tree", "session_of"]
 
 SESSION_ENV: Final = "JPY_SESSION_NAME"
 """Set by jupyter_server in the environment of a notebook session's kernel: the notebook's path."""
@@ -41,6 +41,27 @@ def session_of(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     for entry in environ.split(b"\0"):
         if entry.startswith(prefix):
             return os.fsdecode(entry[len(prefix) :]) or None
+    return None
+
+
+def session_in_tree(pid: int, *, proc: Path = Path("/proc"), limit: int = 64) -> str | None:
+    """The notebook of ``pid`` or, failing that, of the first of its descendants that has one
+    (breadth first, at most ``limit`` processes): the pid the agent names a sandboxed kernel by
+    is its sandbox's first process, and the kernel runs below it in its own pid namespace. For
+    the host's tools (``jupyter gpu-hotplug status`` as root), which see every process."""
+    queue = [pid]
+    for _ in range(limit):
+        if not queue:
+            break
+        current = queue.pop(0)
+        found = session_of(current, proc=proc)
+        if found is not None:
+            return found
+        try:
+            children = (proc / str(current) / "task" / str(current) / "children").read_text()
+        except OSError:  # gone, or a kernel without CONFIG_PROC_CHILDREN
+            continue
+        queue.extend(int(child) for child in children.split())
     return None
 
 
@@ -75,6 +96,23 @@ class HolderNames:
         folder = os.path.dirname(self.own_notebook)
         relative = os.path.relpath(path, folder) if os.path.isabs(path) and folder else path
         return path if relative.startswith("..") else relative
+
+    def name(self, target: TargetRef | None) -> str:
+        """The short form for tables: ``this notebook``, ``b.ipynb``, ``process 14``,
+        ``pod ns/name``; ``""`` for no holder."""
+        if target is None:
+            return ""
+        if isinstance(target, PodTarget):
+            return f"pod {target.namespace}/{target.name}"
+        assert isinstance(target, PidRef)
+        if target.pid == self.own_pid:
+            return "this notebook" if self.own_notebook else "this kernel"
+        notebook = self._session_of(target.pid)
+        if notebook is None:
+            return f"process {target.pid}"
+        short = self._short(notebook)
+        # A path outside this notebook's folder: its file name is what the user knows.
+        return os.path.basename(short) if os.path.isabs(short) else short
 
     def describe(self, target: TargetRef | None) -> str:
         """``this notebook (a.ipynb, process 12)``, ``b.ipynb (process 13)``, ``process 14``,

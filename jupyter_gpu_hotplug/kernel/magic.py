@@ -30,18 +30,13 @@ Bare ``%gpu`` shows the live monitor widget in a notebook and its text form else
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import itertools
 import os
 import re
 import shlex
 import stat
-import sys
-import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Final, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -56,11 +51,25 @@ from ..client import (
     Gpu,
     InsufficientGpus,
     InvalidRequest,
+    normalise_selector,
+    select_gpus,
 )
 from ..nvml.state import GpuMonitor
-from . import render
+from . import render, reports
 from .cuda import CudaState, advice, cuda_initialised
+from .errors import GpuCommandError
 from .holders import HolderNames
+from .progress import (
+    PROGRESS_AFTER,
+    PROGRESS_TICK,
+    DisplayProgress,
+    Progress,
+    QueuePlace,
+    TerminalProgress,
+    display_raw,
+    wait_with_progress,
+)
+from .tables import Table
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -83,100 +92,10 @@ PROG: Final = f"%{MAGIC_NAME}"
 
 MIN_INTERVAL: Final = 0.1
 MAX_INTERVAL: Final = 3600.0
-PROGRESS_AFTER: Final = 0.5
-"""Seconds an operation may take before a progress line appears (quick ones show none)."""
-PROGRESS_TICK: Final = 0.25
-"""Seconds between two updates of the progress line."""
-
-_SPINNER: Final = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _FULL_UUID: Final = re.compile(
     r"(?:GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 )
-_UUID_START: Final = re.compile(r"(?:GPU|MIG)-[0-9a-f][0-9a-f-]{0,35}")
 _DIGITS: Final = re.compile(r"[0-9]{1,6}")
-_T = TypeVar("_T")
-
-
-class GpuCommandError(Exception):
-    """A ``%gpu`` command failed for a reason the user should read (the agent said no, or
-    cannot be reached). Shown as ``message`` alone: no traceback, because it is no bug."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def _render_traceback_(self) -> list[str]:
-        """IPython calls this instead of formatting a traceback (terminal and ipykernel)."""
-        return self.message.splitlines()
-
-
-class Progress(Protocol):
-    """Where a long operation reports that it is still waiting."""
-
-    def update(self, label: str, elapsed: float) -> None:
-        """Still waiting after ``elapsed`` seconds (called every ``PROGRESS_TICK``)."""
-
-    def finish(self, summary: str) -> None:
-        """The wait is over; ``summary`` replaces the progress line."""
-
-
-class DisplayProgress:
-    """A progress line in a notebook: one display, updated in place by its id."""
-
-    def __init__(self) -> None:
-        self._display_id = f"gpu-hotplug-progress-{uuid.uuid4().hex}"
-        self._shown = False
-        self._frames = itertools.cycle(_SPINNER)
-
-    def update(self, label: str, elapsed: float) -> None:
-        self._show(f"{next(self._frames)} {label}… {elapsed:.0f} s")
-
-    def finish(self, summary: str) -> None:
-        self._show(summary)
-
-    def _show(self, text: str) -> None:
-        _display({"text/plain": text}, display_id=self._display_id, update=self._shown)
-        self._shown = True
-
-
-def _display(data: dict[str, str], *, display_id: str | None = None, update: bool = False) -> None:
-    """Publish raw mime ``data`` (IPython's ``display`` is untyped; this is its one caller)."""
-    from IPython.display import display
-
-    display(data, raw=True, display_id=display_id, update=update)  # type: ignore[no-untyped-call]
-
-
-class TerminalProgress:
-    """A progress line on a terminal (rewritten with ``\\r``), or one line when not a tty."""
-
-    def __init__(self, stream: IO[str] | None = None) -> None:
-        self._stream = stream
-        self._frames = itertools.cycle(_SPINNER)
-        self._width = 0
-        self._announced = False
-
-    @property
-    def stream(self) -> IO[str]:
-        # Looked up late: IPython and pytest replace sys.stdout after this object is made.
-        return self._stream or sys.stdout
-
-    def update(self, label: str, elapsed: float) -> None:
-        stream = self.stream
-        if stream.isatty():
-            self._rewrite(f"{next(self._frames)} {label}… {elapsed:.0f} s")
-        elif not self._announced:
-            print(f"{label}…", file=stream, flush=True)
-        self._announced = True
-
-    def finish(self, summary: str) -> None:
-        if self.stream.isatty() and self._announced:
-            self._rewrite(summary)
-            print(file=self.stream, flush=True)
-
-    def _rewrite(self, text: str) -> None:
-        self.stream.write("\r" + text.ljust(self._width))
-        self.stream.flush()
-        self._width = len(text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,15 +206,15 @@ def refresh_interval(text: str) -> float:
 
 
 def gpu_selector(text: str) -> str:
-    """``detach``'s argument: ``all``, a GPU/MIG UUID, or the unique beginning of one."""
+    """``detach``'s argument: ``all``, a GPU's index on the node, a GPU/MIG UUID, or the unique
+    beginning of one."""
     if text.lower() == "all":
         return "all"
-    kind, dash, rest = text.partition("-")
-    normalised = f"{kind.upper()}{dash}{rest.lower()}"
-    if _UUID_START.fullmatch(normalised) is None:
+    normalised = normalise_selector(text)
+    if normalised is None:
         raise argparse.ArgumentTypeError(
-            "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as "
-            f"'{PROG} status' shows) or the beginning of one, got {text!r}"
+            "expected 'all', a GPU index on the node (0, 1, ... as "
+            f"'{PROG} list' shows), a GPU UUID or the beginning of one, got {text!r}"
         )
     return normalised
 
@@ -325,74 +244,6 @@ def _add_help_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _plural(count: int, word: str = "GPU") -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _wait_with_progress(
-    call: Callable[[], _T],
-    *,
-    label: str,
-    context: MagicContext,
-    detail: Callable[[], str] = lambda: "",
-) -> _T:
-    """``call()`` in a worker thread while this thread keeps a progress line up to date;
-    ``detail()`` adds to the line what is known of the wait (its place in the queue).
-
-    The worker only makes the blocking request; everything shown is shown from here.
-    """
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-hotplug-magic")
-    started = time.monotonic()
-    progress: Progress | None = None
-    outcome = "failed"
-    try:
-        future = pool.submit(call)
-        timeout = context.progress_after
-        while True:
-            try:
-                result = future.result(timeout=timeout)
-            except concurrent.futures.TimeoutError:
-                progress = progress or context.new_progress()
-                progress.update(label + detail(), time.monotonic() - started)
-                timeout = context.progress_tick
-                continue
-            outcome = "done"
-            return result
-    except KeyboardInterrupt as interrupt:
-        outcome = "interrupted"
-        raise GpuCommandError(
-            f"Interrupted: stopped waiting. The agent may still finish; run '{PROG} status' "
-            "to see what this kernel has."
-        ) from interrupt
-    finally:
-        # Never wait for the worker here: after an interrupt it may still be blocked.
-        pool.shutdown(wait=False)
-        if progress is not None:
-            progress.finish(f"{label}: {outcome} after {time.monotonic() - started:.1f} s")
-
-
-class QueuePlace:
-    """ ", waiting, position 2 of 3" while this kernel's attach waits in the agent's queue;
-    asked of the agent at most every ``interval`` seconds, and empty when it does not say."""
-
-    def __init__(self, client: AgentClient, *, interval: float = 1.0) -> None:
-        self._client = client
-        self._interval = interval
-        self._asked = float("-inf")
-        self._text = ""
-
-    def __call__(self) -> str:
-        now = time.monotonic()
-        if now - self._asked >= self._interval:
-            self._asked = now
-            try:
-                waiting = self._client.queued()
-            except AgentClientError:
-                waiting = ()  # an older agent, or none: the line shows the time only
-            self._text = (
-                f", waiting, position {waiting[0].position} of {waiting[0].length}"
-                if waiting
-                else ""
-            )
-        return self._text
 
 
 def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
@@ -436,13 +287,15 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
     what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
     try:
-        attachments = _wait_with_progress(
+        attachments = wait_with_progress(
             lambda: client.attach(
                 count, wait_seconds=args.wait, mig=args.mig, idle_release_seconds=args.idle
             ),
             label=f"Attaching {what}{limit}",
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
-            context=context,
+            new_progress=context.new_progress,
+            after=context.progress_after,
+            tick=context.progress_tick,
         )
     except (InsufficientGpus, InvalidRequest) as error:
         if isinstance(error, InvalidRequest) and error.field != "count":
@@ -458,8 +311,11 @@ def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
         gpus: tuple[Gpu, ...] | None = client.gpus()
     except AgentClientError:
         gpus = None
-    hint = f"'{PROG} list' shows the node's GPUs and who holds them."
-    return f"{render.too_many_gpus(count, gpus, error=error)}\n{hint}"
+    hints = [
+        render.wait_hint(count, gpus, error=error),
+        f"'{PROG} list' shows the node's GPUs and who holds them.",
+    ]
+    return "\n".join([render.too_many_gpus(count, gpus, error=error), *filter(None, hints)])
 
 
 def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:
@@ -468,8 +324,9 @@ def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         type=gpu_selector,
         default=None,
-        metavar="UUID|all",
-        help="the GPU to release (its UUID or a unique beginning of it), or 'all'; "
+        metavar="INDEX|UUID|all",
+        help="the GPU to release: its index on the node (as the GPU panel, '%%gpu list' and "
+        "the host's nvidia-smi number it), its UUID or a unique beginning of it, or 'all'; "
         "may be left out when exactly one GPU is attached",
     )
     parser.add_argument(
@@ -488,11 +345,12 @@ def _choose(selector: str | None, attachments: Sequence[Attachment]) -> list[Att
         if len(attachments) > 1:
             listing = "\n".join(render.attachment_lines(attachments))
             raise UsageError(
-                f"{PROG} detach: {len(attachments)} GPUs are attached; name one UUID or 'all':\n"
+                f"{PROG} detach: {len(attachments)} GPUs are attached; name one (its index on the "
+                f"node or UUID) or 'all':\n"
                 f"{listing}"
             )
         return list(attachments)
-    chosen = [a for a in attachments if a.uuid.startswith(selector)]
+    chosen = select_gpus(selector, attachments)
     if len(chosen) == 1:
         return chosen
     if _FULL_UUID.fullmatch(selector) is not None:
@@ -550,7 +408,7 @@ def _detach(args: argparse.Namespace, context: MagicContext) -> None:
     else:
         uuids = [a.uuid for a in chosen]
     if not uuids:
-        print("No GPU is attached to this kernel; nothing to release.")
+        print("No GPU is attached to this notebook; nothing to detach.")
         return
     if args.force:
         print(_force_notice(chosen))
@@ -563,10 +421,14 @@ def _detach(args: argparse.Namespace, context: MagicContext) -> None:
     except Busy as error:
         hint = ""
         if error.processes and not args.force:
-            gpu = error.uuid or uuids[0]
-            hint = f"\nTo stop them and release the GPU: {PROG} detach {gpu} --force"
+            busy = error.uuid or uuids[0]
+            # Named as the user named it: the node's index when the GPU is known here.
+            gpu = next((str(a.index) for a in chosen if a.uuid == busy), busy)
+            if selector == "all":
+                gpu = "all"
+            hint = f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
         raise GpuCommandError(f"{error.message}{hint}") from error
-    print(f"Released {_plural(len(uuids))}: {', '.join(uuids)}")
+    print(f"Detached {_plural(len(uuids))}: {', '.join(uuids)}")
 
 
 def _cuda_line(state: CudaState) -> str:
@@ -578,37 +440,40 @@ def _cuda_line(state: CudaState) -> str:
     return "CUDA: not started in this kernel; GPUs you attach now are usable here."
 
 
-def _status_lines(context: MagicContext) -> list[str]:
+def _show(table: Table, context: MagicContext) -> None:
+    """A table as HTML with a text fallback in a notebook, as 80-column text elsewhere."""
+    if context.in_kernel:
+        display_raw({"text/plain": table.text(), "text/html": render.CSS + table.html()})
+    else:
+        print(table.text())
+
+
+def _status_table(context: MagicContext) -> Table:
     client = context.client()
+    attachments: Sequence[Attachment] | str
     try:
         attachments = client.attachments()
         released = client.idle_releases()
     except AgentClientError as error:
-        lines = [f"GPU agent ({client.agent_url}): {error.message}"]
-    else:
-        lines = [
-            f"GPU agent ({client.agent_url}): {_plural(len(attachments))} attached to this kernel",
-            *render.attachment_lines(attachments),
-            *render.idle_release_lines(released),
-        ]
+        attachments, released = error.message, ()
     with context.monitor() as monitor:
-        lines.extend(render.snapshot_lines(monitor.snapshot()))
-    lines.append(_cuda_line(context.cuda()))
-    return lines
+        snapshot = monitor.snapshot()
+    return reports.status_table(
+        attachments, released, snapshot, cuda_line=_cuda_line(context.cuda())
+    )
 
 
 def _status(args: argparse.Namespace, context: MagicContext) -> None:
-    print("\n".join(_status_lines(context)))
+    _show(_status_table(context), context)
 
 
 def _list(args: argparse.Namespace, context: MagicContext) -> None:
-    client = context.client()
-    gpus = client.gpus()
-    free = sum(gpu.state == "free" for gpu in gpus)
-    simulated = " (SIMULATED)" if any(gpu.simulated for gpu in gpus) else ""
-    print(f"GPUs on this node{simulated}: {free} free of {len(gpus)}")
-    if gpus:
-        print("\n".join(render.node_gpu_lines(gpus, holder=context.holders().describe)))
+    gpus = context.client().gpus()
+    _show(reports.node_table(gpus, holder=context.holders().name), context)
+
+
+def _queue(args: argparse.Namespace, context: MagicContext) -> None:
+    _show(reports.queue_table(context.client().queued()), context)
 
 
 def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -623,7 +488,7 @@ def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _monitor(args: argparse.Namespace, context: MagicContext) -> None:
     if not context.in_kernel:
-        print("\n".join(_status_lines(context)))
+        print(_status_table(context).text())
         print(f"(The live monitor needs a notebook; '{PROG}' there shows it.)")
         return
     from IPython.display import display
@@ -643,7 +508,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand(
         name="detach",
-        help="release a GPU of this kernel (by UUID), or all",
+        help="detach a GPU (node index or UUID), or all",
         run=_detach,
         add_arguments=_add_detach_arguments,
     ),
@@ -653,6 +518,11 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         run=_status,
     ),
     Subcommand(name="list", help="every GPU of this node and who holds it", run=_list),
+    Subcommand(
+        name="queue",
+        help="this notebook's places in the wait queue",
+        run=_queue,
+    ),
     Subcommand(
         name="monitor",
         help="the live GPU monitor (what the magic alone shows)",

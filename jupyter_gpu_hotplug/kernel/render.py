@@ -11,12 +11,12 @@ Everything that reaches HTML goes through ``html.escape``: process names come fr
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from .._structs import TargetRef
-from ..client import AgentClientError, Attachment, Gpu, IdleRelease, InsufficientGpus
+from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus
+from ..nvml.sim import SIMULATED_SUFFIX
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
 __all__ = [
@@ -24,17 +24,20 @@ __all__ = [
     "attachment_lines",
     "badge_html",
     "bar_html",
+    "gpu_label",
     "gpu_row_html",
     "gpu_summary",
     "human_bytes",
-    "idle_release_lines",
     "memory_level",
-    "node_gpu_lines",
+    "model_name",
+    "no_free_gpu_html",
     "percent",
     "process_table_html",
     "snapshot_lines",
+    "sparkline_html",
     "too_many_gpus",
     "usage_ratio",
+    "wait_hint",
 ]
 
 _UNITS: Final = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -55,13 +58,24 @@ CSS: Final = """
 .gpuhp-warn { color: var(--jp-warn-color0, #e65100); white-space: pre-wrap; }
 .gpuhp-table { border-collapse: collapse; margin: 2px 0 6px 0;
   font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 12px); }
-.gpuhp-table th { text-align: left; font-weight: 600; color: var(--jp-ui-font-color2, #757575);
-  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0); padding: 1px 12px 1px 0; }
-.gpuhp-table td { padding: 1px 12px 1px 0; color: var(--jp-content-font-color1, inherit); }
+.gpuhp-root .gpuhp-table th { text-align: left; font-weight: 600;
+  color: var(--jp-ui-font-color2, #757575);
+  border-bottom: 1px solid var(--jp-border-color2, #e0e0e0);
+  padding: 1px 12px 1px 0; white-space: nowrap; }
+.gpuhp-root .gpuhp-table td { text-align: left; padding: 1px 12px 1px 0; white-space: nowrap;
+  vertical-align: top; color: var(--jp-content-font-color1, inherit); }
 .gpuhp-row { border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 4px;
-  padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent); }
-.gpuhp-metrics { display: grid; grid-template-columns: max-content 220px max-content;
-  gap: 2px 8px; align-items: center; margin: 4px 0; }
+  padding: 4px 8px; margin: 4px 0; background: var(--jp-layout-color1, transparent);
+  min-width: 0; max-width: 100%; box-sizing: border-box; }
+.gpuhp-row .widget-hbox { flex-wrap: wrap; }
+.gpuhp-title { display: flex; flex-wrap: wrap; gap: 0 8px; align-items: baseline; }
+.gpuhp-metrics { display: grid; grid-template-columns: max-content minmax(40px, 1fr) max-content;
+  gap: 2px 8px; align-items: center; margin: 4px 0; max-width: 420px; }
+.gpuhp-spark { display: block; width: 100%; height: 18px; }
+.gpuhp-spark polyline { fill: none; stroke: var(--jp-brand-color1, #1976d2); stroke-width: 1.5;
+  vector-effect: non-scaling-stroke; }
+.gpuhp-uuid summary { cursor: pointer; }
+.gpuhp-uuid code { font-size: var(--jp-ui-font-size0, 11px); }
 .gpuhp-bar { display: block; height: 10px; border-radius: 3px; overflow: hidden;
   background: var(--jp-layout-color3, #bdbdbd); }
 .gpuhp-fill { display: block; height: 100%; background: var(--jp-brand-color1, #1976d2); }
@@ -74,7 +88,9 @@ fallbacks for other frontends), so the widget reads well in light and dark theme
 
 
 def human_bytes(value: int | None) -> str:
-    """``1073741824`` → ``"1.0 GiB"``; ``None`` → ``"n/a"``."""
+    """``1073741824`` → ``"1.0 GiB"``, 79.6 GiB → ``"80 GiB"``; ``None`` → ``"n/a"``. One
+    decimal below 10, whole numbers above: the JupyterLab extension rounds the same way
+    (``format.ts``), so a GPU's memory reads the same in the panel and in ``%gpu``."""
     if value is None:
         return _MISSING
     amount = float(value)
@@ -82,7 +98,9 @@ def human_bytes(value: int | None) -> str:
     while amount >= 1024 and unit < len(_UNITS) - 1:
         amount /= 1024
         unit += 1
-    return f"{value} B" if unit == 0 else f"{amount:.1f} {_UNITS[unit]}"
+    if unit == 0:
+        return f"{value} B"
+    return f"{amount:.1f} {_UNITS[unit]}" if amount < 10 else f"{amount:.0f} {_UNITS[unit]}"
 
 
 def usage_ratio(used: int | None, total: int | None) -> float | None:
@@ -161,34 +179,10 @@ def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
     return lines
 
 
-def idle_release_lines(releases: Sequence[IdleRelease]) -> list[str]:
-    """What the agent's idle policy took back from this kernel lately."""
-    if not releases:
-        return []
-    lines = ["  Released by the agent's idle policy:"]
-    for release in releases:
-        why = "unused" if release.reason == "idle" else "lease ended"
-        lines.append(f"    {release.uuid}  at {_local_time(release.released_at)} ({why})")
-    return lines
-
-
-def node_gpu_lines(gpus: Iterable[Gpu], *, holder: Callable[[TargetRef | None], str]) -> list[str]:
-    """The node's GPUs as a table: index, UUID, name, memory, state and who has it
-    (``holder`` words it, e.g. ``holders.HolderNames.describe``)."""
-    rows = [("IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD BY")]
-    rows.extend(
-        (
-            str(gpu.index),
-            gpu.uuid,
-            gpu.name,
-            human_bytes(gpu.memory_total),
-            gpu.state,
-            holder(gpu.target),
-        )
-        for gpu in gpus
-    )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  " + _join_padded(row, widths) for row in rows]
+def model_name(name: str) -> str:
+    """A GPU's model without the simulation's ``(simulated)`` suffix: tables say SIMULATED
+    once, in their title, instead of on every row."""
+    return name.removesuffix(SIMULATED_SUFFIX)
 
 
 def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str:
@@ -209,8 +203,14 @@ def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientE
     return f"Cannot attach {count} GPU{'' if count == 1 else 's'}: {reason}."
 
 
-def _join_padded(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+def wait_hint(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str | None:
+    """How to wait for GPUs after a "none free" refusal (``None`` when waiting cannot help:
+    another refusal, or more GPUs asked than the node has)."""
+    if not isinstance(error, InsufficientGpus) or (gpus is not None and count > len(gpus)):
+        return None
+    return (
+        f"To wait for one in the queue (first come, first served): %gpu attach {count} --wait 120"
+    )
 
 
 # --- HTML pieces for the widget -------------------------------------------------------------
@@ -241,12 +241,49 @@ def bar_html(percent: float | None, *, label: str, level: str = "") -> str:
     )
 
 
-def gpu_row_html(gpu: GpuState) -> str:
+def gpu_label(gpu: GpuState, node_index: int | None) -> str:
+    """``GPU 1 (cuda:0)``: the node's index where the agent said it, with this kernel's own
+    index beside it when they differ; ``cuda:0`` alone while the node's is not known."""
+    if node_index is None:
+        return f"cuda:{gpu.index}"
+    if node_index == gpu.index:
+        return f"GPU {node_index}"
+    return f"GPU {node_index} (cuda:{gpu.index})"
+
+
+def sparkline_html(values: Sequence[int | None], *, slots: int, label: str) -> str:
+    """A small line of the last ``slots`` readings (0 to 100; ``None`` skipped), newest right."""
+    step = 100 / max(1, slots - 1)
+    offset = slots - len(values)
+    points = " ".join(
+        f"{(offset + i) * step:.1f},{20 - value / 5:.1f}"
+        for i, value in enumerate(values)
+        if value is not None
+    )
+    return (
+        f'<svg class="gpuhp-spark" viewBox="0 0 100 20" preserveAspectRatio="none" '
+        f'role="img" aria-label="{html.escape(label)}"><polyline points="{points}"/></svg>'
+    )
+
+
+def gpu_row_html(
+    gpu: GpuState,
+    *,
+    node_index: int | None = None,
+    history: Sequence[int | None] = (),
+    slots: int = 60,
+) -> str:
     """Everything one GPU shows, as one HTML piece (one model, one message per change):
-    title, utilisation and memory bars, temperature and power, and its processes."""
+    title (the node's numbering, the model, a short UUID whose full form is its tooltip),
+    utilisation and memory bars with a sparkline of recent utilisation, temperature and
+    power, and its processes."""
+    uuid = gpu.uuid or ""
+    short = uuid[:12] if len(uuid) > 12 else uuid
     title = (
-        f"<div><b>[{gpu.index}] {html.escape(gpu.name or 'GPU')}</b> "
-        f'<span class="gpuhp-muted">{html.escape(gpu.uuid or "")}</span></div>'
+        f'<div class="gpuhp-title"><b>{html.escape(gpu_label(gpu, node_index))} · '
+        f"{html.escape(model_name(gpu.name or 'GPU'))}</b> "
+        f'<span class="gpuhp-muted" title="{html.escape(uuid)}">{html.escape(short)}</span>'
+        "</div>"
     )
     if gpu.lost:
         return title + '<div class="gpuhp-error">lost: the GPU stopped answering</div>'
@@ -275,11 +312,22 @@ def gpu_row_html(gpu: GpuState) -> str:
         '<span class="gpuhp-muted">memory</span>'
         + bar_html(ratio, label="GPU memory in use", level=memory_level(ratio))
         + f"<span>{html.escape(memory)}</span>"
+        '<span class="gpuhp-muted">history</span>'
+        + sparkline_html(history, slots=slots, label="GPU utilisation, recent readings")
+        + "<span></span>"
         '<span class="gpuhp-muted">sensors</span>'
         f'<span style="grid-column: span 2">{html.escape(sensors)}</span>'
         "</div>"
     )
     return title + metrics + process_table_html(gpu.processes)
+
+
+def no_free_gpu_html(total: int) -> str:
+    """Why Attach is disabled: every GPU of the node is taken, and how to wait for one."""
+    return (
+        f'<span class="gpuhp-muted">No GPU free (all {total} taken). '
+        "<code>%gpu attach --wait 120</code> waits for one.</span>"
+    )
 
 
 def process_table_html(processes: tuple[GpuProcess, ...] | None) -> str:

@@ -26,6 +26,12 @@ re-creating the widget, a released one removes its row.
 
 Forced detach kills processes, so its button asks twice: the first click arms it (the button
 turns red and says what will happen, a Cancel button appears), the second click acts.
+
+The node's view comes from the agent every few refreshes (``NODE_EVERY``; at once after an
+action): how many GPUs are free — Attach is disabled, with the reason beside it, when none is —
+and each GPU's index on the node, so the rows say ``GPU 1 (cuda:0)`` like every other view
+rather than the kernel's own ``[0]``. A message about an action goes as soon as the GPUs
+change after it, so it never describes a state that is gone.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ DEFAULT_INTERVAL: Final = 1.0
 MIN_INTERVAL: Final = 0.1
 TASK_PREFIX: Final = "gpu-hotplug-monitor"
 """Every task the widget starts is named with this prefix (tests look for leftovers by it)."""
+NODE_EVERY: Final = 5
+"""Refreshes between two readings of the node's GPUs from the agent (free count, indexes)."""
+HISTORY: Final = 60
+"""Readings of utilisation each row's sparkline keeps."""
 _PROGRESS_TICK: Final = 0.5
 _SPINNER: Final = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -88,6 +98,10 @@ class GpuRow(widgets.VBox):  # type: ignore[misc]
         self._on_detach = on_detach
         self.state: GpuState | None = None
         """The readings shown now."""
+        self.node_index: int | None = None
+        """The GPU's index on the node, once the agent has said it."""
+        self.history: tuple[int | None, ...] = ()
+        """Recent utilisation readings, oldest first (the sparkline)."""
         self.armed = False
         """The force-detach button was clicked once and waits for the confirming click."""
         self.info = widgets.HTML()
@@ -95,7 +109,7 @@ class GpuRow(widgets.VBox):  # type: ignore[misc]
             description="Detach", icon="eject", tooltip="Release this GPU from this kernel"
         )
         self.force_button = widgets.Button(
-            description="Force detach…",
+            description="Force-detach…",
             tooltip="Kill the processes that use this GPU, then release it (asks to confirm)",
             layout=widgets.Layout(width="auto"),  # the armed text is longer than a button
         )
@@ -113,11 +127,17 @@ class GpuRow(widgets.VBox):  # type: ignore[misc]
     def uuid(self) -> GpuUuid | None:
         return None if self.state is None else self.state.uuid
 
-    def show(self, gpu: GpuState, *, busy: bool) -> None:
+    def show(self, gpu: GpuState, *, busy: bool, node_index: int | None) -> None:
         """Show ``gpu``'s readings; nothing is rendered or sent when they did not change."""
-        if gpu != self.state:
-            self.state = gpu
-            self.info.value = _html(render.gpu_row_html(gpu))
+        # Unchanged readings send nothing: the sparkline is redrawn when a reading changes
+        # (until then it lags by the readings that repeated the last value).
+        changed = gpu != self.state or node_index != self.node_index
+        self.history = (*self.history, gpu.utilization_gpu)[-HISTORY:]
+        if changed:
+            self.state, self.node_index = gpu, node_index
+            self.info.value = _html(
+                render.gpu_row_html(gpu, node_index=node_index, history=self.history, slots=HISTORY)
+            )
         self.set_busy(busy)
 
     def set_busy(self, busy: bool) -> None:
@@ -130,7 +150,7 @@ class GpuRow(widgets.VBox):  # type: ignore[misc]
 
     def disarm(self) -> None:
         self.armed = False
-        self.force_button.description = "Force detach…"
+        self.force_button.description = "Force-detach…"
         self.force_button.button_style = ""
         self.cancel_button.layout.display = "none"
 
@@ -187,6 +207,11 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         self._closed = False
         self._refreshes = 0
         self._last: Snapshot | None = None
+        self._node: tuple[Gpu, ...] | None = None
+        """The node's GPUs as the agent last listed them (``None``: not asked, or no answer)."""
+        self._node_due = True
+        self._said_for: frozenset[str] | None = None
+        """The GPUs shown when the status line last spoke of an action."""
         self.header = widgets.HTML()
         self.count = widgets.BoundedIntText(
             value=1,
@@ -203,16 +228,15 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             tooltip="Attach this many GPUs to this kernel",
         )
         self.attach_button.on_click(lambda _: self._spawn(self._attach(self.count.value)))
+        self.attach_reason = widgets.HTML()
+        """Why Attach is disabled (no free GPU), beside it."""
         self.rows_box = widgets.VBox()
         self.status = widgets.HTML()
-        super().__init__(
-            [
-                self.header,
-                widgets.HBox([self.count, self.attach_button]),
-                self.rows_box,
-                self.status,
-            ]
+        controls = widgets.HBox(
+            [self.count, self.attach_button, self.attach_reason],
+            layout=widgets.Layout(flex_flow="row wrap", align_items="center"),
         )
+        super().__init__([self.header, controls, self.rows_box, self.status])
         self.interval = interval
         self._view_count = 0  # asks the frontend to count views (see _views_changed)
         self.refresh()
@@ -293,8 +317,32 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
     async def _run(self) -> None:
         while True:
             await self._shown.wait()
+            if self._node_due or self._refreshes % NODE_EVERY == 0:
+                await self._read_node()
             self.refresh()
             await asyncio.sleep(self.interval)
+
+    async def _read_node(self) -> None:
+        """Ask the agent for the node's GPUs; without an answer the widget goes on with
+        what NVML here says (Attach stays enabled: the agent will say why it cannot)."""
+        self._node_due = False
+        try:
+            self._node = await self._client_factory().gpus()
+        except AgentClientError:
+            self._node = None
+        self._show_free()
+
+    def _show_free(self) -> None:
+        node = self._node
+        free = None if node is None else sum(gpu.state == "free" for gpu in node)
+        none_free = free == 0
+        self.attach_button.disabled = self._busy or none_free
+        self.attach_button.tooltip = (
+            "No GPU is free on this node" if none_free else "Attach this many GPUs to this kernel"
+        )
+        reason = render.no_free_gpu_html(len(node or ())) if none_free else ""
+        if self.attach_reason.value != reason:
+            self.attach_reason.value = reason
 
     def _apply(self, snapshot: Snapshot) -> None:
         self._last = snapshot
@@ -307,18 +355,20 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             details.append(f"CUDA {snapshot.cuda_driver_version}")
         own = self._holders.describe(PidRef(self._holders.own_pid))
         self.header.value = render.CSS + _html(
-            "<b>GPUs in this kernel</b>"
+            "<b>GPUs of this notebook</b>"
             + (render.badge_html("SIMULATED") if simulated else "")
             + f' <span class="gpuhp-muted">· held by {html.escape(own)}</span>'
             + f' <span class="gpuhp-muted">· {html.escape(" · ".join(details))}</span>'
         )
+        node_indexes = {gpu.uuid: gpu.index for gpu in self._node or ()}
         rows = []
         for gpu in snapshot.gpus:
             key = gpu.uuid or f"index-{gpu.index}"
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = GpuRow(on_detach=self._detach_clicked)
-            row.show(gpu, busy=self._busy)
+                self._node_due = True  # a GPU new here: learn its index on the node
+            row.show(gpu, busy=self._busy, node_index=node_indexes.get(GpuUuid(key)))
             rows.append(row)
         shown = {id(row) for row in rows}
         for key, row in list(self._rows.items()):
@@ -327,6 +377,10 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
                 _close_tree(row)
         if tuple(rows) != tuple(self.rows_box.children):
             self.rows_box.children = tuple(rows)
+        shown_now = frozenset(self._rows)
+        if self._said_for is not None and shown_now != self._said_for:
+            self._said_for = None  # the GPUs changed since: that message is stale
+            self.status.value = ""
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -358,16 +412,20 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
 
     def _set_busy(self, busy: bool) -> None:
         self._busy = busy
-        self.attach_button.disabled = busy
+        self._show_free()
         for row in self._rows.values():
             row.set_busy(busy)
+        if not busy:
+            self._node_due = True  # the action changed the node: read it at the next tick
 
     def _say(self, kind: str, text: str) -> None:
-        """Show ``text`` in the status line; ``kind`` is ok, warn, error or busy."""
+        """Show ``text`` in the status line; ``kind`` is ok, warn, error or busy. The message
+        stays until the GPUs shown change (then it would describe a state that is gone)."""
         css = {"ok": "gpuhp-ok", "warn": "gpuhp-warn", "error": "gpuhp-error"}.get(
             kind, "gpuhp-muted"
         )
         self.status.value = _html(f'<span class="{css}">{html.escape(text)}</span>')
+        self._said_for = None if kind == "busy" else frozenset(self._rows)
 
     async def _attach(self, count: int) -> None:
         self._set_busy(True)
@@ -392,12 +450,12 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             self._say("error", error.message)
         else:
             state = self._cuda_state()
-            names = ", ".join(attachment.uuid for attachment in attachments)
+            names = ", ".join(f"GPU {a.index} ({a.device})" for a in attachments)
+            self.refresh()
             self._say(
                 "warn" if state.initialised else "ok",
                 f"Attached {names}.\n{advice(state, attached=len(attachments))}",
             )
-            self.refresh()
         finally:
             if call is not None and not call.done():
                 call.cancel()
@@ -409,23 +467,25 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             gpus: tuple[Gpu, ...] | None = await self._client_factory().gpus()
         except AgentClientError:
             gpus = None
-        return render.too_many_gpus(count, gpus, error=error)
+        hint = render.wait_hint(count, gpus, error=error)
+        message = render.too_many_gpus(count, gpus, error=error)
+        return message if hint is None else f"{message}\n{hint}"
 
     async def _detach(self, uuid: GpuUuid, *, force: bool) -> None:
         self._set_busy(True)
         try:
-            self._say("busy", f"{'Force-detaching' if force else 'Detaching'} {uuid}…")
+            self._say("busy", f"{'Force-detaching' if force else 'Detaching'} {uuid[:12]}…")
             await self._client_factory().detach(uuid, force=force)
         except Busy as error:
             hint = ""
             if error.processes and not force:
-                hint = "\nUse 'Force detach…' to stop them (it kills those processes)."
+                hint = "\nUse 'Force-detach…' to stop them (it kills those processes)."
             self._say("error", error.message + hint)
         except AgentClientError as error:
             self._say("error", error.message)
         else:
-            self._say("ok", f"Released {uuid}.")
             self.refresh()
+            self._say("ok", f"Detached {uuid[:12]}.")
         finally:
             self._set_busy(False)
 

@@ -150,6 +150,9 @@ class ProgramInfo:
     insn_count: int
     granted: frozenset[DeviceRule]
     """The devices our prefix on this program allows (empty: not patched by us)."""
+    code: bytes = b""
+    """Its instructions as the kernel holds them (``xlated_prog_insns``), for
+    ``bpf.interp.allows``: what the whole program answers, whoever wrote it."""
 
 
 @dataclass(frozen=True)
@@ -509,6 +512,7 @@ def attached_programs(cgroup_dir: str | Path) -> list[ProgramInfo]:
                 name=info.name,
                 insn_count=len(info.xlated) // asm.INSN_SIZE,
                 granted=asm.prefix_devices(info.xlated),
+                code=info.xlated,
             )
         )
     return programs

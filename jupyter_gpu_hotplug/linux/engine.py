@@ -39,8 +39,9 @@ from pathlib import Path, PurePosixPath
 from typing import Final, Literal
 
 from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs, systemd_units
+from .bpf import interp
 from .devnodes import DeviceNode
-from .devrules import RW, CharDevice, DevType
+from .devrules import RW, CharDevice, DevType, effective_access
 
 __all__ = [
     "BUSY_SCAN_SECONDS",
@@ -146,11 +147,31 @@ class DeviceStatus:
     v2_granted: bool | None
     """Whether our prefix grants it on every program; None when no program restricts it."""
     node: bool
+    v2_allowed: bool | None = None
+    """Whether every device program on the container's cgroups allows it (read and write),
+    whoever wrote them (``bpf.interp``); None when no program restricts it or one cannot be
+    read as a device program."""
+    v1_ours: bool = False
+    """The v1 list holds the very entry this engine writes for it (``c M:m rw``, no ``m``;
+    runtimes write ``rwm`` for the devices they give, and wildcards for ``all``)."""
+
     systemd_allowed: bool | None = None
     """Whether the unit's ``DeviceAllow=`` allows it; None when no systemd unit keeps a
     device policy for the container."""
     systemd_ours: bool = False
     """Whether that entry is one we added."""
+
+    @property
+    def opens(self) -> bool:
+        """A confining controller allows it and none denies it, whoever's rule it is."""
+        verdicts = (self.v1_allowed, self.v2_allowed)
+        return True in verdicts and False not in verdicts
+
+    @property
+    def ours(self) -> bool:
+        """The access looks like this engine's own grant (our marked v2 prefix, or our v1
+        entry), rather than a runtime's or a device plugin's."""
+        return bool(self.v2_granted) or self.v1_ours
 
     @property
     def usable(self) -> bool:
@@ -345,12 +366,22 @@ class HotplugEngine:
         """The current state of each device in ``container`` (reconciliation reads this)."""
         self._check_alive(container)
         present = {node.name: node.device for node in self._nodes(container)}
-        v2_sets = [
-            cgroup_v2.granted_devices(d, leave=container.leave_programs(d))
-            for d in container.v2_dirs
-            if _restricted_v2(d, leave=container.leave_programs(d))
-        ]
         devices = list(devices)
+        attached = [
+            (d, found) for d in container.v2_dirs if (found := cgroup_v2.attached_programs(d))
+        ]
+        programs = [at for _, at in attached]
+        # systemd's own programs are judged by the unit's list below, not by our prefix.
+        v2_sets = [
+            frozenset.intersection(*(p.granted for p in kept))
+            for d, at in attached
+            if (kept := [p for p in at if p.name not in container.leave_programs(d)])
+        ]
+        v1_rules = (
+            cgroup_v1.read_allow_list(container.v1_scope)
+            if container.v1_scope is not None
+            else None
+        )
         unit_allowed: dict[CharDevice, bool] = {}
         ours: frozenset[str] = frozenset()
         if container.unit is not None and self.systemd is not None:
@@ -358,21 +389,25 @@ class HotplugEngine:
             ours = self.systemd.ours(container.unit)
         statuses = []
         for node in devices:
+            device = node.device
             v1 = (
-                bool(cgroup_v1.allowed(container.v1_scope, node.device) & RW == RW)
-                if container.v1_scope is not None
+                effective_access(v1_rules, DevType.CHAR, device.major, device.minor) & RW == RW
+                if v1_rules is not None
                 else None
             )
-            v2 = all(node.device.rule() in s for s in v2_sets) if v2_sets else None
-            node_ok = present.get(node.name) == node.device
+            mine = v1_rules is not None and device.rule(RW) in v1_rules
+            v2 = all(device.rule() in s for s in v2_sets) if v2_sets else None
+            node_ok = present.get(node.name) == device
             statuses.append(
                 DeviceStatus(
-                    node.device,
+                    device,
                     v1,
                     v2,
                     node_ok,
-                    systemd_allowed=unit_allowed.get(node.device),
-                    systemd_ours=systemd_units.entry_for(node.device).path in ours,
+                    v1_ours=mine,
+                    v2_allowed=_v2_allows(programs, device),
+                    systemd_allowed=unit_allowed.get(device),
+                    systemd_ours=systemd_units.entry_for(device).path in ours,
                 )
             )
         return statuses
@@ -466,6 +501,7 @@ class HotplugEngine:
         *,
         force: bool = False,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> RevokeResult:
         """Take ``devices`` away from the running container.
 
@@ -478,13 +514,18 @@ class HotplugEngine:
         grace period. On any failure the devices are granted again, so the container is
         left as it was and the caller's record stays true.
 
+        ``leave_open`` (without ``force``): take the permission and the nodes even while
+        processes hold the device open; they keep their open fds and nobody is ended (the
+        policy for a GPU whose reservation was lost behind the agent's back: new opens fail,
+        running work is not killed).
+
         ``force`` may end the target process itself. The permissions are then still
         taken from its cgroups (other processes may live on in them); its device nodes
         went with its mount namespace. ``target_gone`` in the result says so.
         """
         container = self._container(target)
         wanted = tuple(devices)
-        terminated = self._clear_holders(container, wanted, force=force)
+        terminated = self._clear_holders(container, wanted, force=force, leave_open=leave_open)
         undo = _Undo()
         removed: list[str] = []
         v1_writes: list[cgroup_v1.Write] = []
@@ -533,7 +574,7 @@ class HotplugEngine:
                         f"DeviceAllow of {unit.name}", partial(units.record, unit, dropped.devices)
                     )
                     _log_change("DeviceAllow reset", container, dropped.devices, unit.directory)
-            late = self._holders_of(container, wanted)
+            late = [] if leave_open and not force else self._holders_of(container, wanted)
             if late and not force:
                 raise DeviceBusyError(late)
             if late:
@@ -673,8 +714,10 @@ class HotplugEngine:
         return sorted(found.values(), key=lambda h: h.pid)
 
     def _clear_holders(
-        self, container: Container, nodes: Sequence[DeviceNode], *, force: bool
+        self, container: Container, nodes: Sequence[DeviceNode], *, force: bool, leave_open: bool
     ) -> tuple[busy.Termination, ...]:
+        if leave_open and not force:
+            return ()  # whoever holds it open keeps it: nothing to look for, nobody to end
         try:
             holding = self._holders_of(container, nodes)
         except busy.BusyError as e:
@@ -705,12 +748,24 @@ def _container_scope(leaf: Path) -> Path:
 _SYSTEMD_PROGRAMS = frozenset({systemd_units.SYSTEMD_PROGRAM_NAME})
 
 
-def _restricted_v2(directory: Path, *, leave: frozenset[str] = frozenset()) -> bool:
-    return any(p.name not in leave for p in cgroup_v2.attached_programs(directory))
-
-
 def _program_names(directory: Path) -> list[tuple[int, str]]:
     return [(p.id, p.name) for p in cgroup_v2.attached_programs(directory)]
+
+
+def _v2_allows(
+    programs: Sequence[Sequence[cgroup_v2.ProgramInfo]], device: CharDevice
+) -> bool | None:
+    """What the programs on every directory answer for opening ``device`` read-write."""
+    if not programs:
+        return None
+    verdicts = [
+        interp.allows(p.code, DevType.CHAR, RW, device.major, device.minor)
+        for at in programs
+        for p in at
+    ]
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
 
 
 def _names(nodes: Iterable[DeviceNode]) -> str:

@@ -32,6 +32,7 @@ systemd.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -193,8 +194,17 @@ class SystemdUnits:
         *,
         run_dir: Path = SYSTEMD_RUN_DIR,
     ) -> SystemdUnits | None:
-        """The host's systemd over the system bus, or None when systemd is not pid 1."""
+        """The host's systemd over the system bus, or None when systemd is not pid 1 (or the
+        D-Bus library of the ``agent`` extra is missing: then the reconciler alone restores
+        what a reload takes away, and the log says so)."""
         if not run_dir.is_dir():
+            return None
+        if importlib.util.find_spec("jeepney") is None:
+            log.warning(
+                "systemd is pid 1 but jeepney is not installed (pip install "
+                "'jupyter-gpu-hotplug[agent]'): grants are not recorded in the containers' "
+                "units, and a daemon-reload takes them away until the next reconcile"
+            )
             return None
         return cls(bus=DbusUnitBus, programs=programs)
 

@@ -13,6 +13,8 @@ by the tests that walk ``default_handlers``) without further wiring.
 Routes (relative to the server's ``base_url``; JSON shapes in ``models``):
 
 - ``GET gpu-hotplug/api/version`` → ``{"version"}``
+- ``GET gpu-hotplug/api/openapi.json`` → this API's OpenAPI document, with this server's
+  ``max_count`` and mode (``openapi``)
 - ``GET gpu-hotplug/api/gpus[?kernel_id=K]`` → ``GpusJson``
 - ``POST gpu-hotplug/api/attach`` ``{count, kernel_id?, wait_seconds?, request_id?}`` → 201
   ``AttachJson``
@@ -39,10 +41,11 @@ from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
 from .._lingering import has_unread_body, refuse_unread
-from .._structs import BoundedBody
+from .._structs import BoundedBody, allow_header
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
+from .openapi import openapi_document
 from .stream import STREAM_PREAMBLE, Subscription
 from .validation import (
     MAX_BODY_BYTES,
@@ -78,10 +81,19 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Our errors and the agent's as ``{error, message, reason, retryable, ...}``.
 
-        tornado's own ``HTTPError`` (403 from the auth decorators...) keeps jupyter_server's
-        answer; anything else is a bug and gets a bare 500 (its traceback is in the log).
+        tornado's own ``HTTPError`` (403 from the authorizer, 405...) keeps jupyter_server's
+        answer, with ``Allow`` on a 405 and 401 for a caller without credentials; anything
+        else is a bug and gets a bare 500 (its traceback is in the log).
         """
         error = kwargs["exc_info"][1] if "exc_info" in kwargs else None
+        if status_code == 405:
+            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
+        if status_code == 403 and not self.current_user:
+            # tornado's ``authenticated`` refuses a caller without credentials with 403; RFC
+            # 9110 (and this API's document) say 401, with how to authenticate.
+            self.set_status(401)
+            self.set_header("WWW-Authenticate", 'token realm="jupyter_server"')
+            status_code = 401
         if error is None or isinstance(error, web.HTTPError):
             super().write_error(status_code, **kwargs)
             return
@@ -154,6 +166,16 @@ class VersionHandler(GPUHotplugAPIHandler):
     @authorized
     async def get(self) -> None:
         self.finish(json.dumps({"version": __version__}))
+
+
+class OpenAPIHandler(GPUHotplugAPIHandler):
+    """``GET openapi.json``: this API's document as this server serves it (``openapi``)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        manager = self.manager
+        self.finish(openapi_document(mode=manager.mode, max_count=manager.max_count))
 
 
 class GpusHandler(GPUHotplugAPIHandler):
@@ -248,6 +270,7 @@ API_PREFIX = "/gpu-hotplug/api"
 """Relative to the server's ``base_url``; the extension app prepends it."""
 GPUS_PATH = f"{API_PREFIX}/gpus"
 VERSION_URL = rf"{API_PREFIX}/version"
+OPENAPI_URL = rf"{API_PREFIX}/openapi\.json"
 GPUS_URL = rf"{API_PREFIX}/gpus"
 ATTACH_URL = rf"{API_PREFIX}/attach"
 DETACH_URL = rf"{API_PREFIX}/detach"
@@ -256,6 +279,7 @@ STREAM_URL = rf"{API_PREFIX}/stream"
 
 default_handlers: list[tuple[str, type[GPUHotplugAPIHandler]]] = [
     (VERSION_URL, VersionHandler),
+    (OPENAPI_URL, OpenAPIHandler),
     (GPUS_URL, GpusHandler),
     (ATTACH_URL, AttachHandler),
     (DETACH_URL, DetachHandler),

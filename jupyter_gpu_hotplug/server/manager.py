@@ -14,6 +14,7 @@ live stream, so both always agree.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -41,6 +42,7 @@ from .models import (
     Mode,
     ProgressJson,
     ProgressState,
+    WaitingAttach,
     attachment_json,
     gpus_json,
 )
@@ -138,6 +140,8 @@ class HotplugManager:
             read=self.read, interval=interval, ends_stream=(KernelNotFound, ShuttingDown)
         )
         self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
+        self._waiting: dict[RequestId, WaitingAttach] = {}
+        """This server's attaches waiting for GPUs (``wait_seconds``): the panel's queue."""
         self._closed = False
 
     @property
@@ -265,6 +269,7 @@ class HotplugManager:
             snapshot=snapshot.result(),
             max_count=self.max_count,
             kernels=kernels,
+            queue=self._waiting.values(),
         )
 
     # --- attach and detach ---------------------------------------------------------------------
@@ -291,9 +296,21 @@ class HotplugManager:
             )
         )
         self._calls.add(call)
+        if request.wait_seconds is not None:
+            self._waiting[request_id] = WaitingAttach(
+                request_id=request_id,
+                kernel_id=request.kernel_id,
+                count=request.count,
+                deadline=time.time() + request.wait_seconds,
+            )
         try:
             while not (await asyncio.wait({call}, timeout=self.interval))[0]:
                 place = await self._queue_place(request, target, request_id)
+                waiting = self._waiting.get(request_id)
+                if waiting is not None and place:
+                    self._waiting[request_id] = dataclasses.replace(
+                        waiting, position=place["position"], of=place["of"]
+                    )
                 progress.publish("waiting", **place)
             if call.cancelled():
                 raise ShuttingDown()
@@ -304,6 +321,7 @@ class HotplugManager:
             raise
         finally:
             self._calls.discard(call)
+            self._waiting.pop(request_id, None)
             if not call.done():
                 call.cancel()
         wire = [attachment_json(attachment) for attachment in attachments]

@@ -15,11 +15,20 @@ listed, with ``metrics: null``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from .._structs import Attachment as AttachmentWire
 from .._structs import GpuState as GpuStateName
-from .._structs import GpuUuid, PidRef, PodTarget, TargetRef, TargetWire, format_timestamp
+from .._structs import (
+    GpuUuid,
+    LostHolderWire,
+    PidRef,
+    PodTarget,
+    TargetRef,
+    TargetWire,
+    format_timestamp,
+)
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 
@@ -35,6 +44,8 @@ __all__ = [
     "NvmlJson",
     "ProgressJson",
     "ProgressState",
+    "QueuedJson",
+    "WaitingAttach",
     "attachment_json",
     "gpus_json",
     "held_by_json",
@@ -106,6 +117,25 @@ class NodeGpuJson(TypedDict):
     authenticated caller the same (``GET /v1/gpus``)."""
     held_by: HeldByJson | None
     """The same in words a user knows: a notebook of this server, a pod, a process."""
+    metrics: MetricsJson | None
+    """What it is doing, as this server's NVML sees it (``None``: NVML here cannot see it),
+    so the panel charts every GPU of the node, not only the kernel's."""
+
+
+class QueuedJson(TypedDict):
+    """An attach of one of this server's kernels waiting in the agent's queue."""
+
+    request_id: str
+    kernel_id: str | None
+    held_by: HeldByJson | None
+    """The waiting notebook, in words a user knows (``None``: Kubernetes mode, this pod)."""
+    count: int
+    position: int | None
+    """1 is served next; ``None`` until the agent has said."""
+    of: int | None
+    """How many requests wait on the node."""
+    deadline: float
+    """Seconds since the epoch when the wait ends (``wait_seconds`` after it began)."""
 
 
 class GpusJson(TypedDict):
@@ -123,6 +153,8 @@ class GpusJson(TypedDict):
     node: list[NodeGpuJson]
     """Every GPU of the node, with who holds it (added after ``free`` and ``total``; older
     clients ignore it)."""
+    queue: list[QueuedJson]
+    """The waiting attaches of this server's kernels, first served first."""
     max_count: int
     """The most GPUs one attach may ask for (``GPUHotplug.max_gpus_per_request``)."""
     simulated: bool
@@ -160,10 +192,22 @@ class ProgressJson(_ProgressRequired, total=False):
     of: int
 
 
+@dataclass(frozen=True)
+class WaitingAttach:
+    """What the manager knows of one of its attaches while it waits for GPUs."""
+
+    request_id: str
+    kernel_id: str | None
+    count: int
+    deadline: float
+    position: int | None = None
+    of: int | None = None
+
+
 def attachment_json(attachment: Attachment) -> AttachmentWire:
     """The agent's attachment shape, rebuilt from the checked value (unknown members of a newer
     agent are not passed on: the browser gets this API's shape, not the agent's)."""
-    return AttachmentWire(
+    wire = AttachmentWire(
         uuid=attachment.uuid,
         index=attachment.index,
         minor=attachment.minor,
@@ -173,6 +217,13 @@ def attachment_json(attachment: Attachment) -> AttachmentWire:
         holder=attachment.holder,
         attached_at=format_timestamp(attachment.attached_at),
     )
+    if attachment.holder_lost is not None:
+        # The lab warns with it before the agent revokes the GPU (the live stream carries it).
+        wire["holder_lost"] = LostHolderWire(
+            reason=attachment.holder_lost.reason,
+            revoke_at=format_timestamp(attachment.holder_lost.revoke_at),
+        )
+    return wire
 
 
 def held_by_json(target: TargetRef, kernels: Mapping[int, KernelHolder]) -> HeldByJson:
@@ -207,7 +258,14 @@ def _index(gpu: Gpu) -> int:
     return gpu.index
 
 
-def _node_gpu(gpu: Gpu, kernels: Mapping[int, KernelHolder], *, mine: bool) -> NodeGpuJson:
+def _node_gpu(
+    gpu: Gpu,
+    kernels: Mapping[int, KernelHolder],
+    seen: Mapping[GpuUuid, GpuState],
+    *,
+    mine: bool,
+) -> NodeGpuJson:
+    found = seen.get(gpu.uuid)
     return NodeGpuJson(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -219,7 +277,28 @@ def _node_gpu(gpu: Gpu, kernels: Mapping[int, KernelHolder], *, mine: bool) -> N
         device=gpu.device,
         target=None if gpu.target is None else gpu.target.to_wire(),
         held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
+        metrics=None if found is None else found.metrics_json(),
     )
+
+
+def _queued(waiting: WaitingAttach, kernels: Mapping[int, KernelHolder]) -> QueuedJson:
+    holder: HeldByJson | None = None
+    for pid, kernel in kernels.items():
+        if kernel["kernel_id"] == waiting.kernel_id:
+            holder = held_by_json(PidRef(pid), kernels)
+    return QueuedJson(
+        request_id=waiting.request_id,
+        kernel_id=waiting.kernel_id,
+        held_by=holder,
+        count=waiting.count,
+        position=waiting.position,
+        of=waiting.of,
+        deadline=waiting.deadline,
+    )
+
+
+def _place(entry: QueuedJson) -> tuple[int, float]:
+    return (entry["position"] or 1_000_000, entry["deadline"])
 
 
 def gpus_json(
@@ -231,10 +310,12 @@ def gpus_json(
     snapshot: Snapshot,
     max_count: int,
     kernels: Mapping[int, KernelHolder] | None = None,
+    queue: Iterable[WaitingAttach] = (),
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
-    sandbox pid: local mode's holders are named by their notebooks)."""
+    sandbox pid: local mode's holders are named by their notebooks) and its ``queue`` of
+    waiting attaches."""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
     known = kernels or {}
     attached = [_attached(attachment, seen, known) for attachment in attachments]
@@ -245,7 +326,10 @@ def gpus_json(
         attached=attached,
         free=sum(1 for gpu in node if gpu.state == "free"),
         total=len(node),
-        node=[_node_gpu(gpu, known, mine=gpu.uuid in mine) for gpu in sorted(node, key=_index)],
+        node=[
+            _node_gpu(gpu, known, seen, mine=gpu.uuid in mine) for gpu in sorted(node, key=_index)
+        ],
+        queue=sorted((_queued(waiting, known) for waiting in queue), key=_place),
         max_count=max_count,
         simulated=snapshot.simulated or any(gpu.simulated for gpu in node),
         nvml=NvmlJson(

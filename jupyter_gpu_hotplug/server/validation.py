@@ -13,20 +13,22 @@ accepted, before the agent is asked anything.
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, NewType
+from typing import Final, NewType, TypeVar
 
 from .._structs import (
-    GPU_UUID_RE,
     MAX_WAIT_SECONDS,
-    REQUEST_ID_MAX,
-    REQUEST_ID_RE,
     GpuUuid,
     RequestId,
     WireFormatError,
+    check_count,
+    check_gpu_uuid,
+    check_names,
+    check_request_id,
+    check_seconds,
+    describe_value,
     load_request_json,
 )
 from .errors import InvalidInput
@@ -93,44 +95,37 @@ class CancelRequest:
     kernel_id: KernelId | None = None
 
 
-def _describe(value: object) -> str:
-    """A short, safe rendering of a rejected value for messages."""
-    if value is None:
-        return "nothing"
-    if not isinstance(value, str | int | float | bool):
-        return type(value).__name__
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:59] + "…"
+_T = TypeVar("_T")
+
+
+def _checked(check: Callable[..., _T], /, *args: object, **kwargs: object) -> _T:
+    """Run one of the field rules both APIs share (``_structs``) as this API's error; the
+    agent reads its bodies with the same functions, so both refuse the same values."""
+    try:
+        return check(*args, **kwargs)
+    except WireFormatError as error:
+        raise InvalidInput(error.message, field=error.field) from error
 
 
 def _json_object(body: bytes) -> dict[str, object]:
-    # The agent reads its bodies with the same function: both APIs refuse the same bytes.
-    try:
-        value = load_request_json(body, max_body=MAX_BODY_BYTES)
-    except WireFormatError as error:
-        raise InvalidInput(error.message, field=error.field) from error
+    value = _checked(load_request_json, body, max_body=MAX_BODY_BYTES)
     if not isinstance(value, dict):
         raise InvalidInput(
-            f"the body must be a JSON object, not {_describe(value)}",
+            f"the body must be a JSON object, not {describe_value(value)}",
             field="body",
         )
     return value
 
 
 def _only(obj: Mapping[str, object], allowed: Sequence[str], *, where: str) -> None:
-    unknown = sorted(set(obj) - set(allowed))
-    if unknown:
-        raise InvalidInput(
-            f"unknown {where} {', '.join(repr(name) for name in unknown)}; "
-            f"accepted: {', '.join(allowed)}",
-            field=unknown[0],
-        )
+    _checked(check_names, obj, allowed=allowed, what=f"{where}(s)")
 
 
 def _kernel_id(value: object) -> KernelId:
     if not isinstance(value, str) or _KERNEL_ID_RE.fullmatch(value) is None:
         raise InvalidInput(
-            f"kernel_id must be a kernel's id as /api/kernels lists it, got {_describe(value)}",
+            "kernel_id must be a kernel's id as /api/kernels lists it, "
+            f"got {describe_value(value)}",
             field="kernel_id",
         )
     return KernelId(value)
@@ -147,42 +142,20 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
     _only(obj, _ATTACH_FIELDS, where="member")
     if "count" not in obj:
         raise InvalidInput("count is required: how many GPUs to attach", field="count")
-    count = obj["count"]
-    # bool is an int to isinstance, never to this API.
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= max_count:
-        raise InvalidInput(
-            f"count must be a whole number from 1 to {max_count}, got {_describe(count)}",
-            field="count",
-        )
-    wait_seconds = obj.get("wait_seconds")
-    if wait_seconds is not None and (
-        not isinstance(wait_seconds, int | float)
-        or isinstance(wait_seconds, bool)
-        or not math.isfinite(wait_seconds)
-        or not 0 < wait_seconds <= MAX_WAIT_SECONDS
-    ):
-        raise InvalidInput(
-            f"wait_seconds must be a number of seconds greater than 0 and at most "
-            f"{MAX_WAIT_SECONDS:g}, got {_describe(wait_seconds)}",
-            field="wait_seconds",
-        )
+    count = _checked(check_count, obj["count"], maximum=max_count)
+    raw_wait = obj.get("wait_seconds")
+    wait_seconds = (
+        None
+        if raw_wait is None
+        else _checked(check_seconds, raw_wait, field="wait_seconds", maximum=MAX_WAIT_SECONDS)
+    )
     request_id = obj.get("request_id")
     return AttachRequest(
         count=count,
         kernel_id=_optional_kernel_id(obj),
-        wait_seconds=None if wait_seconds is None else float(wait_seconds),
-        request_id=None if request_id is None else _request_id(request_id),
+        wait_seconds=wait_seconds,
+        request_id=None if request_id is None else _checked(check_request_id, request_id),
     )
-
-
-def _request_id(value: object) -> RequestId:
-    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
-        raise InvalidInput(
-            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
-            f"got {_describe(value)}",
-            field="request_id",
-        )
-    return RequestId(value)
 
 
 def parse_cancel(body: bytes) -> CancelRequest:
@@ -195,7 +168,7 @@ def parse_cancel(body: bytes) -> CancelRequest:
             field="request_id",
         )
     return CancelRequest(
-        request_id=_request_id(obj["request_id"]), kernel_id=_optional_kernel_id(obj)
+        request_id=_checked(check_request_id, obj["request_id"]), kernel_id=_optional_kernel_id(obj)
     )
 
 
@@ -209,15 +182,13 @@ def parse_detach(body: bytes) -> DetachRequest:
             field="uuid",
         )
     uuid = obj["uuid"]
-    if uuid != DETACH_ALL and (not isinstance(uuid, str) or GPU_UUID_RE.fullmatch(uuid) is None):
-        raise InvalidInput(
-            'uuid must be "all" or a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx '
-            f"(lowercase hex, as GET gpus lists it), got {_describe(uuid)}",
-            field="uuid",
-        )
+    if uuid != DETACH_ALL:
+        uuid = _checked(check_gpu_uuid, uuid, alternatives=f"{json.dumps(DETACH_ALL)} or ")
     force = obj.get("force", False)
     if not isinstance(force, bool):
-        raise InvalidInput(f"force must be true or false, got {_describe(force)}", field="force")
+        raise InvalidInput(
+            f"force must be true or false, got {describe_value(force)}", field="force"
+        )
     return DetachRequest(
         uuid=None if uuid == DETACH_ALL else GpuUuid(str(uuid)),
         force=force,

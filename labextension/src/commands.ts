@@ -1,7 +1,11 @@
 /**
- * The commands behind every action (menu items, palette, settable shortcuts)
- * and what the user is told about them: confirmation dialogs, notifications of
- * progress, success (with the CUDA hint) and errors (the server's message).
+ * The commands behind every action (menu items, palette, panel buttons,
+ * settable shortcuts) and what the user is told about them: confirmation
+ * dialogs, notifications of progress, success (with the CUDA hint) and errors
+ * (the server's message). Every notification names the notebook it concerns;
+ * a "no free GPU" error offers to wait, and goes away once a GPU frees up or
+ * the next action starts; GPUs a notebook loses without a detach of this page
+ * (a kernel restart, the agent's idle release) are announced.
  */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
@@ -15,7 +19,8 @@ import { Widget } from '@lumino/widgets';
 
 import { Classes, CommandIds } from './constants';
 import { cudaAlreadyInitialised } from './cuda';
-import { GpuModel, IOperation } from './gpuModel';
+import { gpuName } from './format';
+import { AttachCancelled, GpuModel, IOperation, IReleased } from './gpuModel';
 import { describeError } from './handler';
 import { waitingMessage } from './menu';
 import { IBusyProcess, IErrorBody } from './types';
@@ -29,7 +34,11 @@ export interface ICommandContext {
   currentKernel(): string | null;
   /** The connection to a kernel, to ask it about CUDA. */
   kernelConnection(kernelId: string): Kernel.IKernelConnection | null;
+  /** The name of the kernel's notebook ("train.ipynb"), for notifications. */
+  notebookName(kernelId: string): string;
   openPanel(): void;
+  /** Open (or show) the GPU panel in the main area. */
+  openMainArea(): void;
   /** Open the current notebook's GPU menu; `false` if there is none. */
   openMenu(): boolean;
 }
@@ -37,6 +46,8 @@ export interface ICommandContext {
 /** Register every command; returns nothing, the registry owns them. */
 export function addCommands(ctx: ICommandContext): void {
   const { commands, trans } = ctx;
+  const notes = new StaleNotes(ctx.model);
+  ctx.model.released.connect((_, released) => announceRelease(ctx, released));
   const kernelOf = (args: ReadonlyPartialJSONObject): string | null =>
     typeof args.kernelId === 'string' && args.kernelId !== ''
       ? args.kernelId
@@ -46,10 +57,10 @@ export function addCommands(ctx: ICommandContext): void {
 
   commands.addCommand(CommandIds.attach, {
     label: args =>
-      (args.label as string) ?? trans.__('Attach GPUs to this kernel'),
+      (args.label as string) ?? trans.__('Attach GPUs to this notebook'),
     caption: trans.__("Attach GPUs to the notebook's kernel"),
     isEnabled: enabled,
-    execute: args => attach(ctx, kernelOf(args), args)
+    execute: args => attach(ctx, notes, kernelOf(args), args)
   });
   commands.addCommand(CommandIds.detach, {
     label: args => (args.label as string) ?? trans.__('Detach a GPU'),
@@ -58,21 +69,22 @@ export function addCommands(ctx: ICommandContext): void {
   });
   commands.addCommand(CommandIds.detachAll, {
     label: args =>
-      (args.label as string) ?? trans.__('Detach all GPUs of this kernel'),
+      (args.label as string) ?? trans.__('Detach all GPUs of this notebook'),
     isEnabled: enabled,
     execute: args => detach(ctx, kernelOf(args), null)
   });
   commands.addCommand(CommandIds.forceDetach, {
     label: args =>
       (args.label as string) ??
-      trans.__('Force-detach all GPUs of this kernel…'),
+      trans.__('Force-detach all GPUs of this notebook…'),
+    className: Classes.destructive,
     isEnabled: enabled,
     execute: args =>
       forceDetach(
         ctx,
         kernelOf(args),
         typeof args.uuid === 'string' ? args.uuid : null,
-        (args.processes as unknown as IBusyProcess[] | undefined) ?? null
+        busyProcesses(args.processes)
       )
   });
   commands.addCommand(CommandIds.cancelWait, {
@@ -86,6 +98,11 @@ export function addCommands(ctx: ICommandContext): void {
   commands.addCommand(CommandIds.openPanel, {
     label: args => (args.label as string) ?? trans.__('Open the GPU panel'),
     execute: () => ctx.openPanel()
+  });
+  commands.addCommand(CommandIds.openMain, {
+    label: args =>
+      (args.label as string) ?? trans.__('Open the GPU panel in the main area'),
+    execute: () => ctx.openMainArea()
   });
   commands.addCommand(CommandIds.openMenu, {
     label: trans.__("Open this notebook's GPU menu"),
@@ -127,6 +144,11 @@ class ProgressNote {
     return this._shown;
   }
 
+  /** The notification's id (to dismiss it later). */
+  get id(): string {
+    return this._id;
+  }
+
   private readonly _id: string;
   private _shown: Promise<void> = Promise.resolve();
   private readonly _since = Date.now();
@@ -139,8 +161,78 @@ function noKernel(trans: TranslationBundle): void {
   );
 }
 
+/** The processes a command's arguments carry (a `busy` error's), checked. */
+export function busyProcesses(value: unknown): IBusyProcess[] | null {
+  if (!Array.isArray(value)) {
+    return null;
+  }
+  return value.filter(
+    (item): item is IBusyProcess =>
+      typeof item === 'object' &&
+      item !== null &&
+      typeof (item as IBusyProcess).pid === 'number' &&
+      typeof (item as IBusyProcess).command === 'string'
+  );
+}
+
+/**
+ * Error notes that a later state makes stale: a "no free GPU" error once a GPU
+ * is free, any error once the next action on that kernel starts.
+ */
+class StaleNotes {
+  constructor(private readonly _model: GpuModel) {
+    _model.changed.connect((_, kernelId) => this._check(kernelId));
+  }
+
+  /** Dismiss note `id` of `kernelId` when it goes stale. */
+  add(kernelId: string, id: string, body: IErrorBody): void {
+    const free = this._model.state(kernelId)?.reply?.free ?? 0;
+    const list = this._notes.get(kernelId) ?? [];
+    list.push({ id, untilFree: body.error === 'insufficient_gpus', free });
+    this._notes.set(kernelId, list);
+  }
+
+  private _check(kernelId: string): void {
+    const list = this._notes.get(kernelId);
+    const state = this._model.state(kernelId);
+    if (list === undefined || state === null) {
+      return;
+    }
+    const free = state.reply?.free ?? 0;
+    const kept = list.filter(note => {
+      const stale =
+        state.operation !== null || (note.untilFree && free > note.free);
+      if (stale) {
+        Notification.dismiss(note.id);
+      }
+      return !stale;
+    });
+    this._notes.set(kernelId, kept);
+  }
+
+  private readonly _notes = new Map<
+    string,
+    { id: string; untilFree: boolean; free: number }[]
+  >();
+}
+
+/** "GPU 1 was released from train.ipynb…" for GPUs lost without our detach. */
+function announceRelease(ctx: ICommandContext, released: IReleased): void {
+  const { trans } = ctx;
+  const names = released.gpus.map(gpu => gpuName(gpu.index, trans)).join(', ');
+  Notification.info(
+    trans.__(
+      '%1 released from %2 (the kernel restarted or the GPU sat unused).',
+      names,
+      ctx.notebookName(released.kernelId)
+    ),
+    { autoClose: 8000 }
+  );
+}
+
 async function attach(
   ctx: ICommandContext,
+  notes: StaleNotes,
   kernelId: string | null,
   args: ReadonlyPartialJSONObject
 ): Promise<void> {
@@ -151,8 +243,14 @@ async function attach(
   const count =
     typeof args.count === 'number' ? args.count : model.settings.defaultCount;
   const wait = args.wait === true;
+  const notebook = ctx.notebookName(kernelId);
   const note = new ProgressNote(
-    trans._n('Attaching %1 GPU…', 'Attaching %1 GPUs…', count)
+    trans._n(
+      'Attaching %1 GPU to %2…',
+      'Attaching %1 GPUs to %2…',
+      count,
+      notebook
+    )
   );
   // Each new place in the queue updates the note; it offers to stop waiting.
   let shown: IOperation | null = null;
@@ -168,8 +266,8 @@ async function attach(
     shown = operation;
     void note.finish({
       message: wait
-        ? waitingMessage(operation, trans)
-        : trans.__('Still attaching…'),
+        ? `${notebook}: ${waitingMessage(operation, trans)}`
+        : trans.__('%1: still attaching…', notebook),
       type: 'in-progress',
       actions: wait
         ? [
@@ -192,16 +290,12 @@ async function attach(
     count,
     wait ? model.settings.waitSeconds : undefined
   );
-  const requestId = model.state(kernelId)?.operation?.requestId ?? '';
   try {
     const reply = await pending;
-    const devices = reply.attachments.map(gpu => gpu.device).join(', ');
-    let message = trans._n(
-      'Attached %1 GPU: %2.',
-      'Attached %1 GPUs: %2.',
-      reply.attachments.length,
-      devices
-    );
+    const gpus = reply.attachments
+      .map(gpu => `${gpuName(gpu.index, trans)} (${gpu.device})`)
+      .join(', ');
+    let message = trans.__('Attached %1 to %2.', gpus, notebook);
     const kernel = ctx.kernelConnection(kernelId);
     const cuda = kernel === null ? null : await cudaAlreadyInitialised(kernel);
     if (cuda === true) {
@@ -217,26 +311,43 @@ async function attach(
       autoClose: cuda === true ? false : 6000
     });
   } catch (error) {
+    if (error instanceof AttachCancelled) {
+      await note.finish({
+        message: trans.__('%1: stopped waiting for a free GPU.', notebook),
+        type: 'info',
+        autoClose: 5000
+      });
+      return;
+    }
     const body = describeError(error);
-    const stopped =
-      stopping.has(requestId) && body.error === 'insufficient_gpus';
-    await note.finish(
-      stopped
-        ? {
-            message: trans.__('Stopped waiting for a free GPU.'),
-            type: 'info',
-            autoClose: 5000
-          }
-        : { message: body.message, type: 'error', autoClose: false }
-    );
+    const offerWait = body.error === 'insufficient_gpus' && !wait;
+    await note.finish({
+      message: `${notebook}: ${body.message}`,
+      type: 'error',
+      autoClose: false,
+      actions: offerWait
+        ? [
+            {
+              label: trans.__('Wait for a free GPU'),
+              caption: trans.__(
+                'Wait in the queue (up to %1 s) and attach when one is free',
+                model.settings.waitSeconds
+              ),
+              callback: () =>
+                void ctx.commands.execute(CommandIds.attach, {
+                  kernelId,
+                  count,
+                  wait: true
+                })
+            }
+          ]
+        : []
+    });
+    notes.add(kernelId, note.id, body);
   } finally {
-    stopping.delete(requestId);
     model.changed.disconnect(onChanged);
   }
 }
-
-/** Attaches the user asked to stop waiting (request ids): their failure is no error. */
-const stopping = new Set<string>();
 
 /** Take the kernel's waiting attach out of the queue; the attach's note says the rest. */
 async function cancelWait(
@@ -246,16 +357,9 @@ async function cancelWait(
   if (kernelId === null) {
     return noKernel(ctx.trans);
   }
-  const requestId = ctx.model.state(kernelId)?.operation?.requestId;
-  if (requestId !== undefined) {
-    stopping.add(requestId);
-  }
   try {
     await ctx.model.cancel(kernelId);
   } catch (error) {
-    if (requestId !== undefined) {
-      stopping.delete(requestId);
-    }
     Notification.error(describeError(error).message, { autoClose: 8000 });
   }
 }
@@ -269,14 +373,15 @@ async function detach(
   if (kernelId === null) {
     return noKernel(trans);
   }
-  const what = gpuName(ctx, kernelId, uuid);
+  const what = describeGpus(ctx, kernelId, uuid);
   if (
     model.settings.confirmDetach &&
     !(await confirm(
       trans.__('Detach %1?', what),
       trans.__(
-        'Programs in this kernel lose access to %1. Processes still using it keep it busy and the detach is refused.',
-        what
+        'Programs in %2 lose access to %1. Processes still using it keep it busy and the detach is refused.',
+        what,
+        ctx.notebookName(kernelId)
       ),
       trans.__('Detach'),
       trans
@@ -295,7 +400,10 @@ async function detach(
               void ctx.commands.execute(CommandIds.forceDetach, {
                 kernelId,
                 uuid: uuid ?? '',
-                processes: (body.processes ?? []) as unknown as string
+                processes: (body.processes ?? []).map(process => ({
+                  pid: process.pid,
+                  command: process.command
+                }))
               })
           }
         ]
@@ -313,7 +421,7 @@ async function forceDetach(
   if (kernelId === null) {
     return noKernel(trans);
   }
-  const what = gpuName(ctx, kernelId, uuid);
+  const what = describeGpus(ctx, kernelId, uuid);
   const ending = processes ?? knownProcesses(model, kernelId, uuid);
   if (
     !(await confirm(
@@ -356,20 +464,23 @@ async function runDetach(
   actionsFor: (body: IErrorBody) => Notification.IAction[]
 ): Promise<void> {
   const { model, trans } = ctx;
-  const note = new ProgressNote(trans.__('Detaching %1…', what));
+  const notebook = ctx.notebookName(kernelId);
+  const note = new ProgressNote(
+    trans.__('Detaching %1 from %2…', what, notebook)
+  );
   try {
     await model.detach(kernelId, uuid, force);
     await note.finish({
       message: force
-        ? trans.__('Detached %1 (forced).', what)
-        : trans.__('Detached %1.', what),
+        ? trans.__('Force-detached %1 from %2.', what, notebook)
+        : trans.__('Detached %1 from %2.', what, notebook),
       type: 'success',
       autoClose: 5000
     });
   } catch (error) {
     const body = describeError(error);
     await note.finish({
-      message: body.message,
+      message: `${notebook}: ${body.message}`,
       type: 'error',
       autoClose: false,
       actions: actionsFor(body)
@@ -377,8 +488,8 @@ async function runDetach(
   }
 }
 
-/** "GPU 0" or "all GPUs", as the last reading names it. */
-function gpuName(
+/** "GPU 1" (the node's numbering) or "all GPUs", as the last reading names it. */
+function describeGpus(
   ctx: ICommandContext,
   kernelId: string,
   uuid: string | null
@@ -386,10 +497,9 @@ function gpuName(
   if (uuid === null || uuid === '') {
     return ctx.trans.__('all GPUs');
   }
-  const gpu = ctx.model
-    .state(kernelId)
-    ?.reply?.attached.find(candidate => candidate.uuid === uuid);
-  return gpu === undefined ? uuid : `GPU ${gpu.index}`;
+  const attached = ctx.model.state(kernelId)?.reply?.attached ?? [];
+  const gpu = attached.find(candidate => candidate.uuid === uuid);
+  return gpu === undefined ? uuid : gpuName(gpu.index, ctx.trans);
 }
 
 /** The processes the last reading saw on the GPU(s). */

@@ -8,21 +8,14 @@ export const EXTENSION_NAME = 'jupyter-gpu-hotplug';
 
 /** Plugin ids (`<package>:<plugin>`), as listed in JupyterLab's plugin manager. */
 export const PluginIds = {
-  statusItem: `${EXTENSION_NAME}:status-item`,
   /** Owns the settings schema (`schema/plugin.json`): toolbar, commands, panel. */
   gpus: `${EXTENSION_NAME}:plugin`
 } as const;
 
 /**
- * The status bar item: its registry id is also the DOM id, which browser tests
- * and `style/base.css` select on.
+ * The GPU status bar item (this kernel's GPUs at a glance): its registry id is
+ * also the DOM id, which browser tests and `style/base.css` select on.
  */
-export const STATUS_ITEM_ID = 'jp-gpu-hotplug-status';
-
-/** CSS class on the status bar item (see `style/base.css`). */
-export const STATUS_ITEM_CLASS = 'jp-GpuHotplug-status';
-
-/** The GPU status bar item (this kernel's GPUs at a glance). */
 export const GPU_STATUS_ITEM_ID = 'jp-gpu-hotplug-gpus-status';
 
 /** Name of the notebook toolbar item (settings `jupyter.lab.toolbars`). */
@@ -30,6 +23,9 @@ export const TOOLBAR_ITEM_NAME = 'gpu-hotplug';
 
 /** The side panel's widget id (restorer, `shell.activateById`, tests). */
 export const PANEL_ID = 'jp-gpu-hotplug-panel';
+
+/** The id of the panel opened in the main area (one at a time). */
+export const MAIN_PANEL_ID = 'jp-gpu-hotplug-main';
 
 /** CSS classes (see `style/base.css`). */
 export const Classes = {
@@ -41,7 +37,14 @@ export const Classes = {
   panel: 'jp-GpuHotplug-panel',
   gpuStatus: 'jp-GpuHotplug-gpuStatus',
   chart: 'jp-GpuHotplug-chart',
-  dialog: 'jp-GpuHotplug-dialog'
+  dialog: 'jp-GpuHotplug-dialog',
+  /** A destructive menu item or button (force-detach). */
+  destructive: 'jp-mod-destructive',
+  /** Memory near its limit (status bar, panel). */
+  warning: 'jp-mod-warning',
+  disconnected: 'jp-mod-disconnected',
+  /** Visually hidden text that screen readers still read. */
+  srOnly: 'jp-GpuHotplug-srOnly'
 } as const;
 
 /** Command ids: palette entries, menu items, settable shortcuts. */
@@ -51,6 +54,7 @@ export const CommandIds = {
   detachAll: 'gpu-hotplug:detach-all',
   forceDetach: 'gpu-hotplug:force-detach',
   openPanel: 'gpu-hotplug:open-panel',
+  openMain: 'gpu-hotplug:open-in-main-area',
   openMenu: 'gpu-hotplug:open-menu',
   cancelWait: 'gpu-hotplug:cancel-wait'
 } as const;
@@ -60,7 +64,6 @@ export const API_NAMESPACE = 'gpu-hotplug/api';
 
 /** REST endpoints below `API_NAMESPACE`. */
 export const Endpoints = {
-  version: 'version',
   gpus: 'gpus',
   attach: 'attach',
   detach: 'detach',

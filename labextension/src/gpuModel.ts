@@ -15,42 +15,40 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { Endpoints } from './constants';
 import { apiUrl, describeError, requestAPI } from './handler';
+import { IGpuSettings, MAX_CHART_MINUTES } from './settings';
 import { GpuStream, IStreamHandlers } from './stream';
 import {
   IAttachReply,
+  IAttachedGpu,
   IErrorBody,
   IGpusReply,
+  IGpuMetrics,
   IProgress,
   INodeGpu
 } from './types';
 
-/** The user's settings (`schema/plugin.json`). */
-export interface IGpuSettings {
-  /** GPUs the "attach" command asks for when given no count. */
-  defaultCount: number;
-  /** Ask before detaching. */
-  confirmDetach: boolean;
-  /** Live updates from the server's stream; off: refresh after actions only. */
-  stream: boolean;
-  /** Samples kept per GPU for the panel's charts. */
-  chartHistory: number;
-  /** Seconds an attach from "wait for a free GPU" may wait. */
-  waitSeconds: number;
+/** One reading of a GPU for its charts; `null`: not offered. */
+export interface ISample {
+  /** Milliseconds since the epoch. */
+  time: number;
+  /** Percent of time a kernel ran. */
+  utilization: number | null;
+  /** Percent of time memory was read or written. */
+  memoryActivity: number | null;
+  /** Bytes. */
+  memoryUsed: number | null;
+  /** Bytes. */
+  memoryTotal: number | null;
 }
 
-export const DEFAULT_SETTINGS: IGpuSettings = {
-  defaultCount: 1,
-  confirmDetach: true,
-  stream: true,
-  chartHistory: 60,
-  waitSeconds: 120
-};
-
-/** One point of a GPU's charts: percentages, `null` when not offered. */
-export interface ISample {
-  time: number;
-  utilization: number | null;
-  memory: number | null;
+/**
+ * Why an attach ended without GPUs because the user asked it to stop waiting
+ * (`cancel`): not an error to show as one.
+ */
+export class AttachCancelled extends Error {
+  constructor(readonly requestId: string) {
+    super('stopped waiting for a free GPU');
+  }
 }
 
 /** An action of the user in flight. */
@@ -79,7 +77,7 @@ export interface IKernelGpus {
   readonly error: IErrorBody | null;
   readonly operation: IOperation | null;
   readonly connection: Connection;
-  /** Chart samples by GPU uuid, for the GPUs the kernel has now. */
+  /** Chart samples by GPU uuid, for every GPU of the node (the last minutes). */
   readonly history: ReadonlyMap<string, readonly ISample[]>;
 }
 
@@ -115,10 +113,19 @@ export type StreamOpener = (
 ) => IDisposable;
 
 export interface IGpuModelOptions {
+  /** The user's settings (see `settings.ts`); replaced when they change. */
+  settings: IGpuSettings;
   request?: typeof requestAPI;
   openStream?: StreamOpener;
-  settings?: IGpuSettings;
   now?: () => number;
+  /** A new request id (tests pass their own). */
+  newRequestId?: () => string;
+}
+
+/** GPUs a kernel lost without a detach of this page: the agent's idle policy, a restart. */
+export interface IReleased {
+  kernelId: string;
+  gpus: readonly IAttachedGpu[];
 }
 
 class Watched {
@@ -138,11 +145,13 @@ class Watched {
 }
 
 export class GpuModel implements IDisposable {
-  constructor(options: IGpuModelOptions = {}) {
+  constructor(options: IGpuModelOptions) {
     this._request = options.request ?? requestAPI;
     this._openStream = options.openStream ?? openStream;
-    this._settings = options.settings ?? DEFAULT_SETTINGS;
+    this._settings = options.settings;
     this._now = options.now ?? Date.now;
+    this._newRequestId =
+      options.newRequestId ?? (() => `lab-${crypto.randomUUID()}`);
   }
 
   get settings(): IGpuSettings {
@@ -222,6 +231,14 @@ export class GpuModel implements IDisposable {
     return this._progress;
   }
 
+  /**
+   * GPUs a watched kernel lost that no detach of this page took away (the
+   * agent's idle release, a kernel restart, another page's detach).
+   */
+  get released(): ISignal<this, IReleased> {
+    return this._released;
+  }
+
   get isDisposed(): boolean {
     return this._disposed;
   }
@@ -283,7 +300,7 @@ export class GpuModel implements IDisposable {
     count: number,
     waitSeconds?: number
   ): Promise<IAttachReply> {
-    const requestId = `lab-${crypto.randomUUID()}`;
+    const requestId = this._newRequestId();
     const body: Record<string, unknown> = {
       count,
       kernel_id: kernelId,
@@ -292,31 +309,50 @@ export class GpuModel implements IDisposable {
     if (waitSeconds !== undefined) {
       body.wait_seconds = waitSeconds;
     }
-    return this._act(
-      kernelId,
-      { kind: 'attach', count, waiting: false, requestId },
-      () =>
-        this._request<IAttachReply>(Endpoints.attach, {
-          method: 'POST',
-          body: JSON.stringify(body)
-        })
-    );
+    try {
+      return await this._act(
+        kernelId,
+        { kind: 'attach', count, waiting: false, requestId },
+        () =>
+          this._request<IAttachReply>(Endpoints.attach, {
+            method: 'POST',
+            body: JSON.stringify(body)
+          })
+      );
+    } catch (error) {
+      if (
+        this._cancelled.has(requestId) &&
+        describeError(error).error === 'insufficient_gpus'
+      ) {
+        throw new AttachCancelled(requestId);
+      }
+      throw error;
+    } finally {
+      this._cancelled.delete(requestId);
+    }
   }
 
   /**
    * Stop waiting: the kernel's attach in flight leaves the agent's queue (its
-   * `attach()` then rejects). Rejects with the server's error, e.g. when the
-   * attach was served meanwhile; does nothing when no attach is in flight.
+   * `attach()` then rejects with `AttachCancelled`). Rejects with the server's
+   * error, e.g. when the attach was served meanwhile; does nothing when no
+   * attach is in flight.
    */
   async cancel(kernelId: string): Promise<void> {
     const requestId = this.state(kernelId)?.operation?.requestId;
     if (requestId === undefined) {
       return;
     }
-    await this._request<null>(Endpoints.cancel, {
-      method: 'POST',
-      body: JSON.stringify({ request_id: requestId, kernel_id: kernelId })
-    });
+    this._cancelled.add(requestId);
+    try {
+      await this._request<null>(Endpoints.cancel, {
+        method: 'POST',
+        body: JSON.stringify({ request_id: requestId, kernel_id: kernelId })
+      });
+    } catch (error) {
+      this._cancelled.delete(requestId);
+      throw error;
+    }
   }
 
   /** Detach one GPU (`uuid`) or all (`null`) of the kernel. Rejects with the error. */
@@ -325,7 +361,13 @@ export class GpuModel implements IDisposable {
     uuid: string | null,
     force = false
   ): Promise<void> {
-    const count = uuid === null ? attachedCount(this.state(kernelId)) : 1;
+    const attached = this.state(kernelId)?.reply?.attached ?? [];
+    const count = uuid === null ? attached.length : 1;
+    for (const gpu of attached) {
+      if (uuid === null || gpu.uuid === uuid) {
+        this._detaching.add(gpu.uuid);
+      }
+    }
     await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
       this._request<null>(Endpoints.detach, {
         method: 'POST',
@@ -360,7 +402,10 @@ export class GpuModel implements IDisposable {
       return await call();
     } finally {
       this._update(kernelId, { operation: null });
-      void this.refresh(kernelId);
+      // An open stream brings the next reading anyway; without one, ask.
+      if (this.state(kernelId)?.connection !== 'open') {
+        void this.refresh(kernelId);
+      }
     }
   }
 
@@ -391,25 +436,31 @@ export class GpuModel implements IDisposable {
     if (watched === undefined) {
       return;
     }
-    const keep = Math.max(2, this._settings.chartHistory);
+    const now = this._now();
+    const since = now - MAX_CHART_MINUTES * 60_000;
     const history = new Map<string, readonly ISample[]>();
-    for (const gpu of reply.attached) {
-      const metrics = gpu.metrics;
-      const sample: ISample = {
-        time: this._now(),
-        utilization: metrics?.utilization_gpu ?? null,
-        memory:
-          metrics?.memory_used !== null &&
-          metrics?.memory_used !== undefined &&
-          metrics.memory_total
-            ? (100 * metrics.memory_used) / metrics.memory_total
-            : null
-      };
-      // A GPU detached meanwhile loses its history; a new one starts its own.
+    const charted: { uuid: string; metrics?: IGpuMetrics | null }[] =
+      reply.node ?? reply.attached;
+    for (const gpu of charted) {
+      const sample = toSample(now, gpu.metrics ?? null);
+      // A GPU gone from the node loses its history; a new one starts its own.
       const before = watched.state.history.get(gpu.uuid) ?? [];
-      history.set(gpu.uuid, [...before, sample].slice(-keep));
+      history.set(gpu.uuid, [
+        ...before.filter(old => old.time >= since),
+        sample
+      ]);
     }
+    const lost = (watched.state.reply?.attached ?? []).filter(
+      gpu => !reply.attached.some(kept => kept.uuid === gpu.uuid)
+    );
     this._update(kernelId, { reply, error: null, history });
+    const unexpected = lost.filter(gpu => !this._detaching.has(gpu.uuid));
+    for (const gpu of lost) {
+      this._detaching.delete(gpu.uuid);
+    }
+    if (unexpected.length > 0 && watched.state.operation === null) {
+      this._released.emit({ kernelId, gpus: unexpected });
+    }
   }
 
   private _onProgress(kernelId: string, progress: IProgress): void {
@@ -446,6 +497,11 @@ export class GpuModel implements IDisposable {
   private readonly _request: typeof requestAPI;
   private readonly _openStream: StreamOpener;
   private readonly _now: () => number;
+  private readonly _newRequestId: () => string;
+  /** Request ids of attaches the user asked to stop waiting. */
+  private readonly _cancelled = new Set<string>();
+  /** GPUs a detach of this page is taking away (not announced as released). */
+  private readonly _detaching = new Set<string>();
   private _settings: IGpuSettings;
   private _current: string | null = null;
   private _paused = false;
@@ -455,6 +511,18 @@ export class GpuModel implements IDisposable {
   private readonly _currentChanged = new Signal<this, string | null>(this);
   private readonly _anyChanged = new Signal<this, void>(this);
   private readonly _progress = new Signal<this, IProgress>(this);
+  private readonly _released = new Signal<this, IReleased>(this);
+}
+
+/** A chart sample from a reading (`null` metrics: nothing known at that time). */
+function toSample(time: number, metrics: IGpuMetrics | null): ISample {
+  return {
+    time,
+    utilization: metrics?.utilization_gpu ?? null,
+    memoryActivity: metrics?.utilization_memory ?? null,
+    memoryUsed: metrics?.memory_used ?? null,
+    memoryTotal: metrics?.memory_total ?? null
+  };
 }
 
 /** The real stream of a kernel. */

@@ -1,81 +1,62 @@
 /**
- * The status bar item: the current kernel's GPUs with utilisation and memory
- * at a glance ("GPU 0 37% · 2.1/16 GiB"), from the shared model. Whether it
- * shows at all is the status bar's call through `isActive` (see `index.ts`):
- * nothing attached and nothing going on means nothing to show.
+ * The status bar item: one compact summary of the current notebook's GPUs
+ * ("2 GPUs · 77 % · 69/160 GiB"; idle "0 attached · 2 free"), in a warning
+ * colour when a GPU's memory is nearly full; a click opens the GPU panel.
+ *
+ * The visible text changes with every reading, so it is not a live region:
+ * a visually hidden one beside it carries `announcement()`, which changes only
+ * when something meaningful does (attached, released, waiting, disconnected),
+ * so screen readers are not told the utilisation every second.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { Classes, GPU_STATUS_ITEM_ID } from './constants';
-import {
-  GpuModel,
-  IKernelGpus,
-  attachedCount,
-  isUnreachable
-} from './gpuModel';
+import { announcement, memoryNearLimit, statusSummary } from './format';
+import { GpuModel, IKernelGpus, isUnreachable } from './gpuModel';
 
-const GIB = 1024 ** 3;
-
-/** Whether the item has anything to say about `state`. */
+/**
+ * Whether the item has anything to say about `state`: a reading, or that the
+ * GPU service is down. A server without the extension (404) hides it.
+ */
 export function hasStatus(state: IKernelGpus | null): boolean {
-  return (
-    attachedCount(state) > 0 || state?.operation != null || isUnreachable(state)
-  );
-}
-
-/** The item's text for `state`. */
-export function statusText(
-  state: IKernelGpus | null,
-  trans: TranslationBundle
-): string {
-  if (state?.operation?.kind === 'attach') {
-    return state.operation.waiting
-      ? trans.__('GPU: waiting for a free GPU…')
-      : trans.__('GPU: attaching…');
-  }
-  if (state?.operation?.kind === 'detach') {
-    return trans.__('GPU: detaching…');
-  }
-  if (isUnreachable(state)) {
-    return trans.__('GPU: unreachable');
-  }
-  return (state?.reply?.attached ?? [])
-    .map(gpu => {
-      const m = gpu.metrics;
-      const util = m?.utilization_gpu ?? null;
-      const used = m?.memory_used ?? null;
-      const total = m?.memory_total ?? null;
-      const memory =
-        used === null || total === null
-          ? ''
-          : ` · ${(used / GIB).toFixed(1)}/${(total / GIB).toFixed(0)} GiB`;
-      return trans.__(
-        'GPU %1 %2%3',
-        gpu.index,
-        util === null ? '–' : `${util}%`,
-        memory
-      );
-    })
-    .join('  ');
+  return state !== null && (state.reply !== null || isUnreachable(state));
 }
 
 export class GpuStatus extends Widget {
   constructor(
     private readonly _model: GpuModel,
-    private readonly _trans: TranslationBundle
+    private readonly _trans: TranslationBundle,
+    private readonly _openPanel: () => void
   ) {
-    super();
+    super({ node: document.createElement('button') });
     this.id = GPU_STATUS_ITEM_ID;
     this.addClass(Classes.gpuStatus);
-    this.node.setAttribute('role', 'status');
+    this._text = document.createElement('span');
+    this._text.className = `${Classes.gpuStatus}-text`;
+    this._live = document.createElement('span');
+    this._live.className = Classes.srOnly;
+    this._live.setAttribute('role', 'status');
+    this.node.append(this._text, this._live);
+    this.node.title = _trans.__(
+      "This notebook's GPUs: click to open the GPU panel"
+    );
+    this.node.addEventListener('click', () => this._openPanel());
     _model.onCurrent(this._render, this);
     this._render();
   }
 
   private _render(): void {
     const state = this._model.state(this._model.current);
-    this.node.textContent = statusText(state, this._trans);
-    this.node.title = this._trans.__("This notebook kernel's GPUs");
+    this._text.textContent = statusSummary(state, this._trans);
+    this.toggleClass(Classes.warning, memoryNearLimit(state));
+    // Empty while an action runs: the region keeps what it last said.
+    const said = announcement(state, this._trans);
+    if (said !== '' && said !== this._live.textContent) {
+      this._live.textContent = said;
+    }
   }
+
+  private readonly _text: HTMLSpanElement;
+  private readonly _live: HTMLSpanElement;
 }

@@ -27,7 +27,7 @@ export function holderLabel(
 /** How the panel names a node GPU's state (and its holder, when another holds it). */
 export function stateLabel(gpu: INodeGpu, trans: TranslationBundle): string {
   if (gpu.mine) {
-    return trans.__('this kernel');
+    return trans.__('this notebook');
   }
   const holder = holderLabel(gpu.held_by, trans);
   switch (gpu.state) {

@@ -7,7 +7,12 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, IToolbarWidgetRegistry } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  IToolbarWidgetRegistry,
+  MainAreaWidget,
+  Notification
+} from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -18,56 +23,20 @@ import { addCommands } from './commands';
 import {
   CommandIds,
   GPU_STATUS_ITEM_ID,
+  MAIN_PANEL_ID,
   PANEL_ID,
   PluginIds,
-  STATUS_ITEM_ID,
   TOOLBAR_ITEM_NAME,
   TRANSLATION_DOMAIN
 } from './constants';
-import { DEFAULT_SETTINGS, GpuModel, IGpuSettings } from './gpuModel';
+import { notebookName } from './format';
+import { GpuModel } from './gpuModel';
 import { GpuStatus, hasStatus } from './gpuStatus';
 import { gpuIcon } from './icons';
-import { ServerVersionModel } from './model';
+import { LostHolderWarnings } from './lostHolders';
 import { GpuPanel } from './panel';
-import { ServerVersionStatus } from './statusItem';
+import { readSettings } from './settings';
 import { GpuToolbarButton } from './toolbar';
-
-/** Shows the server extension's version in the status bar while it is reachable. */
-const statusItemPlugin: JupyterFrontEndPlugin<void> = {
-  id: PluginIds.statusItem,
-  description:
-    'Shows the jupyter-gpu-hotplug server extension version in the status bar.',
-  autoStart: true,
-  optional: [IStatusBar],
-  activate: (_app: JupyterFrontEnd, statusBar: IStatusBar | null): void => {
-    if (statusBar === null) {
-      return;
-    }
-    const model = new ServerVersionModel();
-    statusBar.registerStatusItem(STATUS_ITEM_ID, {
-      item: new ServerVersionStatus(model),
-      align: 'left',
-      rank: 100,
-      isActive: () => model.state.kind === 'ready',
-      activeStateChanged: model.stateChanged
-    });
-    void model.refresh();
-  }
-};
-
-/** `settings` completed with the defaults. */
-function readSettings(settings: ISettingRegistry.ISettings): IGpuSettings {
-  const get = <K extends keyof IGpuSettings>(key: K): IGpuSettings[K] =>
-    (settings.composite[key] as IGpuSettings[K] | undefined) ??
-    DEFAULT_SETTINGS[key];
-  return {
-    defaultCount: get('defaultCount'),
-    confirmDetach: get('confirmDetach'),
-    stream: get('stream'),
-    chartHistory: get('chartHistory'),
-    waitSeconds: get('waitSeconds')
-  };
-}
 
 /** The notebook toolbar item, the GPU panel, the status bar item, the commands. */
 const gpuPlugin: JupyterFrontEndPlugin<void> = {
@@ -75,26 +44,25 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
   description:
     "Shows and changes the notebook kernel's GPUs: toolbar item, side panel, status bar, commands.",
   autoStart: true,
-  requires: [INotebookTracker, IToolbarWidgetRegistry],
-  optional: [
-    ISettingRegistry,
-    ITranslator,
-    ICommandPalette,
-    ILayoutRestorer,
-    IStatusBar
-  ],
-  activate: (
+  requires: [INotebookTracker, IToolbarWidgetRegistry, ISettingRegistry],
+  optional: [ITranslator, ICommandPalette, ILayoutRestorer, IStatusBar],
+  activate: async (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     toolbarRegistry: IToolbarWidgetRegistry,
-    settingRegistry: ISettingRegistry | null,
+    settingRegistry: ISettingRegistry,
     translator: ITranslator | null,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
     statusBar: IStatusBar | null
-  ): void => {
+  ): Promise<void> => {
     const trans = (translator ?? nullTranslator).load(TRANSLATION_DOMAIN);
-    const model = new GpuModel();
+    // The schema's defaults arrive in `composite`: nothing here repeats them.
+    const settings = await settingRegistry.load(PluginIds.gpus);
+    const model = new GpuModel({ settings: readSettings(settings.composite) });
+    settings.changed.connect(() => {
+      model.settings = readSettings(settings.composite);
+    });
     // Standby while the page is hidden: no stream, no cost on the server.
     document.addEventListener('visibilitychange', () => {
       model.paused = document.visibilityState === 'hidden';
@@ -128,29 +96,62 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
       currentWatch = kernelId === null ? null : model.watch(kernelId);
     });
 
-    const panel = new GpuPanel(model, trans);
+    // A lost holder's warning comes before the agent revokes the GPU.
+    new LostHolderWarnings(model, trans, message => {
+      Notification.warning(message, { autoClose: false });
+    });
+
+    const panel = new GpuPanel({ model, commands: app.commands, trans });
+    panel.id = PANEL_ID;
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'right', { rank: 900 });
     restorer?.add(panel, PANEL_ID);
+    const openPanel = () => app.shell.activateById(PANEL_ID);
+
+    let mainArea: MainAreaWidget<GpuPanel> | null = null;
+    const openMainArea = () => {
+      if (mainArea === null || mainArea.isDisposed) {
+        const content = new GpuPanel({
+          model,
+          commands: app.commands,
+          trans,
+          inMainArea: true
+        });
+        mainArea = new MainAreaWidget({ content });
+        mainArea.id = MAIN_PANEL_ID;
+        mainArea.title.label = trans.__('GPUs');
+        mainArea.title.icon = gpuIcon;
+        mainArea.title.closable = true;
+        app.shell.add(mainArea, 'main', { mode: 'split-right' });
+      }
+      app.shell.activateById(MAIN_PANEL_ID);
+    };
 
     statusBar?.registerStatusItem(GPU_STATUS_ITEM_ID, {
-      item: new GpuStatus(model, trans),
+      item: new GpuStatus(model, trans, openPanel),
       align: 'left',
       rank: 50,
       isActive: () => hasStatus(model.state(model.current)),
       activeStateChanged: model.anyChanged
     });
 
+    const notebookOf = (kernelId: string) =>
+      tracker.find(
+        widget => widget.sessionContext.session?.kernel?.id === kernelId
+      ) ?? null;
     addCommands({
       commands: app.commands,
       model,
       trans,
       currentKernel: () => model.current,
       kernelConnection: kernelId =>
-        tracker.find(
-          widget => widget.sessionContext.session?.kernel?.id === kernelId
-        )?.sessionContext.session?.kernel ?? null,
-      openPanel: () => app.shell.activateById(PANEL_ID),
+        notebookOf(kernelId)?.sessionContext.session?.kernel ?? null,
+      notebookName: kernelId => {
+        const path = notebookOf(kernelId)?.sessionContext.path;
+        return path ? notebookName(path) : trans.__('this notebook');
+      },
+      openPanel,
+      openMainArea,
       openMenu: () => {
         const current = tracker.currentWidget;
         const button = current === null ? undefined : buttons.get(current);
@@ -164,20 +165,12 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
       CommandIds.detachAll,
       CommandIds.forceDetach,
       CommandIds.openPanel,
+      CommandIds.openMain,
       CommandIds.openMenu
     ]) {
       palette?.addItem({ command, category });
     }
-
-    if (settingRegistry !== null) {
-      void settingRegistry.load(PluginIds.gpus).then(settings => {
-        model.settings = readSettings(settings);
-        settings.changed.connect(() => {
-          model.settings = readSettings(settings);
-        });
-      });
-    }
   }
 };
 
-export default [statusItemPlugin, gpuPlugin];
+export default [gpuPlugin];

@@ -1,97 +1,123 @@
 /**
  * What the toolbar item's menu offers, decided from the model's state alone,
  * so that the rules ("attach 1..N where N is free and allowed", "force-detach
- * only GPUs the kernel has") are tested without a DOM.
+ * only GPUs the kernel has") are tested without a DOM. Groups are separated:
+ * attach, detach, force-detach (destructive), the panel.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { CommandIds } from './constants';
+import { gpuTitle, queuedLabel } from './format';
 import { IKernelGpus, IOperation, isUnreachable } from './gpuModel';
 
 /** One item: a command, its arguments, and whether it can run now. */
-export interface IMenuEntry {
+export interface IMenuCommand {
+  type: 'command';
   command: string;
   args: { [key: string]: string | number | boolean };
   label: string;
   enabled: boolean;
 }
 
+/** A line between groups of items. */
+export interface IMenuSeparator {
+  type: 'separator';
+}
+
+export type IMenuEntry = IMenuCommand | IMenuSeparator;
+
 /** Items of the toolbar menu of the kernel whose state is `state`. */
 export function menuEntries(
   state: IKernelGpus | null,
   trans: TranslationBundle
 ): IMenuEntry[] {
-  const entries: IMenuEntry[] = [];
+  const groups: IMenuCommand[][] = [[], [], [], []];
+  const [attaching, detaching, forcing, other] = groups;
   const kernelId = state?.kernelId ?? '';
   const reply = state?.reply ?? null;
   const idle = state !== null && state.operation === null;
   const reachable = reply !== null && !isUnreachable(state);
+  const command = (
+    id: string,
+    args: IMenuCommand['args'],
+    label: string,
+    enabled: boolean
+  ): IMenuCommand => ({ type: 'command', command: id, args, label, enabled });
 
   const free = reply?.free ?? 0;
   const allowed = Math.min(free, reply?.max_count ?? free);
   for (let count = 1; count <= allowed; count++) {
-    entries.push({
-      command: CommandIds.attach,
-      args: { kernelId, count },
-      label: trans._n('Attach %1 GPU', 'Attach %1 GPUs', count),
-      enabled: idle && reachable
-    });
+    attaching.push(
+      command(
+        CommandIds.attach,
+        { kernelId, count },
+        trans._n('Attach %1 GPU', 'Attach %1 GPUs', count),
+        idle && reachable
+      )
+    );
   }
   if (state?.operation?.waiting && state.operation.kind === 'attach') {
-    entries.push({
-      command: CommandIds.cancelWait,
-      args: { kernelId },
-      label: trans.__('Stop waiting for a free GPU'),
-      enabled: true
-    });
+    attaching.push(
+      command(
+        CommandIds.cancelWait,
+        { kernelId },
+        trans.__('Stop waiting for a free GPU'),
+        true
+      )
+    );
   } else if (allowed === 0) {
     // Both modes can wait: the local agent's fair queue, or Kubernetes'
     // scheduler queueing the holder pod until a GPU frees up.
-    entries.push({
-      command: CommandIds.attach,
-      args:
+    attaching.push(
+      command(
+        CommandIds.attach,
         reply === null
           ? { kernelId, count: 1 }
           : { kernelId, count: 1, wait: true },
-      label:
         reply === null
           ? trans.__('Attach a GPU (GPU service not reachable)')
           : trans.__('Wait for a free GPU and attach it'),
-      enabled: idle && reachable
-    });
+        idle && reachable
+      )
+    );
   }
 
-  for (const gpu of reply?.attached ?? []) {
-    entries.push({
-      command: CommandIds.detach,
-      args: { kernelId, uuid: gpu.uuid },
-      label: trans.__('Detach GPU %1 (%2)', gpu.index, gpu.name),
-      enabled: idle
-    });
+  const attached = reply?.attached ?? [];
+  for (const gpu of attached) {
+    const name = gpuTitle(gpu, attached, trans);
+    const args = { kernelId, uuid: gpu.uuid };
+    detaching.push(
+      command(CommandIds.detach, args, trans.__('Detach %1', name), idle)
+    );
+    forcing.push(
+      command(
+        CommandIds.forceDetach,
+        args,
+        trans.__('Force-detach %1…', name),
+        idle
+      )
+    );
   }
-  const attached = reply?.attached.length ?? 0;
-  if (attached > 1) {
-    entries.push({
-      command: CommandIds.detachAll,
-      args: { kernelId },
-      label: trans.__('Detach all %1 GPUs', attached),
-      enabled: idle
-    });
+  if (attached.length > 1) {
+    detaching.push(
+      command(
+        CommandIds.detachAll,
+        { kernelId },
+        trans.__('Detach all %1 GPUs', attached.length),
+        idle
+      )
+    );
   }
-  for (const gpu of reply?.attached ?? []) {
-    entries.push({
-      command: CommandIds.forceDetach,
-      args: { kernelId, uuid: gpu.uuid },
-      label: trans.__('Force-detach GPU %1…', gpu.index),
-      enabled: idle
-    });
+  other.push(
+    command(CommandIds.openPanel, {}, trans.__('Open the GPU panel'), true)
+  );
+  const entries: IMenuEntry[] = [];
+  for (const group of groups.filter(g => g.length > 0)) {
+    if (entries.length > 0) {
+      entries.push({ type: 'separator' });
+    }
+    entries.push(...group);
   }
-  entries.push({
-    command: CommandIds.openPanel,
-    args: {},
-    label: trans.__('Open the GPU panel'),
-    enabled: true
-  });
   return entries;
 }
 
@@ -109,16 +135,33 @@ export function waitingMessage(
     : trans.__('Waiting for a free GPU…');
 }
 
-/** The toolbar item's text: "GPU", "GPU ×2"; "GPU 2/3" while 2nd of 3 in the queue. */
+/**
+ * The toolbar item's text: idle "GPU · 2 free", "GPU", "GPU ×2" with GPUs,
+ * "queued #1" while first in the queue, "attaching…", "detaching…".
+ */
 export function buttonLabel(
   state: IKernelGpus | null,
   trans: TranslationBundle
 ): string {
-  const operation = state?.operation;
-  if (operation?.waiting && operation.position !== undefined) {
-    return trans.__('GPU %1/%2', operation.position, operation.of ?? '?');
+  const queued = queuedLabel(state, trans);
+  if (queued !== null) {
+    return queued;
+  }
+  if (state?.operation?.kind === 'attach') {
+    return trans.__('attaching…');
+  }
+  if (state?.operation?.kind === 'detach') {
+    return trans.__('detaching…');
+  }
+  if (isUnreachable(state)) {
+    return trans.__('GPU ✕');
   }
   const count = state?.reply?.attached.length ?? 0;
+  if (count === 0) {
+    return state?.reply
+      ? trans.__('GPU · %1 free', state.reply.free)
+      : trans.__('GPU');
+  }
   return count > 1 ? trans.__('GPU ×%1', count) : trans.__('GPU');
 }
 
@@ -152,10 +195,10 @@ export function buttonDescription(
   const count = state.reply?.attached.length ?? 0;
   const free = state.reply?.free ?? 0;
   return count === 0
-    ? trans.__('GPUs: none attached to this kernel, %1 free', free)
+    ? trans.__('GPUs: none attached to this notebook, %1 free', free)
     : trans._n(
-        'GPUs: %1 attached to this kernel, %2 free',
-        'GPUs: %1 attached to this kernel, %2 free',
+        'GPUs: %1 attached to this notebook, %2 free',
+        'GPUs: %1 attached to this notebook, %2 free',
         count,
         free
       );

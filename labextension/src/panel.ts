@@ -1,17 +1,41 @@
 /**
- * The GPU side panel: every GPU of the node with its state (free, this
- * kernel, another kernel or pod, allocated by the scheduler) and live charts
- * of the current kernel's GPUs. It renders the shared `GpuModel` for the
- * current notebook's kernel; GPUs appear and disappear with the readings, so a
- * hot-plug shows without a reload.
+ * The GPU panel: every GPU of the node as a group of two time charts
+ * (utilisation in %, memory in GiB) with its state, who holds it and the
+ * actions the current notebook may take on it (attach, detach, force-detach);
+ * the queue of waiting attaches with their notebooks and countdowns; a clear
+ * disconnected state. The same widget serves the right side panel and, opened
+ * in the main area, a dockable full-size view.
+ *
+ * It renders the shared `GpuModel` for the current notebook's kernel. GPU
+ * groups are kept by UUID and updated in place (not rebuilt every second), so
+ * hover tooltips and keyboard focus survive the readings.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
+import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
-import { Classes, PANEL_ID } from './constants';
-import { renderChart } from './chart';
-import { GpuModel, IKernelGpus, isUnreachable, nodeGpus } from './gpuModel';
-import { stateLabel } from './holders';
+import { IChartData, TimeChart } from './chart';
+import { Classes, CommandIds } from './constants';
+import {
+  countdown,
+  gib,
+  GIB,
+  gpuTitle,
+  modelName,
+  notebookName,
+  percent,
+  rowState
+} from './format';
+import {
+  GpuModel,
+  IKernelGpus,
+  ISample,
+  isUnreachable,
+  nodeGpus
+} from './gpuModel';
+import { holderLabel, stateLabel } from './holders';
+import { CHART_WINDOWS } from './settings';
+import { IAttachedGpu, INodeGpu, IQueued } from './types';
 
 function element<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -26,108 +50,407 @@ function element<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
-const GIB = 1024 ** 3;
+const P = Classes.panel;
+
+/** What a GPU group needs besides its GPU. */
+interface IGroupContext {
+  state: IKernelGpus;
+  attached: readonly IAttachedGpu[];
+  disconnected: boolean;
+  windowMs: number;
+  now: number;
+}
+
+/** One GPU of the node: title, state, actions, and its two charts. */
+class GpuGroup {
+  constructor(
+    private readonly _commands: CommandRegistry,
+    private readonly _trans: TranslationBundle,
+    uuid: string
+  ) {
+    const trans = _trans;
+    this.node = element('section', `${P}-gpu`);
+    this.node.dataset.uuid = uuid;
+    const head = element('div', `${P}-gpuHead`);
+    this._name = element('h3', `${P}-name`);
+    this._state = element('span', `${P}-state`);
+    this._actions = element('div', `${P}-actions`);
+    const titles = element('div', `${P}-titles`);
+    titles.append(this._name, this._state);
+    head.append(titles, this._actions);
+    this._utilization = new TimeChart({
+      title: trans.__('Utilisation'),
+      unit: '%',
+      onHover: time => this._memory.hover(time)
+    });
+    this._memory = new TimeChart({
+      title: trans.__('Memory'),
+      unit: 'GiB',
+      onHover: time => this._utilization.hover(time)
+    });
+    const charts = element('div', `${P}-charts`);
+    charts.append(this._utilization.node, this._memory.node);
+    this.node.append(head, charts);
+    this.node.setAttribute('aria-labelledby', `${P}-name-${uuid}`);
+    this._name.id = `${P}-name-${uuid}`;
+  }
+
+  readonly node: HTMLElement;
+
+  update(gpu: INodeGpu, samples: readonly ISample[], ctx: IGroupContext): void {
+    const trans = this._trans;
+    const state = rowState(gpu);
+    this.node.dataset.state = state;
+    this.node.classList.toggle(Classes.disconnected, ctx.disconnected);
+    this._name.textContent = `${gpuTitle(gpu, ctx.attached, trans)} · ${modelName(gpu.name)}`;
+    this._name.title = gpu.uuid;
+    const label =
+      gpu.mine && ctx.state.reply?.kernel_id
+        ? trans.__('this notebook')
+        : stateLabel(gpu, trans);
+    this._state.textContent = ctx.disconnected
+      ? trans.__('last known: %1', label)
+      : label;
+    this._renderActions(gpu, ctx);
+
+    const total = gpu.memory_total || 1;
+    const data = (
+      series: IChartData['series'],
+      yMax: number,
+      format: (value: number) => string
+    ): IChartData => ({
+      series,
+      yMax,
+      windowMs: ctx.windowMs,
+      now: ctx.now,
+      format
+    });
+    this._utilization.update(
+      data(
+        [
+          {
+            label: trans.__('GPU busy'),
+            kind: 'utilization',
+            points: samples.map(s => ({ time: s.time, value: s.utilization }))
+          },
+          {
+            label: trans.__('memory bandwidth'),
+            kind: 'activity',
+            points: samples.map(s => ({
+              time: s.time,
+              value: s.memoryActivity
+            }))
+          }
+        ],
+        100,
+        percent
+      )
+    );
+    this._memory.update(
+      data(
+        [
+          {
+            label: trans.__('used'),
+            kind: 'memory',
+            points: samples.map(s => ({
+              time: s.time,
+              value: s.memoryUsed === null ? null : s.memoryUsed / GIB
+            }))
+          },
+          {
+            label: trans.__('total %1 GiB', gib(total)),
+            kind: 'limit',
+            points: [ctx.now - ctx.windowMs, ctx.now].map(time => ({
+              time,
+              value: total / GIB
+            }))
+          }
+        ],
+        total / GIB,
+        value => `${gib(value * GIB)} GiB`
+      )
+    );
+  }
+
+  dispose(): void {
+    this._utilization.dispose();
+    this._memory.dispose();
+    this.node.remove();
+  }
+
+  private _renderActions(gpu: INodeGpu, ctx: IGroupContext): void {
+    const trans = this._trans;
+    const kernelId = ctx.state.kernelId;
+    const idle = ctx.state.operation === null && !ctx.disconnected;
+    const buttons: HTMLButtonElement[] = [];
+    const button = (
+      text: string,
+      title: string,
+      command: string,
+      args: Record<string, string | number>,
+      destructive = false
+    ) => {
+      const node = element('button', 'jp-Button jp-mod-small', text);
+      node.title = title;
+      node.disabled = !idle;
+      if (destructive) {
+        node.classList.add(Classes.destructive);
+      }
+      node.addEventListener('click', () => {
+        void this._commands.execute(command, { kernelId, ...args });
+      });
+      buttons.push(node);
+    };
+    const name = gpuTitle(gpu, ctx.attached, trans);
+    if (gpu.mine) {
+      button(
+        trans.__('Detach'),
+        trans.__('Detach %1 from this notebook', name),
+        CommandIds.detach,
+        { uuid: gpu.uuid }
+      );
+      button(
+        trans.__('Force-detach…'),
+        trans.__('End the processes using %1, then detach it', name),
+        CommandIds.forceDetach,
+        { uuid: gpu.uuid },
+        true
+      );
+    } else if (gpu.state === 'free') {
+      button(
+        trans.__('Attach'),
+        trans.__('Attach a free GPU to this notebook'),
+        CommandIds.attach,
+        { count: 1 }
+      );
+    }
+    const key = buttons
+      .map(b => `${b.textContent}:${b.disabled}:${kernelId}`)
+      .join('|');
+    if (key !== this._actionsKey) {
+      this._actionsKey = key;
+      this._actions.replaceChildren(...buttons);
+    }
+  }
+
+  private readonly _name: HTMLHeadingElement;
+  private readonly _state: HTMLSpanElement;
+  private readonly _actions: HTMLDivElement;
+  private readonly _utilization: TimeChart;
+  private readonly _memory: TimeChart;
+  private _actionsKey = '';
+}
+
+export interface IGpuPanelOptions {
+  model: GpuModel;
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+  /** Shown in the main area: no "open in main area" button of its own. */
+  inMainArea?: boolean;
+  now?: () => number;
+}
 
 export class GpuPanel extends Widget {
-  constructor(
-    private readonly _model: GpuModel,
-    private readonly _trans: TranslationBundle
-  ) {
+  constructor(options: IGpuPanelOptions) {
     super();
-    this.id = PANEL_ID;
+    const trans = options.trans;
+    this._model = options.model;
+    this._commands = options.commands;
+    this._trans = trans;
+    this._now = options.now ?? Date.now;
+    this._windowMinutes = this._model.settings.chartMinutes;
     this.addClass(Classes.panel);
-    this.title.caption = _trans.__('GPUs');
+    this.title.label = options.inMainArea ? trans.__('GPUs') : '';
+    this.title.caption = trans.__('GPUs');
     this.node.setAttribute('role', 'region');
-    this.node.setAttribute('aria-label', _trans.__('GPUs'));
-    _model.onCurrent(this._render, this);
+    this.node.setAttribute('aria-label', trans.__('GPUs'));
+
+    const head = element('header', `${P}-head`);
+    const titleRow = element('div', `${P}-titleRow`);
+    titleRow.appendChild(element('h2', `${P}-title`, trans.__('GPUs')));
+    this._badge = element('span', `${P}-badge`, trans.__('SIMULATED'));
+    this._badge.hidden = true;
+    titleRow.appendChild(this._badge);
+    const controls = element('div', `${P}-controls`);
+    const windowLabel = element('label', `${P}-window`, trans.__('Show'));
+    this._window = element('select', '');
+    for (const minutes of CHART_WINDOWS) {
+      const option = element('option', '', trans.__('last %1 min', minutes));
+      option.value = String(minutes);
+      this._window.appendChild(option);
+    }
+    this._window.value = String(this._windowMinutes);
+    this._window.addEventListener('change', () => {
+      this._windowMinutes = Number(this._window.value);
+      this._render();
+    });
+    windowLabel.appendChild(this._window);
+    controls.appendChild(windowLabel);
+    if (!options.inMainArea) {
+      const open = element(
+        'button',
+        'jp-Button jp-mod-small',
+        trans.__('Open in main area')
+      );
+      open.title = trans.__('Open the GPU panel as a tab of its own');
+      open.addEventListener('click', () => {
+        void this._commands.execute(CommandIds.openMain);
+      });
+      controls.appendChild(open);
+    }
+    titleRow.appendChild(controls);
+    this._summary = element('p', `${P}-summary`);
+    this._banner = element('div', `${P}-banner`);
+    this._banner.setAttribute('role', 'alert');
+    this._banner.hidden = true;
+    head.append(titleRow, this._summary, this._banner);
+
+    this._queue = element('section', `${P}-queue`);
+    this._queue.setAttribute('aria-label', trans.__('Waiting for a GPU'));
+    this._groups = element('div', `${P}-gpus`);
+    this._groups.setAttribute('aria-label', trans.__('GPUs of this node'));
+    this.node.append(head, this._queue, this._groups);
+
+    this._model.onCurrent(this._render, this);
     this._render();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    for (const group of this._byUuid.values()) {
+      group.dispose();
+    }
+    this._byUuid.clear();
+    super.dispose();
   }
 
   private _render(): void {
     const trans = this._trans;
     const state = this._model.state(this._model.current);
-    const body = element('div', `${Classes.panel}-body`);
-    body.appendChild(element('h2', `${Classes.panel}-title`, trans.__('GPUs')));
-    body.appendChild(
-      element('p', `${Classes.panel}-summary`, this._summary(state))
-    );
+    const disconnected = isUnreachable(state);
+    this.toggleClass(Classes.disconnected, disconnected);
+    this._summary.textContent = this._summaryText(state);
+    this._badge.hidden = !state?.reply?.simulated;
+    this._banner.hidden = !disconnected;
+    this._banner.textContent = disconnected
+      ? trans.__(
+          'Disconnected from the GPU service: %1 Retrying; the charts stop at the last reading.',
+          state?.error?.message ?? ''
+        )
+      : '';
+    this._renderQueue(state);
 
-    const gpus = nodeGpus(state);
-    if (gpus.length > 0) {
-      const list = element('ul', `${Classes.panel}-node`);
-      list.setAttribute('aria-label', trans.__('GPUs of this node'));
-      for (const gpu of gpus) {
-        const item = element('li', `${Classes.panel}-gpu`);
-        item.dataset.state = gpu.mine ? 'mine' : gpu.state;
-        item.dataset.uuid = gpu.uuid;
-        item.appendChild(
-          element(
-            'span',
-            `${Classes.panel}-name`,
-            `GPU ${gpu.index} · ${gpu.name}`
-          )
-        );
-        item.appendChild(
-          element('span', `${Classes.panel}-state`, stateLabel(gpu, trans))
-        );
-        list.appendChild(item);
+    const gpus = state === null ? [] : nodeGpus(state);
+    const seen = new Set<string>();
+    const ctx: IGroupContext | null =
+      state === null
+        ? null
+        : {
+            state,
+            attached: state.reply?.attached ?? [],
+            disconnected,
+            windowMs: this._windowMinutes * 60_000,
+            now: this._now()
+          };
+    gpus.forEach((gpu, at) => {
+      seen.add(gpu.uuid);
+      let group = this._byUuid.get(gpu.uuid);
+      if (group === undefined) {
+        group = new GpuGroup(this._commands, trans, gpu.uuid);
+        this._byUuid.set(gpu.uuid, group);
       }
-      body.appendChild(list);
+      if (this._groups.children[at] !== group.node) {
+        this._groups.insertBefore(
+          group.node,
+          this._groups.children[at] ?? null
+        );
+      }
+      group.update(gpu, state?.history.get(gpu.uuid) ?? [], ctx!);
+    });
+    for (const [uuid, group] of this._byUuid) {
+      if (!seen.has(uuid)) {
+        group.dispose();
+        this._byUuid.delete(uuid);
+      }
     }
-
-    for (const gpu of state?.reply?.attached ?? []) {
-      const samples = state?.history.get(gpu.uuid) ?? [];
-      const last = samples[samples.length - 1];
-      const metrics = gpu.metrics;
-      const figure = element('figure', `${Classes.panel}-figure`);
-      figure.dataset.uuid = gpu.uuid;
-      const used = metrics?.memory_used ?? null;
-      const total = metrics?.memory_total ?? null;
-      const label = trans.__(
-        'GPU %1: utilisation %2, memory %3',
-        gpu.index,
-        last?.utilization === null || last === undefined
-          ? trans.__('unknown')
-          : `${Math.round(last.utilization)}%`,
-        used === null || total === null
-          ? trans.__('unknown')
-          : `${(used / GIB).toFixed(1)} / ${(total / GIB).toFixed(1)} GiB`
-      );
-      figure.appendChild(
-        renderChart(samples, this._model.settings.chartHistory, label)
-      );
-      figure.appendChild(
-        element('figcaption', `${Classes.panel}-caption`, label)
-      );
-      body.appendChild(figure);
-    }
-    this.node.replaceChildren(body);
   }
 
-  private _summary(state: IKernelGpus | null): string {
+  private _renderQueue(state: IKernelGpus | null): void {
+    const trans = this._trans;
+    const queue: readonly IQueued[] = state?.reply?.queue ?? [];
+    this._queue.hidden = queue.length === 0;
+    if (queue.length === 0) {
+      this._queue.replaceChildren();
+      return;
+    }
+    const list = element('ol', `${P}-queueList`);
+    const now = this._now();
+    for (const entry of queue) {
+      const item = element('li', `${P}-queued`);
+      item.dataset.requestId = entry.request_id;
+      const who =
+        entry.held_by === null
+          ? trans.__('this pod')
+          : entry.held_by.kind === 'notebook'
+            ? notebookName(entry.held_by.name)
+            : (holderLabel(entry.held_by, trans) ?? '');
+      const mine = entry.kernel_id === state?.kernelId;
+      const place =
+        entry.position === null
+          ? trans.__('waiting')
+          : trans.__('#%1 of %2', entry.position, entry.of ?? entry.position);
+      item.textContent = trans._n(
+        '%2 %3 waits for %1 GPU · %4',
+        '%2 %3 waits for %1 GPUs · %4',
+        entry.count,
+        place,
+        mine ? trans.__('%1 (this notebook)', who) : who,
+        countdown(entry.deadline, now, trans)
+      );
+      if (mine) {
+        item.dataset.mine = 'true';
+      }
+      list.appendChild(item);
+    }
+    this._queue.replaceChildren(
+      element('h3', `${P}-queueTitle`, trans.__('Waiting for a GPU')),
+      list
+    );
+  }
+
+  private _summaryText(state: IKernelGpus | null): string {
     const trans = this._trans;
     if (state === null) {
-      return trans.__('Open a notebook to see its kernel’s GPUs.');
-    }
-    if (isUnreachable(state)) {
-      return (
-        state.error?.message ??
-        trans.__('The GPU service cannot be reached; retrying…')
-      );
+      return trans.__('Open a notebook to see its GPUs.');
     }
     if (state.reply === null) {
       return state.error?.message ?? trans.__('Loading…');
     }
     const reply = state.reply;
-    const simulated = reply.simulated ? ` ${trans.__('(simulated)')}` : '';
+    const mine = reply.attached.map(gpu =>
+      gpuTitle(gpu, reply.attached, trans)
+    );
     return (
-      trans._n(
-        'This kernel has %1 GPU; %2 of %3 free on this node.',
-        'This kernel has %1 GPUs; %2 of %3 free on this node.',
-        reply.attached.length,
-        reply.free,
-        reply.total
-      ) + simulated
+      (mine.length === 0
+        ? trans.__('This notebook has no GPU.')
+        : trans.__('This notebook has %1.', mine.join(', '))) +
+      ' ' +
+      trans.__('%1 of %2 free on this node.', reply.free, reply.total)
     );
   }
+
+  private readonly _model: GpuModel;
+  private readonly _commands: CommandRegistry;
+  private readonly _trans: TranslationBundle;
+  private readonly _now: () => number;
+  private readonly _summary: HTMLParagraphElement;
+  private readonly _badge: HTMLSpanElement;
+  private readonly _banner: HTMLDivElement;
+  private readonly _window: HTMLSelectElement;
+  private readonly _queue: HTMLElement;
+  private readonly _groups: HTMLDivElement;
+  private readonly _byUuid = new Map<string, GpuGroup>();
+  private _windowMinutes: number;
 }

@@ -1,7 +1,9 @@
 /**
  * The notebook toolbar item: a button that shows the notebook kernel's GPUs
- * ("GPU", "GPU ×2", a distinct look while attaching or when the GPU service
- * is unreachable) and opens a menu of `menuEntries`. It renders the shared
+ * ("GPU · 2 free", "GPU ×2", "queued #1", a distinct look while attaching or
+ * when the GPU service is unreachable) and opens a menu of `menuEntries`. It
+ * sits before the toolbar's spacer (rank 50 in `schema/plugin.json`), so a
+ * narrow notebook moves the kernel name into the "⋯" overflow before it. It renders the shared
  * `GpuModel` for its notebook's kernel and follows kernel changes; it never
  * asks the server itself.
  *
@@ -57,10 +59,18 @@ export class GpuToolbarButton extends Widget {
       this._model.state(this.kernelId),
       this._trans
     )) {
-      menu.addItem({
-        command: entry.command,
-        args: { ...entry.args, label: entry.label, enabled: entry.enabled }
-      });
+      menu.addItem(
+        entry.type === 'separator'
+          ? { type: 'separator' }
+          : {
+              command: entry.command,
+              args: {
+                ...entry.args,
+                label: entry.label,
+                enabled: entry.enabled
+              }
+            }
+      );
     }
     this._button.setAttribute('aria-expanded', 'true');
     menu.aboutToClose.connect(() => {
@@ -105,9 +115,7 @@ export class GpuToolbarButton extends Widget {
   private _render(): void {
     const state = this._model.state(this.kernelId);
     const description = buttonDescription(state, this._trans);
-    this._label.textContent = state?.operation
-      ? `${buttonLabel(state, this._trans)} …`
-      : buttonLabel(state, this._trans);
+    this._label.textContent = buttonLabel(state, this._trans);
     this._button.title = description;
     this._button.setAttribute('aria-label', description);
     this.toggleClass(Classes.attaching, state?.operation != null);

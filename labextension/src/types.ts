@@ -5,12 +5,6 @@
  * place to be reflected here.
  */
 
-/** `GET <base_url>/gpu-hotplug/api/version` */
-export interface IVersionReply {
-  /** The installed `jupyter_gpu_hotplug` Python package version, e.g. "0.1.0". */
-  version: string;
-}
-
 /** `GpuProcessJson` (nvml/state.py): one process using a GPU. */
 export interface IGpuProcess {
   pid: number;
@@ -43,6 +37,14 @@ export interface IAttachedGpu {
   holder: string | null;
   attached_at: string;
   metrics: IGpuMetrics | null;
+  /** Set while the agent announces the revoke of a GPU whose holder pod was lost. */
+  holder_lost?: ILostHolder;
+}
+
+/** `LostHolderWire` (_structs.py): why, and when the access ends. */
+export interface ILostHolder {
+  reason: string;
+  revoke_at: string;
 }
 
 /** Agent GPU states (`GpuState` in _structs.py). */
@@ -68,6 +70,22 @@ export interface INodeGpu {
   mine: boolean;
   /** Who holds it (`null` when free); absent from older servers. */
   held_by?: IHeldBy | null;
+  /** What it is doing (`null`: the server's NVML cannot see it); absent from older servers. */
+  metrics?: IGpuMetrics | null;
+}
+
+/** `QueuedJson` (server/models.py): an attach of this server's kernels waiting for GPUs. */
+export interface IQueued {
+  request_id: string;
+  kernel_id: string | null;
+  /** The waiting notebook (`null`: Kubernetes mode, this pod). */
+  held_by: IHeldBy | null;
+  count: number;
+  /** 1 is served next; `null` until the agent has said. */
+  position: number | null;
+  of: number | null;
+  /** Seconds since the epoch when the wait ends. */
+  deadline: number;
 }
 
 /**
@@ -82,6 +100,8 @@ export interface IGpusReply {
   total: number;
   /** Every GPU of the node; absent from servers older than the GPU panel. */
   node?: INodeGpu[];
+  /** This server's waiting attaches, first served first; absent from older servers. */
+  queue?: IQueued[];
   /** The most GPUs one attach may ask for; absent from older servers. */
   max_count?: number;
   simulated: boolean;

@@ -1,5 +1,16 @@
 /** Readings and responses shaped like the server's (see `src/types.ts`). */
+import { IKernelGpus } from '../src/gpuModel';
+import { IGpuSettings } from '../src/settings';
 import { IAttachedGpu, IGpusReply, INodeGpu } from '../src/types';
+
+/** Settings for the tests (the product's defaults live in `schema/plugin.json`). */
+export const settings: IGpuSettings = {
+  defaultCount: 1,
+  confirmDetach: true,
+  stream: true,
+  chartMinutes: 2,
+  waitSeconds: 120
+};
 
 export function gpu(index: number, utilization = 10): IAttachedGpu {
   return {
@@ -25,9 +36,31 @@ export function gpu(index: number, utilization = 10): IAttachedGpu {
   };
 }
 
+/** GPU `index` of the node; `mine`: the kernel's own. */
+export function node(index: number, mine = false, utilization = 10): INodeGpu {
+  const attached = gpu(index, utilization);
+  return {
+    uuid: attached.uuid,
+    index,
+    minor: index,
+    name: attached.name,
+    memory_total: 80 * 1024 ** 3,
+    state: mine ? 'attached' : 'free',
+    mine,
+    held_by: null,
+    metrics: attached.metrics
+  };
+}
+
 export function reply(
   attached: IAttachedGpu[],
-  { free = 2, total = 2, maxCount = 8, node = [] as INodeGpu[] } = {}
+  {
+    free = 2,
+    total = 2,
+    maxCount = 8,
+    node = [] as INodeGpu[],
+    queue = [] as IGpusReply['queue']
+  } = {}
 ): IGpusReply {
   return {
     mode: 'local',
@@ -36,6 +69,7 @@ export function reply(
     free,
     total,
     node,
+    queue,
     max_count: maxCount,
     simulated: true,
     nvml: {
@@ -68,3 +102,19 @@ export const trans = {
   _n: (one: string, many: string, n: number, ...args: unknown[]) =>
     fill(n === 1 ? one : many, [n, ...args])
 } as unknown as import('@jupyterlab/translation').TranslationBundle;
+
+/** A watched kernel's state with the reading `r` (and `change` on top). */
+export function kernelState(
+  r: IGpusReply | null,
+  change: Partial<IKernelGpus> = {}
+): IKernelGpus {
+  return {
+    kernelId: 'k1',
+    reply: r,
+    error: null,
+    operation: null,
+    connection: 'open',
+    history: new Map(),
+    ...change
+  };
+}

@@ -1,9 +1,10 @@
 import { ServerConnection } from '@jupyterlab/services';
 
-import { GpuModel, IGpuSettings, DEFAULT_SETTINGS } from '../src/gpuModel';
+import { AttachCancelled, GpuModel } from '../src/gpuModel';
+import { IGpuSettings } from '../src/settings';
 import { ApiError, describeError } from '../src/handler';
 import { IStreamHandlers } from '../src/stream';
-import { gpu, reply, response } from './fixtures';
+import { gpu, node, reply, response, settings as base } from './fixtures';
 
 const makeRequest = ServerConnection.makeRequest as jest.Mock;
 
@@ -11,9 +12,11 @@ function setUp(settings: Partial<IGpuSettings> = {}) {
   const streams = new Map<string, IStreamHandlers>();
   const disposed: string[] = [];
   let clock = 0;
+  let ids = 0;
   const model = new GpuModel({
-    settings: { ...DEFAULT_SETTINGS, ...settings },
-    now: () => ++clock,
+    settings: { ...base, ...settings },
+    now: () => (clock += 1000),
+    newRequestId: () => `lab-${++ids}`,
     openStream: (kernelId, handlers) => {
       streams.set(kernelId, handlers);
       return {
@@ -49,20 +52,39 @@ describe('GpuModel', () => {
     expect(model.state('k2')?.connection).toBe('connecting');
   });
 
-  it('keeps chart history per attached GPU, trimmed, following hot-plug', () => {
-    const { model, streams } = setUp({ chartHistory: 3 });
+  it('keeps five minutes of chart history per node GPU, following hot-plug', () => {
+    const { model, streams } = setUp();
     model.watch('k1');
     const stream = streams.get('k1')!;
-    for (const utilization of [10, 20, 30, 40]) {
-      stream.metrics(reply([gpu(0, utilization)]));
+    // One reading a second (the fake clock) for six minutes.
+    for (let second = 0; second < 360; second++) {
+      stream.metrics(
+        reply([gpu(0)], { node: [node(0, true, second % 100), node(1)] })
+      );
     }
     const history = model.state('k1')!.history.get('GPU-0')!;
-    expect(history.map(s => s.utilization)).toEqual([20, 30, 40]);
-    expect(history[2].memory).toBeCloseTo(10);
+    expect(history).toHaveLength(301);
+    expect(history[300].utilization).toBe(59);
+    expect(history[300].memoryUsed).toBe(8 * 1024 ** 3);
+    expect(model.state('k1')!.history.get('GPU-1')).toHaveLength(301);
 
-    stream.metrics(reply([gpu(1, 50)])); // GPU 0 detached, GPU 1 attached
+    stream.metrics(reply([gpu(1, 50)], { node: [node(1, true)] })); // GPU 0 gone
     expect([...model.state('k1')!.history.keys()]).toEqual(['GPU-1']);
-    expect(model.state('k1')!.reply!.attached[0].index).toBe(1);
+  });
+
+  it('announces GPUs the kernel lost without a detach of its own', async () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    const released: string[][] = [];
+    model.released.connect((_, r) => released.push(r.gpus.map(g => g.uuid)));
+    const stream = streams.get('k1')!;
+    stream.metrics(reply([gpu(0), gpu(1)]));
+    makeRequest.mockResolvedValueOnce(response(204, null));
+    await model.detach('k1', 'GPU-0');
+    stream.metrics(reply([gpu(1)])); // ours: not announced
+    expect(released).toEqual([]);
+    stream.metrics(reply([])); // the agent's idle release, a restart
+    expect(released).toEqual([['GPU-1']]);
   });
 
   it('records stream errors until the next good reading', () => {
@@ -112,14 +134,26 @@ describe('GpuModel', () => {
     expect(JSON.parse(init.body)).toEqual({
       count: 2,
       kernel_id: 'k1',
-      request_id: operation.requestId,
+      request_id: 'lab-1',
       wait_seconds: 30
     });
-    // and it refreshes at once, without the cache buster our API rejects
+    // The stream is not open yet: it asks at once, without the cache buster
+    // our API rejects.
     expect(makeRequest.mock.calls[1][0]).toBe(
       'http://localhost:8888/base/gpu-hotplug/api/gpus?kernel_id=k1'
     );
     expect(makeRequest.mock.calls[1][1].cache).toBe('no-cache');
+  });
+
+  it('asks for no extra reading after an action while the stream is open', async () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    streams.get('k1')!.connection('open');
+    makeRequest.mockResolvedValueOnce(
+      response(201, { request_id: 'r', kernel_id: 'k1', attachments: [gpu(0)] })
+    );
+    await model.attach('k1', 1);
+    expect(makeRequest.mock.calls).toHaveLength(1);
   });
 
   it('follows the place in the queue and cancels the waiting attach', async () => {
@@ -168,7 +202,9 @@ describe('GpuModel', () => {
       retryable: true
     };
     answer(response(409, refused));
-    expect(describeError(await pending).error).toBe('insufficient_gpus');
+    const outcome = await pending;
+    expect(outcome).toBeInstanceOf(AttachCancelled);
+    expect(outcome.requestId).toBe(requestId);
     expect(model.state('k1')!.operation).toBeNull();
     const calls = makeRequest.mock.calls.length;
     await model.cancel('k1'); // nothing waits: no request
@@ -217,7 +253,7 @@ describe('GpuModel', () => {
     expect(model.state('k1')!.connection).toBe('off');
     expect(model.state('k1')!.reply!.attached).toHaveLength(1);
 
-    model.settings = { ...DEFAULT_SETTINGS, stream: true };
+    model.settings = { ...base, stream: true };
     expect([...streams.keys()]).toEqual(['k1']);
   });
 

@@ -43,7 +43,7 @@ describe('the panel names who holds a GPU', () => {
       'held by team/other.ipynb'
     );
     expect(stateLabel(nodeGpu({ mine: true, held_by: notebook }), trans)).toBe(
-      'this kernel'
+      'this notebook'
     );
     expect(stateLabel(nodeGpu({}), trans)).toBe('another kernel or pod');
     expect(stateLabel(nodeGpu({ state: 'free', held_by: null }), trans)).toBe(

@@ -1,31 +1,21 @@
 import { CommandIds } from '../src/constants';
 import { IKernelGpus } from '../src/gpuModel';
 import {
+  IMenuCommand,
   buttonDescription,
   buttonLabel,
   menuEntries,
   waitingMessage
 } from '../src/menu';
-import { IGpusReply } from '../src/types';
-import { gpu, reply, trans } from './fixtures';
-
-function state(
-  r: IGpusReply | null,
-  change: Partial<IKernelGpus> = {}
-): IKernelGpus {
-  return {
-    kernelId: 'k1',
-    reply: r,
-    error: null,
-    operation: null,
-    connection: 'open',
-    history: new Map(),
-    ...change
-  };
-}
+import { gpu, kernelState as state, reply, trans } from './fixtures';
 
 const summary = (s: IKernelGpus | null) =>
-  menuEntries(s, trans).map(e => `${e.label}${e.enabled ? '' : ' [off]'}`);
+  menuEntries(s, trans).map(e =>
+    e.type === 'separator' ? '---' : `${e.label}${e.enabled ? '' : ' [off]'}`
+  );
+
+const commands = (s: IKernelGpus | null) =>
+  menuEntries(s, trans).filter((e): e is IMenuCommand => e.type === 'command');
 
 describe('menuEntries', () => {
   it('offers attach 1..N with N the free GPUs, and the panel', () => {
@@ -33,15 +23,13 @@ describe('menuEntries', () => {
       'Attach 1 GPU',
       'Attach 2 GPUs',
       'Attach 3 GPUs',
+      '---',
       'Open the GPU panel'
     ]);
   });
 
   it('never offers more than one request may ask for', () => {
-    const entries = menuEntries(
-      state(reply([], { free: 6, maxCount: 2 })),
-      trans
-    );
+    const entries = commands(state(reply([], { free: 6, maxCount: 2 })));
     expect(entries.filter(e => e.command === CommandIds.attach)).toHaveLength(
       2
     );
@@ -52,7 +40,7 @@ describe('menuEntries', () => {
     'with no free GPU in %s mode offers to wait for one',
     mode => {
       const queued = { ...reply([gpu(0)], { free: 0 }), mode };
-      const entries = menuEntries(state(queued), trans);
+      const entries = commands(state(queued));
       expect(entries[0]).toMatchObject({
         command: CommandIds.attach,
         args: { kernelId: 'k1', count: 1, wait: true },
@@ -73,7 +61,7 @@ describe('menuEntries', () => {
         of: 3
       }
     });
-    const entries = menuEntries(waiting, trans);
+    const entries = commands(waiting);
     expect(entries[0]).toMatchObject({
       command: CommandIds.cancelWait,
       args: { kernelId: 'k1' },
@@ -82,6 +70,7 @@ describe('menuEntries', () => {
     });
     expect(summary(waiting)).toEqual([
       'Stop waiting for a free GPU',
+      '---',
       'Open the GPU panel'
     ]);
   });
@@ -91,13 +80,20 @@ describe('menuEntries', () => {
       state(reply([gpu(0), gpu(1)], { free: 0 })),
       trans
     );
-    expect(entries.map(e => [e.command, e.args.uuid ?? null])).toEqual([
+    expect(
+      entries.map(e =>
+        e.type === 'separator' ? '---' : [e.command, e.args.uuid ?? null]
+      )
+    ).toEqual([
       [CommandIds.attach, null],
+      '---',
       [CommandIds.detach, 'GPU-0'],
       [CommandIds.detach, 'GPU-1'],
       [CommandIds.detachAll, null],
+      '---',
       [CommandIds.forceDetach, 'GPU-0'],
       [CommandIds.forceDetach, 'GPU-1'],
+      '---',
       [CommandIds.openPanel, null]
     ]);
   });
@@ -108,8 +104,11 @@ describe('menuEntries', () => {
     });
     expect(summary(busy)).toEqual([
       'Attach 1 GPU [off]',
-      'Detach GPU 0 (NVIDIA H100 80GB HBM3 (simulated)) [off]',
+      '---',
+      'Detach GPU 0 [off]',
+      '---',
       'Force-detach GPU 0… [off]',
+      '---',
       'Open the GPU panel'
     ]);
     const down = state(reply([], { free: 1 }), { connection: 'reconnecting' });
@@ -119,14 +118,24 @@ describe('menuEntries', () => {
   it('without a reading says the service is not reachable', () => {
     expect(summary(state(null))).toEqual([
       'Attach a GPU (GPU service not reachable) [off]',
+      '---',
       'Open the GPU panel'
     ]);
+  });
+
+  it("names GPUs by the node index, with the kernel's CUDA index where it differs", () => {
+    expect(summary(state(reply([gpu(1)], { free: 0 })))).toContain(
+      'Detach GPU 1 (cuda:0 in this notebook)'
+    );
   });
 });
 
 describe('the toolbar button', () => {
-  it('reads "GPU" then "GPU ×N"', () => {
+  it('reads "GPU · N free", "GPU", then "GPU ×N"', () => {
     expect(buttonLabel(null, trans)).toBe('GPU');
+    expect(buttonLabel(state(reply([], { free: 2 })), trans)).toBe(
+      'GPU · 2 free'
+    );
     expect(buttonLabel(state(reply([gpu(0)])), trans)).toBe('GPU');
     expect(buttonLabel(state(reply([gpu(0), gpu(1)])), trans)).toBe('GPU ×2');
   });
@@ -140,7 +149,7 @@ describe('the toolbar button', () => {
       of: 3
     };
     const waiting = state(reply([]), { operation });
-    expect(buttonLabel(waiting, trans)).toBe('GPU 2/3');
+    expect(buttonLabel(waiting, trans)).toBe('queued #2');
     expect(buttonDescription(waiting, trans)).toBe(
       'GPUs: waiting for a free GPU… position 2 of 3'
     );
@@ -150,16 +159,16 @@ describe('the toolbar button', () => {
     const unplaced = { ...operation, position: undefined, of: undefined };
     expect(waitingMessage(unplaced, trans)).toBe('Waiting for a free GPU…');
     expect(buttonLabel(state(reply([]), { operation: unplaced }), trans)).toBe(
-      'GPU'
+      'waiting'
     );
   });
 
   it('has an accessible name for every state', () => {
     expect(buttonDescription(state(reply([], { free: 2 })), trans)).toBe(
-      'GPUs: none attached to this kernel, 2 free'
+      'GPUs: none attached to this notebook, 2 free'
     );
     expect(buttonDescription(state(reply([gpu(0)], { free: 1 })), trans)).toBe(
-      'GPUs: 1 attached to this kernel, 1 free'
+      'GPUs: 1 attached to this notebook, 1 free'
     );
     const waiting = state(null, {
       operation: { kind: 'attach', count: 1, waiting: true }

@@ -1,8 +1,19 @@
 /**
- * jsdom has no `crypto.randomUUID` (browsers have it in secure contexts); the
- * model makes its request ids with it, so the tests get Node's.
+ * What jsdom lacks and the tested modules use:
+ *
+ * - `DragEvent`, which `@lumino/dragdrop` (loaded by `@lumino/widgets`)
+ *   subclasses at import time; a plain `MouseEvent` subclass is enough for
+ *   modules that never drag;
+ * - `crypto.randomUUID` (browsers have it in secure contexts); the model makes
+ *   its request ids with it, so the tests get Node's.
  */
 import { webcrypto } from 'crypto';
+
+if (typeof (globalThis as { DragEvent?: unknown }).DragEvent === 'undefined') {
+  (globalThis as { DragEvent?: unknown }).DragEvent = class extends (
+    MouseEvent
+  ) {};
+}
 
 if (typeof globalThis.crypto?.randomUUID !== 'function') {
   Object.defineProperty(globalThis, 'crypto', {

@@ -73,8 +73,7 @@ def churn(state_dir: Path) -> None:
         )
         uuids = [entry.gpu.uuid for entry in entries]
         ledger.mark_granted(uuids)
-        for uuid in uuids:
-            ledger.begin_release(uuid)
+        ledger.begin_release(uuids)
         ledger.release(uuids)
         say(str(round_number))
 

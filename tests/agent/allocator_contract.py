@@ -7,10 +7,11 @@ restart), at least three distinct containers to reserve for, and at least four c
 The local ledger runs it in ``test_allocator.py``; the Kubernetes allocator runs it against the
 fake API server and the kubelet simulator.
 
-What it proves: reservations are all or nothing; a request id makes a retry idempotent per
-target; too few free GPUs or a deadline already passed reserve nothing; a release frees; every
-state survives a fresh instance's ``load()`` (crash safety); concurrent reservers never share a
-GPU; the state transitions refuse what they must.
+What it proves: reservations are all or nothing; request ids are recorded (their meaning is the
+service's); too few free GPUs or a deadline already passed reserve nothing; a release frees;
+every state survives a fresh instance's ``load()`` (crash safety); concurrent reservers never
+share a GPU; every (transition, state) pair of ``seams.TRANSITIONS`` leads where the table says
+or raises its error, durably, and a refused call changes none of its GPUs.
 """
 
 from __future__ import annotations
@@ -22,20 +23,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import RequestId
-from jupyter_gpu_hotplug.agent.core.errors import (
-    Busy,
-    InsufficientGpus,
-    InvalidRequest,
-    NotFound,
-    Timeout,
-)
+from jupyter_gpu_hotplug._structs import GpuUuid, RequestId
+from jupyter_gpu_hotplug.agent.core.errors import Busy, InsufficientGpus, NotFound, Timeout
 from jupyter_gpu_hotplug.agent.core.seams import (
+    TRANSITIONS,
     Allocator,
     GpuRecord,
     HostContainer,
+    IllegalTransition,
     Reservation,
     ReservationState,
+    Transition,
 )
 
 __all__ = ["AllocatorContract", "AllocatorSetup"]
@@ -78,6 +76,31 @@ async def _reserve(
     )
 
 
+async def _in_state(
+    allocator: Allocator, setup: AllocatorSetup, state: ReservationState | None, *, index: int = 0
+) -> GpuUuid:
+    """A GPU whose reservation is in ``state`` (None: a candidate nobody reserved), made for
+    ``setup.containers[index]`` through the transitions themselves."""
+    if state is None:
+        return setup.candidates[-1].uuid
+    (entry,) = await _reserve(allocator, setup, setup.containers[index], 1)
+    uuid = entry.gpu.uuid
+    if state is not ReservationState.RESERVING:
+        await allocator.mark_granted([uuid])
+    if state is ReservationState.RELEASING:
+        await allocator.begin_release([uuid])
+    return uuid
+
+
+async def _call(
+    allocator: Allocator, transition: Transition, uuids: list[GpuUuid]
+) -> list[Reservation]:
+    method: Callable[[list[GpuUuid]], Awaitable[list[Reservation]]] = getattr(
+        allocator, transition.value
+    )
+    return await method(uuids)
+
+
 class AllocatorContract:
     """The contract tests; subclass as ``Test...`` with an ``allocator_setup`` fixture."""
 
@@ -101,22 +124,21 @@ class AllocatorContract:
         assert allocator.attachments_of(second.target) == []
         assert _uuids(allocator.all_attachments()) == _uuids(taken)
 
-    async def test_request_id_makes_a_retry_idempotent_per_target(
+    async def test_request_ids_are_recorded_not_interpreted(
         self, allocator_setup: AllocatorSetup
     ) -> None:
+        # Whether an attach repeats an earlier one is the service's decision (made once, under
+        # the target's lock): the allocator only keeps the id with each reservation.
         setup = allocator_setup
         allocator = await _loaded(setup)
         first, second = setup.containers[:2]
 
-        original = await _reserve(allocator, setup, first, 2, request_id="retry-1")
-        again = await _reserve(allocator, setup, first, 2, request_id="retry-1")
-        other = await _reserve(allocator, setup, second, 1, request_id="retry-1")
+        mine = await _reserve(allocator, setup, first, 2, request_id="retry-1")
+        theirs = await _reserve(allocator, setup, second, 1, request_id="retry-1")
 
-        assert _uuids(again) == _uuids(original)
-        assert not _uuids(other) & _uuids(original)
-        assert len(allocator.all_attachments()) == 3
-        with pytest.raises(InvalidRequest):
-            await _reserve(allocator, setup, first, 1, request_id="retry-1")
+        assert {entry.request_id for entry in mine + theirs} == {"retry-1"}
+        assert not _uuids(theirs) & _uuids(mine)
+        assert [e.request_id for e in allocator.attachments_of(first.target)] == ["retry-1"] * 2
 
     async def test_passed_deadline_reserves_nothing(self, allocator_setup: AllocatorSetup) -> None:
         setup = allocator_setup
@@ -147,24 +169,101 @@ class AllocatorContract:
             setup.candidates
         )
 
-    async def test_transitions(self, allocator_setup: AllocatorSetup) -> None:
+    @pytest.mark.parametrize(
+        ("transition", "state"),
+        list(TRANSITIONS),
+        ids=[f"{t}-from-{s or 'nothing'}" for t, s in TRANSITIONS],
+    )
+    async def test_every_transition_follows_the_table(
+        self,
+        allocator_setup: AllocatorSetup,
+        transition: Transition,
+        state: ReservationState | None,
+    ) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        uuid = await _in_state(allocator, setup, state)
+        expected = TRANSITIONS[transition, state]
+
+        if isinstance(expected, ReservationState):
+            (entry,) = await _call(allocator, transition, [uuid])
+            assert entry.state is expected
+            assert (entry.granted_at is not None) == (expected is not ReservationState.RESERVING)
+        else:
+            with pytest.raises(expected):
+                await _call(allocator, transition, [uuid])
+            expected = state  # type: ignore[assignment]  # refused: nothing changed
+
+        now = allocator.get(uuid)
+        assert (None if now is None else now.state) is expected
+        again = (await _loaded(setup)).get(uuid)
+        assert (None if again is None else again.state) is expected
+
+    @pytest.mark.parametrize(
+        ("transition", "states", "error"),
+        [
+            (
+                Transition.BEGIN_RELEASE,
+                (ReservationState.GRANTED, ReservationState.RESERVING),
+                Busy,
+            ),
+            (Transition.BEGIN_RELEASE, (ReservationState.GRANTED, None), NotFound),
+            (
+                Transition.MARK_GRANTED,
+                (ReservationState.RESERVING, ReservationState.RELEASING),
+                IllegalTransition,
+            ),
+            (
+                Transition.CANCEL_RELEASE,
+                (ReservationState.RELEASING, ReservationState.RESERVING),
+                IllegalTransition,
+            ),
+        ],
+        ids=["begin-release", "begin-release-unknown", "mark-granted", "cancel-release"],
+    )
+    async def test_a_refused_transition_changes_none_of_its_gpus(
+        self,
+        allocator_setup: AllocatorSetup,
+        transition: Transition,
+        states: tuple[ReservationState | None, ...],
+        error: type[Exception],
+    ) -> None:
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        uuids = [
+            await _in_state(allocator, setup, state, index=i) for i, state in enumerate(states)
+        ]
+        before = [allocator.get(uuid) for uuid in uuids]
+
+        with pytest.raises(error):
+            await _call(allocator, transition, uuids)
+
+        assert [allocator.get(uuid) for uuid in uuids] == before
+        restarted = await _loaded(setup)
+        assert [None if e is None else e.state for e in map(restarted.get, uuids)] == list(states)
+
+    async def test_transitions_keep_what_they_record(self, allocator_setup: AllocatorSetup) -> None:
         setup = allocator_setup
         allocator = await _loaded(setup)
         container = setup.containers[0]
         one, two = await _reserve(allocator, setup, container, 2)
 
-        with pytest.raises(Busy):
-            await allocator.begin_release([one.gpu.uuid])  # still reserving
-        granted = await allocator.mark_granted([one.gpu.uuid, two.gpu.uuid])
-        assert {e.state for e in granted} == {ReservationState.GRANTED}
-        assert all(e.granted_at is not None for e in granted)
+        granted = await allocator.mark_granted(
+            [one.gpu.uuid, two.gpu.uuid], nodes_created=[one.gpu.uuid]
+        )
+        assert [(e.state, e.node_created) for e in granted] == [
+            (ReservationState.GRANTED, True),
+            (ReservationState.GRANTED, False),
+        ]
         assert await allocator.mark_granted([one.gpu.uuid]) == [granted[0]]  # unchanged
-        (releasing,) = await allocator.begin_release([one.gpu.uuid])
-        assert releasing.state is ReservationState.RELEASING
+        await allocator.begin_release([one.gpu.uuid])
         (back,) = await allocator.cancel_release([one.gpu.uuid])
-        assert back.state is ReservationState.GRANTED
-        with pytest.raises(NotFound):
-            await allocator.begin_release([setup.candidates[-1].uuid])
+        # A cancelled release is the grant as it was: same time, same node record.
+        assert (back.state, back.granted_at, back.node_created) == (
+            ReservationState.GRANTED,
+            granted[0].granted_at,
+            True,
+        )
         assert allocator.get(one.gpu.uuid) == back
         assert allocator.get(setup.candidates[-1].uuid) is None
 
@@ -225,8 +324,7 @@ class AllocatorContract:
         } == set(ReservationState)
         assert restarted.get(granted.gpu.uuid) is not None
         assert restarted.get(granted.gpu.uuid).node_created  # type: ignore[union-attr]
-        again = await _reserve(restarted, setup, a, 1, request_id="r-a")
-        assert _uuids(again) == {reserving.gpu.uuid}
+        assert restarted.get(reserving.gpu.uuid).request_id == "r-a"  # type: ignore[union-attr]
 
     async def test_concurrent_reservers_never_share_a_gpu(
         self, allocator_setup: AllocatorSetup

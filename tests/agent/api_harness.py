@@ -221,6 +221,8 @@ class ServedAgent:
     tcp: ApiClient
     unix: ApiClient
     loop: asyncio.AbstractEventLoop
+    metrics: ApiClient | None = None
+    """The metrics address of its own, when the agent was given one."""
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run ``coroutine`` on the agent's event loop and wait for its result."""
@@ -248,8 +250,11 @@ def _start_loop() -> _LoopThread:
 
 
 @contextlib.contextmanager
-def serve_agent(tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8) -> Iterator[ServedAgent]:
-    """Start an agent over fakes, yield it, stop everything."""
+def serve_agent(
+    tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8, metrics_listen: bool = False
+) -> Iterator[ServedAgent]:
+    """Start an agent over fakes, yield it, stop everything (``metrics_listen``: /metrics on a
+    TCP port of its own, reached through ``ServedAgent.metrics``)."""
     host = FakeHost()
     resolver = FakeResolver(host)
     injector = FakeInjector(host)
@@ -262,6 +267,7 @@ def serve_agent(tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8) -> Iterator
         max_gpus_per_target=max_gpus,
         simulate=0,
         reconcile_interval=0,
+        metrics_listen=(TcpAddress("127.0.0.1", 0),) if metrics_listen else (),
     )
     components = Components(
         settings=settings,
@@ -294,6 +300,9 @@ def serve_agent(tmp_path: Path, *, gpus: int = 4, max_gpus: int = 8) -> Iterator
                 tcp=ApiClient(tcp_address, TOKEN),
                 unix=ApiClient(UnixAddress(socket_path)),
                 loop=runner.loop,
+                metrics=None
+                if agent.metrics_server is None
+                else ApiClient(agent.metrics_server.bound[0].actual),
             )
         finally:
             runner.run(agent.stop())

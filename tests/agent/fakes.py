@@ -27,10 +27,8 @@ from jupyter_gpu_hotplug._structs import (
     TargetRef,
 )
 from jupyter_gpu_hotplug.agent.core.errors import (
-    Busy,
     Forbidden,
     InsufficientGpus,
-    InvalidRequest,
     NotFound,
     Timeout,
 )
@@ -49,6 +47,8 @@ from jupyter_gpu_hotplug.agent.core.seams import (
     HostContainer,
     Reservation,
     ReservationState,
+    Transition,
+    plan_transition,
 )
 from jupyter_gpu_hotplug.agent.local.resolver import LOCAL_TARGET_HINT
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
@@ -167,10 +167,10 @@ class FakeResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                f"this agent runs the local backend and cannot act on {ref}",
-                field="target",
-                hint=LOCAL_TARGET_HINT,
+            raise NotFound(
+                "pod",
+                f"{ref.namespace}/{ref.name}",
+                hint=f"this agent runs the local backend; {LOCAL_TARGET_HINT}",
             )
         process = self.host.processes.get(ref.pid)
         if process is None:
@@ -292,6 +292,7 @@ class FakeInjector:
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         where = self._container(target)
         chars = tuple(node.device for node in devices)
@@ -299,8 +300,11 @@ class FakeInjector:
         if self.revoke_error is not None:
             raise self.revoke_error()
         busy = [h for char in chars for h in self.holders_of.get((where, char), [])]
-        if busy and not force:
+        if busy and not force and not leave_open:
             raise DeviceInUse(busy)
+        if leave_open and not force:
+            self.granted.get(where, set()).difference_update(chars)
+            return
         for char in chars:
             self.forced.extend(self.holders_of.pop((where, char), []))
         self.granted.get(where, set()).difference_update(chars)
@@ -397,15 +401,6 @@ class MemoryAllocator:
     ) -> list[Reservation]:
         if time.monotonic() > deadline:
             raise Timeout("deadline passed", wait_seconds=0)
-        mine = self.attachments_of(container.target)
-        if request_id is not None:
-            earlier = [e for e in mine if e.request_id == request_id]
-            if earlier and len(earlier) != count:
-                raise InvalidRequest.request_id_reused(
-                    request_id, used=len(earlier), requested=count
-                )
-            if earlier:
-                return earlier
         free = [gpu for gpu in candidates if gpu.uuid not in self._entries]
         if len(free) < count:
             raise InsufficientGpus(free=len(free), requested=count)
@@ -435,30 +430,31 @@ class MemoryAllocator:
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
-        for uuid in uuids:
-            if self._entries[uuid].state is ReservationState.RESERVING:
+        return self._move(Transition.MARK_GRANTED, uuids, nodes_created)
+
+    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        return self._move(Transition.BEGIN_RELEASE, uuids)
+
+    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        return self._move(Transition.CANCEL_RELEASE, uuids)
+
+    def _move(
+        self,
+        transition: Transition,
+        uuids: Collection[GpuUuid],
+        nodes_created: Collection[GpuUuid] = (),
+    ) -> list[Reservation]:
+        for uuid, state in plan_transition(transition, uuids, self._entries.get).items():
+            entry = self._entries[uuid]
+            if entry.state is ReservationState.RESERVING:
                 self._change(
                     uuid,
-                    state=ReservationState.GRANTED,
+                    state=state,
                     granted_at=datetime.now(UTC),
                     node_created=uuid in nodes_created,
                 )
-        return _ordered(self._entries[uuid] for uuid in uuids)
-
-    async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        for uuid in uuids:
-            entry = self._entries.get(uuid)
-            if entry is None:
-                raise NotFound("attachment", uuid)
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
-            self._change(uuid, state=ReservationState.RELEASING)
-        return _ordered(self._entries[uuid] for uuid in uuids)
-
-    async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        for uuid in uuids:
-            if self._entries[uuid].state is ReservationState.RELEASING:
-                self._change(uuid, state=ReservationState.GRANTED)
+            elif entry.state is not state:
+                self._change(uuid, state=state)
         return _ordered(self._entries[uuid] for uuid in uuids)
 
     async def release(self, uuids: Collection[GpuUuid]) -> None:

@@ -1,5 +1,6 @@
-"""The ledger's in-memory copy (``LedgerAllocator``) and the ledger transition it relies on
-to undo a refused release (``Ledger.cancel_release``)."""
+"""The allocator contract (``allocator_contract.py``: every transition of the one table,
+``seams.TRANSITIONS``) run over the ledger and over the tests' in-memory allocator, and the
+ledger's in-memory copy (``LedgerAllocator``) kept exact."""
 
 from __future__ import annotations
 
@@ -20,11 +21,7 @@ from jupyter_gpu_hotplug.agent.core.seams import (
 )
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
-from jupyter_gpu_hotplug.agent.local.ledger import (
-    Ledger,
-    LedgerError,
-    LedgerStateError,
-)
+from jupyter_gpu_hotplug.agent.local.ledger import Ledger, LedgerError
 
 from .allocator_contract import AllocatorContract, AllocatorSetup
 from .fakes import FakeHost, MemoryAllocator
@@ -41,30 +38,6 @@ KEY = ContainerKey("local:test-container")
 def ledger(tmp_path: Path) -> Iterator[Ledger]:
     with Ledger.open(tmp_path / "state") as opened:
         yield opened
-
-
-def test_cancel_release_gives_the_gpu_back(ledger: Ledger) -> None:
-    (entry,) = ledger.reserve(KERNEL, 1, container=KEY, candidates=GPUS)
-    ledger.mark_granted([entry.gpu.uuid])
-    ledger.begin_release(entry.gpu.uuid)
-
-    (back,) = ledger.cancel_release([entry.gpu.uuid])
-
-    assert back.state is ReservationState.GRANTED
-    assert back.granted_at is not None
-    # Already granted: unchanged.
-    assert ledger.cancel_release([entry.gpu.uuid]) == [back]
-
-
-def test_cancel_release_refuses_what_is_not_being_released(ledger: Ledger) -> None:
-    (reserving,) = ledger.reserve(KERNEL, 1, container=KEY, candidates=GPUS)
-
-    with pytest.raises(LedgerStateError, match="reserving"):
-        ledger.cancel_release([reserving.gpu.uuid])
-    with pytest.raises(LedgerStateError, match="not attached"):
-        ledger.cancel_release([GPUS[2].uuid])
-    (entry,) = ledger.attachments()
-    assert entry.state is ReservationState.RESERVING
 
 
 def host_container() -> HostContainer:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.agent.settings import TcpAddress, UnixAddress
 from jupyter_gpu_hotplug.cli import main
+from jupyter_gpu_hotplug.cli_agent import holder_name
 
 from .api_harness import TOKEN, ServedAgent, self_in
 
@@ -90,7 +93,73 @@ def test_tcp_with_token_file_and_pid(
     assert main(["status", "--agent-url", url, "--token-file", str(token)]) == 0
     out = capsys.readouterr().out
     assert "attached -> process 200" in out
-    assert "attachments: not shown" in out
+    assert "this shell: no GPUs of its own (--pid N shows those of a process)" in out
+
+
+def test_holders_are_named_by_their_notebook(tmp_path: Path) -> None:
+    """The demo's banner line runs ``status`` on the host: a kernel's GPU shows its notebook."""
+    env = {**os.environ, "JPY_SESSION_NAME": "team/train.ipynb"}
+    with subprocess.Popen(["sleep", "600"], env=env) as kernel:
+        try:
+            assert holder_name(PidRef(kernel.pid)) == f"team/train.ipynb (process {kernel.pid})"
+        finally:
+            kernel.kill()
+    assert holder_name(PidRef(os.getpid())) == f"process {os.getpid()}"
+
+
+def test_a_sandboxed_kernel_is_named_by_the_notebook_below_its_sandbox_pid() -> None:
+    """The agent names a sandbox by its first process; the kernel (with the notebook in its
+    environment) runs below it."""
+    script = "JPY_SESSION_NAME=team/train.ipynb sleep 600 & wait"
+    with subprocess.Popen(["bash", "-c", script], env=dict(os.environ)) as sandbox:
+        children = Path(f"/proc/{sandbox.pid}/task/{sandbox.pid}/children")
+        kernels: list[str] = []
+        try:
+            while not kernels:  # until bash has forked
+                kernels = children.read_text().split()
+                os.sched_yield()
+            while not Path(f"/proc/{kernels[0]}/cmdline").read_bytes().startswith(b"sleep"):
+                os.sched_yield()  # ...and the child has exec'd sleep, with its environment
+            expected = f"team/train.ipynb (process {sandbox.pid})"
+            assert holder_name(PidRef(sandbox.pid)) == expected
+        finally:
+            for kernel in kernels:
+                os.kill(int(kernel), signal.SIGKILL)
+            sandbox.kill()
+
+
+def test_detach_by_node_index_or_uuid_beginning(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["attach", "2", "--agent-url", unix_url]) == 0
+    first, second = sorted(served.ledger.attachments(), key=lambda a: a.gpu.index)
+    capsys.readouterr()
+
+    assert main(["detach", str(first.gpu.index), "--agent-url", unix_url]) == 0
+    assert capsys.readouterr().out == f"detached {first.gpu.uuid}\n"
+    assert main(["detach", second.gpu.uuid[:12], "--agent-url", unix_url]) == 0
+    assert capsys.readouterr().out == f"detached {second.gpu.uuid}\n"
+    assert main(["detach", "9", "--agent-url", unix_url]) == 1
+    assert "'9' names no GPU of this node (0 = GPU-" in capsys.readouterr().err
+
+
+def test_none_free_says_how_to_wait(
+    served: ServedAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = served.tcp.address
+    assert isinstance(address, TcpAddress)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    common = ["--agent-url", f"http://{address.host}:{address.port}", "--token-file", str(token)]
+    served.host.spawn(200, "kernel-b")
+    served.host.spawn(201, "kernel-c")
+    assert main(["attach", "4", *common, "--pid", "200"]) == 0
+    capsys.readouterr()
+
+    assert main(["attach", "1", *common, "--pid", "201"]) == 1
+    err = capsys.readouterr().err
+    assert "0 free" in err
+    assert err.endswith("to wait for one in the queue: add --wait SECONDS\n")
 
 
 def test_errors_exit_1_with_the_agents_message(

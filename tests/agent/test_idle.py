@@ -297,3 +297,17 @@ async def test_the_next_holder_starts_its_own_idle_period(idle: Idle) -> None:
     assert await idle.after(599) == []
     assert await idle.after(1) == [uuid], "B's own 600 s"
     assert idle.attached(second) == []
+
+
+async def test_held_gpus_are_those_a_process_holds_open_not_nvml_busy_ones(idle: Idle) -> None:
+    """What the simulation asks to decide which simulated GPUs work: the device-node scan only
+    (NVML's utilisation is the simulation's own output there)."""
+    first, held = await idle.attach(100)
+    _, other = await idle.attach(200)
+    idle.usage[other] = 90
+    assert await idle.releaser.held_gpus() == set()
+
+    [entry] = idle.harness.allocator.attachments_of(first.target)
+    idle.harness.injector.hold(first, entry.gpu.minor, pid=101)
+
+    assert await idle.releaser.held_gpus() == {held}

@@ -163,12 +163,33 @@ async def test_an_agent_of_one_profile_gives_every_attach_slices_of_it(
 
 async def test_unknown_profile(harness: Harness, node: FakeNvmlConfig) -> None:
     harness.host.spawn(100, "kernel-100")
-    with pytest.raises(InvalidRequest, match=r"no MIG slice of profile 2g\.20gb") as caught:
+    with pytest.raises(InsufficientGpus, match=r"no MIG slice of profile 2g\.20gb") as caught:
         await harness.service.attach(ADMIN, mig_request(100, profile="2g.20gb"))
     assert "1g.10gb" in caught.value.message
+    assert (caught.value.free, caught.value.retryable) == (0, False)
 
 
 async def test_no_mig_on_the_node(harness: Harness) -> None:
     harness.host.spawn(100, "kernel-100")
-    with pytest.raises(InvalidRequest, match="no GPU of this node is in MIG mode"):
+    with pytest.raises(InsufficientGpus, match="no GPU of this node is in MIG mode"):
         await harness.service.attach(ADMIN, mig_request(100))
+
+
+async def test_a_lost_slice_goes_through_the_same_rule_as_a_detach(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    """Issue 23: ``take_back`` (a holder lost) revokes the slice's caps nodes and keeps the
+    GPU node the container's other slice needs; the reservation is released."""
+    kernel = harness.host.spawn(100, "kernel-100")
+    both = await harness.service.attach(ADMIN, mig_request(100, count=2))
+    slices = {device.uuid: i for i, device in enumerate(node.gpus[0].mig_devices)}
+    lost, kept = (a["uuid"] for a in both["attachments"])
+    entry = harness.allocator.get(GpuUuid(lost))
+    assert entry is not None
+
+    outcome = await harness.service.take_back(entry, force=False)
+
+    assert outcome is not None and not outcome.gone and not outcome.forced
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[kept])
+    assert harness.allocator.get(GpuUuid(lost)) is None
+    assert await harness.service.take_back(entry, force=False) is None, "already released"

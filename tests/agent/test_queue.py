@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -22,7 +23,13 @@ from jupyter_gpu_hotplug._structs import (
     PidRef,
     RequestId,
 )
-from jupyter_gpu_hotplug.agent.core.errors import Busy, InsufficientGpus, NotFound, Timeout
+from jupyter_gpu_hotplug.agent.core.errors import (
+    Busy,
+    Forbidden,
+    InsufficientGpus,
+    NotFound,
+    Timeout,
+)
 from jupyter_gpu_hotplug.agent.core.queue import WaitQueue
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 from jupyter_gpu_hotplug.agent.core.service import AgentService
@@ -274,3 +281,33 @@ async def test_a_request_that_does_not_wait_is_answered_at_once(queue: Queue) ->
             ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
         )
     assert len(queue.service.queue) == 0
+
+
+async def test_a_waiting_request_counts_towards_its_targets_limit(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A request is admitted once, when it joins the queue; so what it waits for must count as
+    # held, or a second request of the same target could pass the limit meanwhile.
+    monkeypatch.setattr(
+        queue.service, "_config", replace(queue.service._config, max_gpus_per_target=2)
+    )
+    await queue.ask(100)  # takes the one free GPU
+    first = queue.ask(200, count=2)
+    await queue.until_waiting(1)
+
+    with pytest.raises(Forbidden) as caught:
+        await queue.service.attach(ADMIN, waiting(200))
+    assert caught.value.extra == {"limit": 2, "attached": 2, "requested": 1}
+    assert len(queue.service.queue) == 1
+    assert not first.done()
+
+
+async def test_a_retry_of_a_served_request_does_not_queue(queue: Queue) -> None:
+    served = await queue.ask(100, request_id="once")
+    queue.ask(200)
+    await queue.until_waiting(1)
+
+    again = await queue.service.attach(ADMIN, waiting(100, request_id="once"))
+
+    assert again == served
+    assert len(queue.service.queue) == 1

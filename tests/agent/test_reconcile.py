@@ -170,6 +170,24 @@ async def test_unrecorded_access_is_revoked(harness: Harness) -> None:
     assert harness.injector.usable(kernel.target) == {CharDevice(195, mine.minor)}
 
 
+async def test_a_device_plugins_gpu_is_never_unrecorded(harness: Harness) -> None:
+    """Issue 21: a pod that got a GPU from the device plugin and hot-attaches another keeps
+    the plugin's (the backend says which: ``Reconciler.assigned``)."""
+    kernel = harness.host.spawn(100, "kernel-a")
+    mine = await attach(harness, kernel)
+    plugin = harness.inventory.gpus[3]
+    harness.injector.granted[kernel.container].add(CharDevice(195, plugin.minor))
+    harness.reconciler.assigned = lambda container: {plugin.uuid} if container.pid == 100 else ()
+
+    report = await harness.reconciler.run_once()
+
+    assert not report.changed
+    assert harness.injector.usable(kernel.target) == {
+        CharDevice(195, mine.minor),
+        CharDevice(195, plugin.minor),
+    }
+
+
 async def test_two_targets_in_one_container_keep_their_own(harness: Harness) -> None:
     first = harness.host.spawn(100, "kernel-a")
     second = harness.host.spawn(101, "kernel-a")

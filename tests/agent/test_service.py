@@ -79,13 +79,16 @@ async def test_insufficient_gpus_changes_nothing(harness: Harness) -> None:
     assert harness.sample("gpu_hotplug_attach_total", result="insufficient_gpus") == 1
 
 
-async def test_count_above_the_node_is_invalid(harness: Harness) -> None:
+async def test_count_above_the_node_can_never_be_served(harness: Harness) -> None:
+    # A well-formed request the node cannot serve however long it waits: 409, not retryable
+    # (the document calls any positive count valid; the node's size is known only here).
     harness.host.spawn(100, "kernel-a")
 
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(InsufficientGpus) as caught:
         await harness.service.attach(ADMIN, request(5, pid=100))
 
-    assert caught.value.field == "count"
+    assert (caught.value.free, caught.value.requested, caught.value.retryable) == (4, 5, False)
+    assert "more than this node's 4 GPU(s)" in caught.value.message
 
 
 async def test_per_target_limit(tmp_path: Path, workers: Workers) -> None:
@@ -270,19 +273,21 @@ async def test_peer_may_act_on_its_own_container_only(harness: Harness) -> None:
 
 
 async def test_tcp_caller_must_name_a_target(harness: Harness) -> None:
-    with pytest.raises(InvalidRequest) as caught:
+    # "The caller itself" over TCP is no container: well formed, and not found.
+    with pytest.raises(NotFound, match="name the target") as caught:
         await harness.service.attach(ADMIN, request(1))
 
-    assert caught.value.field == "target"
+    assert caught.value.resource == "container of the caller"
 
 
 async def test_pod_targets_need_the_kubernetes_backend(harness: Harness) -> None:
     pod = AttachRequest(count=1, target=PodTarget("ns", "pod"), wait_seconds=60.0, request_id=None)
 
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(NotFound) as caught:
         await harness.service.attach(ADMIN, pod)
 
-    assert "local" in caught.value.message
+    assert (caught.value.resource, caught.value.name) == ("pod", "ns/pod")
+    assert "local backend" in caught.value.message
 
 
 async def test_refused_targets(harness: Harness) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpu_hotplug.agent.app import AgentApp
 from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
+from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
     AgentSettings,
@@ -77,6 +79,7 @@ def settings(**changes: object) -> AgentSettings:
         ({"socket_mode": 0o1000}, "socket_mode"),
         ({"simulate": 65}, "simulate"),
         ({"reconcile_interval": -1.0}, "reconcile_interval"),
+        ({"lost_grace_seconds": -1.0}, "lost_grace_seconds"),
     ],
 )
 def test_settings_are_checked(changes: dict[str, object], message: str) -> None:
@@ -105,6 +108,49 @@ def test_settings_describe_themselves_without_secrets() -> None:
 def test_a_mig_resource_name_names_its_profile(resource_name: str, profile: str | None) -> None:
     kubernetes = KubernetesSettings(node_name="n", resource_name=resource_name)
     assert kubernetes.mig_profile == profile
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"holder_image_pull_policy": "Sometimes"}, "holder_image_pull_policy"),
+        ({"holder_priority_class": "Not_A_Name"}, "not a Kubernetes object name"),
+        ({"holder_image_pull_secrets": ("ok", "bad/name")}, "not a Kubernetes object name"),
+        ({"holder_cpu": "lots"}, "holder_cpu"),
+        ({"holder_memory": "24MB"}, "holder_memory"),
+        ({"stray_policy": "kill"}, "stray_policy"),
+    ],
+)
+def test_holder_and_sweep_settings_are_checked(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        KubernetesSettings(node_name="n", **changes)  # type: ignore[arg-type]
+
+
+def test_holder_settings_reach_the_agent_from_its_flags() -> None:
+    app = AgentApp()
+    app.initialize(
+        [
+            "--backend=kubernetes",
+            "--node-name=n",
+            "--holder-priority-class=",
+            "--holder-image-pull-policy=Always",
+            "--holder-image-pull-secret=mirror",
+            "--holder-image-pull-secret=backup",
+            "--holder-memory=32Mi",
+            "--stray-policy=revoke",
+            "--lost-grace=5",
+            "--lost-policy=force",
+        ]
+    )
+    resolved = app.resolved_settings()
+    kubernetes = resolved.kubernetes
+    assert kubernetes is not None
+    assert kubernetes.holder_priority_class == ""
+    assert kubernetes.holder_image_pull_policy == "Always"
+    assert kubernetes.holder_image_pull_secrets == ("mirror", "backup")
+    assert (kubernetes.holder_cpu, kubernetes.holder_memory) == ("10m", "32Mi")
+    assert kubernetes.stray_policy == "revoke"
+    assert (resolved.lost_grace_seconds, resolved.lost_policy) == (5.0, LostPolicy.FORCE)
 
 
 def _record(**extra: object) -> logging.LogRecord:

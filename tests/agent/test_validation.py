@@ -49,7 +49,10 @@ def pod(**members: object) -> dict[str, object]:
 
 VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
     ("count-only", b'{"count": 1}', AttachRequest(1, None, DEFAULT_WAIT_SECONDS, None)),
-    ("max-count", b'{"count": 4}', AttachRequest(4, None, DEFAULT_WAIT_SECONDS, None)),
+    ("many", b'{"count": 4096}', AttachRequest(4096, None, DEFAULT_WAIT_SECONDS, None)),
+    # JSON Schema's integer, as the document says: 1.0 and 1e0 are 1 (true is not).
+    ("integral-float", b'{"count": 1.0}', AttachRequest(1, None, DEFAULT_WAIT_SECONDS, None)),
+    ("exponent", b'{"count": 1e0}', AttachRequest(1, None, DEFAULT_WAIT_SECONDS, None)),
     ("whitespace", b' \n{ "count" : 2 }\n', AttachRequest(2, None, DEFAULT_WAIT_SECONDS, None)),
     (
         "everything",
@@ -103,7 +106,7 @@ VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
     ("raw", "expected"), [c[1:] for c in VALID_BODIES], ids=[c[0] for c in VALID_BODIES]
 )
 def test_valid_bodies(raw: bytes, expected: AttachRequest) -> None:
-    assert parse_attach_request(raw, max_count=MAX_COUNT) == expected
+    assert parse_attach_request(raw) == expected
 
 
 # --- bodies that do not -------------------------------------------------------------------------
@@ -132,17 +135,15 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("null", b"null", "body", "JSON object"),
     ("number", b"1", "body", "JSON object"),
     ("duplicate", b'{"count": 1, "count": 2}', "count", "appears twice"),
-    ("unknown-huge", body({"count": 1, "x" * 5000: 1}), "x" * 61 + "...", "unknown field(s)"),
+    ("unknown-huge", body({"count": 1, "x" * 5000: 1}), "x" * 61 + "...", "unknown member(s)"),
     ("duplicate-nested", b'{"count": 1, "target": {"pid": 5, "pid": 6}}', "pid", "appears twice"),
-    ("unknown", b'{"count": 1, "gpus": 2}', "gpus", 'unknown field(s) "gpus"'),
+    ("unknown", b'{"count": 1, "gpus": 2}', "gpus", 'unknown member(s) of the request body "gpus"'),
     ("unknown-several", b'{"count": 1, "b": 1, "a": 1}', "a", '"a", "b"'),
     ("missing-count", b"{}", "count", "count is required"),
-    ("count-zero", b'{"count": 0}', "count", "from 1 to 4"),
+    ("count-zero", b'{"count": 0}', "count", "at least 1"),
     ("count-negative", b'{"count": -1}', "count", "got -1"),
-    ("count-too-many", b'{"count": 5}', "count", "from 1 to 4"),
     ("count-bool", b'{"count": true}', "count", "got true"),
-    ("count-float", b'{"count": 1.0}', "count", "got 1.0"),
-    ("count-exponent", b'{"count": 1e0}', "count", "integer"),
+    ("count-fraction", b'{"count": 1.5}', "count", "got 1.5"),
     ("count-string", b'{"count": "1"}', "count", 'got "1"'),
     ("count-null", b'{"count": null}', "count", "got null"),
     ("count-object", b'{"count": {}}', "count", "got an object"),
@@ -155,7 +156,7 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("request-id-empty", b'{"count": 1, "request_id": ""}', "request_id", "1 to 128"),
     ("request-id-long", body({"count": 1, "request_id": "r" * 129}), "request_id", "1 to 128"),
     ("request-id-space", b'{"count": 1, "request_id": "a b"}', "request_id", '"a b"'),
-    ("request-id-slash", b'{"count": 1, "request_id": "a/b"}', "request_id", "A-Z a-z"),
+    ("request-id-slash", b'{"count": 1, "request_id": "a/b"}', "request_id", "letters, digits"),
     ("request-id-newline", b'{"count": 1, "request_id": "ab\\n"}', "request_id", "1 to 128"),
     ("request-id-unicode", body({"count": 1, "request_id": "\u00e9"}), "request_id", "1 to 128"),
     ("request-id-int", b'{"count": 1, "request_id": 7}', "request_id", "got 7"),
@@ -169,7 +170,7 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("pid-negative", b'{"count": 1, "target": {"pid": -3}}', "target.pid", "got -3"),
     ("pid-max", body({"count": 1, "target": {"pid": PID_MAX_LIMIT}}), "target.pid", "4194304"),
     ("pid-bool", b'{"count": 1, "target": {"pid": true}}', "target.pid", "got true"),
-    ("pid-float", b'{"count": 1, "target": {"pid": 5.0}}', "target.pid", "got 5.0"),
+    ("pid-fraction", b'{"count": 1, "target": {"pid": 5.5}}', "target.pid", "got 5.5"),
     ("pid-string", b'{"count": 1, "target": {"pid": "5"}}', "target.pid", 'got "5"'),
     ("pod-not-object", b'{"count": 1, "target": {"pod": "ns/x"}}', "target.pod", '"ns/x"'),
     ("pod-unknown", body(pod(uid="u")), "target.pod.uid", '"uid"'),
@@ -219,7 +220,7 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
 )
 def test_invalid_bodies(raw: bytes, field: str, message: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_attach_request(raw, max_count=MAX_COUNT)
+        parse_attach_request(raw)
     assert caught.value.field == field
     assert message in caught.value.message
     assert caught.value.to_body()["field"] == field
@@ -227,14 +228,9 @@ def test_invalid_bodies(raw: bytes, field: str, message: str) -> None:
 
 def test_body_limit_is_a_parameter() -> None:
     raw = b'{"count": 1}'
-    assert parse_attach_request(raw, max_count=1, max_body=len(raw)).count == 1
+    assert parse_attach_request(raw, max_body=len(raw)).count == 1
     with pytest.raises(InvalidRequest, match="the limit is 11"):
-        parse_attach_request(raw, max_count=1, max_body=len(raw) - 1)
-
-
-def test_max_count_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="max_count"):
-        parse_attach_request(b'{"count": 1}', max_count=0)
+        parse_attach_request(raw, max_body=len(raw) - 1)
 
 
 @pytest.mark.parametrize(
@@ -249,13 +245,13 @@ def test_max_count_must_be_positive() -> None:
 )
 def test_long_bad_input_is_not_echoed_whole(raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_attach_request(raw, max_count=MAX_COUNT)
+        parse_attach_request(raw)
     assert len(json.dumps(caught.value.to_body())) < 500
 
 
 def test_library_errors_are_chained() -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_attach_request(b"{", max_count=MAX_COUNT)
+        parse_attach_request(b"{")
     assert isinstance(caught.value.__cause__, WireFormatError)
     assert isinstance(caught.value.__cause__.__cause__, json.JSONDecodeError)
 
@@ -412,7 +408,7 @@ def test_unknown_query_names() -> None:
     with pytest.raises(InvalidRequest, match="unknown query parameter") as caught:
         check_query_names(q(pod="a/b", froce="1"), allowed={"pod", "force"})
     assert caught.value.field == "froce"
-    with pytest.raises(InvalidRequest, match="allowed: none"):
+    with pytest.raises(InvalidRequest, match="accepted: none"):
         check_query_names(q(x="1"), allowed=())
 
 
@@ -453,12 +449,12 @@ near_requests = st.recursive(
 
 def parses_or_refuses(raw: bytes) -> None:
     try:
-        result = parse_attach_request(raw, max_count=MAX_COUNT)
+        result = parse_attach_request(raw)
     except InvalidRequest as e:
         assert e.message
         json.dumps(e.to_body())
     else:
-        assert 1 <= result.count <= MAX_COUNT
+        assert result.count >= 1
         assert 0 < result.wait_seconds <= 600
 
 
@@ -535,7 +531,7 @@ def test_valid_requests_round_trip(
         obj["target"] = target.to_wire()
     if request_id is not None:
         obj["request_id"] = request_id
-    assert parse_attach_request(body(obj), max_count=MAX_COUNT) == AttachRequest(
+    assert parse_attach_request(body(obj)) == AttachRequest(
         count,
         target,
         wait,

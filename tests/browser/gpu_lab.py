@@ -29,6 +29,8 @@ BUTTON: Final = ".jp-GpuHotplug-toolbarButton button"
 TOOLBAR_ITEM: Final = ".jp-GpuHotplug-toolbarButton"
 MENU: Final = ".lm-Menu.jp-GpuHotplug-menu"
 STATUS: Final = "#jp-gpu-hotplug-gpus-status"
+STATUS_TEXT: Final = f"{STATUS} .jp-GpuHotplug-gpuStatus-text"
+"""The status item's visible summary (beside it, a visually hidden live region)."""
 PANEL: Final = "#jp-gpu-hotplug-panel"
 TOAST: Final = ".Toastify__toast"
 DIALOG: Final = ".jp-Dialog"
@@ -62,8 +64,20 @@ def quiet_lab(server: JupyterServer, *, theme: str = "JupyterLab Light") -> None
         assert answer.status == 204, answer
 
 
-def write_notebook(server: JupyterServer, name: str) -> None:
-    """A notebook with the probe cell and the demo's (sandboxed) Python kernel."""
+def _code_cell(number: int, source: str) -> dict[str, Any]:
+    return {
+        "cell_type": "code",
+        "id": "probe" if number == 0 else f"cell-{number}",
+        "source": source,
+        "metadata": {},
+        "outputs": [],
+        "execution_count": None,
+    }
+
+
+def write_notebook(server: JupyterServer, name: str, cells: tuple[str, ...] = ()) -> None:
+    """A notebook with the probe cell (then ``cells``) and the demo's (sandboxed) Python
+    kernel."""
     notebook = {
         "type": "notebook",
         "content": {
@@ -72,16 +86,7 @@ def write_notebook(server: JupyterServer, name: str) -> None:
             "metadata": {
                 "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
             },
-            "cells": [
-                {
-                    "cell_type": "code",
-                    "id": "probe",
-                    "source": PROBE,
-                    "metadata": {},
-                    "outputs": [],
-                    "execution_count": None,
-                }
-            ],
+            "cells": [_code_cell(i, source) for i, source in enumerate((PROBE, *cells))],
         },
     }
     answer = server.request("PUT", f"api/contents/{name}", notebook)
@@ -98,9 +103,12 @@ class GpuLab:
     notebook: str
 
     @classmethod
-    def open(cls, browser: Browser, demo: DemoProcess, notebook: str) -> GpuLab:
-        """A new browser context on ``notebook`` (created), in a workspace of its own."""
-        write_notebook(demo.server, notebook)
+    def open(
+        cls, browser: Browser, demo: DemoProcess, notebook: str, *, cells: tuple[str, ...] = ()
+    ) -> GpuLab:
+        """A new browser context on ``notebook`` (created, with ``cells`` after the probe),
+        in a workspace of its own."""
+        write_notebook(demo.server, notebook, cells)
         context = browser.new_context(viewport={"width": 1280, "height": 760})
         page = context.new_page()
         log = PageLog()
@@ -140,6 +148,11 @@ class GpuLab:
         return self.page.locator(STATUS)
 
     @property
+    def summary(self) -> Locator:
+        """The status bar item's visible text."""
+        return self.page.locator(STATUS_TEXT)
+
+    @property
     def panel(self) -> Locator:
         return self.page.locator(PANEL)
 
@@ -154,7 +167,8 @@ class GpuLab:
         return self.page.locator(TOAST, has_text=text)
 
     def panel_gpu(self, uuid: str) -> Locator:
-        return self.panel.locator(f"li[data-uuid='{uuid}']")
+        """The panel's group (state, actions, charts) of the GPU ``uuid``."""
+        return self.panel.locator(f"section[data-uuid='{uuid}']")
 
     # --- what the server says ----------------------------------------------------------------
 
@@ -202,6 +216,18 @@ class GpuLab:
         match = _NODES.search(output.inner_text())
         assert match is not None, output.inner_text()
         return match[1]
+
+    def cell_output(self, index: int) -> Locator:
+        """The output area of the notebook's cell ``index`` (0: the probe)."""
+        return self.page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea")
+
+    def run_all(self) -> None:
+        """Run every cell (JupyterLab's own command, from the palette) and wait until each
+        has run."""
+        self.palette("Run All Cells")
+        prompts = self.page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt")
+        for i in range(prompts.count()):
+            expect(prompts.nth(i)).to_have_text(re.compile(r"\[\d+\]"), timeout=SETTLE_MS)
 
     def palette(self, command: str) -> None:
         """Run ``command`` (its label) from the command palette, keyboard only."""

@@ -12,8 +12,9 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 from playwright.sync_api import Browser, expect
@@ -26,13 +27,19 @@ from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
 from .gpu_lab import PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
+from .screenshots import LOAD, take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
 
 GPUS = 2
+SCREENSHOTS_ENV = "GPU_HOTPLUG_SCREENSHOTS"
+"""Where ``test_screenshots_of_the_real_demo`` writes (``docs/images`` to regenerate them)."""
 
-OpenLab = Callable[[str], GpuLab]
-"""``open_lab(name)``: a page on a new notebook."""
+
+class OpenLab(Protocol):
+    """``open_lab(name, cells)``: a page on a new notebook (``cells`` after the probe)."""
+
+    def __call__(self, name: str, cells: tuple[str, ...] = ()) -> GpuLab: ...
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +63,8 @@ def open_lab(chromium: Browser, demo: DemoProcess) -> Iterator[OpenLab]:
     """``open_lab(name)``: a page on a new notebook; pages close and GPUs are freed after."""
     pages: list[GpuLab] = []
 
-    def open_page(name: str) -> GpuLab:
-        lab = GpuLab.open(chromium, demo, name)
+    def open_page(name: str, cells: tuple[str, ...] = ()) -> GpuLab:
+        lab = GpuLab.open(chromium, demo, name, cells=cells)
         pages.append(lab)
         return lab
 
@@ -77,33 +84,40 @@ def test_attach_through_the_toolbar_shows_everywhere_and_detach_takes_it_away(
     open_lab: OpenLab,
 ) -> None:
     lab = open_lab("first.ipynb")
-    expect(lab.button).to_have_text("GPU")
-    expect(lab.button).to_have_attribute("aria-label", "GPUs: none attached to this kernel, 2 free")
-    expect(lab.status).to_be_hidden()
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free")
+    expect(lab.button).to_have_attribute(
+        "aria-label", "GPUs: none attached to this notebook, 2 free"
+    )
+    expect(lab.summary).to_have_text(f"0 attached · {GPUS} free")
     assert lab.run_probe() == "[]"
     lab.open_panel()
-    expect(lab.panel.locator("li[data-state='free']")).to_have_count(GPUS)
+    expect(lab.panel.locator("section[data-state='free']")).to_have_count(GPUS)
 
     lab.choose("Attach 1 GPU")
 
-    [gpu] = lab.attached()
-    expect(lab.toast(f"Attached 1 GPU: {gpu['device']}")).to_be_visible(timeout=SETTLE_MS)
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
-    expect(lab.button).to_have_attribute("aria-label", "GPUs: 1 attached to this kernel, 1 free")
-    expect(lab.status).to_contain_text(re.compile(rf"GPU {gpu['index']} \d+%"))
+    [gpu] = lab.attached()
+    name = f"GPU {gpu['index']}"
+    # The notification names the notebook that got the GPU.
+    expect(lab.toast(f"Attached {name} ({gpu['device']}) to first.ipynb.")).to_be_visible(
+        timeout=SETTLE_MS
+    )
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    expect(lab.button).to_have_attribute("aria-label", "GPUs: 1 attached to this notebook, 1 free")
+    expect(lab.summary).to_have_text(re.compile(r"^1 GPU · \d+ % · [\d.]+/80 GiB$"))
     expect(lab.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "mine")
-    expect(lab.panel_gpu(gpu["uuid"])).to_contain_text("this kernel")
-    chart = lab.panel.locator(f"figure[data-uuid='{gpu['uuid']}'] polyline").first
-    expect(chart).to_have_attribute("points", re.compile(r"\d+\.\d,\d+\.\d \d"), timeout=SETTLE_MS)
+    expect(lab.panel_gpu(gpu["uuid"])).to_contain_text("this notebook")
+    line = lab.panel_gpu(gpu["uuid"]).locator("path.jp-GpuHotplug-chart-utilization")
+    expect(line).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"), timeout=SETTLE_MS)
     assert lab.run_probe() == f"['{gpu['device']}']"
 
-    lab.choose(f"Detach GPU {gpu['index']} (")
+    lab.choose(f"Detach {name}")
     lab.confirm("Detach")
 
-    expect(lab.toast(f"Detached GPU {gpu['index']}.")).to_be_visible(timeout=SETTLE_MS)
+    expect(lab.toast(f"Detached {name} from first.ipynb.")).to_be_visible(timeout=SETTLE_MS)
     expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
-    expect(lab.status).to_be_hidden(timeout=SETTLE_MS)
-    expect(lab.panel.locator("li[data-state='free']")).to_have_count(GPUS, timeout=SETTLE_MS)
+    expect(lab.summary).to_have_text(f"0 attached · {GPUS} free", timeout=SETTLE_MS)
+    expect(lab.panel.locator("section[data-state='free']")).to_have_count(GPUS, timeout=SETTLE_MS)
     assert lab.run_probe() == "[]"
     assert lab.attached() == []
 
@@ -135,24 +149,30 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
 ) -> None:
     owner, other = open_lab("owner.ipynb"), open_lab("other.ipynb")
     owner.choose("Attach 2 GPUs")
-    expect(owner.toast("Attached 2 GPUs")).to_be_visible(timeout=SETTLE_MS)
+    expect(owner.toast("to owner.ipynb.")).to_be_visible(timeout=SETTLE_MS)
     taken = owner.attached()
     assert len(taken) == GPUS
+    # The status bar sums both: count, mean utilisation, memory used of the total
+    # (twice 79.6 GiB, the simulated H100's memory).
+    expect(owner.summary).to_have_text(re.compile(r"^2 GPUs · \d+ % · [\d.]+/159 GiB$"))
 
     # The other notebook shows only its own GPUs (none); its panel shows them taken.
     expect(other.button).to_have_attribute(
-        "aria-label", "GPUs: none attached to this kernel, 0 free", timeout=SETTLE_MS
+        "aria-label", "GPUs: none attached to this notebook, 0 free", timeout=SETTLE_MS
     )
+    expect(other.button).to_have_text("GPU · 0 free")
     other.open_panel()
     for gpu in taken:
         expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "attached")
         expect(other.panel_gpu(gpu["uuid"])).to_contain_text("held by owner.ipynb")
 
-    # No free GPU: the command says what the server said.
-    other.palette("Attach GPUs to this kernel")
+    # No free GPU: the command says what the server said, and offers to wait.
+    other.palette("Attach GPUs to this notebook")
     refused = other.page.locator(".Toastify__toast--error")
-    expect(refused).to_contain_text("free", timeout=SETTLE_MS)
+    expect(refused).to_contain_text("other.ipynb: ", timeout=SETTLE_MS)
+    expect(refused).to_contain_text("free")
     expect(refused).not_to_contain_text("Traceback")
+    expect(refused.locator("button", has_text="Wait for a free GPU")).to_be_visible()
     # The menu offers to wait for one instead (the agent's queue).
     other.button.click()
     expect(other.menu_item("Wait for a free GPU and attach it")).not_to_have_class(
@@ -171,7 +191,7 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
         gpu["uuid"],
         processes=(SimulatedProcess(pid=worker, used_memory=None),),
     )
-    owner.choose(f"Detach GPU {gpu['index']} (")
+    owner.choose(f"Detach GPU {gpu['index']}")
     owner.confirm("Detach")
     busy = owner.page.locator(".Toastify__toast--error")
     expect(busy).to_contain_text(str(worker), timeout=SETTLE_MS)
@@ -183,13 +203,17 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     expect(dialog).to_contain_text(f"{worker} sleep", timeout=SETTLE_MS)
     owner.confirm("End processes and detach")
 
-    expect(owner.toast(f"Detached GPU {gpu['index']} (forced).")).to_be_visible(timeout=SETTLE_MS)
+    expect(owner.toast(f"Force-detached GPU {gpu['index']} from owner.ipynb.")).to_be_visible(
+        timeout=SETTLE_MS
+    )
     assert [g["uuid"] for g in owner.attached()] == [taken[1]["uuid"]]
     assert _ended(worker)
     expect(other.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "free", timeout=SETTLE_MS)
     expect(other.button).to_have_attribute(
-        "aria-label", "GPUs: none attached to this kernel, 1 free", timeout=SETTLE_MS
+        "aria-label", "GPUs: none attached to this notebook, 1 free", timeout=SETTLE_MS
     )
+    # The stale "no free GPU" error went when the GPU freed up.
+    expect(refused).to_have_count(0, timeout=SETTLE_MS)
 
 
 def test_agent_unreachable_is_shown_then_recovers_without_reload(
@@ -205,10 +229,11 @@ def test_agent_unreachable_is_shown_then_recovers_without_reload(
         expect(lab.button).to_have_attribute(
             "aria-label", "GPUs: the GPU service cannot be reached"
         )
-        expect(lab.status).to_have_text("GPU: unreachable")
-        expect(lab.panel).to_contain_text("No GPU agent")
+        expect(lab.summary).to_have_text("GPU: disconnected")
+        expect(lab.panel).to_have_class(re.compile("jp-mod-disconnected"))
+        expect(lab.panel.locator("[role=alert]")).to_contain_text("No GPU agent")
 
-        lab.palette("Attach GPUs to this kernel")
+        lab.palette("Attach GPUs to this notebook")
         expect(lab.page.locator(".Toastify__toast--error")).to_contain_text(
             "No GPU agent", timeout=SETTLE_MS
         )
@@ -217,7 +242,8 @@ def test_agent_unreachable_is_shown_then_recovers_without_reload(
 
     expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-unreachable"), timeout=SETTLE_MS)
     expect(lab.button).to_have_attribute("aria-label", re.compile("free$"))
-    expect(lab.status).to_be_hidden()
+    expect(lab.summary).to_have_text(re.compile(r"^0 attached · \d free$"))
+    expect(lab.panel).not_to_have_class(re.compile("jp-mod-disconnected"))
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
 
@@ -249,7 +275,7 @@ def test_keyboard_only_menu_and_no_serious_accessibility_violation(
     expect(lab.button).to_be_focused()
 
     page.keyboard.press("Alt+Shift+G")
-    expect(lab.panel.locator("figure")).to_have_count(1, timeout=SETTLE_MS)
+    expect(lab.panel.locator("section[data-state='mine']")).to_have_count(1, timeout=SETTLE_MS)
     assert lab.axe(TOOLBAR_ITEM, PANEL) == []
 
     lab.button.focus()
@@ -301,7 +327,7 @@ def test_wait_in_the_queue_cancel_then_get_the_gpu_another_notebook_frees(
             taken += answer.body["attachments"]
         third = open_lab("queue-3.ipynb")
         expect(third.button).to_have_attribute(
-            "aria-label", "GPUs: none attached to this kernel, 0 free", timeout=SETTLE_MS
+            "aria-label", "GPUs: none attached to this notebook, 0 free", timeout=SETTLE_MS
         )
         third.open_panel()
         expect(third.panel_gpu(taken[0]["uuid"])).to_contain_text("held by queue-1.ipynb")
@@ -313,10 +339,18 @@ def test_wait_in_the_queue_cancel_then_get_the_gpu_another_notebook_frees(
         expect(third.button).to_have_attribute(
             "aria-label", "GPUs: waiting for a free GPU… position 1 of 1", timeout=SETTLE_MS
         )
-        expect(third.button).to_have_text(re.compile("^GPU 1/1"))
+        expect(third.button).to_have_text("queued #1")
+        # The panel lists the queue: place, the waiting notebook, a countdown.
+        queued = third.panel.locator(".jp-GpuHotplug-panel-queued")
+        expect(queued).to_have_text(
+            re.compile(r"^#1 of 1 queue-3\.ipynb \(this notebook\) waits for 1 GPU · .* left$")
+        )
         waiting.locator("button", has_text="Cancel").click()
-        expect(third.toast("Stopped waiting for a free GPU.")).to_be_visible(timeout=SETTLE_MS)
-        expect(third.button).to_have_text("GPU", timeout=SETTLE_MS)
+        expect(third.toast("queue-3.ipynb: stopped waiting for a free GPU.")).to_be_visible(
+            timeout=SETTLE_MS
+        )
+        expect(third.button).to_have_text("GPU · 0 free", timeout=SETTLE_MS)
+        expect(queued).to_have_count(0)
         assert third.attached() == []
 
         # Waiting again; the first notebook lets its GPU go: the third gets it, in its sandbox.
@@ -328,9 +362,155 @@ def test_wait_in_the_queue_cancel_then_get_the_gpu_another_notebook_frees(
         )
         assert answer.status == 204, answer
 
-        expect(third.toast(f"Attached 1 GPU: {freed['device']}")).to_be_visible(timeout=SETTLE_MS)
+        expect(third.toast(f"({freed['device']}) to queue-3.ipynb.")).to_be_visible(
+            timeout=SETTLE_MS
+        )
         expect(third.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
         expect(third.button).to_have_text("GPU")
         assert [gpu["uuid"] for gpu in third.attached()] == [freed["uuid"]]
         assert third.run_probe() == f"['{freed['device']}']"
         demo.server.request("POST", "gpu-hotplug/api/detach", {"uuid": "all", "kernel_id": second})
+
+
+def _plot_height(lab: GpuLab, uuid: str) -> float:
+    box = lab.panel_gpu(uuid).locator(".jp-GpuHotplug-chart-plot").first.bounding_box()
+    assert box is not None
+    return box["height"]
+
+
+def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
+    open_lab: OpenLab,
+) -> None:
+    lab = open_lab("charts.ipynb")
+    page = lab.page
+    # The status bar item opens the panel.
+    lab.status.click()
+    expect(lab.panel).to_be_visible(timeout=SETTLE_MS)
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    [gpu] = lab.attached()
+    group = lab.panel_gpu(gpu["uuid"])
+    expect(group).to_have_attribute("data-state", "mine")
+
+    # Axes with labelled ticks and units, a legend per chart.
+    utilisation, memory = group.locator(".jp-GpuHotplug-chart").all()
+    expect(utilisation.locator(".jp-GpuHotplug-chart-title")).to_have_text("Utilisation (%)")
+    expect(memory.locator(".jp-GpuHotplug-chart-title")).to_have_text("Memory (GiB)")
+    # The y axis reaches the whole range: 100 %, and the GPU's 79.6 GiB (a round tick above).
+    for chart, top in ((utilisation, "^100$"), (memory, "^(80|100)$")):
+        ticks = chart.locator(".jp-GpuHotplug-chart-y text")
+        expect(ticks.first).to_have_text("0")
+        expect(ticks.last).to_have_text(re.compile(top))
+        expect(chart.locator(".jp-GpuHotplug-chart-x text").last).to_have_text("\u22122 min")
+        expect(chart.locator(".jp-GpuHotplug-chart-x text").first).to_have_text("now")
+    expect(utilisation.locator(".jp-GpuHotplug-chart-legend li")).to_have_text(
+        ["GPU busy", "memory bandwidth"]
+    )
+    expect(memory.locator(".jp-GpuHotplug-chart-legend li")).to_have_text(["used", "total 80 GiB"])
+    expect(utilisation.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
+        "aria-label", re.compile(r"^Utilisation, last 2 min: GPU busy \d+ %")
+    )
+
+    # Hovering shows the values nearest the pointer, in both charts of the GPU.
+    expect(utilisation.locator("path.jp-GpuHotplug-chart-utilization")).to_have_attribute(
+        "d", re.compile("L"), timeout=SETTLE_MS
+    )
+    box = utilisation.locator("svg.jp-GpuHotplug-chart-svg").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] - 14, box["y"] + box["height"] / 2)
+    expect(utilisation.locator(".jp-GpuHotplug-chart-tooltip")).to_contain_text("GPU busy: ")
+    expect(memory.locator(".jp-GpuHotplug-chart-tooltip")).to_contain_text("used: ")
+
+    # A time window of 5 minutes instead.
+    lab.panel.locator("select").select_option("5")
+    expect(utilisation.locator(".jp-GpuHotplug-chart-x text").last).to_have_text("\u22125 min")
+
+    # A taller page gives the panel, and so the charts, more height.
+    before = _plot_height(lab, gpu["uuid"])
+    page.set_viewport_size({"width": 1280, "height": 1300})
+    page.wait_for_function(
+        "([sel, h]) => document.querySelector(sel).getBoundingClientRect().height > h",
+        arg=[f"section[data-uuid='{gpu['uuid']}'] .jp-GpuHotplug-chart-plot", before],
+        timeout=SETTLE_MS,
+    )
+    assert _plot_height(lab, gpu["uuid"]) > before
+
+    # Open in the main area: a dockable tab of its own with the same charts.
+    lab.panel.locator("button", has_text="Open in main area").click()
+    main = page.locator("#jp-gpu-hotplug-main")
+    expect(main).to_be_visible(timeout=SETTLE_MS)
+    expect(main.locator(f"section[data-uuid='{gpu['uuid']}']")).to_have_attribute(
+        "data-state", "mine"
+    )
+
+
+def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> None:
+    lab = open_lab("magic.ipynb")
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
+    lab.choose("Attach 2 GPUs")
+    expect(lab.button).to_have_text("GPU \u00d72", timeout=SETTLE_MS)
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run("%gpu detach 0")
+    assert [gpu["index"] for gpu in lab.attached()] == [1]
+    expect(lab.button).to_have_text("GPU", timeout=SETTLE_MS)
+    # The other GPU is named by the node's index, with the kernel's CUDA index beside it.
+    lab.button.click()
+    expect(lab.menu_item("Detach GPU 1 (cuda:0 in this notebook)")).to_be_visible()
+    lab.page.keyboard.press("Escape")
+
+
+def test_the_status_live_region_speaks_only_when_the_state_changes(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    lab = open_lab("speech.ipynb")
+    live = lab.status.locator("[role=status]")
+    expect(live).to_have_text("No GPU attached, 2 free")
+    lab.choose("Attach 1 GPU")
+    expect(live).to_have_text("1 GPU attached", timeout=SETTLE_MS)
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run(LOAD)  # the simulated GPU works: its readings move every second
+    # The visible summary moves with every reading; the live region does not.
+    text = lab.summary
+    seen: set[str] = set()
+    spoken: set[str] = set()
+    while len(seen) < 4:
+        current = text.inner_text()
+        if current not in seen:
+            seen.add(current)
+            spoken.add(lab.status.aria_snapshot())
+            expect(text).not_to_have_text(current, timeout=SETTLE_MS)
+    assert {snapshot.count("1 GPU attached") for snapshot in spoken} == {1}, spoken
+    assert len({s.split("status:")[-1] for s in spoken}) == 1, spoken
+
+
+def test_the_widget_fits_400_pixels_without_a_horizontal_scrollbar(open_lab: OpenLab) -> None:
+    lab = open_lab("narrow.ipynb", ("%gpu",))
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    lab.run_all()
+    widget = lab.cell_output(1)
+    expect(widget.locator(".gpuhp-row")).to_have_count(1, timeout=SETTLE_MS)
+    # The widget's output 400 px wide (a split view): nothing in it scrolls sideways.
+    output = widget.locator(".jp-OutputArea-output").filter(has=lab.page.locator(".gpuhp-row"))
+    output.evaluate("(o) => { o.style.width = '400px'; o.style.maxWidth = '400px'; }")
+    expect(output).to_have_css("width", "400px")
+    # Elements that would show a horizontal scrollbar: scrollable sideways, and too wide.
+    overflowing = output.evaluate(
+        "(area) => [area, ...area.querySelectorAll('*')]"
+        ".filter(e => getComputedStyle(e).overflowX !== 'visible')"
+        ".filter(e => e.scrollWidth > e.clientWidth + 1)"
+        ".map(e => e.className)"
+    )
+    assert overflowing == []
+    box = output.bounding_box()
+    row = output.locator(".gpuhp-row").bounding_box()
+    assert box is not None and row is not None
+    assert row["x"] + row["width"] <= box["x"] + box["width"] + 1
+    expect(output.locator("button", has_text="Force-detach")).to_be_in_viewport()
+
+
+def test_screenshots_of_the_real_demo(open_lab: OpenLab, demo: DemoProcess, tmp_path: Path) -> None:
+    """Regenerates ``docs/images`` when ``GPU_HOTPLUG_SCREENSHOTS=docs/images`` is set."""
+    out = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
+    for path in take_all(open_lab, demo, out):
+        assert path.stat().st_size > 2000, path

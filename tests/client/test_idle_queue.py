@@ -9,7 +9,8 @@ import datetime as dt
 
 from jupyter_gpu_hotplug._structs import Attachment as AttachmentWire
 from jupyter_gpu_hotplug._structs import AttachmentList, PidRef
-from jupyter_gpu_hotplug.client import IdleNotice, IdleRelease, QueuedRequest
+from jupyter_gpu_hotplug.client import IdleNotice, IdleRelease, LostHolderNotice, QueuedRequest
+from jupyter_gpu_hotplug.server.models import attachment_json
 
 from . import samples
 from .conftest import Api
@@ -98,3 +99,23 @@ async def test_attach_a_slice_with_an_idle_period(api: Api, stub: StubAgent) -> 
         "idle_release_seconds": 600,
     }
     check_attach_request(body)
+
+
+async def test_attachment_with_a_lost_holder_notice(api: Api, stub: StubAgent) -> None:
+    """Issue 21: the agent's announcement of a lost holder's revoke reaches the notebook side,
+    and the server extension passes it on to the lab (``attachment_json``)."""
+    wire = AttachmentWire(**samples.ATTACHMENTS["attachments"][0])
+    wire["holder_lost"] = {
+        "reason": "its holder pod was deleted",
+        "revoke_at": "2026-11-24T01:02:03Z",
+    }
+    stub.respond("GET", "/v1/attachments", 200, AttachmentList(attachments=[wire]))
+
+    (attachment,) = await api("attachments")
+
+    assert attachment.holder_lost == LostHolderNotice("its holder pod was deleted", MOMENT)
+    assert attachment_json(attachment)["holder_lost"] == wire["holder_lost"]
+    plain = AttachmentWire(**samples.ATTACHMENTS["attachments"][0])
+    stub.respond("GET", "/v1/attachments", 200, AttachmentList(attachments=[plain]))
+    (attachment,) = await api("attachments")
+    assert attachment.holder_lost is None and "holder_lost" not in attachment_json(attachment)

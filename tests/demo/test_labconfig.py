@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -51,6 +52,13 @@ def test_simulated_kernels_reach_the_agent_and_see_gpus_through_their_dev() -> N
         CONFIG_ENV: f"{ROOT}/simulation/fake.conf",
         DEVICE_FILTER_ENV: "/dev",
     }
+
+
+def test_simulated_kernels_find_the_simulated_nvidia_smi_first() -> None:
+    tools = ROOT / "simulation-tools"
+    nvml = dataclasses.replace(NVML, tools_dir=tools)
+    path = kernel_environment(settings(nvml=nvml), inherited={"PATH": "/usr/bin"})["PATH"]
+    assert path == f"{tools}:{BIN}:/usr/bin"
 
 
 def test_kernels_with_real_gpus_only_get_the_agent_and_their_python() -> None:

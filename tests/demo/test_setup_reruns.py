@@ -17,6 +17,7 @@ which warms both caches.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,6 +77,10 @@ def test_setup_runs_three_times_in_a_fresh_clone_and_the_demo_starts(
     for run in (1, 2, 3):
         run_setup(clone, run, log)
     assert not (clone / "jupyter_gpu_hotplug" / "labextension" / "install.json").exists()
+    # Progress: every step numbered with the time so far, and the total, on every run.
+    text = log.read_text()
+    assert len(re.findall(r"^setup \[4/4\] linking .* \(\d+ s so far\)$", text, re.M)) == 3
+    assert len(re.findall(r"^setup: done in \d+ s$", text, re.M)) == 3
 
     demo = DemoProcess.start(
         demo_factory.new_state_dir(),

@@ -17,7 +17,7 @@ import pytest
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..fixtures.nvml import FakeNvmlNode
-from .apiserver.resources import EVENTS
+from .apiserver.resources import EVENTS, PRIORITY_CLASSES
 from .containerd import Containerd
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -26,6 +26,9 @@ RECONCILE_INTERVAL = 1.0
 """Seconds between the agent's timed reconciliations in these tests."""
 
 HOLDER_LABEL = "gpu-hotplug.jupyter.org/holder"
+HOLDER_PRIORITY_CLASS = "gpu-hotplug-holder"
+HOLDER_PRIORITY = 1_000_000
+"""Above notebooks (0 unless their own class says otherwise), below system-*-critical."""
 
 WAIT = 60.0
 """Upper bound, in seconds, of the tier's waits for the agent to act (never asserted)."""
@@ -62,8 +65,20 @@ def kubernetes_argv(
         f"--reconcile-interval={reconcile_interval}",
         "--listen=127.0.0.1:0",
         f"--listen=unix:{socket_path}",
+        # A lost holder's GPU is revoked at once unless a test gives a grace period.
+        *(() if any(arg.startswith("--lost-grace") for arg in extra) else ("--lost-grace=0",)),
         *extra,
     ]
+
+
+def ensure_holder_priority_class(kube: FakeKube) -> None:
+    """The holders' PriorityClass, as the agent's manifests ship it beside the DaemonSet (the
+    API server refuses holders that name a missing class)."""
+    if not any(
+        item["metadata"]["name"] == HOLDER_PRIORITY_CLASS
+        for item in kube.call(kube.server.cluster.store.list, PRIORITY_CLASSES, "")
+    ):
+        kube.create_priority_class(HOLDER_PRIORITY_CLASS, HOLDER_PRIORITY)
 
 
 @contextlib.contextmanager
@@ -78,6 +93,7 @@ def running_k8s_agent(
     """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
     log shown, its directory removed). ``kubelet_nvml``: the fake NVML it reads (``None``: the
     agent simulates its own, e.g. with ``--simulate-mig``)."""
+    ensure_holder_priority_class(kube)
     directory = Path(tempfile.mkdtemp(prefix="k8sagent-", dir="/tmp"))
     state_dir = directory / "state"
     env = {} if kubelet_nvml is None else dict(kubelet_nvml.environ())
@@ -118,6 +134,17 @@ def as_pod(agent: AgentProcess, kube: FakeKube, namespace: str, name: str) -> Ap
     return agent.tcp.with_token(kube.pod_token(namespace, name))
 
 
+def notebook_with_one_gpu(
+    agent: AgentProcess, kube: FakeKube, kubelet: KubeletSimulator, namespace: str, name: str
+) -> dict[str, Any]:
+    """Run a notebook pod and attach one GPU with its own token; the attachment."""
+    kubelet.run_notebook_pod(namespace, name)
+    answer = as_pod(agent, kube, namespace, name).post("/v1/attachments", {"count": 1})
+    assert answer.status == 201, answer.body
+    (attachment,) = answer.json()["attachments"]
+    return dict(attachment)
+
+
 def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:
     return [
         pod
@@ -126,9 +153,12 @@ def holders(kube: FakeKube, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
+def pod_events(kube: FakeKube, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The Events recorded on the pod, oldest first."""
+    events = kube.call(kube.server.cluster.store.list, EVENTS, namespace)
+    return [event for event in events if event.get("involvedObject", {}).get("name") == pod]
+
+
 def event_reasons(kube: FakeKube, namespace: str, pod: str) -> list[str]:
     """The reasons of the Events recorded on the pod, oldest first."""
-    events = kube.call(kube.server.cluster.store.list, EVENTS, namespace)
-    return [
-        event["reason"] for event in events if event.get("involvedObject", {}).get("name") == pod
-    ]
+    return [event["reason"] for event in pod_events(kube, namespace, pod)]

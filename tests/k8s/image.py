@@ -27,19 +27,23 @@ TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
 
 APPLETS: Final = (
     "[", "cat", "cut", "echo", "env", "false", "grep", "head", "id", "kill", "ls", "mkdir",
-    "mknod", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch", "tr",
-    "true", "wc",
+    "mknod", "nc", "printf", "ps", "readlink", "rm", "sh", "sleep", "stat", "test", "touch",
+    "tr", "true", "wc", "wget",
 )  # fmt: skip
 """Applets linked into ``/bin``: what a pod's command or an exec in a test may call."""
 
-_LAYER_MEDIA: Final = "application/vnd.oci.image.layer.v1.tar"
-_CONFIG_MEDIA: Final = "application/vnd.oci.image.config.v1+json"
-_MANIFEST_MEDIA: Final = "application/vnd.oci.image.manifest.v1+json"
-_INDEX_MEDIA: Final = "application/vnd.oci.image.index.v1+json"
+PLATFORM: Final = {"architecture": "amd64", "os": "linux"}
+"""Named in the index: containerd 2 unpacks an imported image only for a platform it names."""
+LAYER_MEDIA: Final = "application/vnd.oci.image.layer.v1.tar"
+CONFIG_MEDIA: Final = "application/vnd.oci.image.config.v1+json"
+MANIFEST_MEDIA: Final = "application/vnd.oci.image.manifest.v1+json"
+INDEX_MEDIA: Final = "application/vnd.oci.image.index.v1+json"
 
 
 @dataclass(frozen=True)
-class _Blob:
+class Blob:
+    """A small content-addressed blob of an OCI layout (a config, a manifest, a layer)."""
+
     data: bytes
     media_type: str
 
@@ -56,7 +60,9 @@ class _Blob:
         }
 
 
-def _add(archive: tarfile.TarFile, name: str, data: bytes | None = None, **attrs: Any) -> None:
+def add_member(
+    archive: tarfile.TarFile, name: str, data: bytes | None = None, **attrs: Any
+) -> None:
     info = tarfile.TarInfo(name)
     info.mode = attrs.pop("mode", 0o644)
     info.size = len(data or b"")
@@ -75,52 +81,65 @@ def _static_busybox() -> bytes:
     return binary
 
 
-def _layer() -> _Blob:
+def _layer() -> Blob:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as layer:
         # Mount points runc and the CRI plugin expect to exist in the rootfs.
         for directory in ("bin", "dev", "etc", "proc", "sys", "tmp"):
-            _add(layer, directory, type=tarfile.DIRTYPE, mode=0o755)
-        _add(layer, "bin/busybox", _static_busybox(), mode=0o755)
+            add_member(layer, directory, type=tarfile.DIRTYPE, mode=0o755)
+        add_member(layer, "bin/busybox", _static_busybox(), mode=0o755)
         for applet in APPLETS:
-            _add(layer, f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox", mode=0o777)
-    return _Blob(buffer.getvalue(), _LAYER_MEDIA)
+            add_member(layer, f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox", mode=0o777)
+    return Blob(buffer.getvalue(), LAYER_MEDIA)
 
 
-def _image(
-    name: str, layer: _Blob, entrypoint: list[str] | None, cmd: list[str]
-) -> tuple[dict[str, Any], list[_Blob]]:
-    config = _Blob(
+def image_blobs(
+    name: str,
+    layers: list[dict[str, Any]],
+    *,
+    entrypoint: list[str] | None,
+    cmd: list[str] | None,
+    env: list[str],
+) -> tuple[dict[str, Any], list[Blob]]:
+    """The config and manifest of image ``name`` over ``layers`` (descriptors of uncompressed
+    layers, bottom first, whose digests are also their diff ids), and its index entry."""
+    config = Blob(
         json.dumps(
             {
                 "architecture": "amd64",
                 "os": "linux",
-                "config": {
-                    "Env": ["PATH=/bin"],
-                    "Entrypoint": entrypoint,
-                    "Cmd": cmd,
-                    "WorkingDir": "/",
-                },
-                "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
+                "config": {"Env": env, "Entrypoint": entrypoint, "Cmd": cmd, "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in layers]},
             }
         ).encode(),
-        _CONFIG_MEDIA,
+        CONFIG_MEDIA,
     )
-    manifest = _Blob(
+    manifest = Blob(
         json.dumps(
             {
                 "schemaVersion": 2,
-                "mediaType": _MANIFEST_MEDIA,
+                "mediaType": MANIFEST_MEDIA,
                 "config": config.descriptor(),
-                "layers": [layer.descriptor()],
+                "layers": layers,
             }
         ).encode(),
-        _MANIFEST_MEDIA,
+        MANIFEST_MEDIA,
     )
     # `ctr images import` names the image after this annotation (the ref.name alone would need
     # --base-name).
     annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"}
-    return manifest.descriptor(annotations=annotations), [config, manifest]
+    return manifest.descriptor(annotations=annotations, platform=PLATFORM), [config, manifest]
+
+
+def write_layout(
+    archive: tarfile.TarFile, manifests: list[dict[str, Any]], blobs: list[Blob]
+) -> None:
+    """The OCI layout's marker, its index of ``manifests`` and the small ``blobs``."""
+    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA, "manifests": manifests}
+    add_member(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+    add_member(archive, "index.json", json.dumps(index).encode())
+    for blob in {b.digest: b for b in blobs}.values():
+        add_member(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
 
 
 def write_oci_archive(path: Path) -> tuple[str, ...]:
@@ -132,13 +151,11 @@ def write_oci_archive(path: Path) -> tuple[str, ...]:
         (PAUSE_IMAGE, ["/bin/sleep"], ["infinity"]),
         (TOOLS_IMAGE, None, ["/bin/sh"]),
     ):
-        descriptor, image_blobs = _image(name, layer, entrypoint, cmd)
+        descriptor, image = image_blobs(
+            name, [layer.descriptor()], entrypoint=entrypoint, cmd=cmd, env=["PATH=/bin"]
+        )
         manifests.append(descriptor)
-        blobs.extend(image_blobs)
-    index = {"schemaVersion": 2, "mediaType": _INDEX_MEDIA, "manifests": manifests}
+        blobs.extend(image)
     with tarfile.open(path, "w") as archive:
-        _add(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        _add(archive, "index.json", json.dumps(index).encode())
-        for blob in {b.digest: b for b in blobs}.values():
-            _add(archive, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
+        write_layout(archive, manifests, blobs)
     return PAUSE_IMAGE, TOOLS_IMAGE

@@ -15,7 +15,7 @@ from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import WAIT, as_pod, event_reasons, eventually, holders
+from .agent import WAIT, as_pod, event_reasons, eventually, holders, notebook_with_one_gpu
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -244,10 +244,7 @@ def _ignore_errors(function: Callable[..., Any], *args: Any) -> None:
 def test_a_restarted_agent_rebuilds_its_attachments_from_the_holder_pods(
     kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
 ) -> None:
-    kubelet.run_notebook_pod(NS, "nb")
-    (attachment,) = (
-        as_pod(k8s_agent, kube, NS, "nb").post("/v1/attachments", {"count": 1}).json()
-    )["attachments"]
+    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
 
     k8s_agent.stop()
     k8s_agent.start()

@@ -17,7 +17,7 @@ from tests.fixtures.mig import Node, caps_nodes
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
-from .agent import as_pod, holders, running_k8s_agent
+from .agent import as_pod, eventually, holders, running_k8s_agent
 from .containerd import Containerd
 from .fixtures import KubeletFactory
 from .inventory import simulated_slices
@@ -128,3 +128,41 @@ def test_two_pods_each_attach_one_slice_and_see_only_their_own(
     assert ENXIO in opens(mig_kubelet, "nb-two", gpu)
     for node in own["nb-two"]:
         assert ENXIO in opens(mig_kubelet, "nb-two", node), node
+
+
+def test_an_evicted_slice_holder_takes_only_that_slice_from_a_pod_holding_both(
+    kube: FakeKube, mig_kubelet: KubeletSimulator, mig_agent: AgentProcess
+) -> None:
+    """Issue 23: one container holds both slices of GPU 0; the holder of one is evicted. The
+    revoke must take that slice's two caps nodes and leave the parent ``/dev/nvidia0``, which
+    the other slice still needs (the rule ``devices.revocable`` decides for every revoke)."""
+    mig_kubelet.run_notebook_pod(NS, "nb")
+    api = as_pod(mig_agent, kube, NS, "nb")
+    answer = api.post("/v1/attachments", {"count": 2})
+    assert answer.status == 201, answer.body
+    kept, lost = answer.json()["attachments"]
+    simulation = mig_agent.state_dir / "simulation"
+    kept_caps = caps_nodes(simulation, kept["uuid"])
+    lost_caps = caps_nodes(simulation, lost["uuid"])
+    gpu: Node = ("/dev/nvidia0", 195, 0)
+    for node in (gpu, *kept_caps, *lost_caps):
+        assert ENXIO in opens(mig_kubelet, "nb", node), node
+
+    mig_kubelet.evict(NS, lost["holder"].split("/")[1], delete=False)
+
+    def lost_slice_revoked() -> bool:
+        return all(EPERM in opens(mig_kubelet, "nb", node) for node in lost_caps)
+
+    eventually(lost_slice_revoked, "the evicted slice's caps nodes are revoked")
+    for path, _, _ in lost_caps:
+        assert "No such file" in run(mig_kubelet, "nb", f"ls {path}"), path
+    eventually(
+        lambda: (
+            [a["uuid"] for a in api.get("/v1/attachments").json()["attachments"]] == [kept["uuid"]]
+        ),
+        "only the kept slice is still attached",
+    )
+    assert ENXIO in opens(mig_kubelet, "nb", gpu), "the kept slice still needs its GPU node"
+    assert "unlink c 195:0" not in mig_agent.log(), "the shared GPU node was never taken"
+    for node in kept_caps:
+        assert ENXIO in opens(mig_kubelet, "nb", node), node

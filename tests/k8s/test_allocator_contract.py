@@ -28,6 +28,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.podresources import PodResourcesClient
 from tests.fixtures.requirements import needs_root
 
 from ..agent.allocator_contract import AllocatorContract, AllocatorSetup
+from .agent import ensure_holder_priority_class
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -53,6 +54,7 @@ class TestHolderAllocator(AllocatorContract):
         self, kube: FakeKube, kubelet: KubeletSimulator
     ) -> AsyncIterator[AllocatorSetup]:
         kube.create_namespace(NS)
+        ensure_holder_priority_class(kube)
         candidates = [
             GpuRecord(GpuUuid(gpu.id), index, gpu.minor, "simulated")
             for index, gpu in enumerate(kubelet.gpus)

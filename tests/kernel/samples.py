@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from jupyter_gpu_hotplug.client import Attachment
+from jupyter_gpu_hotplug.client import Attachment, Gpu
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 
 IDLE: Final = CudaState(initialised=False, evidence=())
@@ -28,5 +28,21 @@ def attachment(uuid: str, minor: int) -> Attachment:
             "target": {"pid": os.getpid()},
             "holder": None,
             "attached_at": "2026-01-01T12:00:00Z",
+        }
+    )
+
+
+def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
+    """A simulated GPU of the node as the agent lists it (held by ``pid`` when given)."""
+    return Gpu.from_wire(
+        {
+            "uuid": uuid,
+            "index": index,
+            "minor": index,
+            "name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "memory_total": 80 * 2**30,
+            "state": state,
+            "target": None if pid is None else {"pid": pid},
+            "simulated": True,
         }
     )

@@ -68,3 +68,15 @@ def test_pods_and_no_holder() -> None:
         "pod team-a/jupyter-ann container notebook"
     )
     assert names.describe(None) == ""
+
+
+def test_tables_use_the_short_name() -> None:
+    """``%gpu list``'s HELD BY: the notebook as this one would write it, without the pid."""
+    notebooks = {2000: "/home/u/work/team/other.ipynb", 3000: "/srv/x/y.ipynb"}
+    names = HolderNames(own_pid=1000, environ=OWN, session_of=notebooks.get)
+    assert names.name(PidRef(1000)) == "this notebook"
+    assert names.name(PidRef(2000)) == "team/other.ipynb"
+    assert names.name(PidRef(3000)) == "y.ipynb", "elsewhere: its file name"
+    assert names.name(PidRef(4000)) == "process 4000"
+    assert names.name(PodTarget("team-a", "jupyter-ann", "notebook")) == "pod team-a/jupyter-ann"
+    assert names.name(None) == ""

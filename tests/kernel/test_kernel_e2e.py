@@ -119,6 +119,14 @@ class Kernel:
             pytest.fail(f"kernel error {result.ename}:\n" + "\n".join(result.error))
         return result.stdout
 
+    async def shown(self, code: str) -> tuple[str, str]:
+        """Execute ``code`` that must succeed; the plain text and the HTML it displayed."""
+        result = await self.execute(code)
+        if result.status != "ok":
+            pytest.fail(f"kernel error {result.ename}:\n" + "\n".join(result.error))
+        plain = "".join(data.get("text/plain", "") for data in result.displays)
+        return plain, "".join(data.get("text/html", "") for data in result.displays)
+
     async def eval(self, expression: str) -> Any:
         return json.loads(await self.run(f"print(_json.dumps({expression}))"))
 
@@ -178,8 +186,8 @@ async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
     attached = await kernel.run("%gpu attach 1")
     uuid, minor = _attached(attached)
     during = await kernel.eval("[_visible_gpus(), _gpu_nodes()]")
-    status = await kernel.run("%gpu status")
-    listing = await kernel.run("%gpu list")
+    status, status_html = await kernel.shown("%gpu status")
+    listing, listing_html = await kernel.shown("%gpu list")
     released = await kernel.run("%gpu detach all")
     after = await kernel.eval("[_visible_gpus(), _gpu_nodes()]")
 
@@ -189,13 +197,18 @@ async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
     assert "already initialised" not in attached
     assert uuid in {gpu.uuid for gpu in local_agent.gpus()}
     assert during == [[uuid], [f"nvidia{minor}"]]
-    assert f"{local_agent.unix_url}): 1 GPU attached to this kernel\n  {uuid}" in status
-    assert "This kernel sees (NVML): 1 GPU, SIMULATED" in status
+    # In a kernel the tables are HTML (full UUIDs one click away) with a text form.
+    assert status.startswith("This notebook: 1 GPU attached (SIMULATED)\n")
+    assert uuid[:12] in status and uuid not in status
+    assert "This kernel sees (NVML): 1 GPU (SIMULATED)." in status
     assert "CUDA: not started in this kernel" in status
+    assert max(len(line) for line in status.split("\n")) <= 80
+    assert f'<code style="user-select: all">{uuid}</code>' in status_html
     assert any(
-        uuid in line and "attached  this kernel (process" in line for line in listing.split("\n")
+        uuid[:12] in line and "attached  this kernel" in line for line in listing.split("\n")
     )
-    assert released == f"Released 1 GPU: {uuid}\n"
+    assert '<table class="gpuhp-table">' in listing_html
+    assert released == f"Detached 1 GPU: {uuid}\n"
     assert after == [[], []]
 
 
@@ -204,7 +217,7 @@ async def test_cuda_warning_when_libcuda_is_mapped(kernel: Kernel, tmp_path: Pat
     await kernel.run(f"import ctypes\n_libcuda = ctypes.CDLL({str(stand_in)!r})")
 
     attached = await kernel.run("%gpu attach 1")
-    status = await kernel.run("%gpu status")
+    status, _ = await kernel.shown("%gpu status")
     await kernel.run("%gpu detach all")
 
     assert "CUDA is already initialised in this kernel" in attached
@@ -252,13 +265,17 @@ async def test_errors_are_messages_not_tracebacks(kernel: Kernel) -> None:
         assert (failed.status, failed.ename) == ("error", "GpuCommandError")
         assert not any("Traceback" in line or "File " in line for line in failed.error)
     assert exhausted.error[0].startswith("1 GPU(s) requested but 0 free on this node")
-    assert exhausted.error[1] == "'%gpu list' shows the node's GPUs and who holds them."
+    # None free: the message says how to wait (waiting cannot help when the node has too few).
+    assert exhausted.error[1] == (
+        "To wait for one in the queue (first come, first served): %gpu attach 1 --wait 120"
+    )
+    assert exhausted.error[2] == "'%gpu list' shows the node's GPUs and who holds them."
     # More than the node has: one message, whatever the agent objected to (issue 14).
     assert too_many.error[0] == "Cannot attach 3 GPUs: this node has 2 GPUs in all (0 free now)."
     assert far_too_many.error[0] == (
         "Cannot attach 99 GPUs: this node has 2 GPUs in all (0 free now)."
     )
-    assert far_too_many.error[1] == exhausted.error[1]
+    assert far_too_many.error[1:] == exhausted.error[2:]
     assert not any("openapi" in line for line in far_too_many.error)
     assert "not found" in unknown.error[0]
     assert (bad.status, bad.ename) == ("error", "UsageError")
@@ -284,11 +301,11 @@ async def test_busy_gpu_is_refused_then_force_stops_the_process(
     exited = await kernel.eval("_child.wait(60)")
 
     assert refused.ename == "GpuCommandError"
-    assert f"%gpu detach {uuid} --force" in refused.error[-1]
+    assert re.search(r"%gpu detach \d+ --force$", refused.error[-1]), refused.error
     assert forced.splitlines() == [
         f"--force: processes of this kernel's container that use {uuid} will be stopped "
         "(SIGTERM, then SIGKILL) before the release.",
-        f"Released 1 GPU: {uuid}",
+        f"Detached 1 GPU: {uuid}",
     ]
     assert exited != 0
     assert await kernel.eval("_gpu_nodes()") == []

@@ -41,37 +41,22 @@ from jupyter_gpu_hotplug.kernel.magic import (
     GpuCommandError,
     GPUMagics,
     MagicContext,
-    TerminalProgress,
     holds_device,
     parse_line,
 )
+from jupyter_gpu_hotplug.kernel.progress import TerminalProgress
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 
-from .samples import STARTED, attachment
+from .samples import STARTED, attachment, node_gpu
 
 UUID_A = "GPU-a4bd620b-df27-5b18-a4aa-19cb70a40624"
 UUID_B = "GPU-0661fecd-d4d8-5592-9b31-d7fa74e84f1a"
 UUID_C = "GPU-a4bd0000-0000-4000-8000-000000000000"
 WAIT_S = 30.0
 """Upper bound for a thread to reach a point on a loaded shared machine; never asserted."""
-
-
-def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
-    return Gpu.from_wire(
-        {
-            "uuid": uuid,
-            "index": index,
-            "minor": index,
-            "name": "NVIDIA H100 80GB HBM3 (simulated)",
-            "memory_total": 80 * 2**30,
-            "state": state,
-            "target": None if pid is None else {"pid": pid},
-            "simulated": True,
-        }
-    )
 
 
 class FakeAgent:
@@ -258,7 +243,7 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --mig 1g", "--mig takes a MIG profile such as 1g.10gb"),
         ("attach --mig 9g.10gb", "not '9g.10gb'"),
         ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
-        ("detach foo", "expected 'all', a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
+        ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
         ("monitor --interval 0", "--interval must be a number of seconds, at least 0.1"),
@@ -395,7 +380,9 @@ def test_quick_attach_shows_no_progress(
     assert progress == []
 
 
-def test_insufficient_gpus_points_to_list(shell: InteractiveShell, agent: FakeAgent) -> None:
+def test_insufficient_gpus_offers_the_wait_and_points_to_list(
+    shell: InteractiveShell, agent: FakeAgent
+) -> None:
     agent.node = [
         node_gpu(UUID_A, 0, state="attached", pid=os.getpid()),
         node_gpu(UUID_B, 1, state="free"),
@@ -412,6 +399,7 @@ def test_insufficient_gpus_points_to_list(shell: InteractiveShell, agent: FakeAg
 
     assert caught.value.message == (
         "2 GPU(s) requested but 1 free on this node; ask for fewer\n"
+        "To wait for one in the queue (first come, first served): %gpu attach 2 --wait 120\n"
         "'%gpu list' shows the node's GPUs and who holds them."
     )
 
@@ -502,7 +490,7 @@ def test_detach_the_only_gpu(
     out = run(shell, "detach", capsys)
 
     assert ("detach", UUID_A, False) in agent.calls
-    assert out == f"Released 1 GPU: {UUID_A}\n"
+    assert out == f"Detached 1 GPU: {UUID_A}\n"
 
 
 def test_detach_with_nothing_attached(
@@ -510,7 +498,7 @@ def test_detach_with_nothing_attached(
 ) -> None:
     out = run(shell, "detach all", capsys)
 
-    assert out == "No GPU is attached to this kernel; nothing to release.\n"
+    assert out == "No GPU is attached to this notebook; nothing to detach.\n"
     assert agent.calls == [("attachments",)]
 
 
@@ -519,11 +507,37 @@ def test_detach_without_argument_when_several_are_attached(
 ) -> None:
     agent.attached = [attachment(UUID_A, 0), attachment(UUID_B, 1)]
 
-    with pytest.raises(UsageError, match="2 GPUs are attached; name one UUID or 'all'") as caught:
+    with pytest.raises(UsageError, match="2 GPUs are attached; name one") as caught:
         shell.run_line_magic("gpu", "detach")
 
     assert UUID_A in str(caught.value) and UUID_B in str(caught.value)
     assert [call for call in agent.calls if call[0] == "detach"] == []
+
+
+def test_detach_by_node_index(shell: InteractiveShell, agent: FakeAgent) -> None:
+    # The kernel holds the node's GPUs 1 and 2 (its own CUDA numbers them 0 and 1).
+    agent.attached = [attachment(UUID_B, 1), attachment(UUID_C, 2)]
+
+    shell.run_line_magic("gpu", "detach 1")
+
+    assert [call for call in agent.calls if call[0] == "detach"] == [("detach", UUID_B, False)]
+    with pytest.raises(UsageError, match="'0' matches none of the GPUs attached"):
+        shell.run_line_magic("gpu", "detach 0")
+
+
+def test_queue_lists_the_places_of_this_notebook(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    idle = run(shell, "queue", capsys)
+    assert idle.splitlines()[0] == "Waiting for GPUs: 0 requests of this notebook"
+    assert "not waiting for a GPU. '%gpu attach N --wait 120' waits in" in idle
+    assert max(len(line) for line in idle.splitlines()) <= 80
+    agent.waiting = [
+        QueuedRequest("req-1", PidRef(os.getpid()), 1, 2, 3, datetime(2026, 1, 1, tzinfo=UTC))
+    ]
+    lines = run(shell, "queue", capsys).splitlines()
+    assert lines[0] == "Waiting for GPUs: 1 request of this notebook"
+    assert lines[2].split()[:4] == ["2", "of", "3", "1"]
 
 
 def test_detach_by_unique_beginning(shell: InteractiveShell, agent: FakeAgent) -> None:
@@ -562,7 +576,7 @@ def test_detach_all(
     out = run(shell, "detach all", capsys)
 
     assert ("detach_all", False) in agent.calls
-    assert out == f"Released 2 GPUs: {UUID_A}, {UUID_B}\n"
+    assert out == f"Detached 2 GPUs: {UUID_A}, {UUID_B}\n"
 
 
 def test_force_says_what_it_will_do(
@@ -593,7 +607,7 @@ def test_busy_gpu_suggests_force(shell: InteractiveShell, agent: FakeAgent) -> N
 
     assert caught.value.message.splitlines() == [
         f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
-        f"To stop them and release the GPU: %gpu detach {UUID_A} --force",
+        "To stop them and detach the GPU: %gpu detach 0 --force",
     ]
 
 
@@ -645,18 +659,16 @@ def test_status(
     lines = run(shell, "status", capsys).splitlines()
 
     local = release_at.astimezone().strftime("%H:%M:%S")
-    assert lines[0] == "GPU agent (unix:/fake/agent.sock): 1 GPU attached to this kernel"
-    assert lines[1].startswith(f"  {UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0")
-    assert lines[2] == (
-        f"      ! the agent releases it at {local} (unused) unless a process uses it"
-    )
-    assert lines[3:5] == [
-        "  Released by the agent's idle policy:",
-        f"    {UUID_B}  at {local} (unused)",
-    ]
-    assert lines[5] == "This kernel sees (NVML): 2 GPUs, SIMULATED"
-    assert lines[6].startswith("  [0] NVIDIA H100 80GB HBM3 (simulated)  util 0 %  memory 0 B")
+    assert lines[0] == "This notebook: 1 GPU attached (SIMULATED)"
+    assert lines[1].split() == ["GPU", "CUDA", "ID", "DEVICE", "UTIL", "MEMORY", "SINCE"]
+    assert lines[2].split()[:6] == ["0", "0", UUID_A[:12], "/dev/nvidia0", "0", "%"]
+    text = " ".join(lines)
+    assert f"! GPU 0: the agent releases it at {local} (unused) unless a process uses it." in text
+    assert f"Released by the agent's idle policy: GPU {UUID_B} at {local} (unused)." in text
+    assert "This kernel sees (NVML): 2 GPUs, SIMULATED (SIMULATED)." not in lines
+    assert "This kernel sees (NVML): 2 GPUs (SIMULATED)." in lines
     assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
+    assert max(len(line) for line in lines) <= 80
 
 
 def test_status_without_agent_still_shows_this_kernel(
@@ -670,9 +682,9 @@ def test_status_without_agent_still_shows_this_kernel(
 
     lines = run(shell, "status", capsys).splitlines()
 
-    assert lines[0].startswith("GPU agent (unix:/fake/agent.sock): No GPU agent on this node")
+    assert lines[0].startswith("GPU agent: No GPU agent on this node")
     assert any(line.startswith("This kernel sees (NVML): ") for line in lines)
-    assert lines[-1].startswith("CUDA: already initialised in this kernel (torch has")
+    assert "CUDA: already initialised in this kernel (torch has" in " ".join(lines)
 
 
 def test_list(
@@ -686,10 +698,11 @@ def test_list(
     lines = run(shell, "list", capsys).splitlines()
 
     assert lines[0] == "GPUs on this node (SIMULATED): 1 free of 2"
-    assert lines[1].split() == ["IDX", "UUID", "NAME", "MEMORY", "STATE", "HELD", "BY"]
-    assert lines[2].split()[:2] == ["0", UUID_A]
-    assert lines[2].endswith(f"attached  this notebook (mine.ipynb, process {os.getpid()})")
+    assert lines[1].split() == ["GPU", "ID", "MODEL", "MEMORY", "STATE", "HELD", "BY"]
+    assert lines[2].split()[:2] == ["0", UUID_A[:12]]
+    assert lines[2].endswith("attached  this notebook")
     assert lines[3].endswith("free")
+    assert max(len(line) for line in lines) <= 80
 
 
 def test_bare_magic_outside_a_notebook_prints_the_monitor_as_text(
@@ -746,6 +759,7 @@ def agent_shell(
     return ipython_shell
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_list_from_a_real_agent(
     agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -753,20 +767,22 @@ def test_list_from_a_real_agent(
 
     assert lines[0] == "GPUs on this node (SIMULATED): 2 free of 2"
     listed = {line.split()[1] for line in lines[2:]}
-    assert listed == {gpu.uuid for gpu in local_agent.gpus()}
+    assert listed == {gpu.uuid[:12] for gpu in local_agent.gpus()}
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_a_real_agent_refuses_a_process_outside_any_container(
     agent_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert "is not in a container" in run_refused(agent_shell, "attach 1", capsys)
 
 
+@pytest.mark.slow  # a real agent subprocess
 def test_status_from_a_real_agent(
     agent_shell: InteractiveShell, local_agent: LocalAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = run(agent_shell, "status", capsys)
 
-    assert out.startswith(f"GPU agent ({local_agent.unix_url}): ")
+    assert out.startswith("GPU agent: ")  # the shell is not in a container: no attachments
     assert "\nThis kernel sees (NVML): " in out
     assert "\nCUDA: " in out

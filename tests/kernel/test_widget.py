@@ -37,7 +37,7 @@ from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.waiting import eventually
 
-from .samples import STARTED, attachment
+from .samples import STARTED, attachment, node_gpu
 
 INTERVAL = 0.1
 
@@ -158,7 +158,7 @@ async def test_models_follow_the_gpus_readings(
     assert "<span>77 %</span>" in shown
     assert 'aria-label="GPU memory in use" aria-valuemin="0" aria-valuemax="100" ' in shown
     assert 'style="width: 50.0%"' in shown
-    assert "39.8 GiB / 79.6 GiB" in shown
+    assert "40 GiB / 80 GiB" in shown
     assert "66 °C · power 350 W / 700 W" in shown
     assert f"<td>{os.getpid()}</td>" in shown
     assert "3.0 GiB" in shown
@@ -243,6 +243,46 @@ async def test_hot_attached_device_node_adds_a_row(
     await eventually(lambda: widget.rows == {}, "the detached GPU is gone")
 
 
+async def test_rows_use_the_node_numbering_and_attach_says_why_it_cannot(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent, fake_nvml: FakeNvml
+) -> None:
+    first, second = fake_nvml.gpus[0], fake_nvml.gpus[1]
+    # On the node these are GPUs 3 and 0; both are taken.
+    agent.node = (
+        node_gpu(first.uuid, 3, state="attached", pid=4242),
+        node_gpu(second.uuid, 0, state="attached", pid=4242),
+    )
+    widget = make_widget()
+
+    row = widget.rows[first.uuid]
+    await eventually(lambda: "GPU 3 (cuda:0)" in row.info.value, "the node's index is shown")
+    assert "GPU 0 (cuda:1)" in widget.rows[second.uuid].info.value
+    assert f'title="{first.uuid}">{first.uuid[:12]}<' in row.info.value  # collapsed UUID
+    assert 'class="gpuhp-spark"' in row.info.value
+    assert widget.attach_button.disabled
+    assert "No GPU free (all 2 taken)" in widget.attach_reason.value
+    assert "--wait" in widget.attach_reason.value
+
+    agent.node = (
+        node_gpu(first.uuid, 3, state="attached", pid=4242),
+        node_gpu(second.uuid, 0, state="free"),
+    )
+    await eventually(lambda: not widget.attach_button.disabled, "a GPU freed up")
+    assert widget.attach_reason.value == ""
+
+
+async def test_a_message_goes_when_the_gpus_change_after_it(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent, fake_nvml: FakeNvml
+) -> None:
+    widget = make_widget()
+    uuid = fake_nvml.gpus[0].uuid
+    widget.rows[uuid].detach_button.click()
+    await eventually(lambda: "Detached" in widget.status.value, "the detach finished")
+
+    fake_nvml.write(default_gpus(1))  # the other GPU goes: the message is stale
+    await eventually(lambda: widget.status.value == "", "the stale message is gone")
+
+
 async def test_header_badge_and_text_form(
     make_widget: Callable[..., GpuMonitorWidget], fake_nvml: FakeNvml
 ) -> None:
@@ -321,7 +361,7 @@ async def test_close_cancels_a_running_action(
     agent.release.clear()  # the agent never answers
     widget = make_widget()
     widget.attach_button.click()
-    await eventually(lambda: agent.calls == [("attach", 1)], "the attach was sent")
+    await eventually(lambda: ("attach", 1) in agent.calls, "the attach was sent")
     assert len(_widget_tasks()) == 2
 
     widget.close()
@@ -357,7 +397,7 @@ async def test_attach_button_attaches_and_says_gpu_ready(
     await eventually(lambda: "GPU ready" in widget.status.value, "the attach finished")
 
     assert agent.calls == [("attach", 2)]
-    assert gpu.uuid in widget.status.value
+    assert f"Attached GPU {gpu.minor} (/dev/nvidia{gpu.minor})" in widget.status.value
     assert not widget.attach_button.disabled
 
 
@@ -460,7 +500,7 @@ async def test_detach_button(
     widget = make_widget(autostart=False)
 
     widget.rows[uuid].detach_button.click()
-    await eventually(lambda: f"Released {uuid}" in widget.status.value, "the detach finished")
+    await eventually(lambda: f"Detached {uuid[:12]}" in widget.status.value, "the detach finished")
 
     assert agent.calls == [("detach", uuid, False)]
 
@@ -504,7 +544,7 @@ async def test_busy_gpu_suggests_force(
     widget.rows[uuid].detach_button.click()
     await eventually(lambda: "in use" in widget.status.value, "the refusal is shown")
 
-    assert "Force detach" in widget.status.value
+    assert "Force-detach" in widget.status.value
 
 
 # --- rendering ----------------------------------------------------------------------------
@@ -520,7 +560,15 @@ def test_process_names_are_escaped() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (80 * 2**30, "80.0 GiB")],
+    [
+        (None, "n/a"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (80 * 2**30, "80 GiB"),
+        (int(79.6 * 2**30), "80 GiB"),
+        (3 * 2**30, "3.0 GiB"),
+    ],
 )
 def test_human_bytes(value: int | None, text: str) -> None:
     assert render.human_bytes(value) == text
@@ -557,7 +605,7 @@ def test_mig_slice_is_shown_as_a_slice_of_its_gpu(fake_nvml: FakeNvml, monitor: 
     gpu, mig_slice, _ = monitor.snapshot().gpus
 
     assert render.gpu_summary(mig_slice).startswith(
-        "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 18.6 GiB"
+        "[0] └ MIG slice 2g.20gb  GPU instance 1, compute instance 0  memory 0 B / 19 GiB"
     )
     assert "util" in render.gpu_summary(gpu)
     row = render.gpu_row_html(mig_slice)

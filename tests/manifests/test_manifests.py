@@ -15,9 +15,10 @@ import pytest
 from jupyter_gpu_hotplug._structs import AGENT_PORT
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 
-from .support import K8S_DIR, by_kind, render, validate
+from .support import CLUSTER_SCOPED, K8S_DIR, by_kind, render, validate
 
 AGENT = "gpu-hotplug-agent"
+METRICS_PORT = 8478
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +35,16 @@ def test_every_object_validates(objects: list[dict[str, Any]]) -> None:
         "DaemonSet",
         "Namespace",
         "NetworkPolicy",
+        "PriorityClass",
+        "PriorityClass",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     for obj in objects:
         validate(obj)
-        namespaced = obj["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+        namespaced = obj["kind"] not in CLUSTER_SCOPED
         assert (obj["metadata"].get("namespace") == "gpu-hotplug") == namespaced, obj["kind"]
 
 
@@ -89,7 +94,16 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "--backend=kubernetes" in container["args"]
     assert f"--listen=:{AGENT_PORT}" in container["args"]
-    assert container["ports"] == [{"name": "http", "containerPort": AGENT_PORT, "protocol": "TCP"}]
+    assert f"--metrics-listen=:{METRICS_PORT}" in container["args"]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": AGENT_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+    ]
+    # Our own class: system-node-critical is refused outside kube-system on some clouds.
+    assert pod["priorityClassName"] == AGENT
+    holder_class = by_kind(objects, "PriorityClass", "gpu-hotplug-holder")
+    assert by_kind(objects, "PriorityClass", AGENT)["value"] > holder_class["value"] > 0
+    assert "--holder-priority-class=gpu-hotplug-holder" in container["args"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {
         "host-proc": "/proc",
@@ -110,8 +124,8 @@ def test_service_reaches_this_nodes_agent(objects: list[dict[str, Any]]) -> None
     assert service["spec"]["internalTrafficPolicy"] == "Local"
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
-    (port,) = service["spec"]["ports"]
-    assert port["port"] == AGENT_PORT
+    port, metrics = service["spec"]["ports"]
+    assert (port["port"], metrics["port"]) == (AGENT_PORT, METRICS_PORT)
     # The URL the spawner helper gives notebooks names exactly this Service.
     namespace = service["metadata"]["namespace"]
     expected = f"http://{service['metadata']['name']}.{namespace}.svc:{AGENT_PORT}"
@@ -122,8 +136,39 @@ def test_network_policy_opens_only_the_api_port(objects: list[dict[str, Any]]) -
     policy = by_kind(objects, "NetworkPolicy", AGENT)
     labels = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": AGENT_PORT}]
+    api, metrics = policy["spec"]["ingress"]
+    # Notebook namespaces (by label) reach the API; the monitoring namespace the metrics port.
+    assert api["ports"] == [{"protocol": "TCP", "port": AGENT_PORT}]
+    assert api["from"] == [
+        {"namespaceSelector": {"matchLabels": {"gpu-hotplug.jupyter.org/notebooks": "true"}}}
+    ]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": METRICS_PORT}]
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+
+
+def test_holder_image_is_pulled_and_admitted(objects: list[dict[str, Any]]) -> None:
+    """One holder image: the agent's --holder-image, the image the admission policy admits
+    from the agent, and the image the init container pre-pulls on every GPU node."""
+    pod = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (flag,) = [a for a in container["args"] if a.startswith("--holder-image=")]
+    image = flag.partition("=")[2]
+    (pull,) = pod["initContainers"]
+    assert (pull["image"], pull["command"]) == (image, ["/pause", "-v"])
+    policy = by_kind(objects, "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["holderImage"] == f"'{image}'"
+    # First: tests/realnode/test_deployed.py patches it by index.
+    assert policy["spec"]["variables"][0]["name"] == "holderImage"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"'system:serviceaccount:gpu-hotplug:{AGENT}'" in condition["expression"]
+    binding = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
 
 
 def test_agent_accepts_the_daemonsets_arguments(objects: list[dict[str, Any]]) -> None:

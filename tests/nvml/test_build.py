@@ -27,6 +27,9 @@ from jupyter_gpu_hotplug.nvml.sim import (
     find_compiler,
 )
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 
 def real_compiler() -> str:
     found = shutil.which("cc") or shutil.which("gcc")

@@ -320,6 +320,39 @@ class TestPynvml:
         assert count.value == 2
         assert sorted(pynvml.nvmlGpuInstanceGetInfo(instances[i]).id for i in range(2)) == [1, 2]
 
+    def test_attributes_and_compute_profiles_name_the_slice_as_nvidia_plugin_does(
+        self, mig_nvml: FakeNvml
+    ) -> None:
+        """NVIDIA's k8s-device-plugin (go-nvlib) names a mixed-strategy resource from these: the
+        slice's attributes and the one compute instance profile its GPU instance offers."""
+        parent = pynvml.nvmlDeviceGetHandleByIndex(0)
+        device = mig_nvml.gpus[0].mig_devices[0]
+        (handle, _) = slice_handles()
+        attributes = pynvml.nvmlDeviceGetAttributes(handle)
+        assert (attributes.gpuInstanceSliceCount, attributes.computeInstanceSliceCount) == (1, 1)
+        assert attributes.memorySizeMB == device.memory_total >> 20
+        assert pynvml.nvmlDeviceGetAttributes(parent).gpuInstanceSliceCount == 7
+        instance = pynvml.nvmlDeviceGetGpuInstanceById(parent, device.gpu_instance_id)
+        one_slice = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+        shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        for version in (1, 2):
+            info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                instance, one_slice, shared, version=version
+            )
+            assert (info.id, info.sliceCount, info.instanceCount) == (one_slice, 1, 1)
+        compute = pynvml.nvmlGpuInstanceGetComputeInstanceById(instance, 0)
+        assert pynvml.nvmlComputeInstanceGetInfo(compute).profileId == one_slice
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                instance, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, shared
+            )
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(instance, one_slice, 1)
+        # go-nvlib's memory rounding (eighths of the GPU, in whole GB): "1g.10gb" on 80 GB.
+        total = pynvml.nvmlDeviceGetMemoryInfo(parent).total
+        eighths = -(-attributes.memorySizeMB * 2**20 * 8 // total)
+        assert round(eighths / 8 * -(-total // 2**30)) == 10
+
     def test_processes_are_listed_per_slice_and_on_the_gpu(self, fake_nvml: FakeNvml) -> None:
         config = two_slices()
         gpu = config.gpus[0]

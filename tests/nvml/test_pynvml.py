@@ -177,6 +177,20 @@ class TestReporting:
         with pytest.raises(pynvml.NVMLError_NotSupported):
             pynvml.nvmlDeviceGetMigMode(handle)
 
+    def test_topology_one_cpu_and_no_nvlink(self, nvml: FakeNvml) -> None:
+        """What NVIDIA's device plugin asks before it prefers devices (go-gpuallocator): the
+        simulated GPUs share a CPU and have no NVLink, so every link is NOT_SUPPORTED."""
+        first, second = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        level = pynvml.nvmlDeviceGetTopologyCommonAncestor(first, second)
+        assert level == pynvml.NVML_TOPOLOGY_NODE
+        for link in (0, pynvml.NVML_NVLINK_MAX_LINKS - 1):
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                pynvml.nvmlDeviceGetNvLinkState(first, link)
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                pynvml.nvmlDeviceGetNvLinkRemotePciInfo(first, link)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetNvLinkState(first, pynvml.NVML_NVLINK_MAX_LINKS)
+
     def test_unknown_uuid_is_not_found(self, nvml: FakeNvml) -> None:
         with pytest.raises(pynvml.NVMLError_NotFound):
             pynvml.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")

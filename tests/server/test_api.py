@@ -36,6 +36,9 @@ from .api_support import (
     upload,
 )
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 GPU0 = "/dev/nvidia0"
 
 
@@ -353,6 +356,10 @@ async def test_attach_list_detach(
     assert gpu["metrics"]["utilization_gpu"] == 42
     assert gpu["metrics"]["temperature"] == 61
     assert gpu["metrics"]["lost"] is False
+    # The panel charts every GPU of the node: each node GPU carries its metrics too.
+    assert node_gpu["metrics"] == gpu["metrics"]
+    assert all(g["metrics"] is not None for g in view["node"])
+    assert view["queue"] == []
     assert view["nvml"]["status"] == "ok"
 
     detached = await call(

@@ -145,3 +145,22 @@ async def test_waiting_progress_then_failure_reaches_every_stream(
         await stream.close()
     assert progress_states(before, "slow-1")[:2] == ["started", "waiting"]
     await eventually(lambda: not manager_of(jp_serverapp).subscriptions, "no subscription")
+
+
+async def test_a_lost_holders_announcement_reaches_the_live_stream(
+    jp_serverapp: ServerApp, http_server: object, jp_http_port: int, stub: StubAgent
+) -> None:
+    """Issue 21: while the agent announces the revoke of a GPU whose holder pod was lost,
+    the stream's readings carry it on the attachment (the lab warns from it)."""
+    notice = {"reason": "its holder pod ended (Preempted)", "revoke_at": "2026-11-27T05:00:00Z"}
+    announced = {"attachments": [{**ATTACHMENTS["attachments"][0], "holder_lost": notice}]}
+    stub.respond("GET", "/v1/attachments", 200, announced)
+    stream = await SseClient.connect(
+        jp_http_port, stream_path(jp_serverapp.base_url), token=jp_serverapp.identity_provider.token
+    )
+
+    seen = await stream.events_until(lambda e: e.kind == "metrics")
+
+    (attached,) = seen[-1].data["attached"]
+    assert attached["holder_lost"] == notice
+    await stream.close()

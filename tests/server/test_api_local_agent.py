@@ -9,6 +9,9 @@ import pytest
 from jupyter_gpu_hotplug.client import AgentClient, Unauthenticated
 from tests.fixtures.agent import LocalAgent, LocalAgentFactory
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 
 def test_agent_serves_tcp_with_its_token_and_the_unix_socket(local_agent: LocalAgent) -> None:
     over_tcp = local_agent.client().gpus()

@@ -35,6 +35,9 @@ from .api_support import (
     stream_path,
 )
 
+# Starts real servers or toolchains: left out of the fast default run (conftest.py).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path | None) -> Config:
@@ -259,6 +262,14 @@ async def test_a_waiting_attach_shows_its_place_and_can_be_cancelled(
     pending, waiting = await attach("wait-1")
     assert waiting.data["state"] == "waiting"
     assert (waiting.data["position"], waiting.data["of"]) == (1, 1)
+    # The readings carry the queue, for the panel: the waiting kernel, its place and deadline.
+    reading = await client.events_until(
+        lambda e: e.kind == "metrics" and any(q["position"] == 1 for q in e.data["queue"])
+    )
+    (queued,) = reading[-1].data["queue"]
+    assert (queued["request_id"], queued["kernel_id"], queued["count"]) == ("wait-1", waiter, 1)
+    assert queued["held_by"] == {"kind": "kernel", "name": f"kernel {waiter}", "kernel_id": waiter}
+    assert queued["deadline"] > reading[-1].data["taken_at"]
 
     unknown = await call(
         jp_fetch, "POST", "cancel", {"request_id": "not-waiting", "kernel_id": waiter}

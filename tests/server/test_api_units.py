@@ -155,7 +155,7 @@ def test_both_apis_refuse_a_body_alike(raw: bytes, field: str, message: str) -> 
     with pytest.raises(InvalidInput) as ours:
         parse_attach(raw, max_count=8)
     with pytest.raises(AgentInvalidRequest) as agents:
-        parse_attach_request(raw, max_count=8)
+        parse_attach_request(raw)
     assert ours.value.field == agents.value.field
     assert agents.value.message.startswith(ours.value.message)  # the agent adds a hint
 
@@ -308,6 +308,7 @@ def _view(key: str | None) -> GpusJson:
         free=0,
         total=0,
         node=[],
+        queue=[],
         max_count=8,
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),

@@ -8,8 +8,8 @@ import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef, PodTarget
 from jupyter_gpu_hotplug.client import Gpu
-from jupyter_gpu_hotplug.nvml.state import GpuMonitor
-from jupyter_gpu_hotplug.server.models import KernelHolder, gpus_json, held_by_json
+from jupyter_gpu_hotplug.nvml.state import GpuMonitor, Snapshot
+from jupyter_gpu_hotplug.server.models import KernelHolder, WaitingAttach, gpus_json, held_by_json
 
 KERNELS = {
     101: KernelHolder(kernel_id="k-1", path="work/train.ipynb"),
@@ -32,6 +32,12 @@ def gpu(index: int, target: dict[str, Any] | None) -> Gpu:
     )
 
 
+def _snapshot() -> Snapshot:
+    """This process's NVML view (none here: every GPU then has ``metrics: None``)."""
+    with GpuMonitor() as monitor:
+        return monitor.snapshot()
+
+
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
@@ -50,17 +56,12 @@ def test_a_holder_is_named_as_the_user_knows_it(target: Any, expected: dict[str,
 
 
 def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id() -> None:
-    monitor = GpuMonitor()
-    try:
-        snapshot = monitor.snapshot()
-    finally:
-        monitor.close()
     view = gpus_json(
         mode="local",
         kernel_id=None,
         attachments=(),
         node=[gpu(0, {"pid": 101}), gpu(1, None), gpu(2, {"pid": 103})],
-        snapshot=snapshot,
+        snapshot=_snapshot(),
         max_count=8,
         kernels=KERNELS,
     )
@@ -70,3 +71,28 @@ def test_the_node_view_lists_every_gpu_with_its_holder_next_to_the_technical_id(
         (2, {"pid": 103}, {"kind": "process", "name": "process 103", "kernel_id": None}),
     ]
     assert (view["free"], view["total"]) == (1, 3)
+
+
+def test_the_queue_names_the_waiting_notebooks_first_served_first() -> None:
+    view = gpus_json(
+        mode="local",
+        kernel_id="k-1",
+        attachments=(),
+        node=[gpu(0, {"pid": 103})],
+        snapshot=_snapshot(),
+        max_count=8,
+        kernels=KERNELS,
+        queue=[
+            WaitingAttach("r-2", "k-2", 1, deadline=200.0, position=2, of=2),
+            WaitingAttach("r-1", "k-1", 2, deadline=300.0, position=1, of=2),
+            WaitingAttach("r-3", "k-3", 1, deadline=100.0),  # the agent has not said yet
+        ],
+    )
+    assert [(q["request_id"], q["position"], q["held_by"]) for q in view["queue"]] == [
+        ("r-1", 1, {"kind": "notebook", "name": "work/train.ipynb", "kernel_id": "k-1"}),
+        ("r-2", 2, {"kind": "kernel", "name": "kernel k-2", "kernel_id": "k-2"}),
+        ("r-3", None, None),
+    ]
+    assert view["queue"][0]["deadline"] == 300.0
+    # No NVML in this process: every node GPU is listed, with no metrics.
+    assert [g["metrics"] for g in view["node"]] == [None]

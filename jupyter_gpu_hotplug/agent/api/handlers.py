@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Final, Literal
 from tornado import web
 
 from ..._lingering import has_unread_body, refuse_unread
-from ..._structs import BoundedBody, ErrorBody
+from ..._structs import BoundedBody, ErrorBody, allow_header
 from ..core.errors import (
     AgentError,
     BodyTooLarge,
@@ -69,7 +69,9 @@ __all__ = [
     "READY_URL",
     "ApiContext",
     "Unwell",
+    "api_only_handlers",
     "default_handlers",
+    "metrics_handlers",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,8 +107,6 @@ class ApiContext:
     identity: Identity
     metrics: AgentMetrics
     openapi: bytes
-    max_count: int
-    """The most GPUs one request may ask for."""
     health: Callable[[], Unwell | None]
     """The cached liveness verdict: None when alive, else why not."""
     readiness: Callable[[], Unwell | None]
@@ -261,6 +261,8 @@ class ApiHandler(web.RequestHandler):
         else:
             failure = InternalError(request_id=self.request_id)
             status, body = failure.status, failure.to_body()
+        if status == 405:
+            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
         self.set_status(status)
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
         if isinstance(error, Unavailable):
@@ -382,7 +384,7 @@ class AttachmentsHandler(ApiHandler):
     async def post(self) -> None:
         caller = await self.authenticate()
         self.query()
-        request = parse_attach_request(self.body, max_count=self.context.max_count)
+        request = parse_attach_request(self.body)
         result = await self.context.service.attach(caller, request)
         if result["attachments"]:
             target = result["attachments"][0]["target"]
@@ -463,3 +465,14 @@ default_handlers: list[tuple[str, type[ApiHandler]]] = [
     (QUEUED_URL, QueuedRequestHandler),
 ]
 """Every route of the API, in the order of ``openapi.json``."""
+
+metrics_handlers: list[tuple[str, type[ApiHandler]]] = [
+    (HEALTH_URL, HealthHandler),
+    (METRICS_URL, MetricsHandler),
+]
+"""What a metrics address of its own serves (``--metrics-listen``): no API, no caller."""
+
+api_only_handlers: list[tuple[str, type[ApiHandler]]] = [
+    route for route in default_handlers if route not in metrics_handlers[1:]
+]
+"""The API's routes when ``/metrics`` has an address of its own (``/healthz`` stays: probes)."""

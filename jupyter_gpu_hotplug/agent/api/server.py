@@ -30,7 +30,7 @@ from tornado.netutil import bind_sockets
 
 from ..settings import ListenAddress, TcpAddress, UnixAddress
 from .connection import Binder
-from .handlers import ApiContext, UnknownRouteHandler, default_handlers
+from .handlers import ApiContext, ApiHandler, UnknownRouteHandler, default_handlers
 from .httpserver import BindingHTTPServer
 from .limits import DEFAULT_LIMITS, ConnectionLimits
 from .validation import MAX_BODY_BYTES
@@ -50,10 +50,12 @@ class ListenError(Exception):
     """An address cannot be listened on (in use, bad permissions, not a socket...)."""
 
 
-def make_application(context: ApiContext) -> web.Application:
-    """The tornado application serving the API with ``context``."""
+def make_application(
+    context: ApiContext, handlers: Sequence[tuple[str, type[ApiHandler]]] = default_handlers
+) -> web.Application:
+    """The tornado application serving ``handlers`` (default: the whole API) with ``context``."""
     return web.Application(
-        default_handlers,
+        list(handlers),
         default_handler_class=UnknownRouteHandler,
         gpu_hotplug=context,
         compress_response=False,

@@ -11,30 +11,33 @@ The limits here and in ``openapi.json`` must agree; ``tests/agent/test_openapi.p
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from ..._structs import (
     DEFAULT_WAIT_SECONDS,
     DNS1123_LABEL_MAX,
     DNS1123_SUBDOMAIN_MAX,
-    GPU_UUID_RE,
     MAX_IDLE_RELEASE_SECONDS,
     MAX_WAIT_SECONDS,
     MIG_PROFILE_RE,
     PID_MAX_LIMIT,
-    REQUEST_ID_MAX,
-    REQUEST_ID_RE,
     GpuUuid,
     PidRef,
     PodTarget,
     RequestId,
     TargetRef,
     WireFormatError,
+    check_count,
+    check_gpu_uuid,
+    check_names,
+    check_request_id,
+    check_seconds,
+    describe_value,
     is_dns1123_label,
     is_dns1123_subdomain,
+    json_integer,
     load_request_json,
 )
 from ..core.errors import InvalidRequest
@@ -49,34 +52,13 @@ _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
 # --- helpers -------------------------------------------------------------------------------------
 
-
-def _describe(value: object) -> str:
-    """A short JSON-ish rendering of a bad value for messages (never echo a whole body)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    text = json.dumps(value) if isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
+_T = TypeVar("_T")
 
 
-def _clip(name: str) -> str:
-    """A caller-chosen name, short enough to echo in an error's ``field``."""
-    return name if len(name) <= 64 else f"{name[:61]}..."
-
-
-def _as_int(value: object) -> int | None:
-    """``value`` if it is a JSON integer; ``bool`` is an ``int`` in Python, but ``true`` is not."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _load_json(body: bytes, *, max_body: int) -> object:
+def _checked(check: Callable[..., _T], /, *args: object, **kwargs: object) -> _T:
+    """Run one of the field rules both APIs share (``_structs``) as this API's error."""
     try:
-        return load_request_json(body, max_body=max_body)
+        return check(*args, **kwargs)
     except WireFormatError as e:
         raise InvalidRequest(e.message, field=e.field) from e
 
@@ -84,13 +66,7 @@ def _load_json(body: bytes, *, max_body: int) -> object:
 def _check_fields(
     obj: Mapping[str, object], *, allowed: Sequence[str], where: str, prefix: str
 ) -> None:
-    unknown = sorted(set(obj) - set(allowed))
-    if unknown:
-        names = ", ".join(_describe(name) for name in unknown[:5])
-        raise InvalidRequest(
-            f"unknown field(s) {names} in {where}; allowed: {', '.join(allowed)}",
-            field=f"{prefix}{_clip(unknown[0])}",
-        )
+    _checked(check_names, obj, allowed=allowed, what=f"member(s) of {where}", prefix=prefix)
 
 
 def _check_label(value: object, *, subject: str, field: str) -> str:
@@ -103,7 +79,7 @@ def _check_label(value: object, *, subject: str, field: str) -> str:
     if not isinstance(value, str) or not is_dns1123_label(value):
         raise InvalidRequest(
             f"{subject} must be a DNS-1123 label (lowercase letters, digits and '-', starting "
-            f"and ending with a letter or digit), got {_describe(value)}",
+            f"and ending with a letter or digit), got {describe_value(value)}",
             field=field,
         )
     return value
@@ -120,14 +96,14 @@ def _check_subdomain(value: object, *, subject: str, field: str) -> str:
         raise InvalidRequest(
             f"{subject} must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
             f"each dot-separated part starting and ending with a letter or digit), "
-            f"got {_describe(value)}",
+            f"got {describe_value(value)}",
             field=field,
         )
     return value
 
 
 def _check_pid(value: object, *, field: str) -> PidRef:
-    pid = _as_int(value)
+    pid = json_integer(value)
     if pid == 1:
         raise InvalidRequest(
             f"{field} 1 is the init process of the agent's pid namespace and can never be a target",
@@ -137,7 +113,7 @@ def _check_pid(value: object, *, field: str) -> PidRef:
     if pid is None or not 2 <= pid < PID_MAX_LIMIT:
         raise InvalidRequest(
             f"{field} must be a process id, an integer from 2 to {PID_MAX_LIMIT - 1}, "
-            f"got {_describe(value)}",
+            f"got {describe_value(value)}",
             field=field,
         )
     return PidRef(pid)
@@ -146,7 +122,7 @@ def _check_pid(value: object, *, field: str) -> PidRef:
 def _parse_target(value: object) -> TargetRef:
     shape = 'target must be {"pod": {"namespace": ..., "name": ...}} or {"pid": N}'
     if not isinstance(value, dict):
-        raise InvalidRequest(f"{shape}, got {_describe(value)}", field="target")
+        raise InvalidRequest(f"{shape}, got {describe_value(value)}", field="target")
     _check_fields(value, allowed=("pid", "pod"), where="target", prefix="target.")
     if len(value) != 1:
         raise InvalidRequest(
@@ -160,7 +136,7 @@ def _parse_target(value: object) -> TargetRef:
     if not isinstance(pod, dict):
         raise InvalidRequest(
             f'target.pod must be {{"namespace": ..., "name": ..., "container": ...}}, '
-            f"got {_describe(pod)}",
+            f"got {describe_value(pod)}",
             field="target.pod",
         )
     _check_fields(pod, allowed=_POD_FIELDS, where="target.pod", prefix="target.pod.")
@@ -183,37 +159,27 @@ def _parse_target(value: object) -> TargetRef:
 # --- bodies --------------------------------------------------------------------------------------
 
 
-def parse_attach_request(
-    body: bytes, *, max_count: int, max_body: int = MAX_BODY_BYTES
-) -> AttachRequest:
+def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> AttachRequest:
     """Parse a ``POST /v1/attachments`` body.
 
-    ``max_count`` is the most GPUs one request may ask for (the agent's setting, at least 1);
-    asking for more than are *free* is not a validation error but ``insufficient_gpus`` later.
+    ``count`` is any positive integer, as the document says: more than the target may hold is
+    the service's ``forbidden`` and more than the node has its ``insufficient_gpus``
+    (``AgentService._admit``, the one place that knows the limit and the node).
     """
-    if max_count < 1:
-        raise ValueError(f"max_count must be at least 1, got {max_count}")
-    obj = _load_json(body, max_body=max_body)
+    obj = _checked(load_request_json, body, max_body=max_body)
     if not isinstance(obj, dict):
         raise InvalidRequest(
-            f'request body must be a JSON object such as {{"count": 1}}, got {_describe(obj)}',
+            f'request body must be a JSON object such as {{"count": 1}}, got {describe_value(obj)}',
             field="body",
         )
     _check_fields(obj, allowed=_BODY_FIELDS, where="the request body", prefix="")
 
-    count_rule = f"count must be an integer from 1 to {max_count} (the number of GPUs to attach)"
     if "count" not in obj:
-        raise InvalidRequest(f"count is required: {count_rule}", field="count")
-    count = _as_int(obj["count"])
-    if count is None or not 1 <= count <= max_count:
-        raise InvalidRequest(f"{count_rule}, got {_describe(obj['count'])}", field="count")
-
+        raise InvalidRequest("count is required: the number of GPUs to attach", field="count")
+    count = _checked(check_count, obj["count"])
     wait_seconds = _seconds(obj, "wait_seconds", MAX_WAIT_SECONDS)
     idle_release_seconds = _seconds(obj, "idle_release_seconds", MAX_IDLE_RELEASE_SECONDS)
-
-    request_id = None
-    if "request_id" in obj:
-        request_id = parse_request_id(obj["request_id"])
+    request_id = parse_request_id(obj["request_id"]) if "request_id" in obj else None
     mig = _mig_profile(obj["mig"]) if "mig" in obj else None
 
     target = _parse_target(obj["target"]) if "target" in obj else None
@@ -233,7 +199,7 @@ def _mig_profile(value: object) -> str:
     if not isinstance(value, str) or MIG_PROFILE_RE.fullmatch(value) is None:
         raise InvalidRequest(
             f"mig must be a MIG profile such as 1g.10gb (<slices>g.<memory>gb), got "
-            f"{_describe(value)}",
+            f"{describe_value(value)}",
             field="mig",
         )
     return value
@@ -241,32 +207,12 @@ def _mig_profile(value: object) -> str:
 
 def _seconds(obj: dict[str, object], name: str, maximum: float) -> float | None:
     """The optional member ``name``: a number of seconds above 0 and at most ``maximum``."""
-    if name not in obj:
-        return None
-    value = obj[name]
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= maximum
-    ):
-        raise InvalidRequest(
-            f"{name} must be a number of seconds greater than 0 and at most {maximum:g}, "
-            f"got {_describe(value)}",
-            field=name,
-        )
-    return float(value)
+    return _checked(check_seconds, obj[name], field=name, maximum=maximum) if name in obj else None
 
 
 def parse_request_id(value: object) -> RequestId:
     """A client's idempotency key: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
-    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
-        raise InvalidRequest(
-            f"request_id must be 1 to {REQUEST_ID_MAX} characters from A-Z a-z 0-9 . _ : -, "
-            f"got {_describe(value)}",
-            field="request_id",
-        )
-    return RequestId(value)
+    return _checked(check_request_id, value)
 
 
 # --- path and query ------------------------------------------------------------------------------
@@ -278,13 +224,7 @@ def parse_gpu_uuid(text: str) -> GpuUuid:
     The pre-R470 MIG form ``MIG-GPU-<uuid>/<gi>/<ci>`` is not accepted: it contains ``/`` and
     cannot be a path segment, and drivers since R470 report the plain form.
     """
-    if GPU_UUID_RE.fullmatch(text) is None:
-        raise InvalidRequest(
-            f"uuid must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-... with "
-            f"lowercase hex digits (as nvidia-smi -L prints it), got {_describe(text)}",
-            field="uuid",
-        )
-    return GpuUuid(text)
+    return _checked(check_gpu_uuid, text)
 
 
 def _single(query: Mapping[str, Sequence[bytes]], name: str) -> str | None:
@@ -299,19 +239,13 @@ def _single(query: Mapping[str, Sequence[bytes]], name: str) -> str | None:
         return values[0].decode("ascii")
     except UnicodeDecodeError as e:
         raise InvalidRequest(
-            f"query parameter {name} must be ASCII, got {_describe(values[0])}", field=name
+            f"query parameter {name} must be ASCII, got {describe_value(values[0])}", field=name
         ) from e
 
 
 def check_query_names(query: Mapping[str, Sequence[bytes]], *, allowed: Collection[str]) -> None:
     """Refuse query parameters an endpoint does not know (a typo must not be ignored)."""
-    unknown = sorted(set(query) - set(allowed))
-    if unknown:
-        raise InvalidRequest(
-            f"unknown query parameter(s) {', '.join(_describe(name) for name in unknown[:5])}; "
-            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
-            field=_clip(unknown[0]),
-        )
+    _checked(check_names, query, allowed=sorted(allowed), what="query parameter(s)")
 
 
 def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None:
@@ -335,7 +269,7 @@ def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None
         if _PID_TEXT_RE.fullmatch(pid) is None:
             raise InvalidRequest(
                 f"query parameter pid must be a process id, an integer from 2 to "
-                f"{PID_MAX_LIMIT - 1} in decimal digits, got {_describe(pid)}",
+                f"{PID_MAX_LIMIT - 1} in decimal digits, got {describe_value(pid)}",
                 field="pid",
             )
         return _check_pid(int(pid), field="pid")
@@ -344,7 +278,7 @@ def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None
     namespace, slash, name = pod.partition("/")
     if not slash:
         raise InvalidRequest(
-            f"query parameter pod must be NAMESPACE/NAME, got {_describe(pod)}", field="pod"
+            f"query parameter pod must be NAMESPACE/NAME, got {describe_value(pod)}", field="pod"
         )
     return PodTarget(
         _check_label(namespace, subject="the namespace in query parameter pod", field="pod"),
@@ -362,7 +296,7 @@ def parse_force(query: Mapping[str, Sequence[bytes]]) -> bool:
         return False
     if value not in _FORCE_VALUES:
         raise InvalidRequest(
-            f"query parameter force must be true, false, 1 or 0, got {_describe(value)}",
+            f"query parameter force must be true, false, 1 or 0, got {describe_value(value)}",
             field="force",
         )
     return _FORCE_VALUES[value]

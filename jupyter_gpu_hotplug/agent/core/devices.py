@@ -20,7 +20,7 @@ from ...linux.mig import MigCaps, MigCapsError, revoke_nodes
 from ...nvml.state import MigSlice
 from .injector import InjectionFailed, gpu_node
 from .inventory import InventorySnapshot
-from .seams import GpuRecord
+from .seams import ContainerKey, GpuRecord, Reservation
 
 __all__ = ["GpuNodes", "flat", "is_mig"]
 
@@ -69,11 +69,27 @@ class GpuNodes:
             raise InjectionFailed(f"the nodes of {gpu.uuid} are unknown: {e}", clean=True) from e
         return list(access.nodes)
 
-    def to_revoke(self, gpu: GpuRecord, *, keeping: Iterable[GpuRecord]) -> list[DeviceNode]:
-        """The nodes taking ``gpu`` back revokes when the container keeps ``keeping``: never
-        one that a kept GPU or slice needs (the GPU node that two slices share)."""
-        kept = [node for other in keeping for node in self.of(other)]
-        return list(revoke_nodes(self.of(gpu), keeping=kept))
+    def revocable(
+        self,
+        leaving: Sequence[GpuRecord],
+        *,
+        container: ContainerKey,
+        reservations: Iterable[Reservation],
+    ) -> list[list[DeviceNode]]:
+        """The rule of every revoke (detach, lost holder, reconciliation): the nodes taking
+        each of ``leaving`` back from ``container`` revokes, when ``reservations`` (every
+        reservation of the node) say what the container keeps. Never a node that a GPU or
+        slice the container keeps needs (the GPU node two of its slices share); what other
+        containers hold is theirs and is not asked about. ``InjectionFailed`` (clean) when a
+        slice's nodes cannot be told."""
+        gone = {gpu.uuid for gpu in leaving}
+        kept = [
+            node
+            for entry in reservations
+            if entry.container == container and entry.gpu.uuid not in gone
+            for node in self.of(entry.gpu)
+        ]
+        return [list(revoke_nodes(self.of(gpu), keeping=kept)) for gpu in leaving]
 
 
 def flat(groups: Iterable[Sequence[DeviceNode]]) -> list[DeviceNode]:

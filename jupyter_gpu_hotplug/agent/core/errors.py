@@ -230,10 +230,13 @@ class InsufficientGpus(AgentError):
     default_hint = "ask for fewer, release GPUs you no longer need, or try again later"
     default_retryable = True
 
-    def __init__(self, *, free: int, requested: int, hint: str | None = None) -> None:
+    def __init__(
+        self, *, free: int, requested: int, hint: str | None = None, retryable: bool | None = None
+    ) -> None:
         super().__init__(
             f"{requested} GPU(s) requested but {free} free on this node",
             hint=hint,
+            retryable=retryable,
             extra=ErrorExtra(free=free, requested=requested),
         )
         self.free = free

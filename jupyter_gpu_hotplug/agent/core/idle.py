@@ -46,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..._structs import GpuUuid, Target, TargetKey
 from .devices import GpuNodes
-from .injector import Injector, InjectorError
+from .injector import HolderInfo, Injector, InjectorError
 from .locks import TargetLocks
 from .metrics import AgentMetrics
 from .seams import (
@@ -267,6 +267,29 @@ class IdleReleaser:
                 released.append(done)
         return released
 
+    async def held_gpus(self) -> set[GpuUuid]:
+        """The granted GPUs that a process of their container holds open right now (the
+        device-node scan alone, without NVML: the simulation asks this to decide which
+        simulated GPUs work, and NVML's answer there is the simulation's own output)."""
+        held: set[GpuUuid] = set()
+        for entry in self._allocator.all_attachments():
+            if entry.state is not ReservationState.GRANTED:
+                continue
+            container = await self._container(entry)
+            try:
+                if container is not None and await self._holders(entry, container):
+                    held.add(entry.gpu.uuid)
+            except InjectorError as e:
+                log.debug("cannot tell whether %s is held: %s", entry.gpu.uuid, e)
+        return held
+
+    async def _container(self, entry: Reservation) -> HostContainer | None:
+        return await self._workers.host(self._resolver.lookup, entry.target, entry.container)
+
+    async def _holders(self, entry: Reservation, container: HostContainer) -> list[HolderInfo]:
+        nodes = self._nodes.of(entry.gpu)
+        return await self._workers.host(self._injector.holders, container, nodes)
+
     async def run_forever(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
@@ -280,11 +303,10 @@ class IdleReleaser:
         self, entry: Reservation, usage: Mapping[GpuUuid, int | None]
     ) -> IdleRelease | None:
         uuid, key = entry.gpu.uuid, attachment_id(entry)
-        container = await self._workers.host(self._resolver.lookup, entry.target, entry.container)
+        container = await self._container(entry)
         if container is None:
             return None  # gone: the reconciler releases it
-        nodes = self._nodes.of(entry.gpu)
-        holders = await self._workers.host(self._injector.holders, container, nodes)
+        holders = await self._holders(entry, container)
         now = self._clock()
         if holders or (usage.get(uuid) or 0) > 0:
             self._idle_since[key] = now

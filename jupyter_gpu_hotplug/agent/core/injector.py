@@ -106,6 +106,13 @@ class DeviceState:
     """A device controller lets the target open it (whether or not the node is there)."""
     node: bool
     """The node is in the target's ``/dev`` (whether or not the cgroups allow it)."""
+    ours: bool = False
+    """The permission looks like the agent's own grant (not a runtime's or a device plugin's):
+    what the orphan sweep takes back without a reservation."""
+    opens: bool = False
+    """The container's own device policy lets it open the device, by whoever's rule (the v1
+    list, or every v2 program run as the kernel would), and some controller confines it (an
+    unconfined, privileged container opens everything and is not counted)."""
 
 
 def gpu_node(minor: int, *, major: int) -> DeviceNode:
@@ -127,10 +134,12 @@ class Injector(Protocol):
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
-        ends the holders). The nodes named in ``keep_nodes`` stay (the agent did not create
-        them); their permission goes. On failure the target keeps what it had."""
+        ends the holders) or ``leave_open`` (the access goes, processes keep the fds they
+        have). The nodes named in ``keep_nodes`` stay (the agent did not create them); their
+        permission goes. On failure the target keeps what it had."""
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
         """Take the permissions for ``devices`` from the cgroups of a container that has no
@@ -184,10 +193,13 @@ class EngineInjector:
         *,
         force: bool,
         keep_nodes: Collection[str] = (),
+        leave_open: bool = False,
     ) -> None:
         container = self._container(target)
         try:
-            self._engine.revoke(container, devices, force=force, keep_nodes=keep_nodes)
+            self._engine.revoke(
+                container, devices, force=force, keep_nodes=keep_nodes, leave_open=leave_open
+            )
         except DeviceBusyError as e:
             raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
         except ScanTimedOut as e:
@@ -218,6 +230,8 @@ class EngineInjector:
                 exposed=s.exposed,
                 permitted=bool(s.v1_allowed) or bool(s.v2_granted),
                 node=s.node,
+                ours=s.ours,
+                opens=s.opens,
             )
             for s in states
         ]

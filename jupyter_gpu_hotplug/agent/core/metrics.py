@@ -15,6 +15,11 @@ the agent exports is declared here, once, so the names are reviewable in one pla
 - ``gpu_hotplug_reconcile_actions_total{action}``: what reconciliation had to repair;
 - ``gpu_hotplug_idle_warnings_total{reason}`` / ``gpu_hotplug_idle_releases_total{reason}``:
   announced and done releases of unused GPUs by the idle policy (``idle`` or ``lease``);
+- ``gpu_hotplug_lost_revokes_total{kind}``: GPUs revoked after a lost reservation's grace
+  period: ``holder`` (a holder pod preempted, evicted, deleted) or ``orphan`` (a grant of ours
+  that no reservation backs, found by the sweep at start-up and on every reconciliation);
+- ``gpu_hotplug_stray_gpu_access``: GPUs that running containers can open although neither
+  the device plugin nor the agent gave them (as of the last sweep; Kubernetes mode);
 - ``gpu_hotplug_http_requests_total{method,route,status}``: every API response;
 - ``gpu_hotplug_simulated``: 1 when the GPUs are simulated.
 """
@@ -99,6 +104,18 @@ class AgentMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.lost_revokes = Counter(
+            "gpu_hotplug_lost_revokes",
+            "GPUs revoked after a lost reservation's grace period, by kind (holder, orphan).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.stray_gpu_access = Gauge(
+            "gpu_hotplug_stray_gpu_access",
+            "GPUs that running containers can open without the device plugin or the agent "
+            "giving them, as of the last sweep.",
+            registry=self.registry,
+        )
         self.http_requests = Counter(
             "gpu_hotplug_http_requests",
             "API responses by method, route and status.",
@@ -114,6 +131,8 @@ class AgentMetrics:
             self.gpus.labels(state=state).set(0)
         for counter in (self.attach_total, self.detach_total):
             counter.labels(result="success")
+        for kind in ("holder", "orphan"):
+            self.lost_revokes.labels(kind=kind)
 
     def set_gpu_counts(self, counts: Mapping[str, int]) -> None:
         """Replace the per-state GPU counts (states not given become 0)."""

@@ -19,8 +19,11 @@ with reservations, each run under the target's lock so that no operation in flig
 - ``releasing`` (a detach cut short): finish it without force; if a process has the GPU open,
   the release is cancelled and the GPU stays attached (a user's detach can force it);
 - ``granted`` but no longer usable: grant it again;
-- a GPU the container is permitted although no reservation gives it to that container: revoke
-  the permission.
+- a GPU the container is permitted although no reservation gives it to that container (nor
+  the backend's device plugin: ``assigned``): revoke the permission.
+
+A backend may add passes over the whole node (``sweeps``; Kubernetes: grants of ours that no
+reservation backs any more, and GPU access nobody gave), run at the end of every pass.
 
 Device nodes are removed only where the reservation records that the agent created them
 (``Reservation.node_created``, recorded as intent before the ``mknod``, so an attach cut short
@@ -35,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from ..._structs import GpuUuid, Target, TargetKey
@@ -62,7 +65,7 @@ from .seams import (
 )
 from .workers import Workers
 
-__all__ = ["ReconcileReport", "Reconciler"]
+__all__ = ["Assigned", "ReconcileReport", "Reconciler", "Sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,12 @@ class ReconcileReport:
     @property
     def changed(self) -> bool:
         return any(self.actions.values())
+
+
+Sweep = Callable[[Sequence[GpuRecord], "ReconcileReport"], Awaitable[None]]
+"""A backend's pass over the whole node, given every GPU the node has or had."""
+Assigned = Callable[[HostContainer], Collection[GpuUuid]]
+"""The GPUs a container got outside the agent (a device plugin's): never strays (blocking)."""
 
 
 class Reconciler:
@@ -112,6 +121,11 @@ class Reconciler:
         self._locks = locks
         self._metrics = metrics
         self._workers = workers
+        self.sweeps: list[Sweep] = []
+        """The backend's node-wide passes, run after the reservations' rules."""
+        self.assigned: Assigned = lambda container: ()
+        """What the backend's device plugin gave each container (the Kubernetes backend sets
+        it; nothing locally)."""
 
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
@@ -133,6 +147,12 @@ class Reconciler:
                     # cgroups at will), the others are still reconciled and the agent starts.
                     report.failures.append(f"{target}: {e}")
                     log.exception("reconciling %s failed; retrying on the next pass", target)
+        for sweep in self.sweeps:
+            try:
+                await sweep(known, report)
+            except Exception as e:
+                report.failures.append(f"node sweep: {e}")
+                log.exception("a node sweep failed; retrying on the next pass")
         for action, items in report.actions.items():
             self._metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:
@@ -219,14 +239,11 @@ class Reconciler:
         return None
 
     def _revocable(self, container: HostContainer, row: Reservation) -> list[DeviceNode]:
-        """The nodes taking ``row`` back revokes: none that the container's other
-        reservations need (the GPU node that two of its slices share)."""
-        keeping = [
-            entry.gpu
-            for entry in self._allocator.all_attachments()
-            if entry.container == container.key and entry.gpu.uuid != row.gpu.uuid
-        ]
-        return self._nodes.to_revoke(row.gpu, keeping=keeping)
+        """The nodes taking ``row`` back revokes (``GpuNodes.revocable``)."""
+        (nodes,) = self._nodes.revocable(
+            [row.gpu], container=container.key, reservations=self._allocator.all_attachments()
+        )
+        return nodes
 
     async def _take_back(self, container: HostContainer, row: Reservation) -> None:
         """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
@@ -300,6 +317,7 @@ class Reconciler:
             if entry.container == container.key
             or (not entry.container and entry.target.key == container.target.key)
         }
+        owned |= set(await self._workers.host(self.assigned, container))
         # What the container's own reservations need is never a stray (two slices of one GPU
         # held by different containers share that GPU's node: each keeps it).
         needed = {

@@ -46,14 +46,16 @@ Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NewType, Protocol
 
 from ..._structs import GpuUuid, RequestId, Target, TargetRef
+from .errors import Busy, NotFound
 
 __all__ = [
+    "TRANSITIONS",
     "Allocator",
     "AttachRequest",
     "Caller",
@@ -63,12 +65,15 @@ __all__ = [
     "GpuRecord",
     "HostContainer",
     "Identity",
+    "IllegalTransition",
     "PeerCredentials",
     "PodIdentity",
     "Reservation",
     "ReservationState",
     "Resolver",
+    "Transition",
     "Verb",
+    "plan_transition",
 ]
 
 ContainerKey = NewType("ContainerKey", str)
@@ -156,11 +161,78 @@ class AttachRequest:
 
 class ReservationState(enum.StrEnum):
     """A reservation's life: made before the host is touched, granted once it is, announced
-    before it is undone."""
+    before it is undone. ``TRANSITIONS`` below is the one table of what may follow what; every
+    allocator enforces it through ``then`` and ``plan_transition``."""
 
     RESERVING = "reserving"
     GRANTED = "granted"
     RELEASING = "releasing"
+
+    def then(self, transition: Transition) -> ReservationState | Refusal:
+        """The state ``transition`` leads to from this one, or how it is refused."""
+        return TRANSITIONS[transition, self]
+
+
+class Transition(enum.StrEnum):
+    """The state changes an allocator makes on request, each the ``Allocator`` method of that
+    name (``reserve`` creates a reservation, ``release`` and ``rebind`` take any state)."""
+
+    MARK_GRANTED = "mark_granted"
+    BEGIN_RELEASE = "begin_release"
+    CANCEL_RELEASE = "cancel_release"
+
+
+class IllegalTransition(Exception):
+    """A state change no correct caller asks for (granting what is being released, cancelling
+    a release that never began): a bug in the caller, so the API answers 500. Nothing changed."""
+
+
+Refusal = type[Busy] | type[NotFound] | type[IllegalTransition]
+"""How the table refuses a transition: ``Busy`` (409: the attach is still under way, try again),
+``NotFound`` (404: nothing to release), ``IllegalTransition`` (500: a bug)."""
+
+TRANSITIONS: Mapping[tuple[Transition, ReservationState | None], ReservationState | Refusal] = {
+    # From no reservation at all (None): only a release can be asked for by a client's mistake.
+    (Transition.MARK_GRANTED, None): IllegalTransition,
+    (Transition.BEGIN_RELEASE, None): NotFound,
+    (Transition.CANCEL_RELEASE, None): IllegalTransition,
+    (Transition.MARK_GRANTED, ReservationState.RESERVING): ReservationState.GRANTED,
+    (Transition.BEGIN_RELEASE, ReservationState.RESERVING): Busy,
+    (Transition.CANCEL_RELEASE, ReservationState.RESERVING): IllegalTransition,
+    # Repeating a transition that already happened changes nothing (a retried step).
+    (Transition.MARK_GRANTED, ReservationState.GRANTED): ReservationState.GRANTED,
+    (Transition.BEGIN_RELEASE, ReservationState.GRANTED): ReservationState.RELEASING,
+    (Transition.CANCEL_RELEASE, ReservationState.GRANTED): ReservationState.GRANTED,
+    (Transition.MARK_GRANTED, ReservationState.RELEASING): IllegalTransition,
+    (Transition.BEGIN_RELEASE, ReservationState.RELEASING): ReservationState.RELEASING,
+    (Transition.CANCEL_RELEASE, ReservationState.RELEASING): ReservationState.GRANTED,
+}
+"""Every (transition, current state) pair: the state it leads to, or the error it raises."""
+
+
+def plan_transition(
+    transition: Transition,
+    uuids: Collection[GpuUuid],
+    current: Callable[[GpuUuid], Reservation | None],
+) -> dict[GpuUuid, ReservationState]:
+    """The state each of ``uuids`` moves to under ``transition`` (``current`` reads a
+    reservation), or the table's error for the first one that may not move: an allocator calls
+    this before it changes anything, so a refused call changes none of them."""
+    plan: dict[GpuUuid, ReservationState] = {}
+    for uuid in uuids:
+        entry = current(uuid)
+        outcome = TRANSITIONS[transition, None] if entry is None else entry.state.then(transition)
+        if isinstance(outcome, ReservationState):
+            plan[uuid] = outcome
+        elif entry is None:
+            if outcome is NotFound:
+                raise NotFound("attachment", uuid)
+            raise IllegalTransition(f"{transition} of {uuid}: it is not reserved")
+        elif outcome is Busy:
+            raise Busy.operation_in_progress(str(entry.target))
+        else:
+            raise IllegalTransition(f"{transition} of {uuid}: it is {entry.state}")
+    return plan
 
 
 @dataclass(frozen=True)
@@ -197,8 +269,11 @@ class Allocator(Protocol):
     """Who holds which GPU, durably. Reads come from memory; writes are awaited.
 
     Errors: ``InsufficientGpus`` (nothing reserved), ``Timeout`` (deadline passed; nothing left
-    behind), ``InvalidRequest.request_id_reused``, ``NotFound``/``Busy`` from ``begin_release``;
-    storage trouble as the backend's own exception (a 500: a bug or a broken node).
+    behind); from ``mark_granted``, ``begin_release`` and ``cancel_release`` exactly what
+    ``TRANSITIONS`` says (checked with ``plan_transition`` before anything changes, so a refused
+    call changes none of its uuids); storage trouble as the backend's own exception (a 500: a
+    bug or a broken node). Request ids are recorded, never interpreted: whether an attach
+    repeats an earlier one is the service's decision, made once, under the target's lock.
     """
 
     async def load(self) -> None:
@@ -214,8 +289,8 @@ class Allocator(Protocol):
         candidates: Sequence[GpuRecord],
     ) -> list[Reservation]:
         """Take ``count`` of ``candidates`` for ``container`` (state ``RESERVING``), all or
-        nothing. A ``request_id`` this target already used returns that request's
-        reservations (same count) instead. ``deadline`` is a ``time.monotonic()`` value."""
+        nothing, recording ``request_id`` on each. ``deadline`` is a ``time.monotonic()``
+        value."""
 
     async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
         """Record, before the grant makes them, that the grant is about to create the device
@@ -226,15 +301,15 @@ class Allocator(Protocol):
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
-        """``RESERVING`` → ``GRANTED`` (already granted: unchanged), recording for which of
+        """``Transition.MARK_GRANTED`` (``RESERVING`` → ``GRANTED``), recording for which of
         them the grant created the device node (``Reservation.node_created``)."""
 
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        """``GRANTED`` → ``RELEASING`` (already releasing: unchanged); ``Busy`` while one is
-        still ``RESERVING``, ``NotFound`` for one that is not reserved."""
+        """``Transition.BEGIN_RELEASE`` (``GRANTED`` → ``RELEASING``)."""
 
     async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        """``RELEASING`` → ``GRANTED``: the release did not happen."""
+        """``Transition.CANCEL_RELEASE`` (``RELEASING`` → ``GRANTED``): the release did not
+        happen."""
 
     async def release(self, uuids: Collection[GpuUuid]) -> None:
         """Return the GPUs to the pool (any state; unknown uuids are ignored). Call only once

@@ -11,7 +11,8 @@ knows nothing else of a backend. It orders the steps so that each durable write 
 cannot undo in a state the reconciler finishes.
 
 Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
-authorize it → per-target lock → ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
+authorize it → per-target lock → decide once (a repeated request id, ``_admit``, wait or not)
+→ ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
 Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) → ``revoke``
 (refused while processes hold the GPU, unless ``force``; answered 503 with ``retry_after``
 when the scan for them runs past its deadline) → ``release``; a refused revoke is undone
@@ -26,12 +27,13 @@ allocator's reads come from memory.
 
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
+This is decided here only (``_served``), under the target's lock; allocators just record ids.
 
 Waiting: an attach that gives ``wait_seconds`` and finds too few GPUs it may take joins the
-node's FIFO queue (``queue.py``) before it takes its target's lock, so a waiting request never
-blocks its target's other operations; one that does not wait is refused at once (409) unless
-enough are free beyond what the queue's head holds (``WaitQueue.held``). Every release wakes
-the queue.
+node's FIFO queue (``queue.py``) and lets go of its target's lock while it waits, so a waiting
+request never blocks its target's other operations; one that does not wait is refused at once
+(409) unless enough are free beyond what the queue's head holds (``WaitQueue.held``). Every
+release wakes the queue.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -55,6 +57,7 @@ from ..._structs import (
     IdleReleaseList,
     IdleReleaseRecord,
     IdleReleaseWire,
+    LostHolderWire,
     ProcessInfo,
     QueuedRequest,
     QueueView,
@@ -88,6 +91,7 @@ from .injector import (
 )
 from .inventory import GpuDevice, Inventory, InventorySnapshot
 from .locks import TargetLocks
+from .lost import LossBook, TakeBack
 from .metrics import AgentMetrics
 from .queue import Waiter, WaitQueue
 from .seams import (
@@ -131,8 +135,13 @@ class _Measure:
     """How many GPUs it concerned (detach counts per GPU)."""
 
 
-def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Attachment:
-    """The wire form of a reservation, with the idle policy's warning if one is in force."""
+def attachment_of(
+    entry: Reservation,
+    warning: IdleWarning | None = None,
+    lost: LostHolderWire | None = None,
+) -> Attachment:
+    """The wire form of a reservation, with the idle policy's warning if one is in force and
+    the announced revoke of a lost reservation if there is one."""
     moment = entry.granted_at or entry.created_at
     attachment = Attachment(
         uuid=entry.gpu.uuid,
@@ -148,6 +157,8 @@ def attachment_of(entry: Reservation, warning: IdleWarning | None = None) -> Att
         attachment["idle_release"] = IdleReleaseWire(
             reason=warning.reason.value, release_at=format_timestamp(warning.release_at)
         )
+    if lost is not None:
+        attachment["holder_lost"] = lost
     return attachment
 
 
@@ -174,6 +185,7 @@ class AgentService:
         idle: IdleBook | None = None,
         queue: WaitQueue | None = None,
         nodes: GpuNodes | None = None,
+        losses: LossBook | None = None,
     ) -> None:
         self._allocator = allocator
         self._inventory = inventory
@@ -191,6 +203,8 @@ class AgentService:
         """Attach requests waiting for GPUs, first come, first served."""
         self.nodes = nodes or GpuNodes(major=config.device_major)
         """Which device nodes each reserved GPU or MIG slice needs."""
+        self.losses = losses or LossBook()
+        """Announced revokes of GPUs whose reservation was lost (``lost.py``)."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -242,15 +256,12 @@ class AgentService:
     def _revocable(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
-        """The nodes taking ``entries`` back revokes from ``container``: never one that a GPU
-        or slice it keeps still needs (the node of a GPU whose other slice it holds)."""
-        leaving = {entry.gpu.uuid for entry in entries}
-        keeping = [
-            entry.gpu
-            for entry in self._allocator.attachments_of(container.target)
-            if entry.gpu.uuid not in leaving and entry.container == container.key
-        ]
-        return [self.nodes.to_revoke(entry.gpu, keeping=keeping) for entry in entries]
+        """The nodes taking ``entries`` back revokes from ``container`` (``GpuNodes.revocable``)."""
+        return self.nodes.revocable(
+            [entry.gpu for entry in entries],
+            container=container.key,
+            reservations=self._allocator.all_attachments(),
+        )
 
     @property
     def _label(self) -> str:
@@ -316,7 +327,7 @@ class AgentService:
         entries = self._allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry, self.idle.warning_of(entry))
+                attachment_of(entry, self.idle.warning_of(entry), self.losses.of(entry.gpu.uuid))
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
             ]
@@ -340,8 +351,13 @@ class AgentService:
     # --- attach ----------------------------------------------------------------------------------
 
     async def attach(self, caller: Caller, request: AttachRequest) -> AttachmentList:
-        """Attach ``request.count`` GPUs to the request's target (201 body); a request that
-        waits and finds too few free GPUs waits in the queue for its turn first."""
+        """Attach ``request.count`` GPUs to the request's target (201 body).
+
+        One pass: resolve and authorize, then under the target's lock decide once — a repeated
+        request id is answered with its first attachments, ``_admit`` refuses what can never
+        be served, and a request that may wait and finds too few free GPUs joins the queue —
+        then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
+        """
         with self._measured("attach"):
             request = self._profiled(request)
             deadline = time.monotonic() + request.wait_seconds
@@ -349,43 +365,59 @@ class AgentService:
                 self._attach_inputs, caller, request.target
             )
             await self._identity.authorize(caller, "create", container)
-            if not request.queued or not self._must_queue(container, request, snapshot):
-                async with self.locks.operation(container.target):
+            async with self.locks.operation(container.target):
+                served = self._served(container.target, request)
+                if served is not None:
+                    return served
+                self._admit(container, request, snapshot)
+                if not request.queued or not self._must_queue(request, snapshot):
                     return await self._attach_locked(container, request, snapshot, deadline)
-            waiter = self.queue.join(
-                container,
-                request.count,
-                request_id=request.request_id,
-                deadline=deadline,
-                kind=request.mig,
-            )
-            log.info(
-                "%s waits for %d GPU(s): number %d in the queue",
-                container,
-                request.count,
-                self.queue.position(waiter),
-            )
-            try:
-                while True:
-                    await self.queue.turn(
-                        waiter,
-                        free=functools.partial(self._free, snapshot, request.mig),
-                        alive=lambda: self._alive(container),
-                        wait_seconds=request.wait_seconds,
-                    )
-                    # The node may have changed while it waited: hand out what NVML sees now.
-                    snapshot = await self._workers.host(self._inventory.snapshot)
-                    try:
-                        async with self.locks.operation(container.target):
-                            return await self._attach_locked(
-                                container, request, snapshot, deadline, waiter=waiter
-                            )
-                    except InsufficientGpus:
-                        # Another request took them first (a later waiter may overtake):
-                        # wait on, until the deadline.
-                        continue
-            finally:
-                self.queue.leave(waiter)
+                waiter = self.queue.join(
+                    container,
+                    request.count,
+                    request_id=request.request_id,
+                    deadline=deadline,
+                    kind=request.mig,
+                )
+            return await self._attach_in_turn(container, request, snapshot, waiter)
+
+    async def _attach_in_turn(
+        self,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+        waiter: Waiter,
+    ) -> AttachmentList:
+        """Wait for ``waiter``'s turn (outside the target's lock: a waiting request never
+        blocks its target's other operations), then attach. It was admitted when it joined,
+        and counts towards its container's limit while it waits (``_admit``)."""
+        log.info(
+            "%s waits for %d GPU(s): number %d in the queue",
+            container,
+            request.count,
+            self.queue.position(waiter),
+        )
+        try:
+            while True:
+                await self.queue.turn(
+                    waiter,
+                    free=functools.partial(self._free, snapshot, request.mig),
+                    alive=lambda: self._alive(container),
+                    wait_seconds=request.wait_seconds,
+                )
+                # The node may have changed while it waited: hand out what NVML sees now.
+                snapshot = await self._workers.host(self._inventory.snapshot)
+                try:
+                    async with self.locks.operation(container.target):
+                        return await self._attach_locked(
+                            container, request, snapshot, waiter.deadline, waiter=waiter
+                        )
+                except InsufficientGpus:
+                    # Another request took them first (a later waiter may overtake):
+                    # wait on, until the deadline.
+                    continue
+        finally:
+            self.queue.leave(waiter)
 
     def _profiled(self, request: AttachRequest) -> AttachRequest:
         """``request`` with the agent's MIG profile, where it hands out only that one."""
@@ -400,18 +432,9 @@ class AgentService:
             hint=f'leave "mig" out or give "{profile}"',
         )
 
-    def _must_queue(
-        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
-    ) -> bool:
-        """Whether a waiting request has to queue: too few GPUs are free beyond what the
-        queue's head holds. A retry of a request that was already served, or one that is
-        refused anyway, does not."""
-        self._admit(container, request, snapshot)
-        if request.request_id is not None and any(
-            entry.request_id == request.request_id
-            for entry in self._allocator.attachments_of(container.target)
-        ):
-            return False
+    def _must_queue(self, request: AttachRequest, snapshot: InventorySnapshot) -> bool:
+        """Whether a request that may wait has to: too few GPUs are free beyond what the
+        queue's head holds."""
         free = self._free(snapshot, request.mig)
         return free - self.queue.held(request.mig, free) < request.count
 
@@ -434,35 +457,43 @@ class AgentService:
     def _admit(
         self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
     ) -> None:
-        """Refuse a request that can never be served: more GPUs (or slices of the profile)
-        than the node has, or more than the target's container may hold."""
+        """Refuse a request that can never be served: more GPUs (or slices of the profile) than
+        the node has (409, not retryable; checked first, so a count no node could serve gets
+        that answer), or more than the target's container may hold (403). Runs once per
+        attach, under the target's lock."""
         if request.mig is None:
             total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
         else:
             total = len(self._candidates(snapshot, request.mig))
             if total == 0:
                 profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
-                raise InvalidRequest(
-                    f"this node has no MIG slice of profile {request.mig}",
-                    field="mig",
-                    hint=f"its slices are {', '.join(profiles)}"
+                raise InsufficientGpus(
+                    free=0,
+                    requested=request.count,
+                    hint=f"this node has no MIG slice of profile {request.mig}: its slices are "
+                    f"{', '.join(profiles)}"
                     if profiles
-                    else "no GPU of this node is in MIG mode",
+                    else f"this node has no MIG slice of profile {request.mig}: no GPU of "
+                    "this node is in MIG mode",
+                    retryable=False,
                 )
         if 0 < total < request.count:
-            raise InvalidRequest(
-                f"count {request.count} is more than this node's {total} GPU(s)",
-                field="count",
-                hint=f"ask for at most {total}, or list the node's GPUs to see them all",
+            raise InsufficientGpus(
+                free=self._free(snapshot, request.mig),
+                requested=request.count,
+                hint=f"that is more than this node's {total} GPU(s) in all; ask for at most "
+                f"{total}, or list the node's GPUs to see them all",
+                retryable=False,
             )
         # The container's GPUs, through whichever of its processes they were asked for: a
-        # limit counted per pid let a container hold two under a limit of one (issue 25).
-        existing = [e for e in self._allocator.all_attachments() if e.container == container.key]
+        # limit counted per pid let a container hold two under a limit of one (issue 25). What
+        # its waiting requests will take counts as held too: each was admitted when it joined
+        # the queue and is not admitted again at its turn.
+        held = sum(1 for e in self._allocator.all_attachments() if e.container == container.key)
+        held += sum(w.count for w in self.queue.waiters if w.container.key == container.key)
         limit = self._config.max_gpus_per_target
-        if len(existing) + request.count > limit:
-            raise Forbidden.over_gpu_limit(
-                limit=limit, attached=len(existing), requested=request.count
-            )
+        if held + request.count > limit:
+            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
 
     async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
         """The target's requests waiting in the queue, with their positions."""
@@ -521,13 +552,30 @@ class AgentService:
         *,
         waiter: Waiter | None = None,
     ) -> AttachmentList:
-        target = container.target
-        if request.request_id is not None:
-            existing = self._allocator.attachments_of(target)
-            earlier = [entry for entry in existing if entry.request_id == request.request_id]
-            if earlier:
-                return self._repeat(target, request.request_id, request.count, earlier)
-        self._admit(container, request, snapshot)
+        """Reserve, grant, record: the attach itself, under the target's lock, after the
+        decision (``attach``)."""
+        entries = await self._reserve(container, request, snapshot, deadline, waiter=waiter)
+        await self._checkpoints.reach("after_reserve")
+        granted = await self._grant(container, entries)
+        self.idle.request([entry.gpu.uuid for entry in granted], request.idle_release_seconds)
+        log.info(
+            "attached %s to %s%s",
+            ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
+            container,
+            self._label,
+        )
+        return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+
+    async def _reserve(
+        self,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+        deadline: float,
+        *,
+        waiter: Waiter | None,
+    ) -> list[Reservation]:
+        """``request.count`` GPUs (or slices) of ``snapshot`` reserved for ``container``."""
         self.nodes.learn(snapshot)
         candidates = [
             GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
@@ -554,7 +602,13 @@ class AgentService:
             candidates=candidates,
         )
         self.queue.served(request.mig, waiter)
-        await self._checkpoints.reach("after_reserve")
+        return entries
+
+    async def _grant(
+        self, container: HostContainer, entries: list[Reservation]
+    ) -> list[Reservation]:
+        """Make the reserved GPUs usable in ``container`` and record it (``mark_granted``);
+        on any failure the reservation is rolled back (``_undo_reservation``)."""
         uuids = [entry.gpu.uuid for entry in entries]
         try:
             per_entry = self._nodes_of(entries)
@@ -586,14 +640,7 @@ class AgentService:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
         await self._checkpoints.reach("after_mark_granted")
-        self.idle.request(uuids, request.idle_release_seconds)
-        log.info(
-            "attached %s to %s%s",
-            ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
-            container,
-            self._label,
-        )
-        return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+        return granted
 
     async def _intend_nodes(
         self,
@@ -614,10 +661,20 @@ class AgentService:
         if making:
             await self._allocator.intend_nodes(making)
 
-    def _repeat(
-        self, target: Target, request_id: RequestId, count: int, earlier: list[Reservation]
-    ) -> AttachmentList:
-        """The answer to a retried request: the first one's attachments."""
+    def _served(self, target: Target, request: AttachRequest) -> AttachmentList | None:
+        """The answer to a retried request, or None for a new one: the one idempotency check
+        of the agent (allocators record request ids and never interpret them), run under the
+        target's lock so that no two attaches with one request id reserve twice."""
+        request_id, count = request.request_id, request.count
+        if request_id is None:
+            return None
+        earlier = [
+            entry
+            for entry in self._allocator.attachments_of(target)
+            if entry.request_id == request_id
+        ]
+        if not earlier:
+            return None
         if len(earlier) != count:
             raise InvalidRequest.request_id_reused(request_id, used=len(earlier), requested=count)
         if any(entry.state is ReservationState.RESERVING for entry in earlier):
@@ -704,6 +761,104 @@ class AgentService:
             log.warning("idle release of %s from %s failed: %s", entry.gpu.uuid, container, e)
             return False
         return True
+
+    # --- lost reservations (lost.py decides when) -------------------------------------------------
+
+    async def take_back(self, entry: Reservation, *, force: bool) -> TakeBack | None:
+        """Revoke a GPU whose reservation lost its backing (a holder pod gone) and release
+        the reservation: the same node rule, ``node_created`` and pool as a detach, under the
+        target's lock (``Busy`` while a caller's operation holds it). None when the
+        reservation changed meanwhile (detached, re-attached)."""
+        async with self.locks.operation(entry.target):
+            current = self._allocator.get(entry.gpu.uuid)
+            if current is None or current.holder != entry.holder:
+                return None
+            container = await self._workers.host(
+                self._resolver.lookup, current.target, current.container
+            )
+            outcome = TakeBack(gone=True, forced=False)
+            if container is not None:
+                per_entry = self._revocable(container, [current])
+                outcome = await self._revoke_unbacked(
+                    container, per_entry, keep=_not_created([current], per_entry), force=force
+                )
+            await self._allocator.release([current.gpu.uuid])
+        self.queue.notify()
+        return outcome
+
+    async def take_back_orphan(
+        self,
+        container: HostContainer,
+        gpus: Sequence[GpuRecord],
+        *,
+        force: bool,
+        spare: Collection[str] = (),
+    ) -> TakeBack | None:
+        """Revoke from ``container`` the access to ``gpus`` that no reservation backs (an
+        orphaned grant: its holder vanished while the agent was down; or a stray one). No
+        record says the agent made their nodes, so the nodes stay and their permission goes;
+        the nodes named in ``spare`` are not touched (what the container got elsewhere still
+        needs them). None when a reservation for the container appeared meanwhile."""
+        async with self.locks.operation(container.target):
+            reserved = {
+                entry.gpu.uuid
+                for entry in self._allocator.all_attachments()
+                if entry.container == container.key
+            }
+            gpus = [gpu for gpu in gpus if gpu.uuid not in reserved]
+            if not gpus:
+                return None
+            per_gpu = [
+                [node for node in nodes if node.name not in spare]
+                for nodes in self.nodes.revocable(
+                    gpus, container=container.key, reservations=self._allocator.all_attachments()
+                )
+            ]
+            keep = [node.name for nodes in per_gpu for node in nodes]
+            return await self._revoke_unbacked(container, per_gpu, keep=keep, force=force)
+
+    async def _revoke_unbacked(
+        self,
+        container: HostContainer,
+        per_gpu: Sequence[Sequence[DeviceNode]],
+        *,
+        keep: Sequence[str],
+        force: bool,
+    ) -> TakeBack:
+        """Revoke without a user's consent: with ``force`` the holders are ended; otherwise
+        the access goes and the processes keep what they have open."""
+        nodes = flat(per_gpu)
+        try:
+            holders = await self._workers.host(self._injector.holders, container, nodes)
+        except InjectionFailed as e:
+            # Only for the record of who keeps it open: the access goes all the same.
+            log.warning("cannot tell who holds %s open in %s: %s", nodes, container, e)
+            holders = []
+        except TargetGone:
+            return TakeBack(gone=True, forced=False)
+        try:
+            await self._workers.host(
+                self._injector.revoke,
+                container,
+                nodes,
+                force=force,
+                keep_nodes=keep,
+                leave_open=True,
+            )
+        except TargetGone:
+            return TakeBack(gone=True, forced=False)
+        log.warning(
+            "revoked %s from %s%s%s",
+            ", ".join(node.name for node in nodes),
+            container,
+            " (forced)" if force and holders else "",
+            self._label,
+        )
+        return TakeBack(
+            gone=False,
+            forced=force and bool(holders),
+            still_open=() if force else tuple(holders),
+        )
 
     async def _detach_gone(
         self, caller: Caller, target: Target, entries: list[Reservation]

@@ -18,8 +18,8 @@ deletes whatever holders the request created and waits until they are gone: noth
 behind.
 
 Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
-node drained): ``on_lost`` is told at once, so the backend can revoke that GPU from the
-container before another pod gets it.
+node drained): ``on_lost`` is told at once — and at ``load`` of a holder that ended while the
+agent was away — so the backend can take that GPU back (``core/lost.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ from ..core.errors import (
     TargetNotReady,
     Timeout,
 )
-from ..core.seams import ContainerKey, GpuRecord, HostContainer, Reservation, ReservationState
+from ..core.seams import (
+    ContainerKey,
+    GpuRecord,
+    HostContainer,
+    Reservation,
+    ReservationState,
+    Transition,
+    plan_transition,
+)
 from .events import ATTACHED, DETACHED, REINJECTED, PodEvents
 from .holders import (
     ANNOTATION_CONTAINER_ID,
@@ -142,7 +150,11 @@ class HolderAllocator:
             if holder.uuid is None or holder.minor is None:
                 unfinished.append(holder)
                 continue
-            self._remember(holder)
+            entry = self._remember(holder)
+            ended = _ended(pod)
+            if ended is not None and self._lost is not None:
+                # It ended while the agent was away (evicted): no pod event will say so now.
+                self._lost(entry, ended)
         if unfinished:
             log.warning(
                 "deleting %d holder pod(s) whose attach never learnt its GPU: %s",
@@ -204,14 +216,6 @@ class HolderAllocator:
         target = container.target
         if not isinstance(target, PodTarget) or target.container is None:
             raise InvalidRequest(f"{target} is not a pod's container", field="target")
-        if request_id is not None:
-            earlier = [e for e in self.attachments_of(target) if e.request_id == request_id]
-            if earlier:
-                if len(earlier) != count:
-                    raise InvalidRequest.request_id_reused(
-                        request_id, used=len(earlier), requested=count
-                    )
-                return earlier
         wait_seconds = max(0.0, deadline - time.monotonic())
         if wait_seconds <= 0:
             raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
@@ -389,27 +393,27 @@ class HolderAllocator:
     async def _set_state(
         self,
         uuids: Collection[GpuUuid],
-        state: ReservationState,
+        transition: Transition,
         *,
-        extra: dict[str, str],
+        extra: Callable[[GpuUuid], dict[str, str]] = lambda uuid: {},
     ) -> list[Reservation]:
-        """Move the holders to ``state``, recording ``extra`` annotations with it."""
+        """Move the holders as ``transition`` says (``seams.TRANSITIONS``: refused before any
+        holder is touched), recording ``extra(uuid)`` annotations with each change."""
+        plan = plan_transition(transition, uuids, self._entries.get)
         changed: list[Reservation] = []
-        for uuid in uuids:
-            holder = self._holders.get(uuid)
-            if holder is None:
-                raise NotFound("attachment", uuid)
+        for uuid, state in plan.items():
+            holder = self._holders[uuid]
             if self._entries[uuid].state is state:
                 changed.append(self._entries[uuid])
                 continue
-            annotations = {ANNOTATION_STATE: str(state), **extra}
+            annotations = {ANNOTATION_STATE: str(state), **extra(uuid)}
             pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
             self._pods.remember(pod)
             updated = read_holder(pod)
             if updated is None or updated.uuid != uuid:
                 raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
             changed.append(self._remember(updated))
-        return changed
+        return sorted(changed, key=_order)
 
     async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
         for uuid in uuids:
@@ -430,17 +434,14 @@ class HolderAllocator:
     ) -> list[Reservation]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
-        granted = await self._set_state(
-            [uuid for uuid in uuids if uuid in nodes_created],
-            ReservationState.GRANTED,
-            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "true"},
-        )
-        granted += await self._set_state(
-            [uuid for uuid in uuids if uuid not in nodes_created],
-            ReservationState.GRANTED,
-            extra={ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: "false"},
-        )
-        granted.sort(key=_order)
+
+        def annotations(uuid: GpuUuid) -> dict[str, str]:
+            if before.get(uuid) is not ReservationState.RESERVING:
+                return {}  # a cancelled release: granted already, as it was
+            created = "true" if uuid in nodes_created else "false"
+            return {ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: created}
+
+        granted = await self._set_state(uuids, Transition.MARK_GRANTED, extra=annotations)
         for entry in granted:
             if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
                 self._event(entry, ATTACHED, "attached")
@@ -458,22 +459,11 @@ class HolderAllocator:
                 warning=warning,
             )
 
-    def _refuse_reserving(self, uuids: Collection[GpuUuid]) -> None:
-        """``NotFound`` for a GPU not reserved, ``Busy`` for one whose attach is under way."""
-        for uuid in uuids:
-            entry = self._entries.get(uuid)
-            if entry is None:
-                raise NotFound("attachment", uuid)
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
-
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        self._refuse_reserving(uuids)
-        return await self._set_state(uuids, ReservationState.RELEASING, extra={})
+        return await self._set_state(uuids, Transition.BEGIN_RELEASE)
 
     async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        self._refuse_reserving(uuids)
-        return await self._set_state(uuids, ReservationState.GRANTED, extra={})
+        return await self._set_state(uuids, Transition.CANCEL_RELEASE)
 
     async def rebind(
         self, uuids: Collection[GpuUuid], container: HostContainer
@@ -554,18 +544,25 @@ class HolderAllocator:
                 continue
             if holder.uid and metadata.get("uid") and metadata.get("uid") != holder.uid:
                 continue
-            status = pod.get("status") or {}
             if kind == "DELETED":
                 reason = "its holder pod was deleted"
             elif metadata.get("deletionTimestamp"):
                 reason = "its holder pod is being deleted"
-            elif status.get("phase") in ("Failed", "Succeeded"):
-                reason = f"its holder pod ended ({status.get('reason') or status.get('phase')})"
+            elif (ended := _ended(pod)) is not None:
+                reason = ended
             else:
                 continue
             entry = self._entries.get(uuid)
             if entry is not None and self._lost is not None:
                 self._lost(entry, reason)
+
+
+def _ended(pod: KubeObject) -> str | None:
+    """Why a holder pod is over (evicted, failed), or None while it stands."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return f"its holder pod ended ({status.get('reason') or status.get('phase')})"
+    return None
 
 
 def _order(entry: Reservation) -> tuple[int, str]:

@@ -4,14 +4,17 @@ reactions to the node's pod events that the periodic reconciler alone would make
 Why it exists: ``runtime.py`` wires any backend into the core the same way (allocator,
 resolver, identity); what is particular to Kubernetes lives here:
 
-- **a holder lost behind the agent's back** (evicted, deleted, its pod failed) means the GPU is
-  no longer reserved for the container and may be handed to another pod at once: the GPU is
-  revoked from the container right away (under the target's lock, as any operation), with
-  force if a process holds it open — a GPU must never stay usable by a pod that does not hold
-  it — and the reservation is dropped; an Event on the pod says why;
-- **any change to a pod that holds GPUs or to a holder** (the target pod deleted, its container
-  restarted with a new id) triggers a reconciliation pass at once instead of at the next tick;
-  passes never overlap, and a burst of events costs one pass.
+- **a holder lost behind the agent's back** (preempted, evicted, deleted, its pod failed) means
+  the GPU is no longer reserved for the container and may be handed to another pod: the core's
+  loss sequence (``core/lost.py``) warns first — an Event on the pod, the notice on the
+  attachment that the notebook's live stream shows — then, after the grace period, revokes
+  through the service (same node rule as a detach) and releases the reservation; an Event
+  says what was done;
+- **any change to a pod of the node** (the target pod deleted, its container restarted with a
+  new id, a holder gone, a new container that may be able to open GPUs) triggers a
+  reconciliation pass — with the node sweep (``sweep.py``: orphaned grants, stray GPU access)
+  — at once instead of at the next tick; passes never overlap, and a burst of events costs one
+  pass.
 """
 
 from __future__ import annotations
@@ -23,24 +26,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..._structs import PodTarget
+from ..._structs import GpuUuid, PodTarget, format_timestamp
 from ...linux import cgroups
-from ..core.idle import IdleBook
-from ..core.injector import DeviceInUse, Injector, InjectorError, TargetGone, gpu_node
-from ..core.locks import TargetLocks
-from ..core.reconcile import ReconcileReport
-from ..core.seams import Reservation
+from ..core.injector import InjectionFailed, Injector
+from ..core.lost import LossNotice, LostGpus, TakeBack
+from ..core.metrics import AgentMetrics
+from ..core.reconcile import Reconciler, ReconcileReport
+from ..core.seams import HostContainer, Reservation
+from ..core.service import AgentService
+from ..core.workers import Workers
 from ..settings import AgentSettings
 from .allocator import HolderAllocator
 from .cri import CriClient, CriError
-from .events import REVOKED, PodEvents
-from .holders import LABEL_HOLDER, HolderSpec
+from .events import HOLDER_LOST, REVOKED, PodEvents
+from .holders import HolderSpec
 from .identity import TokenIdentity
 from .kube import KubeApi, KubeObject
 from .node_pods import NodePods
 from .pod_idle import PodIdle
-from .podresources import PodResourcesClient
+from .podresources import PodResourcesClient, PodResourcesError
 from .resolver import PodResolver
+from .sweep import NodeSweep, plugin_gpus
 
 __all__ = ["KubernetesBackend"]
 
@@ -62,6 +68,7 @@ class KubernetesBackend:
     identity: TokenIdentity
     events: PodEvents
     device_major: int
+    stray_policy: str
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _wanted: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -106,6 +113,11 @@ class KubernetesBackend:
                     node_name=k8s.node_name,
                     resource_name=k8s.resource_name,
                     image=k8s.holder_image,
+                    cpu=k8s.holder_cpu,
+                    memory=k8s.holder_memory,
+                    priority_class=k8s.holder_priority_class,
+                    pull_policy=k8s.holder_image_pull_policy,
+                    pull_secrets=k8s.holder_image_pull_secrets,
                 ),
                 blocking=asyncio.to_thread,
                 events=events,
@@ -120,26 +132,61 @@ class KubernetesBackend:
             identity=TokenIdentity(kube, pod_uid=pod_uid),
             events=events,
             device_major=settings.device_major,
+            stray_policy=k8s.stray_policy,
         )
 
-    def start(
+    def bind(
         self,
         *,
-        reconcile: Callable[[], Awaitable[ReconcileReport]],
-        locks: TargetLocks,
+        service: AgentService,
+        lost: LostGpus,
+        reconciler: Reconciler,
         injector: Injector,
-        idle: IdleBook,
+        metrics: AgentMetrics,
+        workers: Workers,
     ) -> None:
-        """React to pod events from now on (after the agent's first reconciliation), and give
-        the idle policy the pods' own periods and Events."""
-        self._injector = injector
-        self._locks = locks
+        """Join the core before its first reconciliation: the node sweep runs in every pass
+        (so at start-up too), the device plugin's GPUs are never strays, pods are told of
+        lost GPUs, the idle policy gets the pods' own periods and Events."""
+        self._service = service
+        self._lost_gpus = lost
+        sweep = NodeSweep(
+            pods=self.pods,
+            resolver=self.resolver,
+            podresources=self.podresources,
+            injector=injector,
+            allocator=self.allocator,
+            service=service,
+            lost=lost,
+            events=self.events,
+            metrics=metrics,
+            workers=workers,
+            revoke_strays=self.stray_policy == "revoke",
+            spawn=self._spawn,
+        )
+        reconciler.sweeps.append(sweep.run)
+        reconciler.assigned = self._plugin_gpus
         pod_idle = PodIdle(self.pods, self.events)
-        idle.per_target = pod_idle.idle_seconds
-        idle.listeners.append(pod_idle.announce)
+        service.idle.per_target = pod_idle.idle_seconds
+        service.idle.listeners.append(pod_idle.announce)
+        service.losses.listeners.append(self._tell_loss)
         self.allocator.on_lost(self._lost)
+
+    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
+        """React to pod events from now on (after the agent's first reconciliation)."""
         self.pods.listen(self._pod_changed)
         self._spawn(self._reconcile_when_wanted(reconcile))
+
+    def _plugin_gpus(self, container: HostContainer) -> set[GpuUuid]:
+        """The GPUs the device plugin assigned to ``container`` (blocking: PodResources)."""
+        target = container.target
+        if not isinstance(target, PodTarget):
+            return set()
+        try:
+            found = self.podresources.get(target.namespace, target.name)
+        except PodResourcesError as e:
+            raise InjectionFailed(f"cannot tell the device plugin's GPUs: {e}", clean=True) from e
+        return plugin_gpus([] if found is None else [found], target)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -163,17 +210,9 @@ class KubernetesBackend:
     # --- pod events ----------------------------------------------------------------------------
 
     def _pod_changed(self, kind: str, pod: KubeObject) -> None:
-        metadata = pod.get("metadata") or {}
-        if (metadata.get("labels") or {}).get(LABEL_HOLDER) == "true":
-            self._wanted.set()
-            return
-        key = (metadata.get("namespace"), metadata.get("name"))
-        if any(
-            isinstance(entry.target, PodTarget)
-            and (entry.target.namespace, entry.target.name) == key
-            for entry in self.allocator.all_attachments()
-        ):
-            self._wanted.set()
+        """Any pod of the node: a holder or a target may have gone, a container may have
+        started that can open GPUs (the sweep's business). A burst costs one pass."""
+        self._wanted.set()
 
     async def _reconcile_when_wanted(
         self, reconcile: Callable[[], Awaitable[ReconcileReport]]
@@ -192,41 +231,43 @@ class KubernetesBackend:
     # --- lost holders --------------------------------------------------------------------------
 
     def _lost(self, entry: Reservation, reason: str) -> None:
-        self._spawn(self._revoke_lost(entry, reason))
+        assert entry.holder is not None, "every Kubernetes reservation has its holder pod"
 
-    async def _revoke_lost(self, entry: Reservation, reason: str) -> None:
-        async with self._locks.operation(entry.target):
-            current = self.allocator.get(entry.gpu.uuid)
-            if current is None or current.holder != entry.holder:
-                return  # released meanwhile
-            node = gpu_node(entry.gpu.minor, major=self.device_major)
-            container = await asyncio.to_thread(self.resolver.lookup, entry.target, entry.container)
-            forced = False
-            if container is not None:
-                try:
-                    try:
-                        await asyncio.to_thread(
-                            self._injector.revoke, container, [node], force=False
-                        )
-                    except DeviceInUse:
-                        forced = True
-                        await asyncio.to_thread(
-                            self._injector.revoke, container, [node], force=True
-                        )
-                except TargetGone:
-                    pass
-                except InjectorError as e:
-                    log.error(
-                        "%s lost %s (%s) but it could not be revoked: %s; the reconciler retries",
-                        entry.target,
-                        entry.gpu.uuid,
-                        reason,
-                        e,
-                    )
-                    return
-            await self.allocator.release([entry.gpu.uuid])
-        message = f"revoked GPU {entry.gpu.uuid} (/dev/nvidia{entry.gpu.minor}): {reason}" + (
-            "; processes holding it open were stopped" if forced else ""
+        async def revoke(force: bool) -> TakeBack | None:
+            return await self._service.take_back(entry, force=force)
+
+        self._spawn(
+            self._lost_gpus.handle(
+                key=entry.holder,
+                target=entry.target,
+                gpus=[entry.gpu],
+                reason=reason,
+                revoke=revoke,
+            )
         )
-        log.warning("%s: %s", entry.target, message)
-        self.events.emit(entry.target, REVOKED, message, warning=True)
+
+    def _tell_loss(self, notice: LossNotice, outcome: TakeBack | None) -> None:
+        """The Events of a loss: a warning when it is announced, what was done once revoked."""
+        nodes = ", ".join(f"{gpu.uuid} (/dev/nvidia{gpu.minor})" for gpu in notice.gpus)
+        if outcome is None:
+            self.events.emit(
+                notice.target,
+                HOLDER_LOST,
+                f"GPU {nodes} lost its reservation: {notice.reason}; access is revoked at "
+                f"{format_timestamp(notice.revoke_at)} (save your work)",
+                warning=True,
+            )
+            return
+        if outcome.gone:
+            return
+        if outcome.forced:
+            done = "; processes holding it open were stopped"
+        elif outcome.still_open:
+            done = "; processes that have it open keep it until they close it: " + ", ".join(
+                f"{h.command} (pid {h.pid})" for h in outcome.still_open
+            )
+        else:
+            done = ""
+        self.events.emit(
+            notice.target, REVOKED, f"revoked GPU {nodes}: {notice.reason}{done}", warning=True
+        )

@@ -19,10 +19,12 @@ from .node_pods import NodePods
 __all__ = [
     "ATTACHED",
     "DETACHED",
+    "HOLDER_LOST",
     "IDLE_RELEASED",
     "IDLE_WARNING",
     "REINJECTED",
     "REVOKED",
+    "STRAY_ACCESS",
     "PodEvents",
 ]
 
@@ -30,6 +32,8 @@ ATTACHED: Final = "GpuAttached"
 DETACHED: Final = "GpuDetached"
 REINJECTED: Final = "GpuReinjected"
 REVOKED: Final = "GpuRevoked"
+HOLDER_LOST: Final = "GpuHolderLost"
+STRAY_ACCESS: Final = "GpuStrayAccess"
 IDLE_WARNING: Final = "GpuIdleWarning"
 IDLE_RELEASED: Final = "GpuIdleReleased"
 

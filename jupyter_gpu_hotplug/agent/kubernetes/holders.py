@@ -15,15 +15,24 @@ The spec (``holder_pod``), and why each part is there:
   a same-namespace owner is never mistaken for a dangling cross-namespace reference (the
   prior art's holders in another namespace were collected at once on Kubernetes ≥ 1.20);
 - ``nodeName`` pinned to this node (the GPU must be on the node of the container);
-- the target's ``priorityClassName`` and its tolerations: a holder is never the first victim
-  of preemption or of a ``NoExecute`` taint that its pod tolerates;
+- a PriorityClass of its own (``gpu-hotplug-holder``, above notebooks; configurable, empty:
+  the target's own class) and the target's tolerations: a higher-priority GPU pod preempts a
+  notebook's holder only when nothing else can go, and a ``NoExecute`` taint its pod tolerates
+  does not evict it; if a holder is lost all the same, the user is warned before the access
+  goes (``core/lost.py``);
 - Guaranteed QoS (equal small cpu/memory requests and limits): never evicted for pressure
-  before its pod (BestEffort holders of the prior art were evicted and leaked);
+  before its pod (BestEffort holders of the prior art were evicted and leaked); the limits
+  are the floor measured for runc's init and the pause process plus a margin (runc's init
+  runs in the holder's memory cgroup and is OOM-killed below it);
+- PodSecurity ``restricted``: non-root as the pause image's own user 65535, seccomp
+  ``RuntimeDefault``, every capability dropped, no privilege escalation, a read-only root —
+  so holders are admitted in namespaces that enforce it;
 - ``restartPolicy: Always``: a holder must never reach a terminal phase by itself; the
   kubelet frees a terminated pod's devices and would hand the GPU, still usable by our
   container, to another pod. If the pause process dies it is restarted and keeps its device;
-- the pause image, no service-account token, no privilege, ``NVIDIA_VISIBLE_DEVICES=none``:
-  the holder itself never touches the GPU.
+- the pause image (``imagePullPolicy`` and ``imagePullSecrets`` configurable, for a private
+  mirror), no service-account token, no privilege, ``NVIDIA_VISIBLE_DEVICES=none``: the holder
+  itself never touches the GPU.
 
 Everything here is pure (dicts in, dicts out) and unit-tested.
 """
@@ -38,7 +47,13 @@ from typing import Any, Final
 
 from ..._structs import GpuUuid, PodTarget, RequestId, parse_timestamp, target_from_key
 from ..core.seams import ReservationState
-from ..settings import DEFAULT_HOLDER_IMAGE, DEFAULT_RESOURCE_NAME
+from ..settings import (
+    DEFAULT_HOLDER_CPU,
+    DEFAULT_HOLDER_IMAGE,
+    DEFAULT_HOLDER_MEMORY,
+    DEFAULT_HOLDER_PRIORITY_CLASS,
+    DEFAULT_RESOURCE_NAME,
+)
 from .kube import KubeObject
 
 __all__ = [
@@ -113,8 +128,12 @@ class HolderSpec:
     """The extended resource one holder requests: ``nvidia.com/gpu`` or a MIG profile such as
     ``nvidia.com/mig-1g.10gb``."""
     image: str = DEFAULT_HOLDER_IMAGE
-    cpu: str = "1m"
-    memory: str = "8Mi"
+    cpu: str = DEFAULT_HOLDER_CPU
+    memory: str = DEFAULT_HOLDER_MEMORY
+    priority_class: str = DEFAULT_HOLDER_PRIORITY_CLASS
+    """Empty: the target pod's own priority class."""
+    pull_policy: str = "IfNotPresent"
+    pull_secrets: tuple[str, ...] = ()
 
 
 def holder_pod(
@@ -147,11 +166,17 @@ def holder_pod(
         "enableServiceLinks": False,
         # pause exits on SIGTERM at once; 0 would make a deletion forced (see KubeApi.delete_pod).
         "terminationGracePeriodSeconds": 1,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": _PAUSE_USER},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _PAUSE_USER,
+            "runAsGroup": _PAUSE_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [
             {
                 "name": _HOLDER_CONTAINER,
                 "image": spec.image,
+                "imagePullPolicy": spec.pull_policy,
                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "securityContext": {
@@ -162,8 +187,11 @@ def holder_pod(
             }
         ],
     }
-    if pod_spec.get("priorityClassName"):
-        holder_spec["priorityClassName"] = pod_spec["priorityClassName"]
+    if spec.pull_secrets:
+        holder_spec["imagePullSecrets"] = [{"name": name} for name in spec.pull_secrets]
+    priority_class = spec.priority_class or pod_spec.get("priorityClassName")
+    if priority_class:
+        holder_spec["priorityClassName"] = priority_class
     if pod_spec.get("tolerations"):
         holder_spec["tolerations"] = pod_spec["tolerations"]
     return {

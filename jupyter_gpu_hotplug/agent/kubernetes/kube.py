@@ -134,6 +134,98 @@ class WatchEvent:
     object: KubeObject
 
 
+@dataclass(frozen=True)
+class _PodFilter:
+    """Which pods a watch reports: the API's selectors, checked again on our side (a fake or
+    an older server may ignore a selector; a wrong event would be a wrong decision)."""
+
+    namespace: str | None
+    labels: Mapping[str, str]
+    node_name: str | None
+
+    def __call__(self, pod: KubeObject) -> bool:
+        return (
+            matches_labels(pod, self.labels)
+            and _on_node(pod, self.node_name)
+            and self.namespace in (None, pod.get("metadata", {}).get("namespace"))
+        )
+
+
+class _WatchReader:
+    """One watch stream, read in a thread of its own and handed to the event loop.
+
+    Why a thread: the official client reads a watch with blocking calls, and a watch lasts
+    minutes; the shared pool's threads are for short calls. A daemon thread: a blocked read
+    must never hold up the agent's exit. ``stop`` closes the response from the loop's side
+    (the deadline passed, the caller left), which makes the blocked read fail in whatever way
+    urllib3 fails: that is the end of the stream, not an error. The thread never raises: it
+    passes events, then ``None`` (the end) or the error, through a queue.
+    """
+
+    def __init__(self, request: Callable[[], Any], *, wanted: _PodFilter) -> None:
+        self._request = request
+        self._wanted = wanted
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
+        self._responses: list[Any] = []
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="gpu-hotplug-watch", daemon=True).start()
+
+    async def next(self, deadline: float) -> WatchEvent | None:
+        """The next event, or None at the end of the stream or at ``deadline``."""
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            return None
+        try:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that arrives with an item, and the watch would go on.
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
+        except TimeoutError:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for response in self._responses:
+            with contextlib.suppress(Exception):
+                # urllib3 ≥ 2.3: unblocks a read in progress in the reader thread.
+                getattr(response, "shutdown", lambda: None)()
+                response.close()
+
+    def _put(self, item: WatchEvent | BaseException | None) -> None:
+        if self._stopped.is_set():
+            return  # nobody listens any more; the loop may even be closed
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _read(self) -> None:
+        try:
+            response = self._request()
+            self._responses.append(response)
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if self._stopped.is_set():
+                    break
+                if line:
+                    self._event(json.loads(line))
+            self._put(None)
+        except KubeError as e:
+            self._put(e)
+        except Exception as e:
+            self._put(None if self._stopped.is_set() else api_error(e, "watch pods"))
+
+    def _event(self, event: KubeObject) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            raise KubeUnavailable(f"watch pods: {obj.get('message', obj)}")
+        if kind in ("ADDED", "MODIFIED", "DELETED") and self._wanted(obj):
+            self._put(WatchEvent(kind, obj))
+
+
 class KubeApi:
     """Async calls on the Kubernetes API for the node agent (see the module docstring)."""
 
@@ -285,8 +377,6 @@ class KubeApi:
     ) -> AsyncIterator[WatchEvent]:
         """Events on matching pods from ``resource_version`` until ``deadline``
         (``time.monotonic()``); ends early when the server closes the stream."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         remaining = max(1, int(deadline - time.monotonic()) + 1)
         kwargs: dict[str, Any] = {
             "watch": True,
@@ -300,77 +390,23 @@ class KubeApi:
         if resource_version:
             kwargs["resource_version"] = resource_version
         if namespace is None:
-            function = functools.partial(self._core.list_pod_for_all_namespaces, **kwargs)
+            request = functools.partial(self._core.list_pod_for_all_namespaces, **kwargs)
         else:
-            function = functools.partial(
+            request = functools.partial(
                 self._core.list_namespaced_pod, namespace=namespace, **kwargs
             )
-        response_box: list[Any] = []
-        stopped = threading.Event()
-
-        def put(item: WatchEvent | BaseException | None) -> None:
-            if stopped.is_set():
-                return  # nobody listens any more; the loop may even be closed
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def stream() -> None:
-            try:
-                response = function(
-                    _preload_content=False, _request_timeout=(_CONNECT_TIMEOUT, remaining + 5)
-                )
-                response_box.append(response)
-                for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
-                    if stopped.is_set():
-                        break
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        raise KubeUnavailable(f"watch pods: {obj.get('message', obj)}")
-                    if kind in ("ADDED", "MODIFIED", "DELETED") and (
-                        matches_labels(obj, labels or {})
-                        and _on_node(obj, node_name)
-                        and namespace in (None, obj.get("metadata", {}).get("namespace"))
-                    ):
-                        put(WatchEvent(kind, obj))
-                put(None)
-            except KubeError as e:
-                put(e)
-            except Exception as e:
-                # Closing the response from the loop's side (the deadline passed, the caller
-                # left) makes the blocked read fail in whatever way urllib3 fails: that is the
-                # end of the stream, not an error. The thread must never raise.
-                put(None if stopped.is_set() else api_error(e, "watch pods"))
-
-        # A thread of its own, a daemon: a blocked read must never hold up the agent's exit.
-        reader = threading.Thread(target=stream, name="gpu-hotplug-watch", daemon=True)
+        reader = _WatchReader(
+            functools.partial(
+                request, _preload_content=False, _request_timeout=(_CONNECT_TIMEOUT, remaining + 5)
+            ),
+            wanted=_PodFilter(namespace, labels or {}, node_name),
+        )
         reader.start()
         try:
-            while True:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    return
-                try:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                    # cancellation that arrives with an item, and the watch would go on.
-                    async with asyncio.timeout(timeout):
-                        item = await queue.get()
-                except TimeoutError:
-                    return
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            while (event := await reader.next(deadline)) is not None:
+                yield event
         finally:
-            stopped.set()
-            for response in response_box:
-                with contextlib.suppress(Exception):
-                    # urllib3 ≥ 2.3: unblocks a read in progress in the reader thread.
-                    getattr(response, "shutdown", lambda: None)()
-                    response.close()
+            reader.stop()
 
     # -- authentication and authorization ------------------------------------------------------
 

@@ -73,10 +73,12 @@ class PodResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if not isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                "this agent serves Kubernetes pods: give the target as "
+            # Well formed, but the Kubernetes backend knows no bare processes: not found (404).
+            raise NotFound(
+                "process",
+                str(ref.pid),
+                hint="this agent serves Kubernetes pods: give the target as "
                 '{"pod": {"namespace": ..., "name": ..., "container": ...}}',
-                field="target",
             )
         pod = self._pod(ref)
         if pod is None:
@@ -107,6 +109,14 @@ class PodResolver:
         if found is not None or not self._restarting(target):
             return found
         return self._last.get(key)
+
+    def running(self, pod: KubeObject, target: PodTarget) -> HostContainer:
+        """The running container ``target`` of ``pod``, an object the caller already has
+        (the node sweep's, from the watch): resolved through CRI as any target is. No
+        RuntimeClass is read (an API call per pod and pass): the sweep only inspects the
+        device cgroup of the host process that CRI names for the container, whatever
+        sandbox it runs in."""
+        return self._running(pod, target)
 
     def remains(self, key: ContainerKey) -> ContainerCgroups | None:
         """The runtime removes a container's cgroups with it: nothing remains."""

@@ -5,10 +5,10 @@ checkpoint), and the ledger serialises its callers, so under load its thread is 
 queued behind the writes, a ``GET /v1/gpus`` or a request that is refused anyway would wait for
 other targets' commits. But this agent is the ledger's only writer (the state dir's lock
 guarantees it), so it can keep an exact copy of the reservations in memory: loaded once, then
-updated from what each write returns. Reads (the views, the per-target limit, the idempotency
-check, a quick "not enough free GPUs") come from the copy; every decision that matters is still
-made by the ledger itself inside its transaction (``reserve`` checks again, and raises the same
-errors).
+updated from what each write returns. Reads (the views, the per-target limit, the service's
+idempotency check, a quick "not enough free GPUs") come from the copy; every decision that
+matters is still made by the ledger itself inside its transaction (``reserve`` checks again,
+and raises the same errors).
 
 The copy is touched only on the event loop's thread (after each awaited write), so it needs no
 lock. A write that fails for a reason other than the API errors the ledger raises on purpose
@@ -101,11 +101,8 @@ class LedgerAllocator:
         return entries
 
     async def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        entries = []
-        for uuid in uuids:
-            entry = await self._write(self._ledger.begin_release, uuid)
-            self._put([entry])
-            entries.append(entry)
+        entries = await self._write(self._ledger.begin_release, uuids)
+        self._put(entries)
         return entries
 
     async def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:

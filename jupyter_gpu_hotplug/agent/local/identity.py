@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..._structs import PidRef, TargetRef
-from ..core.errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..core.errors import Forbidden, NotFound, Unauthenticated
 from ..core.seams import (
     Caller,
     ConnectionInfo,
@@ -223,10 +223,13 @@ class LocalIdentity:
     def self_target(self, caller: Caller) -> TargetRef:
         """The oldest process of the caller's container (it outlives a terminal command)."""
         if caller.connection is None or caller.connection.transport == "tcp":
-            raise InvalidRequest(
-                "over TCP the agent cannot tell who 'the caller itself' is; name the target",
-                field="target",
-                hint=LOCAL_TARGET_HINT,
+            # A well-formed request whose target, "the caller itself", does not exist: a
+            # token over TCP is nobody's container (404, like a caller that has exited).
+            raise NotFound(
+                "container of the caller",
+                str(caller),
+                hint="over TCP the agent cannot tell who 'the caller itself' is; name the "
+                f"target ({LOCAL_TARGET_HINT})",
             )
         if caller.cgroups is None:
             raise NotFound("process", str(caller), hint="the calling process exited")

@@ -37,8 +37,8 @@ complete answer.
 
 The ledger is synchronous and each call is one short transaction, safe to call from several
 threads (calls are serialised). It knows nothing of cgroups, NVML or HTTP; its only API errors
-are the ones a caller would answer with anyway (``InsufficientGpus``, ``NotFound``, ``Busy``,
-``InvalidRequest`` for a reused request id).
+are the ones a caller would answer with anyway (``InsufficientGpus``, and what the core's
+transition table, ``seams.TRANSITIONS``, says for a state change it refuses).
 """
 
 from __future__ import annotations
@@ -53,8 +53,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..._structs import GpuUuid, RequestId, Target, target_from_key
-from ..core.errors import Busy, InsufficientGpus, InvalidRequest, NotFound
-from ..core.seams import ContainerKey, GpuRecord, Reservation, ReservationState
+from ..core.errors import InsufficientGpus
+from ..core.seams import (
+    ContainerKey,
+    GpuRecord,
+    Reservation,
+    ReservationState,
+    Transition,
+    plan_transition,
+)
 
 LEDGER_FILE = "ledger.sqlite3"
 LOCK_FILE = "agent.lock"
@@ -82,10 +89,6 @@ class LedgerLocked(LedgerError):
         )
         self.lock_path = lock_path
         self.holder_pid = holder_pid
-
-
-class LedgerStateError(LedgerError):
-    """A transition the entry's state does not allow: a bug in the caller, not in the request."""
 
 
 def _schema_v1(conn: sqlite3.Connection) -> None:
@@ -340,27 +343,41 @@ class Ledger:
         rows = conn.execute(_ENTRY_SELECT + where + _ENTRY_ORDER, params).fetchall()
         return [_entry(row) for row in rows]
 
-    def _require(
-        self,
-        conn: sqlite3.Connection,
-        wanted: Sequence[GpuUuid],
-        *,
-        refused: ReservationState,
-        missing: str,
-        action: str,
-    ) -> None:
-        """``LedgerStateError`` naming each of ``wanted`` that is not reserved or is in the
-        ``refused`` state: a transition the caller should never have asked for."""
+    def _plan(
+        self, conn: sqlite3.Connection, transition: Transition, wanted: Sequence[GpuUuid]
+    ) -> dict[GpuUuid, ReservationState]:
+        """Where ``transition`` takes each of ``wanted``, by the one table
+        (``seams.TRANSITIONS``), or its error before anything is written."""
         found = {
             entry.gpu.uuid: entry for entry in self._entries(conn, _where_uuid_in(wanted), wanted)
         }
-        wrong = [
-            f"{uuid} ({missing if uuid not in found else found[uuid].state})"
-            for uuid in wanted
-            if uuid not in found or found[uuid].state is refused
-        ]
-        if wrong:
-            raise LedgerStateError(f"{action}: {', '.join(wrong)}")
+        return plan_transition(transition, wanted, found.get)
+
+    def _move(
+        self,
+        conn: sqlite3.Connection,
+        plan: dict[GpuUuid, ReservationState],
+        *,
+        nodes_created: Collection[GpuUuid] = (),
+    ) -> None:
+        """Write the planned states of the entries that change (``granted_at`` and
+        ``node_created`` are set when an entry becomes ``granted`` for the first time)."""
+        now = self._now()
+        for uuid, state in plan.items():
+            if state is ReservationState.GRANTED:
+                conn.execute(
+                    """UPDATE attachments SET state = 'granted', updated_at = ?,
+                       granted_at = coalesce(granted_at, ?),
+                       node_created = CASE WHEN state = 'reserving' THEN ? ELSE node_created END
+                       WHERE uuid = ? AND state != 'granted'""",
+                    (now, now, int(uuid in nodes_created), uuid),
+                )
+            else:
+                conn.execute(
+                    "UPDATE attachments SET state = ?, updated_at = ?"
+                    " WHERE uuid = ? AND state != ?",
+                    (state.value, now, uuid, state.value),
+                )
 
     # --- changes ---------------------------------------------------------------------------------
 
@@ -378,9 +395,8 @@ class Ledger:
 
         ``candidates`` are the GPUs that may be handed out now (the live inventory, in the
         order of preference); the ledger remembers their minor, index and name. New entries
-        are ``reserving``. With a ``request_id`` already used by this target, the entries of
-        that earlier request are returned as they are (an idempotent retry), provided the
-        count matches. Raises ``InsufficientGpus`` when fewer than ``count`` are free.
+        are ``reserving`` and record ``request_id`` (the service decides what a repeated one
+        means). Raises ``InsufficientGpus`` when fewer than ``count`` are free.
         """
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
@@ -393,16 +409,6 @@ class Ledger:
                    SET idx = excluded.idx, minor = excluded.minor, name = excluded.name""",
                 [(gpu.uuid, gpu.index, gpu.minor, gpu.name) for gpu in candidates],
             )
-            if request_id is not None:
-                earlier = self._entries(
-                    conn, "WHERE a.target_key = ? AND a.request_id = ?", (key, request_id)
-                )
-                if earlier and len(earlier) != count:
-                    raise InvalidRequest.request_id_reused(
-                        request_id, used=len(earlier), requested=count
-                    )
-                if earlier:
-                    return earlier
             taken = {row[0] for row in conn.execute("SELECT uuid FROM attachments")}
             free = [gpu for gpu in candidates if gpu.uuid not in taken]
             if len(free) < count:
@@ -432,75 +438,31 @@ class Ledger:
     def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
-        """``reserving`` → ``granted`` once the host grants the GPUs (already granted: unchanged);
-        ``nodes_created``: those whose device node the grant created.
+        """``Transition.MARK_GRANTED`` once the host grants the GPUs; ``nodes_created``: those
+        whose device node the grant created. Refused as ``seams.TRANSITIONS`` says; then none
+        changes."""
+        return self._transition(Transition.MARK_GRANTED, uuids, nodes_created=nodes_created)
 
-        Raises ``LedgerStateError`` if any of them is missing or ``releasing``; then none
-        changes.
-        """
-        wanted = sorted(set(uuids))
-        with self._session(write=True) as conn:
-            self._require(
-                conn,
-                wanted,
-                refused=ReservationState.RELEASING,
-                missing="not reserved",
-                action="cannot mark as granted",
-            )
-            now = self._now()
-            created = sorted(set(nodes_created) & set(wanted))
-            # SQLite takes an empty IN list (it is false): one statement either way.
-            conn.execute(
-                f"""UPDATE attachments SET state = 'granted', updated_at = ?, granted_at = ?,
-                    node_created = uuid IN ({", ".join("?" * len(created))})
-                    {_where_uuid_in(wanted, alias="")} AND state = 'reserving'""",
-                (now, now, *created, *wanted),
-            )
-            return self._entries(conn, _where_uuid_in(wanted), wanted)
-
-    def begin_release(self, uuid: GpuUuid) -> Reservation:
-        """Announce the release of a ``granted`` GPU (already ``releasing``: unchanged).
-
-        Raises ``NotFound`` if the GPU is not attached, ``Busy`` while its attach is still
-        in progress (``reserving``).
-        """
-        with self._session(write=True) as conn:
-            entries = self._entries(conn, "WHERE a.uuid = ?", (uuid,))
-            if not entries:
-                raise NotFound("attachment", uuid)
-            entry = entries[0]
-            if entry.state is ReservationState.RESERVING:
-                raise Busy.operation_in_progress(str(entry.target))
-            if entry.state is ReservationState.GRANTED:
-                conn.execute(
-                    "UPDATE attachments SET state = 'releasing', updated_at = ? WHERE uuid = ?",
-                    (self._now(), uuid),
-                )
-                entry = self._entries(conn, "WHERE a.uuid = ?", (uuid,))[0]
-            return entry
+    def begin_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
+        """``Transition.BEGIN_RELEASE``: announce the release of ``granted`` GPUs."""
+        return self._transition(Transition.BEGIN_RELEASE, uuids)
 
     def cancel_release(self, uuids: Collection[GpuUuid]) -> list[Reservation]:
-        """``releasing`` → ``granted``: the release did not happen (the GPU turned out to be in
-        use, or the host refused) and the target still has the GPU. Already ``granted``:
-        unchanged.
+        """``Transition.CANCEL_RELEASE``: the release did not happen (the GPU turned out to be
+        in use, or the host refused) and the target still has the GPU."""
+        return self._transition(Transition.CANCEL_RELEASE, uuids)
 
-        Raises ``LedgerStateError`` if any of them is missing or ``reserving``; then none
-        changes.
-        """
+    def _transition(
+        self,
+        transition: Transition,
+        uuids: Collection[GpuUuid],
+        *,
+        nodes_created: Collection[GpuUuid] = (),
+    ) -> list[Reservation]:
+        """One transition of several entries in one transaction: all of them or none."""
         wanted = sorted(set(uuids))
         with self._session(write=True) as conn:
-            self._require(
-                conn,
-                wanted,
-                refused=ReservationState.RESERVING,
-                missing="not attached",
-                action="cannot cancel the release of",
-            )
-            conn.execute(
-                f"""UPDATE attachments SET state = 'granted', updated_at = ?
-                    {_where_uuid_in(wanted, alias="")} AND state = 'releasing'""",
-                (self._now(), *wanted),
-            )
+            self._move(conn, self._plan(conn, transition, wanted), nodes_created=nodes_created)
             return self._entries(conn, _where_uuid_in(wanted), wanted)
 
     def rebind(

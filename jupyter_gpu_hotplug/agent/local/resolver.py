@@ -33,7 +33,7 @@ from pathlib import Path
 from ..._structs import PidRef, PidTarget, PodTarget, Target, TargetRef
 from ...linux import cgroups, devnodes, procfs
 from ...linux.engine import CRUN_INNER_CGROUP
-from ..core.errors import Forbidden, InvalidRequest, NotFound
+from ..core.errors import Forbidden, NotFound
 from ..core.seams import ContainerCgroups, ContainerKey, HostContainer
 
 __all__ = ["ProcResolver"]
@@ -190,10 +190,12 @@ class ProcResolver:
 
     def resolve(self, ref: TargetRef) -> HostContainer:
         if isinstance(ref, PodTarget):
-            raise InvalidRequest(
-                f"this agent runs the local backend and cannot act on {ref}",
-                field="target",
-                hint=LOCAL_TARGET_HINT,
+            # Well formed, but no pod exists for the local backend: not found (404), as the
+            # document promises for every target it calls valid.
+            raise NotFound(
+                "pod",
+                f"{ref.namespace}/{ref.name}",
+                hint=f"this agent runs the local backend; {LOCAL_TARGET_HINT}",
             )
         pid = ref.pid
         if pid == self._agent_pid:

@@ -5,8 +5,12 @@ agent must run its real code paths (pynvml, the inventory, the engine with NVIDI
 This module prepares a simulated node before NVML is first initialised — builds the fake
 ``libnvidia-ml.so.1`` if needed, writes the config with ``default_gpus(N)`` (stable UUIDs,
 minors ``0..N-1``) and makes the fake the NVML of this process — and then keeps it alive: a
-periodic task moves utilisation, memory use, temperature and power, busier on attached GPUs,
-so monitors in the notebooks show something happening. Every line it logs says SIMULATED.
+periodic task moves utilisation, memory use, temperature and power. A simulated GPU works only
+while a process of the container it is attached to *uses* it — holds its ``/dev/nvidia<minor>``
+open, as a CUDA program would (with no driver, the demo's load helper
+``python -m jupyter_gpu_hotplug.nvml.sim.load`` holds it with ``O_PATH``) — found by the same
+device-node scan that makes a detach refuse a busy GPU. Otherwise it idles: 0 %, no memory in
+use, idle power. Every line it logs says SIMULATED.
 
 Processes that should see the simulated GPUs (kernels in sandboxes) get ``environ()``: the
 library path, the config, and the device filter that hides GPUs whose ``/dev/nvidia<minor>``
@@ -20,7 +24,7 @@ import dataclasses
 import logging
 import os
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,18 +139,18 @@ class Simulation:
         self,
         *,
         interval: float,
-        attached: Callable[[], Collection[GpuUuid]],
+        in_use: Callable[[], Awaitable[Collection[GpuUuid]]],
         rng: random.Random | None = None,
     ) -> None:
         """Move the simulated readings every ``interval`` seconds until cancelled.
 
-        ``attached`` is called on the event loop: it must be a quick, non-blocking read.
+        ``in_use``: the GPUs a process uses now (they work; the others idle).
         """
         rng = rng or random.Random()
         while True:
             await asyncio.sleep(interval)
             try:
-                busy = set(attached())
+                busy = set(await in_use())
                 config = await asyncio.to_thread(read_config, self.config_path)
                 moved = dataclasses.replace(
                     config, gpus=tuple(drift(gpu, gpu.uuid in busy, rng) for gpu in config.gpus)
@@ -163,9 +167,12 @@ def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, h
 
 
 def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
-    """The next readings of one simulated GPU: a busy (attached) GPU works, a free one idles."""
-    utilization = _toward(
-        gpu.utilization_gpu, rng.randint(55, 98) if busy else 0, rng, step=6, low=0, high=100
+    """The next readings of one simulated GPU: a GPU in use works, any other idles."""
+    # Unused: utilisation halves each step to exactly 0 (no noise: an idle GPU reads 0 %).
+    utilization = (
+        _toward(gpu.utilization_gpu, rng.randint(55, 98), rng, step=6, low=0, high=100)
+        if busy
+        else gpu.utilization_gpu // 2
     )
     memory_goal = gpu.memory_total * (rng.randint(20, 70) if busy else 0) // 100
     memory_used = max(0, min(gpu.memory_total, (gpu.memory_used * 3 + memory_goal) // 4))

@@ -249,6 +249,29 @@ typedef struct {
     nvmlInstancePlacement_t placement;
 } nvmlComputeInstanceInfo_t;
 
+/* What NVIDIA's k8s-device-plugin (go-nvlib) reads of a MIG device and of a GPU
+ * instance's compute instance profiles to name its mixed-strategy resources. */
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
+    unsigned int sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    unsigned int gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount;
+    unsigned int sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount;
+    unsigned int sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+#define nvmlComputeInstanceProfileInfo_v2 NVML_STRUCT_VERSION(nvmlComputeInstanceProfileInfo_v2_t, 2)
+#define NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT 0x1u
+
 #define NVML_DEVICE_MIG_DISABLE 0u
 #define NVML_DEVICE_MIG_ENABLE 1u
 #define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
@@ -258,6 +281,9 @@ _Static_assert(nvmlMemory_v2 == 0x02000028u, "nvmlMemory_v2_t layout differs fro
 _Static_assert(sizeof(nvmlGpuInstanceProfileInfo_t) == 48, "GPU instance profile info differs");
 _Static_assert(nvmlGpuInstanceProfileInfo_v2 == 0x02000098u, "profile info v2 differs from pynvml");
 _Static_assert(sizeof(nvmlGpuInstanceInfo_t) == 24, "nvmlGpuInstanceInfo_t differs from pynvml");
+_Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t differs from pynvml");
+_Static_assert(sizeof(nvmlComputeInstanceProfileInfo_t) == 36, "CI profile info differs");
+_Static_assert(nvmlComputeInstanceProfileInfo_v2 == 0x02000088u, "CI profile info v2 differs");
 _Static_assert(sizeof(nvmlComputeInstanceInfo_t) == 32, "nvmlComputeInstanceInfo_t differs");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout differs from pynvml");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout differs from pynvml");
@@ -1776,6 +1802,59 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, u
     return get_processes(device, count, infos, 1);
 }
 
+/* ----- topology ----- */
+
+/* What NVIDIA's device plugin asks (through go-gpuallocator) before it prefers devices for a
+ * pod: every pair's common ancestor and each GPU's NVLinks. Simulated GPUs sit under one CPU
+ * (NVML_TOPOLOGY_NODE) and have no NVLink (NOT_SUPPORTED, as on PCIe boards). */
+#define NVML_TOPOLOGY_NODE 40u
+#define NVML_NVLINK_MAX_LINKS 36u /* nvml.h since Blackwell (go-nvml still walks 18) */
+
+static nvmlReturn_t whole_gpu(nvmlDevice_t device)
+{
+    WITH_GPU(device, g);
+    (void)g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t first, nvmlDevice_t second,
+                                                     unsigned int *level)
+{
+    if (!level)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = whole_gpu(first);
+    if (rc == NVML_SUCCESS)
+        rc = whole_gpu(second);
+    if (rc == NVML_SUCCESS)
+        *level = NVML_TOPOLOGY_NODE;
+    return rc;
+}
+
+static nvmlReturn_t no_nvlink(nvmlDevice_t device, unsigned int link, const void *out)
+{
+    if (!out || link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = whole_gpu(device);
+    return rc == NVML_SUCCESS ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active)
+{
+    return no_nvlink(device, link, active);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                     nvmlPciInfo_t *pci)
+{
+    return no_nvlink(device, link, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                  nvmlPciInfo_t *pci)
+{
+    return no_nvlink(device, link, pci);
+}
+
 /* ----- MIG ----- */
 
 /* GPU instance profiles by slice count: NVML's profile enum (what
@@ -2127,6 +2206,92 @@ API nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t compute,
                                             nvmlComputeInstanceInfo_t *info)
 {
     return nvmlComputeInstanceGetInfo_v2(compute, info);
+}
+
+/* A MIG device's attributes (its slices and memory); a GPU's are those of the whole GPU. */
+API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    int is_mig;
+    struct gpu_spec g;
+    struct mig_spec m;
+    if (!attributes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = device_snapshot(device, &is_mig, &g, &m, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    unsigned int slices = is_mig ? m.slices : MIG_SLICES;
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = 16 * slices;
+    attributes->sharedCopyEngineCount = slices;
+    attributes->gpuInstanceSliceCount = slices;
+    attributes->computeInstanceSliceCount = slices;
+    attributes->memorySizeMB = (is_mig ? m.memory_total : g.memory_total) >> 20;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* A simulated MIG device is one compute instance spanning its whole GPU instance (what
+ * nvmlComputeInstanceGetInfo reports): that compute instance profile, with the shared engine
+ * profile, is the only one its GPU instance offers. */
+static nvmlReturn_t get_ci_profile_info(nvmlGpuInstance_t instance, unsigned int profile,
+                                        unsigned int engine, nvmlComputeInstanceProfileInfo_t *info)
+{
+    nvmlDevice_t d;
+    if (!info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
+        engine >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = instance_owner_locked(instance, 0, &d);
+    if (rc == NVML_SUCCESS && profile_enum(d->mig.slices) != profile)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS) {
+        memset(info, 0, sizeof *info);
+        info->id = profile;
+        info->sliceCount = d->mig.slices;
+        info->instanceCount = 1;
+        info->multiprocessorCount = 16 * d->mig.slices;
+        info->sharedCopyEngineCount = d->mig.slices;
+    }
+    leave();
+    return rc;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t instance,
+                                                              unsigned int profile,
+                                                              unsigned int engine,
+                                                              nvmlComputeInstanceProfileInfo_t *info)
+{
+    return get_ci_profile_info(instance, profile, engine, info);
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t instance,
+                                                               unsigned int profile,
+                                                               unsigned int engine,
+                                                               nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    nvmlComputeInstanceProfileInfo_t v1;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlComputeInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t rc = get_ci_profile_info(instance, profile, engine, &v1);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    info->sharedDecoderCount = info->sharedEncoderCount = 0;
+    info->sharedJpegCount = info->sharedOfaCount = 0;
+    snprintf(info->name, sizeof info->name, "MIG %uc", v1.sliceCount);
+    return NVML_SUCCESS;
 }
 
 /* ----- not part of NVML: identification and diagnostics for the simulator ----- */

@@ -53,12 +53,53 @@ def test_one_gpu_guaranteed_qos_pinned_and_unprivileged() -> None:
     assert {"cpu", "memory"} <= set(resources["limits"])
     assert spec["nodeName"] == "gpu-node-1"
     assert spec["restartPolicy"] == "Always"
-    assert spec["priorityClassName"] == "notebooks"
+    assert spec["priorityClassName"] == "gpu-hotplug-holder"
     assert spec["tolerations"] == NOTEBOOK["spec"]["tolerations"]
     assert spec["automountServiceAccountToken"] is False
     assert container["image"] == "registry.k8s.io/pause:3.9"
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"} in container["env"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_restricted_pod_security_is_met() -> None:
+    """Every control of PodSecurity ``restricted`` (Kubernetes 1.34's list) that a pod can
+    fail, checked on the spec as the admission plugin checks it."""
+    spec = _holder()["spec"]
+    (container,) = spec["containers"]
+    pod_ctx, ctx = spec["securityContext"], container["securityContext"]
+    assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] != 0
+    assert pod_ctx["runAsUser"] == pod_ctx["runAsGroup"] == 65535, "the pause image's user"
+    assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert not ctx.get("privileged") and "add" not in ctx["capabilities"]
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(host)
+    assert "volumes" not in spec and "ports" not in container
+    assert "procMount" not in ctx and "sysctls" not in pod_ctx
+
+
+def test_limits_pull_settings_and_priority_are_configurable() -> None:
+    spec = HolderSpec(
+        node_name="n",
+        cpu="20m",
+        memory="32Mi",
+        priority_class="",
+        pull_policy="Always",
+        pull_secrets=("mirror", "backup"),
+    )
+    pod = holder_pod(
+        NOTEBOOK, container="notebook", container_id=CID, request_id=None, index=0, spec=spec
+    )
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["limits"] | {"nvidia.com/gpu": "1"} == {
+        "cpu": "20m",
+        "memory": "32Mi",
+        "nvidia.com/gpu": "1",
+    }
+    assert container["imagePullPolicy"] == "Always"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "mirror"}, {"name": "backup"}]
+    assert pod["spec"]["priorityClassName"] == "notebooks", "empty: the notebook's own class"
 
 
 def test_owned_by_the_target_pod_in_its_namespace() -> None:

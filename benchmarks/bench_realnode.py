@@ -1,0 +1,226 @@
+"""The real node: bring-up time, attach on a real kubelet split into its parts, the holder's
+memory floor, and many pods attaching at once.
+
+Run as root, after ``bash tests/realnode/build.sh`` (see ``docs/testing.md``)::
+
+    .venv/bin/python benchmarks/bench_realnode.py [--bringups 2] [--runs 20] [--pods 20]
+        [--rounds 3] [--floor]
+
+Part 0 starts and stops the node ``--bringups`` times (the first after a build is the cold
+one: nothing of it is in the page cache) and prints the seconds to each milestone
+(etcd healthy, apiserver ready, node Ready, GPUs allocatable from NVIDIA's device plugin).
+
+Part 1 times, for one notebook pod, ``POST /v1/attachments {"count": 1}`` and its ``DELETE``
+with the pod's bound token (the whole path: click → usable), and the agent's own overhead:
+each attach minus that attach's holder create → Running as the agent logged it, i.e. what the
+agent adds to the kubelet's pod start. It also times a holder-shaped pod from create to
+Running and to PodResources from this process.
+
+Part 2 starts ``--pods`` notebook pods and has each attach one GPU at the same moment, over
+``--rounds`` rounds, and checks that no GPU was handed out twice, in the answers and in the
+real kubelet's PodResources.
+
+``--floor`` runs holder-shaped pods (the agent's own spec) with shrinking memory limits and
+reports the smallest that the pause container and runc's init survive on this node.
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _agent import attach_at_once, percentile, summary
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.k8s.image import PAUSE_IMAGE
+from tests.realnode.agent import install_agent_account, running_node_agent
+from tests.realnode.cluster import Cluster, eventually
+from tests.realnode.node import GPU_RESOURCE, new_node
+
+_HOLDER_WAIT = re.compile(r"holder pod\(s\) .*: running after ([0-9.]+) ms")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.1f} ms"
+
+
+def part_zero(bringups: int) -> None:
+    print(f"\n--- bring-up, {bringups} times (first = coldest) ---------------------------")
+    for i in range(bringups):
+        node = new_node()
+        try:
+            node.start()
+            print(f"bring-up {i + 1}: {node.timings}")
+        finally:
+            left = node.stop()
+            if left:
+                print(f"  teardown removed by force: {left}")
+
+
+def holder_shaped(name: str, memory: str) -> dict[str, Any]:
+    """A pod like the agent's holders (pause image, restricted security context, one GPU)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Always",
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65535,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "hold",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "resources": {
+                        "limits": {"cpu": "10m", "memory": memory, GPU_RESOURCE: "1"},
+                        "requests": {"cpu": "10m", "memory": memory, GPU_RESOURCE: "1"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def part_one(cluster: Cluster, runs: int) -> None:
+    ns = cluster.namespace("bench")
+    cluster.run_notebook_pod(ns, "solo")
+    account = install_agent_account(cluster)
+    with running_node_agent(cluster, account, extra=("--reconcile-interval=10",)) as agent:
+        api = agent.as_pod(ns, "solo")
+        attach: list[float] = []
+        detach: list[float] = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            created = api.post("/v1/attachments", {"count": 1})
+            attach.append(time.perf_counter() - start)
+            assert created.status == 201, created.body
+            uuid = created.json()["attachments"][0]["uuid"]
+            start = time.perf_counter()
+            assert api.delete(f"/v1/attachments/{uuid}").status == 204
+            detach.append(time.perf_counter() - start)
+        waits = [float(m) / 1000 for m in _HOLDER_WAIT.findall(agent.log())][-runs:]
+    running: list[float] = []
+    podresources: list[float] = []
+    for i in range(min(runs, 10)):
+        name = f"shape-{i}"
+        start = time.perf_counter()
+        cluster.core.create_namespaced_pod(ns, holder_shaped(name, "32Mi"))
+        cluster.wait_running(ns, name)
+        running.append(time.perf_counter() - start)
+        eventually(lambda n=name: (ns, n) in cluster.assignments(ns), "PodResources lists it")  # type: ignore[misc]
+        podresources.append(time.perf_counter() - start)
+        cluster.delete_pod(ns, name)
+        eventually(lambda n=name: cluster.gone(ns, n), "the pod is gone")  # type: ignore[misc]
+    print(f"\n--- one pod, one GPU, {runs} runs on the real node ----------------------")
+    print(f"attach (HTTP, whole path: click -> usable)  {summary(attach)}")
+    print(f"  p50 {ms(percentile(attach, 0.5))}  p99 {ms(percentile(attach, 0.99))}")
+    print(f"detach (HTTP, whole path)                   {summary(detach)}")
+    print(f"holder create -> Running, as the agent saw it  {summary(waits)}")
+    overhead = [total - wait for total, wait in zip(attach, waits, strict=True)]
+    print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
+    print(f"holder-shaped pod create -> Running (here)     {summary(running)}")
+    print(f"holder-shaped pod create -> in PodResources    {summary(podresources)}")
+    print(
+        f"(medians: attach {ms(statistics.median(attach))}, holder {ms(statistics.median(waits))})"
+    )
+
+
+def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
+    ns = cluster.namespace("crowd")
+    names = [f"nb-{i:02d}" for i in range(pods)]
+    for name in names:
+        cluster.run_notebook_pod(ns, name)
+    account = install_agent_account(cluster)
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    doubles = 0
+    with running_node_agent(cluster, account, extra=("--reconcile-interval=10",)) as agent:
+        clients = {name: agent.as_pod(ns, name) for name in names}
+        for _ in range(rounds):
+            results = attach_at_once(clients)
+            granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
+            assigned = [d for ids in cluster.assignments(ns).values() for d in ids]
+            doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
+            for status, _, elapsed in results.values():
+                statuses[status] = statuses.get(status, 0) + 1
+                latencies.append(elapsed)
+            for name, (_, uuids, _) in results.items():
+                for uuid in uuids:
+                    assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+    print(
+        f"\n--- {pods} pods attach one GPU each at once, {cluster.node.gpu_count} GPUs, "
+        f"{rounds} rounds ---"
+    )
+    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(f"latency (all answers)            {summary(latencies)}")
+    print(f"p50 {ms(percentile(latencies, 0.5))}   p99 {ms(percentile(latencies, 0.99))}")
+
+
+def memory_floor(cluster: Cluster) -> None:
+    ns = cluster.namespace("floor")
+    print("\n--- holder memory floor (pause + runc init) --------------------------------")
+    for memory in ("32Mi", "16Mi", "12Mi", "8Mi", "6Mi", "4Mi"):
+        name = f"floor-{memory.lower()}"
+        cluster.core.create_namespaced_pod(ns, holder_shaped(name, memory))
+        deadline = time.monotonic() + 60
+        outcome = "pending"
+        while time.monotonic() < deadline:
+            pod = cluster.pod(ns, name)
+            statuses = pod["status"].get("containerStatuses") or []
+            if statuses and "running" in (statuses[0].get("state") or {}):
+                outcome = "Running"
+                break
+            waiting = [
+                e
+                for e in cluster.core.list_namespaced_event(ns).items
+                if e.involved_object.name == name and e.type == "Warning"
+            ]
+            if waiting:
+                outcome = f"{waiting[-1].reason}: {(waiting[-1].message or '')[:120]}"
+                break
+            time.sleep(0.5)
+        print(f"  limit {memory:>5}: {outcome}")
+        cluster.delete_pod(ns, name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bringups", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor", action="store_true")
+    args = parser.parse_args()
+    part_zero(args.bringups)
+    node = new_node()
+    node.start()
+    cluster = Cluster(node)
+    try:
+        if args.floor:
+            memory_floor(cluster)
+        if args.runs:
+            part_one(cluster, args.runs)
+        if args.pods:
+            part_two(cluster, args.pods, args.rounds)
+    finally:
+        cluster.close()
+        left = node.stop()
+        print(f"teardown: {left or 'clean'}")
+
+
+if __name__ == "__main__":
+    main()

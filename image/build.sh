@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Build the node agent's image from this source tree, with no registry:
+#
+#   bash image/build.sh [--tag TAG] [--save ARCHIVE]
+#
+# 1. the base: Debian (the suite below) made by mmdebstrap from the host's apt mirror, python3
+#    and python3-venv only, docs and locales left out; the tarball is cached under
+#    $JGH_IMAGE_CACHE (default ~/.cache/jupyter-gpu-hotplug/image) and `podman import`ed;
+# 2. the wheel of this tree (python -m build, which builds the JupyterLab extension) and the
+#    wheels of every dependency of its [agent] extra, chosen by pip for the base's own Python
+#    (its exact version, read from the base's dpkg status: a dependency may need a newer patch
+#    release than Debian's) and platform;
+# 3. `podman build` of image/Containerfile over those wheels, with no network;
+# 4. with --save, an OCI archive of the image (for `ctr images import` on a node).
+#
+# PODMAN (default: podman) may carry storage options, e.g. "podman --root /tmp/x --runroot /tmp/y".
+# PYTHON (default: python3) builds the wheels. Prints the image's tag on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+suite=bookworm
+python=${PYTHON:-python3}
+read -r -a podman <<<"${PODMAN:-podman}"
+cache=${JGH_IMAGE_CACHE:-$HOME/.cache/jupyter-gpu-hotplug/image}
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/jupyter_gpu_hotplug/_version.py")
+tag=localhost/jupyter-gpu-hotplug-agent:$version
+save=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tag) tag=$2; shift 2 ;;
+    --save) save=$2; shift 2 ;;
+    *) echo "usage: $0 [--tag TAG] [--save ARCHIVE]" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "[image $(date +%T)] $*" >&2; }
+
+# The packages are part of the cache key: a changed list makes a new base.
+packages=python3,python3-venv
+base_tar=$cache/debian-$suite-${packages//,/-}.tar
+base=localhost/jupyter-gpu-hotplug/debian-python:$suite
+if [ ! -s "$base_tar" ]; then
+  command -v mmdebstrap >/dev/null || { echo "image/build.sh: apt-get install mmdebstrap" >&2; exit 1; }
+  log "base: mmdebstrap $suite ($packages)"
+  mkdir -p "$cache"
+  nice mmdebstrap --quiet --variant=minbase --include="$packages" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    "$suite" "$base_tar.partial"
+  mv "$base_tar.partial" "$base_tar"
+fi
+if ! "${podman[@]}" image exists "$base"; then
+  log "base: podman import $base_tar"
+  "${podman[@]}" import --quiet --change 'CMD ["/bin/bash"]' "$base_tar" "$base" >/dev/null
+fi
+
+# The base's Python, e.g. 3.11.2 (from the Debian version 3.11.2-6+deb12u9).
+base_python=$(tar -xOf "$base_tar" ./var/lib/dpkg/status |
+  awk '/^Package: python3\.[0-9]+-minimal$/ { found = 1 } found && /^Version:/ { print $2; exit }')
+base_python=${base_python%%-*}
+base_abi=cp$(echo "$base_python" | cut -d. -f1,2 | tr -d .)
+
+work=$(mktemp -d /tmp/jgh-image.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/wheels"
+log "wheel: python -m build"
+nice "$python" -m build --wheel --outdir "$work/dist" "$repo" >"$work/build.log" 2>&1 || {
+  cat "$work/build.log" >&2
+  exit 1
+}
+wheel=$(ls "$work"/dist/jupyter_gpu_hotplug-*.whl)
+cp "$wheel" "$work/wheels/"
+log "wheels of the [agent] extra's dependencies, for Python $base_python ($base_abi)"
+nice "$python" -m pip download --quiet --dest "$work/wheels" --only-binary=:all: \
+  --python-version "$base_python" --implementation cp --abi "$base_abi" --abi abi3 --abi none \
+  --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  "$wheel[agent]"
+log "podman build $tag"
+"${podman[@]}" build --quiet --network none --build-arg "BASE=$base" \
+  -f "$here/Containerfile" -t "$tag" "$work" >/dev/null
+if [ -n "$save" ]; then
+  log "saving $save"
+  rm -f "$save"
+  "${podman[@]}" save --format oci-archive -o "$save" "$tag"
+fi
+echo "$tag"

@@ -1,0 +1,138 @@
+"""What ``%gpu status``, ``%gpu list`` and ``%gpu queue`` report, as ``tables.Table`` values.
+
+Boundary: pure functions from the agent's answers, this kernel's NVML snapshot and the holder
+names to tables; the magic asks, these decide the rows, ``tables`` renders them.
+
+One numbering: the ``GPU`` column is the node's index — what the host's ``nvidia-smi``, the
+GPU panel and ``%gpu detach N`` use — and ``CUDA`` is the index this kernel's CUDA and NVML
+give the same GPU (the kernel sees only its own GPUs, numbered from 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from .._structs import TargetRef
+from ..client import Attachment, Gpu, IdleRelease, QueuedRequest
+from ..nvml.state import Snapshot
+from .render import human_bytes, model_name, percent
+from .tables import Table, Uuid
+
+__all__ = ["node_table", "queue_table", "status_table"]
+
+_WAIT_HINT = "'%gpu attach N --wait 120' waits in the queue (first come, first served)."
+
+
+def _local_time(moment: datetime) -> str:
+    return moment.astimezone().strftime("%H:%M:%S")
+
+
+def _plural(count: int, word: str = "GPU") -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def status_table(
+    attachments: Sequence[Attachment] | str,
+    releases: Sequence[IdleRelease],
+    snapshot: Snapshot,
+    *,
+    cuda_line: str,
+) -> Table:
+    """This notebook's GPUs with what NVML here says they do; ``attachments`` is the agent's
+    list, or its error message when it could not be asked."""
+    simulated = " (SIMULATED)" if snapshot.simulated else ""
+    seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
+    notes: list[str] = []
+    rows: list[tuple[str | Uuid, ...]] = []
+    if isinstance(attachments, str):
+        title = f"GPU agent: {attachments}"
+        empty = "The agent could not say which GPUs this notebook has."
+    else:
+        title = f"This notebook: {_plural(len(attachments))} attached{simulated}"
+        empty = "No GPU attached. '%gpu attach' attaches one; '%gpu list' shows the node's."
+        for attachment in attachments:
+            gpu = seen.get(attachment.uuid)
+            memory = (
+                "n/a"
+                if gpu is None
+                else f"{human_bytes(gpu.memory_used)} / {human_bytes(gpu.memory_total)}"
+            )
+            rows.append(
+                (
+                    str(attachment.index),
+                    "n/a" if gpu is None else str(gpu.index),
+                    Uuid(attachment.uuid),
+                    attachment.device,
+                    "n/a" if gpu is None else percent(gpu.utilization_gpu),
+                    memory,
+                    _local_time(attachment.attached_at),
+                )
+            )
+            if attachment.idle_release is not None:
+                why = "unused" if attachment.idle_release.reason == "idle" else "its lease ends"
+                notes.append(
+                    f"! GPU {attachment.index}: the agent releases it at "
+                    f"{_local_time(attachment.idle_release.release_at)} ({why}) unless a "
+                    "process uses it."
+                )
+    notes.extend(
+        f"Released by the agent's idle policy: GPU {release.uuid} at "
+        f"{_local_time(release.released_at)} "
+        f"({'unused' if release.reason == 'idle' else 'lease ended'})."
+        for release in releases
+    )
+    notes.append(f"This kernel sees (NVML): {snapshot.message}{simulated}.")
+    notes.append(cuda_line)
+    return Table(
+        title=title,
+        columns=("GPU", "CUDA", "ID", "DEVICE", "UTIL", "MEMORY", "SINCE"),
+        rows=rows,
+        notes=tuple(notes),
+        flexible=frozenset({"MEMORY"}),
+        empty=empty,
+    )
+
+
+def node_table(gpus: Sequence[Gpu], *, holder: Callable[[TargetRef | None], str]) -> Table:
+    """Every GPU of the node and who holds it (``holder`` names them, e.g. by notebook)."""
+    free = sum(gpu.state == "free" for gpu in gpus)
+    simulated = " (SIMULATED)" if any(gpu.simulated for gpu in gpus) else ""
+    notes = () if free or not gpus else (f"No GPU is free: {_WAIT_HINT}",)
+    return Table(
+        title=f"GPUs on this node{simulated}: {free} free of {len(gpus)}",
+        columns=("GPU", "ID", "MODEL", "MEMORY", "STATE", "HELD BY"),
+        rows=[
+            (
+                str(gpu.index),
+                Uuid(gpu.uuid),
+                model_name(gpu.name),
+                human_bytes(gpu.memory_total),
+                gpu.state,
+                holder(gpu.target),
+            )
+            for gpu in gpus
+        ],
+        notes=notes,
+        flexible=frozenset({"MODEL", "HELD BY"}),
+        empty="This node has no GPU.",
+    )
+
+
+def queue_table(waiting: Sequence[QueuedRequest]) -> Table:
+    """This notebook's attaches waiting in the agent's queue, with their places."""
+    return Table(
+        title=f"Waiting for GPUs: {_plural(len(waiting), 'request')} of this notebook",
+        columns=("PLACE", "GPUS", "SINCE", "REQUEST"),
+        rows=[
+            (
+                f"{queued.position} of {queued.length}",
+                str(queued.count),
+                _local_time(queued.queued_at),
+                queued.request_id,
+            )
+            for queued in waiting
+        ],
+        flexible=frozenset({"REQUEST"}),
+        empty=f"This notebook is not waiting for a GPU. {_WAIT_HINT}",
+    )

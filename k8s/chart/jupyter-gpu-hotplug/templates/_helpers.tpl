@@ -1,0 +1,29 @@
+{{/* The agent's name: one agent per GPU node, one release per cluster (its ClusterRoles,
+PriorityClasses and admission policy are cluster-wide), so names are fixed, not per release. */}}
+{{- define "gpu-hotplug.name" -}}gpu-hotplug-agent{{- end -}}
+
+{{- define "gpu-hotplug.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-hotplug.name" . }}
+{{- end -}}
+
+{{/* What Helm adds to the labels kustomize gives every object. */}}
+{{- define "gpu-hotplug.commonLabels" -}}
+app.kubernetes.io/part-of: jupyter-gpu-hotplug
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gpu-hotplug.labels" -}}
+{{ include "gpu-hotplug.selectorLabels" . }}
+{{ include "gpu-hotplug.commonLabels" . }}
+{{- end -}}
+
+{{- define "gpu-hotplug.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "gpu-hotplug.serviceAccount" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpu-hotplug.name" . }}
+{{- end -}}

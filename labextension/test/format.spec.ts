@@ -1,0 +1,93 @@
+import {
+  announcement,
+  countdown,
+  cudaIndex,
+  gib,
+  gpuTitle,
+  memoryNearLimit,
+  modelName,
+  notebookName,
+  shortUuid,
+  statusSummary
+} from '../src/format';
+import { gpu, kernelState as state, reply, trans } from './fixtures';
+
+describe('the status bar summary', () => {
+  it('sums two GPUs: count, mean utilisation, memory used of total', () => {
+    const two = state(reply([gpu(0, 70), gpu(1, 84)], { free: 0 }));
+    expect(statusSummary(two, trans)).toBe('2 GPUs · 77 % · 16/160 GiB');
+  });
+
+  it('says how many are free when none is attached', () => {
+    expect(statusSummary(state(reply([], { free: 2 })), trans)).toBe(
+      '0 attached · 2 free'
+    );
+  });
+
+  it('shows the queue place, and the disconnected state', () => {
+    const waiting = state(reply([], { free: 0 }), {
+      operation: { kind: 'attach', count: 1, waiting: true, position: 1, of: 1 }
+    });
+    expect(statusSummary(waiting, trans)).toBe('GPU: queued #1');
+    const down = state(reply([]), { connection: 'reconnecting' });
+    expect(statusSummary(down, trans)).toBe('GPU: disconnected');
+  });
+});
+
+describe('the live announcement', () => {
+  it('does not change with utilisation, only with the state', () => {
+    const said = [10, 50, 90].map(u =>
+      announcement(state(reply([gpu(0, u)], { free: 1 })), trans)
+    );
+    expect(new Set(said)).toEqual(new Set(['1 GPU attached']));
+    expect(announcement(state(reply([], { free: 2 })), trans)).toBe(
+      'No GPU attached, 2 free'
+    );
+  });
+
+  it('mentions memory near its limit', () => {
+    const full = gpu(0);
+    full.metrics!.memory_used = 79 * 1024 ** 3;
+    const s = state(reply([full], { free: 1 }));
+    expect(memoryNearLimit(s)).toBe(true);
+    expect(announcement(s, trans)).toBe(
+      '1 GPU attached. GPU memory almost full'
+    );
+  });
+});
+
+describe('one GPU numbering', () => {
+  it("gives the node's index, and the kernel's CUDA index where it differs", () => {
+    const attached = [gpu(1), gpu(3)];
+    expect(cudaIndex('GPU-3', attached)).toBe(1);
+    expect(cudaIndex('GPU-0', attached)).toBeNull();
+    expect(gpuTitle(gpu(3), attached, trans)).toBe(
+      'GPU 3 (cuda:1 in this notebook)'
+    );
+    expect(gpuTitle(gpu(0), [gpu(0)], trans)).toBe('GPU 0');
+    expect(gpuTitle(gpu(2), [], trans)).toBe('GPU 2');
+  });
+});
+
+describe('formatters', () => {
+  it('round GiB the same way everywhere', () => {
+    expect(gib(79.6 * 1024 ** 3)).toBe('80');
+    expect(gib(2.14 * 1024 ** 3)).toBe('2.1');
+  });
+
+  it('shorten UUIDs, name notebooks and models', () => {
+    expect(shortUuid('GPU-1a2b3c4d-0000-1111-2222-333344445555')).toBe(
+      'GPU-1a2b3c4d'
+    );
+    expect(notebookName('team/run.ipynb')).toBe('run.ipynb');
+    expect(modelName('NVIDIA H100 80GB HBM3 (simulated)')).toBe(
+      'NVIDIA H100 80GB HBM3'
+    );
+  });
+
+  it('count down to a deadline', () => {
+    expect(countdown(165, 100_000, trans)).toBe('1:05 left');
+    expect(countdown(145, 100_000, trans)).toBe('45 s left');
+    expect(countdown(90, 100_000, trans)).toBe('ending');
+  });
+});

@@ -1,0 +1,58 @@
+"""Hooks the schemathesis runs load (``SCHEMATHESIS_HOOKS``): never a pid of someone else,
+never a long wait.
+
+On this shared host a pid schemathesis makes up could name another engineer's process, and
+the agent, running as root and called with its token, would grant it a (simulated) GPU. So
+every pid a request names — a body's ``target.pid``, the ``pid`` query parameter — is replaced
+by the victim sandbox's (``GPU_HOTPLUG_FUZZ_VICTIM_PID``), unless it cannot name a process
+(below 2, above ``pid_max``, not an integer): those are kept, to be refused.
+
+And once the victim holds every GPU, a valid attach with ``wait_seconds`` waits in the agent's
+queue for as long as it says (up to 600 s): a valid wait is shortened to ``_MAX_WAIT`` so that
+the run stays bounded (an invalid one is kept, to be refused).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import schemathesis
+
+from tests.fuzz.schemathesis_run import VICTIM_ENV
+
+_PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
+_MAX_WAIT = 0.2
+
+
+def _victim() -> int | None:
+    value = os.environ.get(VICTIM_ENV)
+    return None if value is None else int(value)
+
+
+def _safe(pid: Any, victim: int) -> Any:
+    """``pid`` if it cannot name a process of this host, else the victim's pid."""
+    if isinstance(pid, bool):
+        return pid
+    if isinstance(pid, str) and pid.isdigit() and 2 <= int(pid) <= _PID_MAX:
+        return str(victim)
+    if isinstance(pid, int | float) and 2 <= pid <= _PID_MAX:
+        return victim
+    return pid
+
+
+@schemathesis.hook
+def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
+    victim = _victim()
+    if victim is None:
+        return
+    if isinstance(case.query, dict) and "pid" in case.query:
+        case.query["pid"] = _safe(case.query["pid"], victim)
+    body = case.body if isinstance(case.body, dict) else {}
+    target = body.get("target")
+    if isinstance(target, dict) and "pid" in target:
+        target["pid"] = _safe(target["pid"], victim)
+    wait = body.get("wait_seconds")
+    if isinstance(wait, int | float) and not isinstance(wait, bool) and _MAX_WAIT < wait <= 600:
+        body["wait_seconds"] = _MAX_WAIT

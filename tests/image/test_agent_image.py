@@ -1,0 +1,87 @@
+"""``image/build.sh`` builds the agent's image from this tree with no registry (a Debian base
+made by mmdebstrap, ``podman build`` without network), and the image is what the manifests run:
+the agent accepts the DaemonSet's arguments, the [agent] extra's libraries import, and no build
+tool or package manager for Python or Node.js is left in it. Its size is printed (the figure in
+docs/performance.md); nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.requirements import needs_root
+
+from ..manifests.support import by_kind, render
+from .agent_image import BUILD_TIMEOUT, AgentImage, agent_image
+
+pytestmark = [*needs_root, pytest.mark.slow]
+
+
+def run(image: AgentImage, *argv: str, entrypoint: str | None = None) -> str:
+    """``podman run`` of the image, as ENVIRONMENT.md says podman runs here."""
+    options = ["--rm", "--network", "none"]
+    options += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+    if entrypoint is not None:
+        options += ["--entrypoint", entrypoint]
+    done = subprocess.run(
+        [*image.podman, "run", *options, image.name, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def image() -> AgentImage:
+    return agent_image()
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_image_runs_the_daemonsets_agent(image: AgentImage) -> None:
+    inspected = json.loads(
+        subprocess.run(
+            [*image.podman, "image", "inspect", image.name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )[0]
+    print(f"\nagent image {image.name}: {inspected['Size'] / 2**20:.0f} MiB")
+    assert inspected["Config"]["Entrypoint"] == ["jupyter-gpu-hotplug", "agent"]
+    assert image.archive.stat().st_size > 0
+    (container,) = by_kind(render(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    resolved: dict[str, Any] = json.loads(
+        run(image, *container["args"], "--show-config-json", "--node-name=gpu-node-1")
+    )
+    assert resolved["backend"] == "kubernetes"
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_image_has_the_agent_extra_and_no_build_tools(image: AgentImage) -> None:
+    imports = "import kubernetes, grpc, google.protobuf; import jupyter_gpu_hotplug.agent.runtime"
+    run(image, "-c", f"{imports}; from jupyter_gpu_hotplug.agent.kubernetes import backend",
+        entrypoint="/opt/gpu-hotplug/bin/python")  # fmt: skip
+    present = run(
+        image,
+        "-c",
+        "for tool in node npm yarn gcc cc make pip pip3; do command -v $tool; done; true",
+        entrypoint="/bin/sh",
+    )
+    assert present.split() == []
+
+
+def test_build_script_has_no_registry_step() -> None:
+    """No FROM names a registry image: the base is the one build.sh imports."""
+    containerfile = (Path(__file__).resolve().parents[2] / "image" / "Containerfile").read_text()
+    froms = [line.split()[1] for line in containerfile.splitlines() if line.startswith("FROM ")]
+    assert froms == ["${BASE}", "${BASE}"]
+    assert "ARG BASE=localhost/" in containerfile

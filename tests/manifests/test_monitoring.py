@@ -1,0 +1,158 @@
+"""``k8s/monitoring/``: the PodMonitor scrapes what the DaemonSet serves, every alert and every
+dashboard query parses as PromQL (``promql-parser``, the Rust parser's bindings) and names only
+metrics the agent exports (read from ``AgentMetrics``' own registry) or Prometheus's ``up``, and
+the alerts the operator guide promises exist.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import promql_parser
+import pytest
+import yaml
+
+from jupyter_gpu_hotplug.agent.core.metrics import AgentMetrics
+
+from .support import K8S_DIR, by_kind, render, validate
+
+MONITORING: Final = K8S_DIR / "monitoring"
+DASHBOARD: Final = MONITORING / "gpu-hotplug-dashboard.json"
+PROMETHEUS_METRICS: Final = frozenset({"up"})
+"""Series Prometheus itself writes for every target."""
+SUFFIXES: Final = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+}
+SEVERITIES: Final = frozenset({"critical", "warning", "info"})
+# Grafana's variables, replaced by what Grafana would send (a range and a label regex).
+GRAFANA_VARIABLES: Final = {"$__rate_interval": "5m"}
+
+
+def exported_series() -> set[str]:
+    """Every series name the agent's registry can expose."""
+    names: set[str] = set()
+    for family in AgentMetrics().registry.collect():
+        names.update(family.name + suffix for suffix in SUFFIXES[family.type])
+    return names
+
+
+def metrics_of(expr: str) -> set[str]:
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        # A selector without a name ({__name__=~"..."}) names no metric we could check.
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name is not None, f"{expr}: name the metric"
+            names.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    return render(MONITORING)
+
+
+def _rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rule = by_kind(objects, "PrometheusRule")
+    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def test_alerts_parse_and_name_exported_metrics(objects: list[dict[str, Any]]) -> None:
+    rule = by_kind(objects, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    groups = rule["spec"]["groups"]
+    assert len({g["name"] for g in groups}) == len(groups)
+    known = exported_series() | PROMETHEUS_METRICS
+    alerts = _rules(objects)
+    assert len({a["alert"] for a in alerts}) == len(alerts)
+    for alert in alerts:
+        assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}, alert["alert"]
+        assert metrics_of(alert["expr"]) <= known, alert["alert"]
+        if "for" in alert:
+            promql_parser.parse_duration(alert["for"])
+        assert alert["labels"]["severity"] in SEVERITIES
+        assert {"summary", "description"} <= alert["annotations"].keys()
+
+
+def test_the_promised_alerts_exist(objects: list[dict[str, Any]]) -> None:
+    """Agent down, stray access, orphan revokes, queue wait, idle releases, attach errors."""
+    watched = {alert["alert"]: metrics_of(alert["expr"]) for alert in _rules(objects)}
+    assert watched == {
+        "GpuHotplugAgentDown": {"up"},
+        "GpuHotplugStrayGpuAccess": {"gpu_hotplug_stray_gpu_access"},
+        "GpuHotplugOrphanRevokes": {"gpu_hotplug_lost_revokes_total"},
+        "GpuHotplugLostHolders": {"gpu_hotplug_lost_revokes_total"},
+        "GpuHotplugQueueWaiting": {"gpu_hotplug_queue_length"},
+        "GpuHotplugIdleReleases": {"gpu_hotplug_idle_releases_total"},
+        "GpuHotplugAttachErrors": {"gpu_hotplug_attach_total"},
+    }
+
+
+def test_pod_monitor_scrapes_the_agents_metrics_port(objects: list[dict[str, Any]]) -> None:
+    agent = render()
+    daemonset = by_kind(agent, "DaemonSet", "gpu-hotplug-agent")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    monitor = by_kind(objects, "PodMonitor")
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (port,) = [p for p in container["ports"] if p["name"] == endpoint["port"]]
+    assert f"--metrics-listen=:{port['containerPort']}" in container["args"]
+    # The agent's NetworkPolicy admits the monitoring namespace on that port.
+    policy = by_kind(agent, "NetworkPolicy")
+    assert any(
+        rule["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}]
+        for rule in policy["spec"]["ingress"]
+    )
+    # Prometheus names a PodMonitor's job <namespace>/<name>: what GpuHotplugAgentDown selects.
+    job = f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+    (down,) = [a for a in _rules(objects) if a["alert"] == "GpuHotplugAgentDown"]
+    assert f'job="{job}"' in down["expr"]
+
+
+def test_dashboard_queries_parse_and_name_exported_metrics(
+    objects: list[dict[str, Any]],
+) -> None:
+    config_map = by_kind(objects, "ConfigMap")
+    validate(config_map)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"][DASHBOARD.name])
+    assert dashboard == json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    known = exported_series() | PROMETHEUS_METRICS
+    used: set[str] = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            names = metrics_of(expr)
+            assert names <= known, (panel["title"], names - known)
+            used |= names
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    # Every metric the agent exports has a panel.
+    shown = {
+        name.removesuffix(suffix)
+        for name in used
+        for suffix in ("_bucket", "_total", "")
+        if name.endswith(suffix)
+    }
+    for family in AgentMetrics().registry.collect():
+        assert family.name in shown, family.name
+
+
+def test_rule_file_is_plain_yaml() -> None:
+    """The file itself (not only kustomize's output) is one document a user may apply."""
+    (document,) = yaml.safe_load_all((MONITORING / "prometheusrule.yaml").read_text())
+    assert document["kind"] == "PrometheusRule"

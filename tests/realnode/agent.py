@@ -1,0 +1,150 @@
+"""The real agent (a subprocess, Kubernetes mode) on the real node, as the ServiceAccount that
+``k8s/`` deploys it as, with exactly the RBAC that ``k8s/`` ships.
+
+Why a subprocess here and a DaemonSet pod only in ``test_deployed.py``: the scenarios need to
+kill, restart and read the agent's log; the deployment test proves the manifests themselves.
+The account is rendered from ``kubectl kustomize k8s/`` (the Namespace, ServiceAccount and RBAC
+objects only), so a rule the agent needs and the manifests lack fails here, on a real
+authorizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from ..agent.agent_process import AgentProcess
+from ..agent.api_harness import ApiClient
+from ..k8s.image import PAUSE_IMAGE
+from ..manifests.support import render, with_holder_image
+from .cluster import Cluster
+from .pki import write_kubeconfig
+
+AGENT_NAMESPACE: Final = "gpu-hotplug"
+AGENT_ACCOUNT: Final = "gpu-hotplug-agent"
+RBAC_KINDS: Final = frozenset(
+    {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "PriorityClass",
+    }
+)
+"""What the subprocess agent needs of the manifests (not the DaemonSet, Service, policy)."""
+RECONCILE_INTERVAL: Final = 1.0
+
+
+@dataclass(frozen=True)
+class AgentAccount:
+    """The agent's identity on the node: a kubeconfig with a token of its ServiceAccount."""
+
+    kubeconfig: Path
+
+
+def install_agent_account(cluster: Cluster) -> AgentAccount:
+    """Apply the agent's Namespace, ServiceAccount, RBAC and admission policy from ``k8s/``
+    (holders from the test's pause image); mint a token bound to a pod on the node."""
+    objects = [with_holder_image(o, PAUSE_IMAGE) for o in render() if o["kind"] in RBAC_KINDS]
+    cluster.apply(objects)
+    token = agent_token(cluster, cluster.node_name)
+    directory = Path(tempfile.mkdtemp(prefix="jgh-agent-account-", dir="/tmp"))
+    assert cluster.node.pki is not None
+    kubeconfig = write_kubeconfig(
+        directory / "agent.kubeconfig", cluster.node.apiserver_url, cluster.node.pki.ca.cert, token
+    )
+    return AgentAccount(kubeconfig)
+
+
+def agent_token(cluster: Cluster, node: str, *, seconds: int = 6 * 3600) -> str:
+    """A token of the agent's ServiceAccount as its DaemonSet pod on ``node`` holds it: bound
+    to a pod there, so it names the node (``authentication.kubernetes.io/node-name``), which
+    the admission policy requires. The pod is a stand-in (the pause image) for the DaemonSet's;
+    ``node`` may be a Node object without a kubelet."""
+    name = f"{AGENT_ACCOUNT}-on-{node}"[:63].rstrip("-.")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": AGENT_NAMESPACE},
+            "spec": {
+                "serviceAccountName": AGENT_ACCOUNT,
+                "automountServiceAccountToken": False,
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "identity", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}
+                ],
+            },
+        }
+    )
+    return cluster.kubectl(
+        "create", "token", AGENT_ACCOUNT, "-n", AGENT_NAMESPACE, f"--duration={seconds}s",
+        "--bound-object-kind=Pod", f"--bound-object-name={name}",
+    ).strip()  # fmt: skip
+
+
+@dataclass
+class NodeAgent:
+    """A running agent: its process and the cluster it serves."""
+
+    process: AgentProcess
+    cluster: Cluster
+
+    def as_pod(self, namespace: str, pod: str) -> ApiClient:
+        """The API as the pod's own bound token (audience gpu-hotplug) calls it."""
+        assert self.process.tcp is not None
+        return self.process.tcp.with_token(self.cluster.pod_token(namespace, pod))
+
+    def log(self) -> str:
+        return self.process.log()
+
+
+def agent_argv(
+    cluster: Cluster, account: AgentAccount, state_dir: Path, socket: Path, extra: tuple[str, ...]
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "jupyter_gpu_hotplug.agent.app",
+        "--backend=kubernetes",
+        f"--node-name={cluster.node_name}",
+        f"--kubeconfig={account.kubeconfig}",
+        f"--pod-resources-socket={cluster.node.pod_resources_socket}",
+        f"--cri-endpoint={cluster.node.cri_endpoint}",
+        f"--state-dir={state_dir}",
+        f"--holder-image={PAUSE_IMAGE}",
+        f"--reconcile-interval={RECONCILE_INTERVAL}",
+        "--listen=127.0.0.1:0",
+        f"--listen=unix:{socket}",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def running_node_agent(
+    cluster: Cluster, account: AgentAccount, *, extra: tuple[str, ...] = ()
+) -> Iterator[NodeAgent]:
+    """The agent for the node, running; stopped on exit, its log printed (pytest shows it
+    for a failing test), its directory removed."""
+    directory = Path(tempfile.mkdtemp(prefix="jgh-nagent-", dir="/tmp"))
+    state_dir = directory / "state"
+    process = AgentProcess(state_dir=state_dir, simulate=0, env=cluster.node.nvml_environ())
+    process.argv = agent_argv(cluster, account, state_dir, process.socket_path, extra)
+    process.start()
+    try:
+        yield NodeAgent(process, cluster)
+    finally:
+        process.stop()
+        print(process.log()[-8000:])
+        shutil.rmtree(directory, ignore_errors=True)

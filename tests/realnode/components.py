@@ -1,0 +1,100 @@
+"""Where the real node's binaries are: the cache that ``build.sh`` fills, one directory per
+component and version (``versions.env`` is the one list of versions).
+
+Why a separate module: the node, the fixtures, the benchmark and the ``up``/``down`` command
+all need the same answer, and a missing component must be reported the same way everywhere
+(with the command that builds it), never guessed from ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+HERE: Final = Path(__file__).resolve().parent
+VERSIONS_FILE: Final = HERE / "versions.env"
+BUILD_SCRIPT: Final = HERE / "build.sh"
+CACHE_ENV: Final = "JGH_NODE_CACHE"
+"""Overrides the cache root, as in ``build.sh``."""
+
+
+class MissingComponents(RuntimeError):
+    """A component is not built: the message names it and the command that builds it."""
+
+
+def versions() -> dict[str, str]:
+    """``versions.env`` as a mapping (``KUBERNETES_VERSION`` → ``v1.37.2`` ...)."""
+    pairs = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key] = value
+    return pairs
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache/jupyter-gpu-hotplug/node")
+
+
+@dataclass(frozen=True)
+class Components:
+    """Absolute paths of every binary the node runs."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
+    kube_proxy: Path
+    etcd: Path
+    containerd: Path
+    containerd_shim: Path
+    runc: Path
+    crictl: Path
+    cni_bin_dir: Path
+    device_plugin: Path
+    helm: Path
+    versions: dict[str, str]
+
+    @property
+    def path_dirs(self) -> list[str]:
+        """Directories to put first on a component's ``PATH`` (containerd finds its shim and
+        the shim its runc there)."""
+        return sorted({str(p.parent) for p in (self.containerd, self.runc, self.crictl)})
+
+
+def find_components() -> Components:
+    """The built components, or ``MissingComponents`` saying what to build."""
+    pinned = versions()
+    bins = cache_root() / "bin"
+
+    def directory(name: str, key: str) -> Path:
+        path = bins / f"{name}-{pinned[key]}"
+        if not (path / ".built").exists():
+            raise MissingComponents(
+                f"{name} {pinned[key]} is not built in {path}: run `bash {BUILD_SCRIPT}` "
+                "(builds every pinned component from the Go module proxy, once per version)"
+            )
+        return path
+
+    kubernetes = directory("kubernetes", "KUBERNETES_VERSION")
+    containerd = directory("containerd", "CONTAINERD_VERSION")
+    return Components(
+        kube_apiserver=kubernetes / "kube-apiserver",
+        kube_controller_manager=kubernetes / "kube-controller-manager",
+        kube_scheduler=kubernetes / "kube-scheduler",
+        kubelet=kubernetes / "kubelet",
+        kube_proxy=kubernetes / "kube-proxy",
+        etcd=directory("etcd", "ETCD_VERSION") / "etcd",
+        containerd=containerd / "containerd",
+        containerd_shim=containerd / "containerd-shim-runc-v2",
+        runc=directory("runc", "RUNC_VERSION") / "runc",
+        crictl=directory("crictl", "CRICTL_VERSION") / "crictl",
+        cni_bin_dir=directory("cni-plugins", "CNI_PLUGINS_VERSION"),
+        device_plugin=directory("nvidia-device-plugin", "DEVICE_PLUGIN_VERSION")
+        / "nvidia-device-plugin",
+        helm=directory("helm", "HELM_VERSION") / "helm",
+        versions=pinned,
+    )

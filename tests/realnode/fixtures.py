@@ -1,0 +1,101 @@
+"""pytest plugin of the real-node tier (registered in ``tests/conftest.py``): the fixtures every
+test under ``tests/realnode/`` builds on. Their names and interfaces are stable — other test
+modules (the Helm chart's, the holder spec's) use them:
+
+``real_node`` (session, root) → ``node.RealNode``
+    One real node per test session (bring-up takes tens of seconds): etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler, kube-proxy, a kubelet on containerd 2 + runc, and
+    NVIDIA's k8s-device-plugin serving ``nvidia.com/gpu`` from four simulated GPUs (the fake
+    ``libnvidia-ml.so.1``). Useful attributes: ``node_name``, ``admin_kubeconfig``,
+    ``kubectl(*args)``, ``kubectl_json(*args)``, ``api_client()``, ``cri_endpoint``,
+    ``pod_resources_socket``, ``nvml_environ()``, ``nvml_config_path``, ``gpu_count``,
+    ``components`` (binaries and ``versions``), ``import_image(archive)``,
+    ``restart_kubelet()``, ``log_tail(component)``.
+    Without the built components the tier is skipped with the command that builds them,
+    except where ``JGH_REQUIRE_REAL_NODE=1`` (``.ci/test`` sets it): then that fails. Only one
+    node can run per machine (the kubelet's device-plugin directory is fixed): when another
+    session's node is up, the fixture **fails with the reason** (``NodeBusy``: wait and
+    retry); a node left by a killed session is removed first. At the end the session fails
+    if teardown had to remove anything by force or anything of the node is left on the host.
+``cluster`` (session) → ``cluster.Cluster``
+    The node as tests use it: ``namespace(prefix, pod_security=...)``,
+    ``run_notebook_pod(ns, name, annotations=, resources=, env=)``, ``pod``, ``pods``,
+    ``wait_running``, ``delete_pod``, ``gone``, ``holders(ns)``, ``event_reasons``,
+    ``pod_token(ns, pod, audience=)`` (a pod-bound token, as the kubelet projects it),
+    ``container_id``, ``exec`` (CRI ``ExecSync``), ``open_device``, ``open_fresh_node``,
+    ``restart_container``, ``assignments(ns)`` (the kubelet's PodResources ``List``),
+    ``kubectl``, ``apply(objects)``; ``core`` is the official client's ``CoreV1Api`` as
+    cluster admin. Namespaces are never deleted during a session (the node goes at its end).
+``agent_account`` (session) → ``agent.AgentAccount``
+    The agent's Namespace, ServiceAccount and RBAC applied from ``k8s/`` and a kubeconfig
+    with a token of that ServiceAccount.
+``node_agent`` (function) → ``agent.NodeAgent``
+    The real agent (a subprocess) in Kubernetes mode against the node as that ServiceAccount;
+    ``as_pod(ns, pod)`` is an API client carrying the pod's bound token (audience
+    ``gpu-hotplug``); ``process`` is the ``AgentProcess`` (kill -9, restart, log). For other
+    arguments use ``agent.running_node_agent(cluster, agent_account, extra=(...))``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Final
+
+import pytest
+
+from ..fixtures.requirements import ROOT_REASON, has_root_and_cgroups
+from .agent import AgentAccount, NodeAgent, install_agent_account, running_node_agent
+from .cluster import Cluster
+from .components import MissingComponents
+from .node import NodeBusy, RealNode, new_node
+
+REQUIRE_ENV: Final = "JGH_REQUIRE_REAL_NODE"
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[RealNode]:
+    if not has_root_and_cgroups():
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {ROOT_REASON}")
+        pytest.skip(ROOT_REASON)
+    try:
+        node = new_node()
+    except MissingComponents as error:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {error}")
+        pytest.skip(str(error))
+    busy = None
+    try:
+        node.start()
+    except NodeBusy as error:
+        busy = str(error)
+    if busy is not None:  # failed outside the handler: the reason alone, once
+        pytest.fail(busy, pytrace=False)
+    try:
+        yield node
+    finally:
+        left = node.stop()
+        residue = node.residue()
+        assert not left, f"the real node left these behind (removed by force): {left}"
+        assert not residue, f"still on the host after the node's teardown: {residue}"
+
+
+@pytest.fixture(scope="session")
+def cluster(real_node: RealNode) -> Iterator[Cluster]:
+    handle = Cluster(real_node)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+@pytest.fixture(scope="session")
+def agent_account(cluster: Cluster) -> AgentAccount:
+    return install_agent_account(cluster)
+
+
+@pytest.fixture
+def node_agent(cluster: Cluster, agent_account: AgentAccount) -> Iterator[NodeAgent]:
+    with running_node_agent(cluster, agent_account) as agent:
+        yield agent

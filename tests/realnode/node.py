@@ -1,0 +1,1045 @@
+"""A real single-node Kubernetes on this machine: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, a kubelet on a private containerd 2 with runc, and NVIDIA's own device plugin
+reading the project's simulated NVML.
+
+Why: Kubernetes mode must be proven against the components a cluster really runs — the real
+scheduler places holder pods, the real kubelet's device manager admits them through NVIDIA's
+allocation code, PodResources, TokenReview, RBAC, PodSecurity, quota and garbage collection are
+the real ones. Only the GPU is simulated (the fake ``libnvidia-ml.so.1``).
+
+Everything lives in one short directory under ``/tmp`` (unix socket paths stay under 107
+bytes), every process in its own session, every port chosen free on 127.0.0.1; pods get a
+bridge of their own (``jghnode0``, 10.244.77.0/24, no masquerade, nothing routed off the
+machine). What cannot be private is recorded and given back at ``stop()``: the kubelet's fixed
+``/var/lib/kubelet/device-plugins`` (one such kubelet per machine, so ``start()`` refuses when
+another owns it), the host sysctls the kubelet and the bridge change, the cgroup root of the
+pods in every hierarchy, network namespaces and the bridge. ``stop()`` returns what it had to
+remove by force; the fixture fails the session if that is not empty.
+
+Used by ``tests/realnode/fixtures.py`` and by hand: ``python -m tests.realnode up`` /
+``down`` / ``status`` (see ``__main__.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from jupyter_gpu_hotplug.nvml.sim import (
+    FakeNvmlConfig,
+    default_gpus,
+    ensure_fake_nvml,
+    fake_nvml_environ,
+    write_config,
+)
+
+from ..k8s.containerd import mounts_under, pids_mentioning, remove_cgroup_tree
+from ..k8s.cri import CriClient
+from ..k8s.image import PAUSE_IMAGE, write_oci_archive
+from ..manifests.support import kubectl as kubectl_binary
+from .components import Components, find_components
+from .pki import Pki, make_pki, write_kubeconfig
+
+STATE_FILE: Final = Path("/run/jupyter-gpu-hotplug-node.json")
+"""Where a running node records itself, so that ``down`` (another process) can stop it, and a
+node whose owner was killed can be cleaned up."""
+LOCK_FILE: Final = Path("/run/jupyter-gpu-hotplug-node.lock")
+"""Held (``flock``) by the process that owns the node for the node's whole life: a second
+node on this machine is refused while it is held, and the kernel releases it when the owner
+dies, so a stale ``STATE_FILE`` is told from a live one without trusting pids."""
+DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+"""Fixed in the kubelet (``pluginapi.DevicePluginPath``) whatever ``--root-dir`` says."""
+NODE_AGENTS: Final = ("nvidia-device-plugin", "kube-proxy", "kubelet")
+"""Stopped before the pods are removed, in this order."""
+BRIDGE: Final = "jghnode0"
+POD_SUBNET: Final = "10.244.77.0/24"
+SERVICE_SUBNET: Final = "10.96.0.0/24"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+PLUGIN_REGISTERED: Final = "Registered device plugin"
+"""What NVIDIA's plugin logs each time the kubelet accepts its registration."""
+DEFAULT_GPUS: Final = 4
+SYSCTLS: Final = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+    "net/bridge/bridge-nf-call-iptables",
+    "net/netfilter/nf_conntrack_max",
+)
+"""Host settings the kubelet (``protectKernelDefaults: false``), the bridge plugin or
+kube-proxy change: saved at start, restored at stop."""
+STOP_TIMEOUT: Final = 60.0
+"""Upper bound for the components to stop after SIGTERM before they are killed."""
+READY_TIMEOUT: Final = 300.0
+"""Upper bound for the node to become Ready on a loaded 2-core machine (never asserted on)."""
+
+
+class NodeError(RuntimeError):
+    """The node could not be started; the message says which component and shows its log."""
+
+
+class NodeBusy(NodeError):
+    """Another node runs on this machine (another test session, or ``up`` by hand): only one
+    kubelet per machine can own the device-plugin directory. Wait for it, or ``down`` it."""
+
+
+def _try_lock() -> int | None:
+    """The node lock's fd if this process got it, ``None`` if another process holds it."""
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def node_is_running() -> bool:
+    """Whether a live process owns a node on this machine (it holds ``LOCK_FILE``)."""
+    fd = _try_lock()
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def _describe_running() -> str:
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(STATE_FILE.read_text())
+        owner = state.get("owner") or ["?"]
+        return f"owner pid {owner[0]}, directory {state.get('directory')}"
+    return "its state file is not written yet"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_name_for_host() -> str:
+    """The machine's hostname, which must resolve to a loopback address: the kubelet refuses a
+    loopback ``--node-ip``, so the apiserver reaches the kubelet (exec, logs) by hostname."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as error:
+        raise NodeError(
+            f"hostname {name!r} does not resolve ({error}): add it to /etc/hosts as 127.0.0.1"
+        ) from error
+    if not address.startswith("127."):
+        raise NodeError(f"hostname {name!r} resolves to {address}, not loopback")
+    return name
+
+
+def host_address() -> str:
+    """The machine's address on its default route (what the kubelet also reports as the
+    node's InternalIP)."""
+    routes = subprocess.run(
+        ["ip", "-j", "route", "get", "1.1.1.1"], capture_output=True, text=True, check=False
+    ).stdout
+    with contextlib.suppress(ValueError, IndexError, KeyError):
+        return str(json.loads(routes)[0]["prefsrc"])
+    raise NodeError("no default route: the apiserver needs an address that pods can reach")
+
+
+def _read_sysctl(name: str) -> str | None:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys", name).read_text().strip()
+    return None
+
+
+@dataclass
+class Ports:
+    etcd_client: int = field(default_factory=free_port)
+    etcd_peer: int = field(default_factory=free_port)
+    apiserver: int = field(default_factory=free_port)
+    controller_manager: int = field(default_factory=free_port)
+    scheduler: int = field(default_factory=free_port)
+    kubelet: int = field(default_factory=free_port)
+    kubelet_healthz: int = field(default_factory=free_port)
+    proxy_metrics: int = field(default_factory=free_port)
+    proxy_healthz: int = field(default_factory=free_port)
+
+
+@dataclass
+class RealNode:
+    """One node; ``start()`` brings it up (Ready, GPUs allocatable), ``stop()`` removes it."""
+
+    directory: Path
+    components: Components
+    node_name: str
+    gpu_count: int = DEFAULT_GPUS
+    node_ip: str = field(default_factory=lambda: host_address())
+    """Where the apiserver listens: the machine's own address (not loopback), so that pods
+    reach it as the ``kubernetes`` Service."""
+    ports: Ports = field(default_factory=Ports)
+    cgroup_root: str = field(default_factory=lambda: f"/jgh-node-{secrets.token_hex(3)}")
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds from ``start()`` to each milestone (for the benchmark and the docs)."""
+    pki: Pki | None = None
+    nvml_config_path: Path | None = None
+    nvml_library_dir: Path | None = None
+    _saved_sysctls: dict[str, str] = field(default_factory=dict)
+    _made_var_lib_kubelet: bool = False
+    _netns_before: set[str] = field(default_factory=set)
+    by_hand: bool = False
+    """Owned by ``python -m tests.realnode up`` (which ``down`` may stop), not a test session."""
+    _lock_fd: int | None = None
+    _owns_host: bool = False
+    """Set once ``start()`` has checked that no other node runs here: only then may ``stop()``
+    touch what is the machine's (the bridge, kube-proxy's rules, network namespaces)."""
+    _t0: float = 0.0
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://{self.node_ip}:{self.ports.apiserver}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.directory / "admin.kubeconfig"
+
+    @property
+    def containerd_dir(self) -> Path:
+        return self.directory / "ctd"
+
+    @property
+    def cri_endpoint(self) -> str:
+        return f"unix://{self.containerd_dir / 'containerd.sock'}"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.directory / "kubelet"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_dir / "pod-resources" / "kubelet.sock"
+
+    def log_path(self, name: str) -> Path:
+        return self.directory / "log" / f"{name}.log"
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path(name).read_text(errors="replace")[-chars:]
+        return ""
+
+    def nvml_environ(self) -> dict[str, str]:
+        """Environment for a process that should see the node's simulated GPUs (the agent,
+        the device plugin): the same library and config, so UUIDs and minors agree."""
+        assert self.nvml_library_dir is not None and self.nvml_config_path is not None
+        return fake_nvml_environ(self.nvml_library_dir, self.nvml_config_path)
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> None:
+        """Bring every component up and wait until the node is Ready with its GPUs
+        allocatable; on failure, stop what was started and raise ``NodeError``."""
+        self._t0 = time.monotonic()
+        try:
+            self._check_host()
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (self.directory / "log").mkdir(exist_ok=True)
+            self._record()
+            self.pki = make_pki(self.directory / "pki", self.node_name, self.node_ip)
+            self._kubeconfigs()
+            self._save_host_state()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controllers()
+            self._start_containerd()
+            self._start_kubelet()
+            self._start_proxy()
+            self._start_device_plugin()
+            self._wait_node_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _mark(self, milestone: str) -> None:
+        self.timings[milestone] = round(time.monotonic() - self._t0, 2)
+
+    def _check_host(self) -> None:
+        if os.geteuid() != 0:
+            raise NodeError("the real node needs root (kubelet, containerd, cgroups)")
+        self._lock_fd = _try_lock()
+        if self._lock_fd is None:
+            raise NodeBusy(
+                f"another real node is running on this machine ({_describe_running()}): only "
+                f"one kubelet per machine can own {DEVICE_PLUGIN_DIR}; wait until it is down "
+                "(a test session takes its node down at its end), or `python -m tests.realnode "
+                "down` if it is yours"
+            )
+        if STATE_FILE.exists():  # its owner died (we hold the lock): take its leftovers down
+            take_down_recorded()
+        sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
+        if sock.exists():
+            with socket.socket(socket.AF_UNIX) as s, contextlib.suppress(OSError):
+                s.connect(str(sock))
+                raise NodeError(
+                    f"another kubelet serves {sock}: only one kubelet per machine can own "
+                    f"{DEVICE_PLUGIN_DIR} (stop it, or `python -m tests.realnode down`)"
+                )
+        self._made_var_lib_kubelet = not Path("/var/lib/kubelet").exists()
+        self._netns_before = _netns_names()
+        self._owns_host = True
+
+    def _record(self) -> None:
+        """Write the state file first, so that a killed run can still be taken down."""
+        me = os.getpid()
+        STATE_FILE.write_text(
+            json.dumps(
+                {
+                    "directory": str(self.directory),
+                    "cgroup_root": self.cgroup_root,
+                    "owner": [me],
+                    "by_hand": self.by_hand,
+                    "made_var_lib_kubelet": self._made_var_lib_kubelet,
+                    "sysctls": self._saved_sysctls,
+                    "netns_before": sorted(self._netns_before),
+                    "kubeconfig": str(self.admin_kubeconfig),
+                    "node": self.node_name,
+                }
+            )
+        )
+
+    def _kubeconfigs(self) -> None:
+        assert self.pki is not None
+        for name, identity in (
+            ("admin", self.pki.admin),
+            ("controller-manager", self.pki.controller_manager),
+            ("scheduler", self.pki.scheduler),
+            ("kubelet", self.pki.node),
+            ("proxy", self.pki.proxy),
+        ):
+            write_kubeconfig(
+                self.directory / f"{name}.kubeconfig",
+                self.apiserver_url,
+                self.pki.ca.cert,
+                identity,
+            )
+
+    def _save_host_state(self) -> None:
+        for name in SYSCTLS:
+            value = _read_sysctl(name)
+            if value is not None:
+                self._saved_sysctls[name] = value
+        self._record()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with self.log_path(name).open("ab") as log:
+            self.processes[name] = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+
+    def _wait(self, what: str, check: Callable[[], bool], timeout: float, logs: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise NodeError(
+                        f"{name} exited ({process.returncode}) while waiting for {what}:\n"
+                        f"{self.log_tail(name)}"
+                    )
+            with contextlib.suppress(Exception):
+                if check():
+                    self._mark(what)
+                    return
+            if time.monotonic() > deadline:
+                raise NodeError(f"{what}: not within {timeout:.0f} s\n{self.log_tail(logs)}")
+            time.sleep(0.2)
+
+    def _https_ok(self, url: str) -> bool:
+        assert self.pki is not None
+        result = subprocess.run(
+            [
+                "curl",
+                "-sf",
+                "--max-time",
+                "5",
+                "--cacert",
+                str(self.pki.ca.cert),
+                "--cert",
+                str(self.pki.admin.cert),
+                "--key",
+                str(self.pki.admin.key),
+                url,
+            ],
+            capture_output=True,
+            check=False,
+        )
+        return result.returncode == 0
+
+    def _start_etcd(self) -> None:
+        p = self.ports
+        self._spawn(
+            "etcd",
+            [
+                str(self.components.etcd),
+                "--name=node",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-cluster=node=http://127.0.0.1:{p.etcd_peer}",
+                "--listen-metrics-urls=",
+                "--quota-backend-bytes=1073741824",
+                "--unsafe-no-fsync",  # a throwaway test store: no durability wanted
+            ],
+        )
+        self._wait(
+            "etcd healthy",
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", "--max-time", "3", f"http://127.0.0.1:{p.etcd_client}/health"],
+                    capture_output=True,
+                    check=False,
+                ).returncode
+                == 0
+            ),
+            60,
+            "etcd",
+        )
+
+    def _start_apiserver(self) -> None:
+        pki = self.pki
+        assert pki is not None
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.components.kube_apiserver),
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+                # The node's own address, which pods reach through the bridge's gateway: the
+                # `kubernetes` Service (in-cluster clients, the deployed agent) points at it.
+                f"--bind-address={self.node_ip}",
+                f"--advertise-address={self.node_ip}",
+                f"--secure-port={self.ports.apiserver}",
+                f"--service-cluster-ip-range={SERVICE_SUBNET}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+                f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+                "--kubelet-preferred-address-types=Hostname",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.service_account_public}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                "--authorization-mode=Node,RBAC",
+                # On by default besides: PodSecurity, ResourceQuota, ServiceAccount,
+                # ValidatingAdmissionPolicy, Priority, DefaultTolerationSeconds, ...
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--event-ttl=30m",
+            ],
+        )
+        self._wait(
+            "apiserver ready",
+            lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
+            120,
+            "kube-apiserver",
+        )
+
+    def _start_controllers(self) -> None:
+        pki = self.pki
+        assert pki is not None
+        kcm = self.directory / "controller-manager.kubeconfig"
+        sched = self.directory / "scheduler.kubeconfig"
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.components.kube_controller_manager),
+                f"--kubeconfig={kcm}",
+                f"--authentication-kubeconfig={kcm}",
+                f"--authorization-kubeconfig={kcm}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.controller_manager}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca.cert}",
+                "--use-service-account-credentials=true",
+                f"--cluster-signing-cert-file={pki.ca.cert}",
+                f"--cluster-signing-key-file={pki.ca.key}",
+                f"--service-cluster-ip-range={SERVICE_SUBNET}",
+                "--controllers=*",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.components.kube_scheduler),
+                f"--kubeconfig={sched}",
+                f"--authentication-kubeconfig={sched}",
+                f"--authorization-kubeconfig={sched}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.scheduler}",
+                "--leader-elect=false",
+            ],
+        )
+
+    def _containerd_config(self) -> str:
+        d = self.containerd_dir
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        runc = f"{runtime}.containerd.runtimes.runc"
+        return f"""version = 3
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  # What `ctr images import` (the transfer service) unpacks into: the snapshotter CRI uses.
+  platform = "linux/amd64"
+  snapshotter = "native"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[{runtime}]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [{runtime}.cni]
+    bin_dirs = ["{self.components.cni_bin_dir}"]
+    conf_dir = "{d}/net.d"
+  [{runtime}.containerd]
+    default_runtime_name = "runc"
+  [{runc}]
+    runtime_type = "io.containerd.runc.v2"
+    snapshotter = "native"
+  [{runc}.options]
+    BinaryName = "{self.components.runc}"
+    Root = "{d}/runc"
+    SystemdCgroup = false
+"""
+
+    def _cni_config(self) -> str:
+        return json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "jgh-node",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": BRIDGE,
+                        "isGateway": True,
+                        "isDefaultGateway": True,  # pods reach Services (ClusterIPs) through it
+                        "ipMasq": False,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": POD_SUBNET}]],
+                            "dataDir": str(self.containerd_dir / "ipam"),
+                        },
+                    }
+                ],
+            }
+        )
+
+    def crictl(self, *args: str) -> str:
+        return _run_tool(
+            [
+                str(self.components.crictl),
+                f"--runtime-endpoint={self.cri_endpoint}",
+                f"--image-endpoint={self.cri_endpoint}",
+                "--timeout=30s",
+                *args,
+            ]
+        )
+
+    def ctr(self, *args: str) -> str:
+        """containerd's own client (namespace ``k8s.io``, the CRI plugin's)."""
+        ctr = self.components.containerd.parent / "ctr"
+        address = str(self.containerd_dir / "containerd.sock")
+        return _run_tool([str(ctr), "--address", address, "--namespace", "k8s.io", *args])
+
+    def _start_containerd(self) -> None:
+        d = self.containerd_dir
+        (d / "net.d").mkdir(parents=True)
+        (d / "config.toml").write_text(self._containerd_config())
+        (d / "net.d" / "10-jgh-node.conflist").write_text(self._cni_config())
+        path = ":".join([*self.components.path_dirs, os.environ.get("PATH", "")])
+        self._spawn(
+            "containerd",
+            [str(self.components.containerd), "--config", str(d / "config.toml")],
+            env={"PATH": path},
+        )
+        self._wait("containerd ready", lambda: bool(self.crictl("info")), 60, "containerd")
+        archive = d / "images.tar"
+        write_oci_archive(archive)
+        self.import_image(archive)
+        archive.unlink()
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI archive into the node's runtime (no registry: images are never
+        pulled, and the kubelet's image GC is off so they stay)."""
+        self.ctr("images", "import", "--platform=linux/amd64", "--snapshotter=native", str(archive))
+
+    def _kubelet_config(self) -> str:
+        assert self.pki is not None
+        return f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: {self.ports.kubelet}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {self.ports.kubelet_healthz}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: "{self.pki.ca.cert}"}}
+authorization: {{mode: Webhook}}
+containerRuntimeEndpoint: "{self.cri_endpoint}"
+cgroupDriver: cgroupfs
+cgroupRoot: {self.cgroup_root}
+failCgroupV1: false
+failSwapOn: false
+podLogsDir: "{self.directory / "pod-logs"}"
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 4s
+serializeImagePulls: false
+"""  # noqa: E501
+
+    def _start_kubelet(self) -> None:
+        for mount in _cgroup_mounts():
+            path = mount / self.cgroup_root.strip("/")
+            path.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset: a child starts empty
+                source = mount / name
+                if source.exists() and (path / name).exists():
+                    (path / name).write_text(source.read_text())
+        self.kubelet_dir.mkdir()
+        (self.directory / "kubelet.yaml").write_text(self._kubelet_config())
+        self._spawn_kubelet()
+
+    def _spawn_kubelet(self) -> None:
+        config = self.directory / "kubelet.yaml"
+        self._spawn(
+            "kubelet",
+            [
+                str(self.components.kubelet),
+                f"--config={config}",
+                f"--kubeconfig={self.directory / 'kubelet.kubeconfig'}",
+                f"--root-dir={self.kubelet_dir}",
+                f"--cert-dir={self.kubelet_dir / 'pki'}",
+                f"--hostname-override={self.node_name}",
+                "--v=2",
+            ],
+        )
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM) and start it again with the same configuration, as a
+        node's service manager does on an upgrade; pods keep running. Returns once the new
+        kubelet serves its health endpoint and NVIDIA's plugin has registered with it again
+        (the plugin watches for the new registration socket)."""
+        registered = self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED)
+        _terminate(self.processes.pop("kubelet"))
+        self._spawn_kubelet()
+        healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
+        self._wait(
+            "kubelet healthy after restart",
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", "--max-time", "3", healthz], capture_output=True, check=False
+                ).returncode
+                == 0
+            ),
+            120,
+            "kubelet",
+        )
+        self._wait(
+            "device plugin registered again",
+            lambda: (
+                self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED) > registered
+            ),
+            120,
+            "nvidia-device-plugin",
+        )
+
+    def _start_proxy(self) -> None:
+        """kube-proxy (iptables): Services reach their pods, as the node-local Service of the
+        agent's DaemonSet needs. Bridged pod traffic must pass iptables for the replies of a
+        Service on the same bridge to be translated back."""
+        Path("/proc/sys/net/bridge/bridge-nf-call-iptables").write_text("1")
+        self._spawn(
+            "kube-proxy",
+            [
+                str(self.components.kube_proxy),
+                f"--kubeconfig={self.directory / 'proxy.kubeconfig'}",
+                f"--hostname-override={self.node_name}",
+                f"--cluster-cidr={POD_SUBNET}",
+                "--proxy-mode=iptables",
+                "--conntrack-max-per-core=0",
+                f"--metrics-bind-address=127.0.0.1:{self.ports.proxy_metrics}",
+                f"--healthz-bind-address=127.0.0.1:{self.ports.proxy_healthz}",
+            ],
+        )
+
+    def _start_device_plugin(self) -> None:
+        library_dir = ensure_fake_nvml()
+        self.nvml_library_dir = library_dir
+        config_path = self.directory / "nvml.conf"
+        write_config(
+            config_path, FakeNvmlConfig(gpus=default_gpus(self.gpu_count, node=self.node_name))
+        )
+        self.nvml_config_path = config_path
+        self._wait(
+            "kubelet registration socket",
+            lambda: (DEVICE_PLUGIN_DIR / "kubelet.sock").exists(),
+            120,
+            "kubelet",
+        )
+        self._spawn(
+            "nvidia-device-plugin",
+            [
+                str(self.components.device_plugin),
+                "--fail-on-init-error=true",
+                "--mig-strategy=none",
+                "--device-list-strategy=envvar",
+                "--device-id-strategy=uuid",
+                "--pass-device-specs=false",
+            ],
+            env={
+                **self.nvml_environ(),
+                "LD_LIBRARY_PATH": str(library_dir),
+                # Health checks wait on NVML events, which the simulation does not raise.
+                "DP_DISABLE_HEALTHCHECKS": "all",
+            },
+        )
+
+    def _wait_node_ready(self) -> None:
+        def ready() -> bool:
+            node = self.kubectl_json("get", "node", self.node_name)
+            return any(
+                bool(c["type"] == "Ready" and c["status"] == "True")
+                for c in node["status"].get("conditions", [])
+            )
+
+        self._wait("node Ready", ready, READY_TIMEOUT, "kubelet")
+
+        def allocatable() -> bool:
+            node = self.kubectl_json("get", "node", self.node_name)
+            return bool(node["status"]["allocatable"].get(GPU_RESOURCE) == str(self.gpu_count))
+
+        self._wait("GPUs allocatable", allocatable, 120, "nvidia-device-plugin")
+
+    # ------------------------------------------------------------------ use
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [kubectl_binary(), f"--kubeconfig={self.admin_kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, result.args, result.stdout, result.stderr
+            )
+        return result.stdout + ("" if check else result.stderr)
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def api_client(self) -> Any:
+        """The official client as cluster admin."""
+        from kubernetes import config
+
+        load: Any = config.new_client_from_config
+        return load(str(self.admin_kubeconfig))
+
+    def residue(self) -> list[str]:
+        """What of this node is still on the host (after ``stop()``: nothing): processes,
+        mounts, cgroups, network namespaces, the bridge, kube-proxy's rules, changed sysctls,
+        ``/var/lib/kubelet`` when the node made it, the state file."""
+        found = [f"process {pid}" for pid in pids_mentioning(f"{self.directory}/")]
+        found += [f"mount {m}" for m in mounts_under(self.directory)]
+        found += [f"netns {n}" for n in sorted(_netns_names() - self._netns_before)]
+        for mount in _cgroup_mounts():
+            if (mount / self.cgroup_root.strip("/")).exists():
+                found.append(f"cgroup {mount / self.cgroup_root.strip('/')}")
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+            found.append(f"bridge {BRIDGE}")
+        found += [f"iptables {rule}" for rule in _proxy_rules()]
+        for name, value in self._saved_sysctls.items():
+            if _read_sysctl(name) != value:
+                found.append(f"sysctl {name}={_read_sysctl(name)} (was {value})")
+        if self._made_var_lib_kubelet and Path("/var/lib/kubelet").exists():
+            found.append("/var/lib/kubelet")
+        if self.directory.exists():
+            found.append(str(self.directory))
+        if STATE_FILE.exists() and str(self.directory) in STATE_FILE.read_text():
+            found.append(str(STATE_FILE))
+        return found
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> list[str]:
+        """Stop everything and give back what was changed on the host; returns what had to
+        be removed by force (processes, mounts, cgroups, network namespaces)."""
+        left: list[str] = []
+        if not self._owns_host:  # refused at start: nothing of ours is on the host
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self._release()
+            return left
+        # The node's own agents first (a running kubelet would restart the pods removed
+        # next), then every pod through containerd (its shims, network namespaces and pod
+        # cgroups go with them), then the rest.
+        for name in NODE_AGENTS:
+            if name in self.processes:
+                _terminate(self.processes[name])
+        with contextlib.suppress(Exception):
+            if (self.containerd_dir / "containerd.sock").exists():
+                cri = CriClient(self.cri_endpoint)
+                cri.remove_all_pods()
+                cri.close()
+        for name in reversed(list(self.processes)):
+            _terminate(self.processes[name])
+        # The kubelet leaves its mounts when it stops, by design (its root directory made a
+        # shared mount, pods' volumes): unmounting them is part of stopping a node.
+        for mount in mounts_under(self.kubelet_dir):
+            subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+        left.extend(
+            teardown_host(
+                self.directory,
+                self.cgroup_root,
+                self._saved_sysctls,
+                self._made_var_lib_kubelet,
+                self._netns_before,
+            )
+        )
+        with contextlib.suppress(FileNotFoundError):
+            state = json.loads(STATE_FILE.read_text())
+            if state.get("directory") == str(self.directory):
+                STATE_FILE.unlink()
+        self._release()
+        return left
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _run_tool(argv: list[str], timeout: float = 120) -> str:
+    """A command-line client's output; its stderr in the error when it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise NodeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def _cgroup_mounts() -> list[Path]:
+    points = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        if after.split()[0] in ("cgroup", "cgroup2"):
+            points.add(Path(before.split()[4]))
+    return sorted(points)
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+NETNS_DIR: Final = Path("/var/run/netns")
+
+
+def _netns_names() -> set[str]:
+    """Network namespaces the CRI plugin made (``cni-*``), by name."""
+    return {p.name for p in NETNS_DIR.glob("cni-*")} if NETNS_DIR.is_dir() else set()
+
+
+def teardown_host(
+    directory: Path,
+    cgroup_root: str,
+    sysctls: dict[str, str],
+    made_var_lib_kubelet: bool,
+    netns_before: set[str],
+) -> list[str]:
+    """Remove what a node (running or killed) left: processes naming its directory, mounts
+    below it, its network namespaces, the bridge, its cgroups; restore sysctls and
+    ``/var/lib/kubelet``. Returns what was found still there."""
+    left: list[str] = []
+    for pid in pids_mentioning(f"{directory}/"):
+        left.append(f"process {pid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        time.sleep(0.2)  # killed processes leave their mounts asynchronously
+    for name in sorted(_netns_names() - netns_before):
+        netns = NETNS_DIR / name
+        left.append(f"netns {netns}")
+        subprocess.run(["umount", "-l", str(netns)], check=False, capture_output=True)
+        with contextlib.suppress(OSError):
+            netns.unlink()
+    for mount in mounts_under(directory):
+        left.append(f"mount {mount}")
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+    left.extend(f"cgroup {p}" for p in remove_cgroup_tree(cgroup_root))
+    _remove_proxy_rules()
+    if (
+        subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode
+        == 0
+    ):
+        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+    for name, value in sysctls.items():
+        with contextlib.suppress(OSError):
+            if _read_sysctl(name) != value:
+                Path("/proc/sys", name).write_text(value)
+    if made_var_lib_kubelet:
+        shutil.rmtree("/var/lib/kubelet", ignore_errors=True)
+    else:
+        for stale in ("kubelet.sock", "kubelet_internal_checkpoint", "nvidia-gpu.sock"):
+            with contextlib.suppress(OSError):
+                (DEVICE_PLUGIN_DIR / stale).unlink()
+    shutil.rmtree(directory, ignore_errors=True)
+    return left
+
+
+PROXY_CHAIN_PREFIX: Final = "KUBE-"
+IPTABLES: Final = ("iptables", "ip6tables")
+"""kube-proxy and the kubelet write both families where the host has IPv6."""
+
+
+def _proxy_rules() -> list[str]:
+    """The iptables chains and rules of kube-proxy and the kubelet (all named ``KUBE-…``)."""
+    found = []
+    for family in IPTABLES:
+        dump = subprocess.run(
+            [f"{family}-save"], capture_output=True, text=True, check=False
+        ).stdout
+        found += [f"{family} {line}" for line in dump.splitlines() if PROXY_CHAIN_PREFIX in line]
+    return found
+
+
+def _remove_proxy_rules() -> None:
+    """Take kube-proxy's and the kubelet's iptables rules away (kube-proxy's own ``--cleanup``
+    first where the binary is at hand; then by name, so a node whose cache is gone is cleaned
+    too): rules that jump to a ``KUBE-`` chain, then the chains."""
+    if not _proxy_rules():
+        return
+    with contextlib.suppress(Exception):
+        proxy = find_components().kube_proxy
+        subprocess.run([str(proxy), "--cleanup"], capture_output=True, check=False, timeout=60)
+    for family in IPTABLES:
+        for table in ("filter", "nat", "mangle"):
+            dump = subprocess.run(
+                [f"{family}-save", "-t", table], capture_output=True, text=True, check=False
+            ).stdout
+            for line in dump.splitlines():
+                if line.startswith("-A") and PROXY_CHAIN_PREFIX in line:
+                    subprocess.run(
+                        [family, "-t", table, "-D", *shlex.split(line)[1:]],
+                        capture_output=True,
+                        check=False,
+                    )
+            for line in dump.splitlines():
+                if line.startswith(":" + PROXY_CHAIN_PREFIX):
+                    chain = line[1:].split()[0]
+                    for action in ("-F", "-X"):
+                        subprocess.run(
+                            [family, "-t", table, action, chain], capture_output=True, check=False
+                        )
+
+
+def new_node(gpu_count: int = DEFAULT_GPUS) -> RealNode:
+    """A node object for this machine (not started)."""
+    directory = Path(f"/tmp/jgh-node-{secrets.token_hex(3)}")
+    return RealNode(
+        directory=directory,
+        components=find_components(),
+        node_name=node_name_for_host(),
+        gpu_count=gpu_count,
+    )
+
+
+def take_down_recorded(*, stop_live_owner: bool = False) -> list[str]:
+    """Take down the node recorded in ``STATE_FILE`` and return what had to be removed.
+
+    A node whose owner is dead (a killed session or ``up``) is removed from what the state file
+    records. A live owner is asked to stop it only with ``stop_live_owner`` (``down`` by hand:
+    SIGTERM, and the owner tears its node down itself); otherwise ``NodeBusy``."""
+    try:
+        state = json.loads(STATE_FILE.read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    if node_is_running():
+        if not stop_live_owner or not state.get("by_hand"):
+            raise NodeBusy(
+                f"the recorded node is live ({_describe_running()}); a test session's node "
+                "goes down at the session's end"
+            )
+        owner = int(state["owner"][0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(owner, signal.SIGTERM)
+        _poll(lambda: not node_is_running(), STOP_TIMEOUT)
+        if node_is_running():
+            raise NodeBusy(f"the node's owner (pid {owner}) did not stop in {STOP_TIMEOUT:.0f} s")
+        if not STATE_FILE.exists():  # the owner took everything down
+            return []
+    directory = Path(state["directory"])
+    with contextlib.suppress(Exception):
+        sock = directory / "ctd" / "containerd.sock"
+        if sock.exists():
+            cri = CriClient(f"unix://{sock}")
+            cri.remove_all_pods()
+            cri.close()
+    for pid in pids_mentioning(f"{directory}/"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    _poll(lambda: not pids_mentioning(f"{directory}/"), STOP_TIMEOUT)
+    left = teardown_host(
+        directory,
+        state["cgroup_root"],
+        state.get("sysctls", {}),
+        state.get("made_var_lib_kubelet", False),
+        set(state.get("netns_before", [])),
+    )
+    STATE_FILE.unlink(missing_ok=True)
+    return left
+
+
+def _poll(done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -1,0 +1,241 @@
+"""The agent as it is deployed: the image built from this repository (no registry), imported
+into the node's containerd, ``kubectl apply -k`` of an overlay over ``k8s/`` — the DaemonSet,
+its RBAC, probes and host mounts on the real node — and a notebook pod that attaches a GPU
+through the node-local Service with its projected token, as the server extension does.
+
+The overlay changes only what differs on this node from a GPU node of a cloud: the image (local,
+``imagePullPolicy: Never``), no ``nvidia`` RuntimeClass (no NVIDIA container toolkit here: the
+simulated NVML is mounted instead, from the host), and where this kubelet and containerd keep
+their sockets. Everything else — privileges, ``hostPID``, probes, the ServiceAccount and its
+RBAC, the Service's ``internalTrafficPolicy: Local`` — is what ``k8s/`` ships.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
+
+from ..fixtures.requirements import needs_root
+from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
+from ..manifests.support import K8S_DIR, render
+from .agent import AGENT_NAMESPACE
+from .agent_image import AgentImage, agent_image
+from .cluster import Cluster, eventually
+
+pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
+
+GPU_NODE_LABEL: Final = "nvidia.com/gpu.present"
+TOKEN_PATH: Final = "/var/run/secrets/gpu-hotplug/token"
+HOST_STATE_DIR: Final = Path("/run/gpu-hotplug")
+"""The DaemonSet's state directory on the host (``hostPath``, ``DirectoryOrCreate``)."""
+
+
+def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
+    """A strategic-merge patch of the shipped DaemonSet for this node (see the module doc)."""
+    (daemonset,) = [o for o in render() if o["kind"] == "DaemonSet"]
+    (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "agent"]  # fmt: skip
+    node = cluster.node
+    assert node.nvml_library_dir is not None and node.nvml_config_path is not None
+    replaced = {
+        "--pod-resources-socket": str(node.pod_resources_socket),
+        "--cri-endpoint": node.cri_endpoint,
+        "--holder-image": PAUSE_IMAGE,
+    }
+    args = [
+        f"{arg.partition('=')[0]}={replaced[arg.partition('=')[0]]}"
+        if arg.partition("=")[0] in replaced
+        else arg
+        for arg in container["args"]
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": daemonset["metadata"]["name"], "namespace": AGENT_NAMESPACE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "runtimeClassName": None,
+                    # The pre-pull of the holder image: here the test's pause image, which is
+                    # imported, not pulled (busybox's sleep stands in for `pause -v`).
+                    "initContainers": [
+                        {"name": "pull-holder-image", "image": PAUSE_IMAGE,
+                         "imagePullPolicy": "Never", "command": ["/bin/sleep", "0"]}
+                    ],
+                    "containers": [
+                        {
+                            "name": "agent",
+                            "image": image.name,
+                            "imagePullPolicy": "Never",
+                            "args": args,
+                            "env": [
+                                {"name": "LD_LIBRARY_PATH", "value": str(node.nvml_library_dir)},
+                                {"name": CONFIG_ENV, "value": str(node.nvml_config_path)},
+                            ],
+                            "volumeMounts": [
+                                {"name": "pod-resources",
+                                 "mountPath": str(node.pod_resources_socket.parent)},
+                                {"name": "cri", "mountPath": str(node.containerd_dir)},
+                                {"name": "fake-nvml", "mountPath": str(node.nvml_library_dir),
+                                 "readOnly": True},
+                                {"name": "fake-nvml-config",
+                                 "mountPath": str(node.nvml_config_path), "readOnly": True},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "pod-resources",
+                         "hostPath": {"path": str(node.pod_resources_socket.parent)}},
+                        {"name": "cri", "hostPath": {"path": str(node.containerd_dir)}},
+                        {"name": "fake-nvml",
+                         "hostPath": {"path": str(node.nvml_library_dir), "type": "Directory"}},
+                        {"name": "fake-nvml-config",
+                         "hostPath": {"path": str(node.nvml_config_path), "type": "File"}},
+                    ],
+                }
+            }
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture
+def deployed_agent(cluster: Cluster) -> Iterator[str]:
+    """``kubectl apply -k`` of the overlay; yields the Service's ClusterIP once the agent's
+    pod is Ready; deletes everything it applied at the end."""
+    image = agent_image()
+    cluster.node.import_image(image.archive)
+    had_state_dir = HOST_STATE_DIR.exists()
+    cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite")
+    overlay = Path(tempfile.mkdtemp(prefix="jgh-overlay-", dir="/tmp"))
+    (overlay / "agent-patch.json").write_text(json.dumps(_agent_patch(cluster, image)))
+    # The admission policy admits holders of the holder image only: the test's pause image.
+    # (tests/manifests checks that variables[0] is holderImage.)
+    policy_patch = [{"op": "replace", "path": "/spec/variables/0/expression",
+                     "value": f"'{PAUSE_IMAGE}'"}]  # fmt: skip
+    (overlay / "policy-patch.json").write_text(json.dumps(policy_patch))
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(K8S_DIR, overlay)}\n"
+        "patches:\n  - path: agent-patch.json\n"
+        "  - path: policy-patch.json\n"
+        "    target: {kind: ValidatingAdmissionPolicy, name: gpu-hotplug-agent-holders-only}\n"
+    )
+    try:
+        cluster.kubectl("apply", "--server-side", "-k", str(overlay))
+
+        def ready() -> bool:
+            pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
+            return any(
+                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
+                for p in pods
+            )
+
+        eventually(ready, "the agent's DaemonSet pod is Ready (its readiness probe passes)", 300)
+        service = cluster.core.read_namespaced_service("gpu-hotplug-agent", AGENT_NAMESPACE)
+        yield str(service.spec.cluster_ip)
+    finally:
+        print(cluster.kubectl("logs", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
+                              "--tail=200", check=False))  # fmt: skip
+        # The agent's workload only: its Namespace, ServiceAccount and RBAC are the session's
+        # (``agent_account``), which later tests still use.
+        cluster.kubectl("delete", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
+                        "service/gpu-hotplug-agent", "--wait=true", "--timeout=120s",
+                        check=False)  # fmt: skip
+        eventually(
+            lambda: not cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent"),
+            "the agent's pod is gone",
+        )
+        cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}-", check=False)
+        shutil.rmtree(overlay, ignore_errors=True)
+        if not had_state_dir:  # the DaemonSet's hostPath (DirectoryOrCreate) made it
+            shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)
+
+
+def _notebook_with_token(name: str) -> dict[str, Any]:
+    """A notebook pod as the spawner makes it: a projected token for the agent's audience."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": TOOLS_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "infinity"],
+                    "volumeMounts": [
+                        {"name": "gpu-hotplug-token", "mountPath": str(Path(TOKEN_PATH).parent)}
+                    ],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "gpu-hotplug-token",
+                    "projected": {
+                        "sources": [
+                            {
+                                "serviceAccountToken": {
+                                    "audience": "gpu-hotplug",
+                                    "expirationSeconds": 3600,
+                                    "path": Path(TOKEN_PATH).name,
+                                }
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_the_deployed_agent_attaches_through_the_node_local_service(
+    cluster: Cluster, deployed_agent: str
+) -> None:
+    attach_and_detach_through_the_service(cluster, cluster.namespace("deployed"), deployed_agent)
+
+
+def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip: str) -> None:
+    """A notebook pod in ``ns`` attaches a GPU through the agent's Service at ``service_ip``
+    with its projected token, opens it, and detaches (also the Helm chart's test)."""
+    deployed_agent = service_ip
+    cluster.core.create_namespaced_pod(ns, _notebook_with_token("nb"))
+    cluster.wait_running(ns, "nb")
+    url = f"http://{deployed_agent}:8477/v1/attachments"
+    request = (
+        f'wget -q -O - --header "Authorization: Bearer $(cat {TOKEN_PATH})" '
+        f"--header 'Content-Type: application/json' --post-data '{{\"count\": 1}}' {url}"
+    )
+
+    def attach() -> dict[str, Any] | None:
+        # An attach waits for its holder pod to run: seconds on a loaded machine, past
+        # ExecSync's default 10 s.
+        answer = cluster.exec(ns, "nb", ["sh", "-c", request], timeout=180)
+        return json.loads(answer.stdout) if answer.exit_code == 0 and answer.stdout else None
+
+    created = eventually(attach, "an attach through the Service (from inside the notebook pod)")
+    (attachment,) = created["attachments"]
+    assert attachment["target"]["pod"] == {"namespace": ns, "name": "nb", "container": "notebook"}
+    opened = cluster.exec(ns, "nb", ["cat", f"/dev/nvidia{attachment['minor']}"])
+    assert "No such device or address" in opened.stdout + opened.stderr
+    (holder,) = cluster.holders(ns)
+    assert holder["status"]["phase"] == "Running"
+    # busybox's wget knows no DELETE: the request is written out for nc.
+    detach = (
+        "printf 'DELETE /v1/attachments HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n\\r\\n' "
+        f'"$(cat {TOKEN_PATH})" | nc {shlex.quote(deployed_agent)} 8477'
+    )
+    answer = cluster.exec(ns, "nb", ["sh", "-c", detach])
+    assert answer.stdout.startswith("HTTP/1.0 204") or " 204 " in answer.stdout.splitlines()[0], (
+        answer
+    )
+    eventually(lambda: cluster.holders(ns) == [], "the detach through the Service frees the GPU")
