@@ -54,6 +54,7 @@ ALLOWED_SKIPS: Final = (
     "lacks the hybrid device cgroup backend",
     "needs a hybrid host",
     "needs the v1 devices controller",
+    "needs the cgroup v1 'devices' controller",
 )
 """Skip reasons that are this VM's nature (no v1 hierarchy); any other skip fails a suite."""
 
