@@ -386,6 +386,7 @@ def _apply_once(
     path: Path,
     requested: frozenset[DeviceRule],
     update: Callable[[frozenset[DeviceRule]], frozenset[DeviceRule]],
+    leave: Collection[str],
 ) -> GrantChange:
     with ExitStack() as stack:
         cgroup = stack.enter_context(_open_cgroup(path))
@@ -396,7 +397,8 @@ def _apply_once(
         originals: list[Fd] = []
         for prog_id in state.prog_ids:
             program = stack.enter_context(_open_program(prog_id, path))
-            plan = _plan(_read_program(program, prog_id, path), update)
+            info = _read_program(program, prog_id, path)
+            plan = None if info.name in leave else _plan(info, update)
             if plan is not None:
                 plans.append(plan)
                 originals.append(program)
@@ -438,12 +440,13 @@ def _apply(
     cgroup_dir: str | Path,
     requested: frozenset[DeviceRule],
     update: Callable[[frozenset[DeviceRule]], frozenset[DeviceRule]],
+    leave: Collection[str] = (),
 ) -> GrantChange:
     path = Path(cgroup_dir)
     attempt = 1
     while True:
         try:
-            change = _apply_once(path, requested, update)
+            change = _apply_once(path, requested, update, leave)
         except ConcurrentModificationError as error:
             if attempt == _ATTEMPTS:
                 raise
@@ -466,14 +469,19 @@ def _render(devices: frozenset[DeviceRule]) -> str:
     return "[" + ", ".join(sorted(rule.render_v1() for rule in devices)) + "]"
 
 
-def grant(cgroup_dir: str | Path, devices: Collection[DeviceRule]) -> GrantChange:
+def grant(
+    cgroup_dir: str | Path, devices: Collection[DeviceRule], *, leave: Collection[str] = ()
+) -> GrantChange:
     """Allow ``devices`` (allow rules) through every device program attached at the directory.
 
     Granting what is already granted changes nothing; with no device program
     attached there is nothing to change (``restricted`` is False in the result).
+    Programs named in ``leave`` are not patched: systemd's own, which it rebuilds from the
+    unit's ``DeviceAllow=`` (:mod:`..systemd_units`) and detaches by id — a patched copy
+    would stay attached beside every program it builds later.
     """
     added = frozenset(devices)
-    return _apply(cgroup_dir, added, lambda current: current | added)
+    return _apply(cgroup_dir, added, lambda current: current | added, leave)
 
 
 def revoke(cgroup_dir: str | Path, devices: Collection[DeviceRule]) -> GrantChange:
@@ -510,13 +518,16 @@ def attached_programs(cgroup_dir: str | Path) -> list[ProgramInfo]:
     return programs
 
 
-def granted_devices(cgroup_dir: str | Path) -> frozenset[DeviceRule]:
-    """The devices our prefixes grant on *every* program at the directory (all must allow).
+def granted_devices(
+    cgroup_dir: str | Path, *, leave: Collection[str] = ()
+) -> frozenset[DeviceRule]:
+    """The devices our prefixes grant on *every* program at the directory (all must allow),
+    not counting programs named in ``leave`` (see :func:`grant`).
 
     Empty when no program is attached: then nothing was granted here — and
     nothing needed to be (see :attr:`GrantChange.restricted`).
     """
-    programs = attached_programs(cgroup_dir)
+    programs = [p for p in attached_programs(cgroup_dir) if p.name not in leave]
     if not programs:
         return frozenset()
     return frozenset.intersection(*(program.granted for program in programs))

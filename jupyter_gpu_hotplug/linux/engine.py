@@ -13,6 +13,10 @@ manages all three:
    (hybrid and v2 hosts) — :mod:`.cgroup_v2`;
 3. a node for it exists in the container's ``/dev`` — :mod:`.devnodes`.
 
+Where systemd manages the container's cgroup as a unit (the systemd cgroup driver), the
+grant is also recorded in the unit's ``DeviceAllow=`` (:mod:`.systemd_units`), or systemd
+takes it away again on its next ``daemon-reload``.
+
 Grant applies them in that order, so the node never appears before access is
 allowed. Revoke checks who holds the device open first (an open fd survives any
 revocation), then removes the node and the permissions, and checks again to close
@@ -31,10 +35,10 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
-from typing import Final
+from pathlib import Path, PurePosixPath
+from typing import Final, Literal
 
-from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
+from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs, systemd_units
 from .bpf import interp
 from .devnodes import DeviceNode
 from .devrules import RW, CharDevice, DevType, effective_access
@@ -117,6 +121,14 @@ class Container:
     """The v1 directory that gets allows (and all below it); None without v1 devices."""
     v2_dirs: tuple[Path, ...]
     """cgroup2 directories from the process's leaf up to the container scope."""
+    unit: systemd_units.Unit | None = None
+    """The systemd unit the container scope is, when systemd keeps its device policy."""
+
+    def leave_programs(self, directory: Path) -> frozenset[str]:
+        """Device programs not ours to patch at ``directory``: systemd's, on its unit."""
+        if self.unit is not None and directory == self.unit.directory:
+            return _SYSTEMD_PROGRAMS
+        return frozenset()
 
     @property
     def cgroup_dirs(self) -> tuple[Path, ...]:
@@ -143,6 +155,12 @@ class DeviceStatus:
     """The v1 list holds the very entry this engine writes for it (``c M:m rw``, no ``m``;
     runtimes write ``rwm`` for the devices they give, and wildcards for ``all``)."""
 
+    systemd_allowed: bool | None = None
+    """Whether the unit's ``DeviceAllow=`` allows it; None when no systemd unit keeps a
+    device policy for the container."""
+    systemd_ours: bool = False
+    """Whether that entry is one we added."""
+
     @property
     def opens(self) -> bool:
         """A confining controller allows it and none denies it, whoever's rule it is."""
@@ -157,12 +175,18 @@ class DeviceStatus:
 
     @property
     def usable(self) -> bool:
-        return self.node and self.v1_allowed is not False and self.v2_granted is not False
+        """Usable now, and still after systemd rebuilds the unit's device program."""
+        return (
+            self.node
+            and self.v1_allowed is not False
+            and self.v2_granted is not False
+            and self.systemd_allowed is not False
+        )
 
     @property
     def exposed(self) -> bool:
         """Any trace of access — what a revoke must clean up."""
-        return self.node or bool(self.v1_allowed) or bool(self.v2_granted)
+        return self.node or bool(self.v1_allowed) or bool(self.v2_granted) or self.systemd_ours
 
 
 @dataclass(frozen=True)
@@ -217,6 +241,7 @@ STEP_ERRORS = (
     devnodes.DevNodeError,
     cgroups.CgroupError,
     busy.BusyError,
+    systemd_units.SystemdUnitError,
     OSError,
 )
 """Errors of the mechanisms below the engine that mean "this step failed", as opposed to a
@@ -232,7 +257,8 @@ class HotplugEngine:
     ``hierarchies`` are the cgroup mounts as seen by us (discovered when None);
     ``extra_holders`` adds a second source of "who uses this device" (NVML's running
     processes) to the fd scan; ``control_nodes`` are the NVIDIA control nodes to add
-    with the first GPU (read from the host when None).
+    with the first GPU (read from the host when None); ``systemd`` keeps grants in the units
+    of containers that systemd manages (``"detect"``: the host's systemd when it is pid 1).
     """
 
     def __init__(
@@ -244,6 +270,7 @@ class HotplugEngine:
         control_nodes: Sequence[DeviceNode] | None = None,
         terminate_grace: float = 5.0,
         busy_scan_seconds: float = BUSY_SCAN_SECONDS,
+        systemd: systemd_units.SystemdUnits | Literal["detect"] | None = "detect",
     ) -> None:
         self.host_proc = host_proc
         self.hierarchies = hierarchies or cgroups.discover(host_proc=host_proc)
@@ -255,6 +282,9 @@ class HotplugEngine:
         )
         self.terminate_grace = terminate_grace
         self.busy_scan_seconds = busy_scan_seconds
+        self.systemd = (
+            systemd_units.SystemdUnits.for_host(_program_names) if systemd == "detect" else systemd
+        )
 
     # ---- inspection ------------------------------------------------------------------
 
@@ -289,7 +319,15 @@ class HotplugEngine:
         if found.devices_v1 is not None and self._confined_v1(found.devices_v1):
             mount = self.hierarchies.devices_v1
             v1_scope = self._scope(found.devices_v1, mount, devices_v1_scope, pid)
-        return Container(pid, who.start_time, found, v1_scope, v2_dirs)
+        unit = self._unit_of(v2_dirs[-1]) if v2_dirs else None
+        return Container(pid, who.start_time, found, v1_scope, v2_dirs, unit)
+
+    def _unit_of(self, directory: Path) -> systemd_units.Unit | None:
+        mount = self.hierarchies.unified
+        if self.systemd is None or mount is None:
+            return None
+        relative = directory.relative_to(mount.mount_point)
+        return self.systemd.unit_of(directory, control_group=PurePosixPath(mount.root) / relative)
 
     @staticmethod
     def _scope(leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int) -> Path:
@@ -328,13 +366,27 @@ class HotplugEngine:
         """The current state of each device in ``container`` (reconciliation reads this)."""
         self._check_alive(container)
         present = {node.name: node.device for node in self._nodes(container)}
-        programs = [found for d in container.v2_dirs if (found := cgroup_v2.attached_programs(d))]
-        v2_sets = [frozenset.intersection(*(p.granted for p in at)) for at in programs]
+        devices = list(devices)
+        attached = [
+            (d, found) for d in container.v2_dirs if (found := cgroup_v2.attached_programs(d))
+        ]
+        programs = [at for _, at in attached]
+        # systemd's own programs are judged by the unit's list below, not by our prefix.
+        v2_sets = [
+            frozenset.intersection(*(p.granted for p in kept))
+            for d, at in attached
+            if (kept := [p for p in at if p.name not in container.leave_programs(d)])
+        ]
         v1_rules = (
             cgroup_v1.read_allow_list(container.v1_scope)
             if container.v1_scope is not None
             else None
         )
+        unit_allowed: dict[CharDevice, bool] = {}
+        ours: frozenset[str] = frozenset()
+        if container.unit is not None and self.systemd is not None:
+            unit_allowed = self.systemd.allowed(container.unit, [n.device for n in devices])
+            ours = self.systemd.ours(container.unit)
         statuses = []
         for node in devices:
             device = node.device
@@ -348,7 +400,14 @@ class HotplugEngine:
             node_ok = present.get(node.name) == device
             statuses.append(
                 DeviceStatus(
-                    device, v1, v2, node_ok, v1_ours=mine, v2_allowed=_v2_allows(programs, device)
+                    device,
+                    v1,
+                    v2,
+                    node_ok,
+                    v1_ours=mine,
+                    v2_allowed=_v2_allows(programs, device),
+                    systemd_allowed=unit_allowed.get(device),
+                    systemd_ours=systemd_units.entry_for(device).path in ours,
                 )
             )
         return statuses
@@ -395,16 +454,28 @@ class HotplugEngine:
                     v1_writes += cgroup_v1.grant(scope, new).writes
                     _log_change("v1 allow", container, new, scope)
             for directory in container.v2_dirs:
-                rules = {c.rule() for c in chars} - cgroup_v2.granted_devices(directory)
+                leave = container.leave_programs(directory)
+                rules = {c.rule() for c in chars} - cgroup_v2.granted_devices(
+                    directory, leave=leave
+                )
                 if not rules:
                     continue
-                change = cgroup_v2.grant(directory, rules)
+                change = cgroup_v2.grant(directory, rules, leave=leave)
                 if change.changed:
                     undo.push(
                         f"v2 revoke on {directory}", partial(cgroup_v2.revoke, directory, rules)
                     )
                     v2_changes.append(change)
                     _log_change("v2 allow", container, sorted(rules, key=str), directory)
+            if container.unit is not None and self.systemd is not None:
+                unit, units = container.unit, self.systemd
+                recorded = units.record(unit, chars)
+                if recorded.changed:
+                    undo.push(
+                        f"DeviceAllow of {unit.name}",
+                        partial(units.unrecord, unit, recorded.devices),
+                    )
+                    _log_change("DeviceAllow", container, recorded.devices, unit.directory)
             self._check_alive(container)
             for node in wanted:
                 if self._create(container, node):
@@ -477,7 +548,8 @@ class HotplugEngine:
             for directory in container.v2_dirs:
                 if not directory.is_dir():
                     continue  # the container's cgroup went away with its last process
-                drop = rules & cgroup_v2.granted_devices(directory)
+                leave = container.leave_programs(directory)
+                drop = rules & cgroup_v2.granted_devices(directory, leave=leave)
                 if not drop:
                     continue
                 change = cgroup_v2.revoke(directory, drop)
@@ -493,6 +565,15 @@ class HotplugEngine:
                     v1_writes += cgroup_v1.revoke(scope, was).writes
                     undo.push(f"v1 re-allow {was} on {scope}", partial(cgroup_v1.grant, scope, was))
                     _log_change("v1 deny", container, was, scope)
+            unit = container.unit
+            if unit is not None and self.systemd is not None and unit.directory.is_dir():
+                units = self.systemd
+                dropped = units.unrecord(unit, [n.device for n in wanted])
+                if dropped.changed:
+                    undo.push(
+                        f"DeviceAllow of {unit.name}", partial(units.record, unit, dropped.devices)
+                    )
+                    _log_change("DeviceAllow reset", container, dropped.devices, unit.directory)
             late = [] if leave_open and not force else self._holders_of(container, wanted)
             if late and not force:
                 raise DeviceBusyError(late)
@@ -551,9 +632,15 @@ class HotplugEngine:
             if unified is not None and v2_mount is not None:
                 top = v2_mount.directory_of(unified)
                 if top.is_dir() and self._confined_v2(top):
+                    unit = self._unit_of(top)
+                    if unit is not None and self.systemd is not None:
+                        dropped = self.systemd.unrecord(unit, chars)
+                        if dropped.changed:
+                            _log_withdraw("DeviceAllow reset", dropped.devices, top)
                     rules = {c.rule() for c in chars}
                     for directory in [top, *cgroups.descendants(top)]:
-                        drop = rules & cgroup_v2.granted_devices(directory)
+                        leave = _SYSTEMD_PROGRAMS if unit is not None and directory == top else ()
+                        drop = rules & cgroup_v2.granted_devices(directory, leave=leave)
                         if drop:
                             cgroup_v2.revoke(directory, drop)
                             _log_withdraw("v2 revoke", sorted(drop, key=str), directory)
@@ -656,6 +743,13 @@ def _container_scope(leaf: Path) -> Path:
     """The container's own cgroup for a process whose cgroup is ``leaf`` (see
     :data:`CRUN_INNER_CGROUP`)."""
     return leaf.parent if leaf.name == CRUN_INNER_CGROUP else leaf
+
+
+_SYSTEMD_PROGRAMS = frozenset({systemd_units.SYSTEMD_PROGRAM_NAME})
+
+
+def _program_names(directory: Path) -> list[tuple[int, str]]:
+    return [(p.id, p.name) for p in cgroup_v2.attached_programs(directory)]
 
 
 def _v2_allows(

@@ -35,7 +35,7 @@ from jupyter_gpu_hotplug.linux.engine import (
 )
 from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
 from tests.fixtures.host_state import process_state
-from tests.fixtures.requirements import needs_root
+from tests.fixtures.requirements import needs_cgroup_v1_devices, needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 from tests.linux.conftest import BACKEND_SETS
 
@@ -330,6 +330,7 @@ def test_leave_open_takes_the_access_and_ends_nobody(
     assert busy_box.open("/dev/nvidia7") == "EPERM"
 
 
+@needs_cgroup_v1_devices  # it reads the v1 list (pure v2: the VM tier)
 def test_status_tells_our_grant_from_a_runtimes_rule(
     engine: HotplugEngine, busy_box: SandboxProbe
 ) -> None:
@@ -505,8 +506,8 @@ def test_target_dies_between_cgroups_and_nodes(
     real_grant = cgroup_v2.grant
     sandbox = hybrid_box.sandbox
 
-    def grant_then_die(directory: Path, rules: object) -> object:
-        change = real_grant(directory, rules)  # type: ignore[arg-type]
+    def grant_then_die(directory: Path, rules: object, **options: object) -> object:
+        change = real_grant(directory, rules, **options)  # type: ignore[arg-type]
         sandbox.stop()
         return change
 
