@@ -99,8 +99,11 @@ def test_tcp_with_token_file_and_pid(
 def test_holders_are_named_by_their_notebook(tmp_path: Path) -> None:
     """The demo's banner line runs ``status`` on the host: a kernel's GPU shows its notebook."""
     env = {**os.environ, "JPY_SESSION_NAME": "team/train.ipynb"}
-    with subprocess.Popen(["sleep", "600"], env=env) as kernel:
+    # The child says so once it runs: until its exec, /proc/<pid>/environ is still ours.
+    ready = "import time; print('ready', flush=True); time.sleep(600)"
+    with subprocess.Popen([sys.executable, "-c", ready], env=env, stdout=subprocess.PIPE) as kernel:
         try:
+            assert kernel.stdout is not None and kernel.stdout.readline() == b"ready\n"
             assert holder_name(PidRef(kernel.pid)) == f"team/train.ipynb (process {kernel.pid})"
         finally:
             kernel.kill()
