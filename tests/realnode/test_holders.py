@@ -5,8 +5,9 @@ lost while the agent is stopped.
   docs/performance.md) in the holders' PriorityClass that ``k8s/`` ships; the real PodSecurity
   admission of a ``restricted`` namespace takes today's holder spec and refuses the one before
   issue 21 (no seccomp profile);
-- the measured floor, on this kubelet: a pause pod with a 3 MiB limit (the floor measured with
-  the same runc under containerd 1.6) runs here too;
+- (the 3 MiB floor measured under containerd 1.6 does not carry over: on this node, containerd 2.4
+  with runc 1.5.2, a pause pod limited to 3 MiB never reached Running in CI; the holder's 24Mi
+  runs, above — docs/performance.md);
 - a holder deleted while the agent is stopped: at start the notebook's grant is revoked and an
   Event on the notebook pod says why.
 """
@@ -79,38 +80,6 @@ def test_the_holder_runs_at_its_limits_and_restricted_admission_refuses_the_old_
     cluster.core.create_namespaced_pod(strict, today)
     cluster.wait_running(strict, today["metadata"]["name"])
     cluster.delete_pod(strict, today["metadata"]["name"])
-
-
-def test_a_pause_pod_runs_at_the_measured_floor(cluster: Cluster) -> None:
-    """The floor the benchmark measured (3 MiB, runc 1.5.2 under containerd 1.6) holds on the
-    real kubelet with containerd 2 too: the holders' 24Mi is that floor plus a margin."""
-    ns = cluster.namespace("floor", pod_security=None)
-    cluster.core.create_namespaced_pod(
-        ns,
-        {
-            "metadata": {"name": "pause"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "hold",
-                        "image": PAUSE_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "resources": {
-                            "requests": {"cpu": "1m", "memory": "3Mi"},
-                            "limits": {"cpu": "1m", "memory": "3Mi"},
-                        },
-                    }
-                ],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
-
-    pod = cluster.wait_running(ns, "pause")
-
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["restartCount"] == 0, status
-    cluster.delete_pod(ns, "pause")
 
 
 def test_a_holder_deleted_while_the_agent_is_stopped_is_revoked_at_start(
