@@ -18,9 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -44,6 +42,7 @@ from .support import (
     CHART_DIR,
     CLUSTER_SCOPED,
     K8S_DIR,
+    agent_config,
     by_kind,
     helm,
     helm_or_skip,
@@ -521,17 +520,7 @@ def test_the_agent_accepts_what_the_schema_admits_at_its_edges() -> None:
         "idle.maxLeaseSeconds=86400",
     )
     (container,) = _agent_pod(objects)["containers"]
-    cli = str(Path(sys.executable).with_name("jupyter-gpu-hotplug"))
-    result = subprocess.run(
-        [cli, "agent", *container["args"], "--show-config-json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "NODE_NAME": "gpu-node-1"},
-    )
-    assert result.returncode == 0, result.stderr
-    config = json.loads(result.stdout)
+    config = agent_config(container["args"])
     k8s = config["kubernetes"]
     assert (k8s["resource_name"], k8s["holder_cpu"], k8s["holder_memory"]) == (
         "example.com/Foo_bar.1",
