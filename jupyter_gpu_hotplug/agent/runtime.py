@@ -327,7 +327,13 @@ class Agent:
             simulation.load_in_process()
         inventory = NvmlInventory()
         closers.append(inventory.close)
-        hierarchies = cgroups.discover(host_proc=settings.host_proc, rebase=settings.cgroup_root)
+        # Rebased, the mounts are the host's (its init's mount namespace, seen with hostPID):
+        # our own would list the host's hierarchies where we see them, already under the root.
+        hierarchies = cgroups.discover(
+            host_proc=settings.host_proc,
+            pid="self" if settings.cgroup_root is None else 1,
+            rebase=settings.cgroup_root,
+        )
         log.info("device cgroups: %s layout", hierarchies.layout)
         return simulation, inventory, hierarchies
 
