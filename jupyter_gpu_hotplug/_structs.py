@@ -14,11 +14,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
-from typing import Final, Literal, NewType, TypeAlias, TypedDict, final
+from typing import (
+    Final,
+    Literal,
+    NewType,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    final,
+)
 
 # --- identifiers ---------------------------------------------------------------------------------
 
@@ -607,8 +617,31 @@ def target_from_key(key: str) -> Target:
 # --- request fields: the rules both APIs apply (agent/api/validation.py, server/validation.py) ---
 #
 # Each check returns the value or raises ``WireFormatError`` naming the field; each API turns
-# that into its own error (``InvalidRequest``, ``InvalidInput``), so the two refuse the same
-# values with the same words.
+# that into its own error (``InvalidRequest``, ``InvalidInput``) through its ``FieldChecks``, so
+# the two refuse the same values with the same words.
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class FieldError(Protocol):
+    """An API's own "invalid request" error (400), made from a refused field's message."""
+
+    def __call__(self, message: str, /, *, field: str) -> Exception: ...
+
+
+@dataclass(frozen=True)
+class FieldChecks:
+    """Runs the checks below (or ``load_request_json``) so that a refusal is ``error``, the
+    calling API's own; each API's validation holds one, the only place it converts."""
+
+    error: FieldError
+
+    def __call__(self, check: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return check(*args, **kwargs)
+        except WireFormatError as e:
+            raise self.error(e.message, field=e.field) from e
 
 
 def describe_value(value: object) -> str:
@@ -654,6 +687,60 @@ def check_names(
             f"unknown {what} {shown}; accepted: {', '.join(sorted(allowed)) or 'none'}",
             field=f"{prefix}{clip_name(unknown[0])}",
         )
+
+
+def check_required(obj: Mapping[str, object], name: str, *, why: str) -> object:
+    """The member ``name`` of a request body, which the request must have; ``why`` says what
+    it is for, so the message tells the caller what to send."""
+    if name not in obj:
+        raise WireFormatError(f"{name} is required: {why}", field=name)
+    return obj[name]
+
+
+@dataclass(frozen=True)
+class _DnsName:
+    """One of Kubernetes' DNS-1123 name rules, as a request field checks it."""
+
+    limit: int
+    valid: Callable[[str], bool]
+    shape: str
+    """What a valid name looks like, in the refusal."""
+
+    def check(self, value: object, *, subject: str, field: str) -> str:
+        if isinstance(value, str) and len(value) > self.limit:
+            raise WireFormatError(
+                f"{subject} is {len(value)} characters long; the limit is {self.limit}",
+                field=field,
+            )
+        if not isinstance(value, str) or not self.valid(value):
+            raise WireFormatError(
+                f"{subject} must be {self.shape}, got {describe_value(value)}", field=field
+            )
+        return value
+
+
+_LABEL_NAME: Final = _DnsName(
+    DNS1123_LABEL_MAX,
+    is_dns1123_label,
+    "a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or "
+    "digit)",
+)
+_SUBDOMAIN_NAME: Final = _DnsName(
+    DNS1123_SUBDOMAIN_MAX,
+    is_dns1123_subdomain,
+    "a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', each dot-separated part "
+    "starting and ending with a letter or digit)",
+)
+
+
+def check_dns1123_label(value: object, *, subject: str, field: str) -> str:
+    """A namespace or container name; ``subject`` names it in the message."""
+    return _LABEL_NAME.check(value, subject=subject, field=field)
+
+
+def check_dns1123_subdomain(value: object, *, subject: str, field: str) -> str:
+    """A pod name; ``subject`` names it in the message."""
+    return _SUBDOMAIN_NAME.check(value, subject=subject, field=field)
 
 
 def check_count(value: object, *, maximum: int | None = None) -> int:

@@ -230,7 +230,9 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
     cgroup_root = Unicode(
         "",
         help="""Where the host's / is seen, when cgroup mount points must be rebased (e.g.
-        /host when the host's /sys is mounted at /host/sys). Empty: our own /.""",
+        /host when the host's /sys is mounted at /host/sys): the hierarchies are then read
+        from the host's init (pid 1 of --host-proc, so the agent needs the host's pid
+        namespace) and found under this root. Empty: our own mounts, at our own /.""",
     ).tag(config=True)
     max_gpus_per_target = Int(
         DEFAULT_MAX_GPUS_PER_TARGET,

@@ -261,8 +261,13 @@ class Agent:
             # Local mode: the ledger's directory. Kubernetes mode: holder pods are the state;
             # the directory keeps only simulation files and the crash tests' markers.
             prepare_state_dir(settings.state_dir)
+            # Rebased, the mounts are the host's (its init's mount namespace, seen with
+            # hostPID): our own would list the host's hierarchies where we see them, already
+            # under the root.
             hierarchies = cgroups.discover(
-                host_proc=settings.host_proc, rebase=settings.cgroup_root
+                host_proc=settings.host_proc,
+                pid="self" if settings.cgroup_root is None else 1,
+                rebase=settings.cgroup_root,
             )
             log.info("device cgroups: %s layout", hierarchies.layout)
             backend = _open_backend(settings, hierarchies, workers)

@@ -1,10 +1,11 @@
 """The server extension's logic: whose GPUs, asked of the agent, joined with live metrics.
 
-Boundary: everything between a parsed request and its JSON answer — choosing the target
-(local mode: the kernel's sandbox; Kubernetes: this pod, which the agent knows from the
-token), calling the agent through ``AsyncAgentClient``, reading NVML off the event loop,
-publishing attach progress, and the streams' life. It raises only ``errors.HotplugError``
-and the client's ``AgentClientError``s; turning those into HTTP is the handlers' business.
+Boundary: everything between a parsed request and its JSON answer — asking the mode's
+targets strategy (``targeting``: local mode, the kernel's sandbox; Kubernetes, this pod,
+which the agent knows from the token) whom to act on, calling the agent through
+``AsyncAgentClient``, reading NVML off the event loop, publishing attach progress, and the
+streams' life. It raises only ``errors.HotplugError`` and the client's
+``AgentClientError``s; turning those into HTTP is the handlers' business.
 
 Why a manager: handlers stay a few lines each (parse, call, answer), the way
 jupyter_server's services are written, and the same operations serve the REST API and the
@@ -28,7 +29,6 @@ from ..nvml.state import GpuMonitor, Snapshot
 from .errors import (
     GpuNotAttached,
     HotplugError,
-    KernelIdRequired,
     KernelNotFound,
     RequestNotWaiting,
     ShuttingDown,
@@ -47,6 +47,7 @@ from .models import (
     gpus_json,
 )
 from .stream import EventHub, Reading, Subscription
+from .targeting import Target, Targets, targets_for
 from .targets import KernelSandboxes
 from .validation import AttachRequest, CancelRequest, DetachRequest, KernelId
 
@@ -107,7 +108,8 @@ class _Progress:
 class HotplugManager:
     """The operations behind the REST API (see the module docstring).
 
-    ``client``: the agent. ``sandboxes``: kernel id → sandbox pid (local mode). ``monitor``:
+    ``client``: the agent. ``sandboxes``: kernel id → sandbox pid (used by local mode's
+    targets). ``mode``: picks the targets strategy, once (``targeting``). ``monitor``:
     this process's NVML view; its blocking calls run in a thread of their own. ``interval``:
     seconds between two ``metrics`` events of a stream, and between two ``waiting`` events of
     an attach in flight. ``max_count``: the most GPUs one request may ask for.
@@ -130,7 +132,7 @@ class HotplugManager:
         self.client = client
         self._notebooks = notebooks
         self.sandboxes = sandboxes
-        self.mode: Mode = mode
+        self.targets: Targets = targets_for(mode, sandboxes=sandboxes)
         self.interval = interval
         self.max_count = max_count
         self._monitor = monitor
@@ -145,6 +147,11 @@ class HotplugManager:
         self._closed = False
 
     @property
+    def mode(self) -> Mode:
+        """The mode of the targets strategy (the answers and the API document name it)."""
+        return self.targets.mode
+
+    @property
     def subscriptions(self) -> frozenset[Subscription]:
         """The streams open now."""
         return self._hub.subscriptions
@@ -154,28 +161,9 @@ class HotplugManager:
         """The streams and their shared poller (tests and benchmarks count its polls)."""
         return self._hub
 
-    # --- targets -------------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         if self._closed:
             raise ShuttingDown()
-
-    def _target(self, kernel_id: KernelId | None) -> PidRef | None:
-        """The agent's target: the kernel's sandbox (local) or ``None``, meaning the caller
-        itself — this pod (Kubernetes), or no kernel named (local: node counts only)."""
-        if self.mode == "kubernetes" or kernel_id is None:
-            return None
-        return PidRef(self.sandboxes.pid_of(kernel_id))
-
-    def _required_target(self, kernel_id: KernelId | None, operation: str) -> PidRef | None:
-        if self.mode == "local" and kernel_id is None:
-            raise KernelIdRequired(operation)
-        return self._target(kernel_id)
-
-    def _scope(self, kernel_id: KernelId | None) -> str | None:
-        """Whose streams see an attach's progress: the kernel's (local), or all (Kubernetes,
-        where every kernel of the pod shares its GPUs)."""
-        return kernel_id if self.mode == "local" else None
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -185,11 +173,10 @@ class HotplugManager:
         return await loop.run_in_executor(self._nvml, self._monitor.snapshot)
 
     async def _kernel_holders(self) -> dict[int, KernelHolder]:
-        """This server's sandboxed kernels by pid, with their notebooks (local mode). A
-        label only: when the sessions cannot be read, kernels are named by their ids."""
-        if self.mode != "local":
-            return {}
-        by_pid = self.sandboxes.kernels_by_pid()
+        """This server's kernels that may hold GPUs, by pid, with their notebooks (none in
+        Kubernetes mode). A label only: when the sessions cannot be read, kernels are named
+        by their ids."""
+        by_pid = self.targets.kernels_by_pid()
         paths: Mapping[str, str] = {}
         if by_pid and self._notebooks is not None:
             try:
@@ -215,20 +202,15 @@ class HotplugManager:
         once. A failure belongs to the kernels it concerns (an unknown kernel, a target the
         agent refuses); a failure to read the node or NVML concerns them all."""
         self._check_open()
-        targets: dict[str | None, PidRef | BaseException | None] = {}
+        whom: dict[str | None, Target | BaseException | None] = {}
         for kernel_id in kernel_ids:
             try:
-                targets[kernel_id] = self._target(
+                whom[kernel_id] = self.targets.of(
                     None if kernel_id is None else KernelId(kernel_id)
                 )
             except HotplugError as error:
-                targets[kernel_id] = error
-        asked = {
-            target
-            for kernel_id, target in targets.items()
-            if not isinstance(target, BaseException)
-            and not (self.mode == "local" and kernel_id is None)
-        }
+                whom[kernel_id] = error
+        asked = {target.ref for target in whom.values() if isinstance(target, Target)}
         # Every read runs concurrently; each outcome is used below, or settled.
         node = asyncio.ensure_future(self.client.gpus())
         snapshot = asyncio.ensure_future(self._snapshot())
@@ -241,14 +223,14 @@ class HotplugManager:
         finally:
             await _settle(node, snapshot, *attached.values())
         reading: dict[str | None, GpusJson | BaseException] = {}
-        for kernel_id, target in targets.items():
+        for kernel_id, target in whom.items():
             reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
         return reading
 
     def _view(
         self,
         kernel_id: str | None,
-        target: PidRef | BaseException | None,
+        target: Target | BaseException | None,
         node: asyncio.Future[tuple[Gpu, ...]],
         snapshot: asyncio.Future[Snapshot],
         attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
@@ -257,7 +239,7 @@ class HotplugManager:
         """One kernel's part of a reading; its failure, first the kernel's own, if any."""
         if isinstance(target, BaseException):
             return target
-        own = attached.get(target)
+        own = None if target is None else attached[target.ref]
         for future in (own, node, snapshot):
             if future is not None and future.exception() is not None:
                 return cast(BaseException, future.exception())
@@ -277,20 +259,20 @@ class HotplugManager:
     async def attach(self, request: AttachRequest) -> AttachJson:
         """Attach ``request.count`` GPUs, publishing progress while the agent works."""
         self._check_open()
-        target = self._required_target(request.kernel_id, "attach a GPU")
+        target = self.targets.required(request.kernel_id, "attach a GPU")
         request_id = request.request_id or RequestId(uuid.uuid4().hex)
         progress = _Progress(
             self._hub,
             request_id=request_id,
             kernel_id=request.kernel_id,
             count=request.count,
-            scope=self._scope(request.kernel_id),
+            scope=target.scope,
         )
         progress.publish("started")
         call = asyncio.create_task(
             self.client.attach(
                 request.count,
-                target=target,
+                target=target.ref,
                 wait_seconds=request.wait_seconds,
                 request_id=request_id,
             )
@@ -329,20 +311,21 @@ class HotplugManager:
         self._log.info(
             "attached %s to %s",
             ", ".join(f"{a.uuid} ({a.device})" for a in attachments),
-            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
+            target.label,
         )
         return AttachJson(request_id=request_id, kernel_id=request.kernel_id, attachments=wire)
 
     async def _queue_place(
-        self, request: AttachRequest, target: PidRef | None, request_id: RequestId
+        self, request: AttachRequest, target: Target, request_id: RequestId
     ) -> dict[str, int]:
-        """``{position, of}`` while the attach waits in the agent's queue (local mode, with
-        ``wait_seconds``), else ``{}``. One agent call per interval of a waiting attach,
-        however many streams watch it; a failure only leaves the place out of the event."""
-        if self.mode != "local" or request.wait_seconds is None:
+        """``{position, of}`` while the attach waits in the agent's queue (with
+        ``wait_seconds``, where the strategy reports queue places), else ``{}``. One agent
+        call per interval of a waiting attach, however many streams watch it; a failure only
+        leaves the place out of the event."""
+        if not self.targets.reports_queue_place or request.wait_seconds is None:
             return {}
         try:
-            waiting = await self.client.queued(target)
+            waiting = await self.client.queued(target.ref)
         except AgentClientError as error:
             self._log.debug("cannot read the queue place of %s: %r", request_id, error)
             return {}
@@ -355,36 +338,32 @@ class HotplugManager:
         """Take the target's waiting attach ``request.request_id`` out of the agent's queue;
         its ``POST attach`` then fails (``insufficient_gpus``, saying it was cancelled)."""
         self._check_open()
-        target = self._required_target(request.kernel_id, "cancel a waiting attach")
-        waiting = await self.client.queued(target)
+        target = self.targets.required(request.kernel_id, "cancel a waiting attach")
+        waiting = await self.client.queued(target.ref)
         if request.request_id not in {queued.request_id for queued in waiting}:
             raise RequestNotWaiting(request.request_id, kernel_id=request.kernel_id)
         # Scoped to the target: another container's request with the same id stays.
-        await self.client.cancel_queued(request.request_id, target)
-        self._log.info(
-            "cancelled the waiting attach %s of %s",
-            request.request_id,
-            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
-        )
+        await self.client.cancel_queued(request.request_id, target.ref)
+        self._log.info("cancelled the waiting attach %s of %s", request.request_id, target.label)
 
     async def detach(self, request: DetachRequest) -> None:
         """Detach one GPU of the target, or all of them."""
         self._check_open()
-        target = self._required_target(request.kernel_id, "detach a GPU")
+        target = self.targets.required(request.kernel_id, "detach a GPU")
         if request.uuid is None:
-            await self.client.detach_all(target=target, force=request.force)
+            await self.client.detach_all(target=target.ref, force=request.force)
         else:
-            if target is not None and request.kernel_id is not None:
+            if target.ref is not None and request.kernel_id is not None:
                 # The server may act on any process through the agent's token: make sure the
                 # GPU is this kernel's before taking it away.
-                attached = await self.client.attachments(target)
+                attached = await self.client.attachments(target.ref)
                 if request.uuid not in {attachment.uuid for attachment in attached}:
                     raise GpuNotAttached(request.uuid, kernel_id=request.kernel_id)
             await self.client.detach(request.uuid, force=request.force)
         self._log.info(
             "detached %s from %s%s",
             "all GPUs" if request.uuid is None else request.uuid,
-            "this pod" if target is None else f"kernel {request.kernel_id} ({target})",
+            target.label,
             " (forced)" if request.force else "",
         )
 
@@ -394,8 +373,8 @@ class HotplugManager:
         """Open a stream for ``kernel_id`` (checked now: an unknown kernel fails here, before
         the stream starts). The caller must ``unsubscribe`` it when done."""
         self._check_open()
-        self._target(kernel_id)
-        subscription = Subscription(key=kernel_id, scope=self._scope(kernel_id))
+        target = self.targets.of(kernel_id)
+        subscription = Subscription(key=kernel_id, scope=None if target is None else target.scope)
         self._hub.add(subscription)
         return subscription
 

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any, Final
 
 from .models import Mode
+from .targeting import kernel_required
 
 __all__ = ["openapi_document"]
 
@@ -37,7 +38,7 @@ def openapi_document(*, mode: Mode, max_count: int) -> bytes:
     document = copy.deepcopy(_template())
     schemas = document["components"]["schemas"]
     schemas["AttachBody"]["properties"]["count"]["maximum"] = max_count
-    if mode == "local":
+    if kernel_required(mode):
         for name in _NEEDS_A_KERNEL:
             schemas[name]["required"].append("kernel_id")
     return json.dumps(document, indent=2, ensure_ascii=False).encode()

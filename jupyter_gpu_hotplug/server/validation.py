@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, NewType, TypeVar
+from typing import Final, NewType
 
 from .._structs import (
     MAX_WAIT_SECONDS,
+    FieldChecks,
     GpuUuid,
     RequestId,
-    WireFormatError,
     check_count,
     check_gpu_uuid,
     check_names,
     check_request_id,
+    check_required,
     check_seconds,
     describe_value,
     load_request_json,
@@ -95,16 +96,9 @@ class CancelRequest:
     kernel_id: KernelId | None = None
 
 
-_T = TypeVar("_T")
-
-
-def _checked(check: Callable[..., _T], /, *args: object, **kwargs: object) -> _T:
-    """Run one of the field rules both APIs share (``_structs``) as this API's error; the
-    agent reads its bodies with the same functions, so both refuse the same values."""
-    try:
-        return check(*args, **kwargs)
-    except WireFormatError as error:
-        raise InvalidInput(error.message, field=error.field) from error
+_checked: Final = FieldChecks(InvalidInput)
+"""Runs one of the field rules both APIs share (``_structs``) as this API's error; the agent
+reads its bodies with the same functions, so both refuse the same values."""
 
 
 def _json_object(body: bytes) -> dict[str, object]:
@@ -140,9 +134,11 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
     """``{"count": N, "kernel_id"?, "wait_seconds"?, "request_id"?}``."""
     obj = _json_object(body)
     _only(obj, _ATTACH_FIELDS, where="member")
-    if "count" not in obj:
-        raise InvalidInput("count is required: how many GPUs to attach", field="count")
-    count = _checked(check_count, obj["count"], maximum=max_count)
+    count = _checked(
+        check_count,
+        _checked(check_required, obj, "count", why="how many GPUs to attach"),
+        maximum=max_count,
+    )
     raw_wait = obj.get("wait_seconds")
     wait_seconds = (
         None
@@ -162,13 +158,14 @@ def parse_cancel(body: bytes) -> CancelRequest:
     """``{"request_id": R, "kernel_id"?}``: the waiting attach to cancel."""
     obj = _json_object(body)
     _only(obj, _CANCEL_FIELDS, where="member")
-    if "request_id" not in obj:
-        raise InvalidInput(
-            "request_id is required: the waiting attach to cancel (as its progress names it)",
-            field="request_id",
-        )
+    request_id = _checked(
+        check_required,
+        obj,
+        "request_id",
+        why="the waiting attach to cancel (as its progress names it)",
+    )
     return CancelRequest(
-        request_id=_checked(check_request_id, obj["request_id"]), kernel_id=_optional_kernel_id(obj)
+        request_id=_checked(check_request_id, request_id), kernel_id=_optional_kernel_id(obj)
     )
 
 
@@ -176,12 +173,9 @@ def parse_detach(body: bytes) -> DetachRequest:
     """``{"uuid": "GPU-…" | "all", "force"?: bool, "kernel_id"?}``."""
     obj = _json_object(body)
     _only(obj, _DETACH_FIELDS, where="member")
-    if "uuid" not in obj:
-        raise InvalidInput(
-            'uuid is required: the GPU to detach (as listed by GET gpus), or "all"',
-            field="uuid",
-        )
-    uuid = obj["uuid"]
+    uuid = _checked(
+        check_required, obj, "uuid", why='the GPU to detach (as listed by GET gpus), or "all"'
+    )
     if uuid != DETACH_ALL:
         uuid = _checked(check_gpu_uuid, uuid, alternatives=f"{json.dumps(DETACH_ALL)} or ")
     force = obj.get("force", False)

@@ -34,11 +34,9 @@ from ..._structs import BoundedBody, ErrorBody, allow_header
 from ..core.errors import (
     AgentError,
     BodyTooLarge,
-    Forbidden,
     InternalError,
     InvalidRequest,
     NotFound,
-    Unauthenticated,
     Unavailable,
 )
 from ..core.metrics import CONTENT_TYPE, AgentMetrics
@@ -284,11 +282,10 @@ class ApiHandler(web.RequestHandler):
         tb: TracebackType | None,
     ) -> None:
         if isinstance(value, AgentError):
-            # Refused identities are worth an audit line; other refusals are routine (the
-            # access log has their status, the caller has the message).
-            audit = isinstance(value, Unauthenticated | Forbidden)
-            log.log(
-                logging.INFO if audit else logging.DEBUG,
+            # Every refusal says why in the log, beside the access line's bare status: the
+            # operator of a node reads this log, not the caller's answer (refused identities
+            # are also the audit trail).
+            log.info(
                 "%s %s -> %d %s: %s",
                 self.request.method,
                 self.request.path,

@@ -12,31 +12,30 @@ The limits here and in ``openapi.json`` must agree; ``tests/agent/test_openapi.p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
 
 from ..._structs import (
     DEFAULT_WAIT_SECONDS,
-    DNS1123_LABEL_MAX,
-    DNS1123_SUBDOMAIN_MAX,
     MAX_IDLE_RELEASE_SECONDS,
     MAX_WAIT_SECONDS,
     MIG_PROFILE_RE,
     PID_MAX_LIMIT,
+    FieldChecks,
     GpuUuid,
     PidRef,
     PodTarget,
     RequestId,
     TargetRef,
-    WireFormatError,
     check_count,
+    check_dns1123_label,
+    check_dns1123_subdomain,
     check_gpu_uuid,
     check_names,
     check_request_id,
+    check_required,
     check_seconds,
     describe_value,
-    is_dns1123_label,
-    is_dns1123_subdomain,
     json_integer,
     load_request_json,
 )
@@ -52,54 +51,14 @@ _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
 # --- helpers -------------------------------------------------------------------------------------
 
-_T = TypeVar("_T")
-
-
-def _checked(check: Callable[..., _T], /, *args: object, **kwargs: object) -> _T:
-    """Run one of the field rules both APIs share (``_structs``) as this API's error."""
-    try:
-        return check(*args, **kwargs)
-    except WireFormatError as e:
-        raise InvalidRequest(e.message, field=e.field) from e
+_checked: Final = FieldChecks(InvalidRequest)
+"""Runs one of the field rules both APIs share (``_structs``) as this API's error."""
 
 
 def _check_fields(
     obj: Mapping[str, object], *, allowed: Sequence[str], where: str, prefix: str
 ) -> None:
     _checked(check_names, obj, allowed=allowed, what=f"member(s) of {where}", prefix=prefix)
-
-
-def _check_label(value: object, *, subject: str, field: str) -> str:
-    """A namespace or container name; ``subject`` names it in the message."""
-    if isinstance(value, str) and len(value) > DNS1123_LABEL_MAX:
-        raise InvalidRequest(
-            f"{subject} is {len(value)} characters long; the limit is {DNS1123_LABEL_MAX}",
-            field=field,
-        )
-    if not isinstance(value, str) or not is_dns1123_label(value):
-        raise InvalidRequest(
-            f"{subject} must be a DNS-1123 label (lowercase letters, digits and '-', starting "
-            f"and ending with a letter or digit), got {describe_value(value)}",
-            field=field,
-        )
-    return value
-
-
-def _check_subdomain(value: object, *, subject: str, field: str) -> str:
-    """A pod name; ``subject`` names it in the message."""
-    if isinstance(value, str) and len(value) > DNS1123_SUBDOMAIN_MAX:
-        raise InvalidRequest(
-            f"{subject} is {len(value)} characters long; the limit is {DNS1123_SUBDOMAIN_MAX}",
-            field=field,
-        )
-    if not isinstance(value, str) or not is_dns1123_subdomain(value):
-        raise InvalidRequest(
-            f"{subject} must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
-            f"each dot-separated part starting and ending with a letter or digit), "
-            f"got {describe_value(value)}",
-            field=field,
-        )
-    return value
 
 
 def _check_pid(value: object, *, field: str) -> PidRef:
@@ -148,9 +107,11 @@ def _parse_target(value: object) -> TargetRef:
             )
     ns_field, name_field, container_field = (f"target.pod.{member}" for member in _POD_FIELDS)
     return PodTarget(
-        _check_label(pod["namespace"], subject=ns_field, field=ns_field),
-        _check_subdomain(pod["name"], subject=name_field, field=name_field),
-        _check_label(pod["container"], subject=container_field, field=container_field)
+        _checked(check_dns1123_label, pod["namespace"], subject=ns_field, field=ns_field),
+        _checked(check_dns1123_subdomain, pod["name"], subject=name_field, field=name_field),
+        _checked(
+            check_dns1123_label, pod["container"], subject=container_field, field=container_field
+        )
         if "container" in pod
         else None,
     )
@@ -174,9 +135,10 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
         )
     _check_fields(obj, allowed=_BODY_FIELDS, where="the request body", prefix="")
 
-    if "count" not in obj:
-        raise InvalidRequest("count is required: the number of GPUs to attach", field="count")
-    count = _checked(check_count, obj["count"])
+    count = _checked(
+        check_count,
+        _checked(check_required, obj, "count", why="the number of GPUs to attach"),
+    )
     wait_seconds = _seconds(obj, "wait_seconds", MAX_WAIT_SECONDS)
     idle_release_seconds = _seconds(obj, "idle_release_seconds", MAX_IDLE_RELEASE_SECONDS)
     request_id = parse_request_id(obj["request_id"]) if "request_id" in obj else None
@@ -281,11 +243,23 @@ def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None
             f"query parameter pod must be NAMESPACE/NAME, got {describe_value(pod)}", field="pod"
         )
     return PodTarget(
-        _check_label(namespace, subject="the namespace in query parameter pod", field="pod"),
-        _check_subdomain(name, subject="the pod name in query parameter pod", field="pod"),
+        _checked(
+            check_dns1123_label,
+            namespace,
+            subject="the namespace in query parameter pod",
+            field="pod",
+        ),
+        _checked(
+            check_dns1123_subdomain,
+            name,
+            subject="the pod name in query parameter pod",
+            field="pod",
+        ),
         None
         if container is None
-        else _check_label(container, subject="query parameter container", field="container"),
+        else _checked(
+            check_dns1123_label, container, subject="query parameter container", field="container"
+        ),
     )
 
 
