@@ -1,12 +1,16 @@
 """The running agent: its components wired together, started and stopped in order.
 
 Why it exists: the application (``app.py``) deals with configuration; this module deals with
-life. ``Agent.create`` builds the real components from ``AgentSettings`` — the local backend's
-ledger, resolver and identity, the simulated NVML when asked, inventory and engine — and plugs
-them into the core's service and reconciler and the API server;
-``start`` reconciles the ledger with the host *before* serving, then serves and runs the
-background loops (reconciliation, simulated readings, the cached health probe); ``stop``
-stops accepting, lets running operations finish, and closes everything in reverse order.
+life. ``Agent.create`` builds the real components from ``AgentSettings`` in one path for both
+modes: what every mode needs of the host (the device cgroups, the simulated NVML when asked,
+the inventory, the engine behind the injector), and the backend the settings name
+(``local/backend.py`` or ``kubernetes/backend.py``: allocator, resolver, identity, and what it
+runs beside the core). ``Agent`` builds the ``Core`` once from both and hands it to the
+service, the reconciler, the idle releaser and the backend, then the API server over the
+service. ``start`` reconciles the allocator with the host *before* serving, then serves and
+runs the background loops (reconciliation, idle policy, simulated readings, the cached health
+probe, the backend's own); ``stop`` stops accepting, lets running operations finish, and
+closes everything in reverse order.
 
 Tests build an ``Agent`` from fakes through the same constructor, so the wiring they exercise
 is the wiring that runs.
@@ -17,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..linux import cgroups
 from ..linux.mig import MigCaps
 from . import openapi_document
 from .api.handlers import (
@@ -33,9 +37,9 @@ from .api.handlers import (
     metrics_handlers,
 )
 from .api.server import AgentServer, make_application
+from .core.bundle import Core
 from .core.checkpoints import Checkpoints
-from .core.devices import GpuNodes
-from .core.idle import IdleBook, IdlePolicy, IdleReleaser, Usage
+from .core.idle import IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
 from .core.lost import LossRules, LostGpus
@@ -44,19 +48,15 @@ from .core.reconcile import Reconciler, ReconcileReport
 from .core.seams import Allocator, Identity, Resolver
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
-from .local.allocator import LedgerAllocator
-from .local.identity import LocalIdentity, load_or_create_token
-from .local.ledger import Ledger
-from .local.resolver import ProcResolver
+from .local.backend import LocalBackend
 from .local.simulate import Simulation
 from .settings import AgentSettings, Backend
 from .statedir import prepare_state_dir
 
 if TYPE_CHECKING:
-    from ..linux.cgroups import CgroupHierarchies
     from ..linux.engine import HotplugEngine
 
-__all__ = ["Agent", "Components", "HealthProbe"]
+__all__ = ["Agent", "AgentBackend", "Components", "HealthProbe"]
 
 log = logging.getLogger(__name__)
 
@@ -124,25 +124,32 @@ class HealthProbe:
             await asyncio.sleep(self._interval)
 
 
-class BackendHooks(Protocol):
-    """What a backend runs beside the core once the agent serves (Kubernetes: reactions to
-    pod events), and stops before the agent closes."""
+class AgentBackend(Protocol):
+    """A backend (``local/backend.py``, ``kubernetes/backend.py``): the seams it implements,
+    which go into the ``Core``, and its life beside the core."""
+
+    @property
+    def allocator(self) -> Allocator: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    @property
+    def identity(self) -> Identity: ...
 
     def bind(
-        self,
-        *,
-        service: AgentService,
-        lost: LostGpus,
-        reconciler: Reconciler,
-        injector: Injector,
-        metrics: AgentMetrics,
-        workers: Workers,
+        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
     ) -> None:
-        """Join the core before the first reconciliation (its node-wide sweeps, listeners)."""
+        """Join the core before the first reconciliation (node-wide sweeps, listeners)."""
 
-    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None: ...
+    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
+        """Run beside the core once the agent serves (Kubernetes: reactions to pod events)."""
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        """Stop what ``start`` began, before the agent closes."""
+
+    def close(self) -> None:
+        """Close what the backend opened (the ledger; the API, CRI and kubelet clients)."""
 
 
 @dataclass
@@ -150,12 +157,11 @@ class Components:
     """The parts of an agent; ``Agent.create`` makes the real ones, tests pass fakes."""
 
     settings: AgentSettings
-    ledger: Ledger | None
-    """Local mode's ledger (the allocator is built over it); None when ``allocator`` is given."""
+    backend: AgentBackend
     inventory: Inventory
     injector: Injector
-    resolver: Resolver
-    identity: Identity
+    workers: Workers
+    """Shared with the backend (local mode's allocator runs in its ledger thread)."""
     simulation: Simulation | None = None
     usage: Usage = dict
     """GPU utilisation by UUID, for the idle policy (NVML's; tests give their own)."""
@@ -163,38 +169,36 @@ class Components:
     """The host's MIG capability tables (``None``: no slices are handed out)."""
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
-    """Called in reverse order when the agent stops (after the ledger closes: first)."""
-    allocator: Allocator | None = None
-    """Another backend's allocator (Kubernetes: holder pods) instead of the ledger's."""
-    hooks: BackendHooks | None = None
+    """Called in reverse order when the agent stops (the backend's ``close`` among them)."""
 
 
-def _service(components: Components, allocator: Allocator, workers: Workers) -> AgentService:
-    """The one ``AgentService`` over the backend's seams, configured from the settings."""
-    settings = components.settings
-    return AgentService(
-        allocator=allocator,
+def _core(components: Components) -> Core:
+    """The one ``Core``: the backend's seams, the host's parts, the shared state."""
+    settings, backend = components.settings, components.backend
+    return Core.build(
+        allocator=backend.allocator,
         inventory=components.inventory,
         injector=components.injector,
-        resolver=components.resolver,
-        identity=components.identity,
+        resolver=backend.resolver,
+        identity=backend.identity,
         metrics=components.metrics,
-        workers=workers,
-        config=ServiceConfig(
-            max_gpus_per_target=settings.max_gpus_per_target,
-            device_major=settings.device_major,
-            simulated=settings.simulated,
-            mig_profile=None if settings.kubernetes is None else settings.kubernetes.mig_profile,
+        workers=components.workers,
+        device_major=settings.device_major,
+        mig_caps=components.mig_caps,
+        idle_policy=IdlePolicy(
+            idle_seconds=settings.idle_release_seconds,
+            warning_seconds=settings.idle_warning_seconds,
+            max_lease_seconds=settings.max_lease_seconds,
         ),
         checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
-        nodes=GpuNodes(major=settings.device_major, mig_caps=components.mig_caps),
-        idle=IdleBook(
-            policy=IdlePolicy(
-                idle_seconds=settings.idle_release_seconds,
-                warning_seconds=settings.idle_warning_seconds,
-                max_lease_seconds=settings.max_lease_seconds,
-            )
-        ),
+    )
+
+
+def _service_config(settings: AgentSettings) -> ServiceConfig:
+    return ServiceConfig(
+        max_gpus_per_target=settings.max_gpus_per_target,
+        simulated=settings.simulated,
+        mig_profile=None if settings.kubernetes is None else settings.kubernetes.mig_profile,
     )
 
 
@@ -203,46 +207,20 @@ class Agent:
 
     def __init__(self, components: Components) -> None:
         self.components = components
-        settings = components.settings
-        self.settings = settings
+        self.settings = settings = components.settings
         self.metrics = components.metrics
-        self._workers = Workers(host_threads=_WORKERS)
-        self.allocator: Allocator
-        if components.allocator is not None:
-            self.allocator = components.allocator
-        else:
-            assert components.ledger is not None, "local mode needs its ledger"
-            self.allocator = LedgerAllocator(components.ledger, self._workers)
-        self.service = _service(components, self.allocator, self._workers)
+        self.backend = components.backend
+        self.core = _core(components)
+        self.service = AgentService(self.core, config=_service_config(settings))
         self.lost = LostGpus(
             rules=LossRules(grace_seconds=settings.lost_grace_seconds, policy=settings.lost_policy),
-            book=self.service.losses,
+            book=self.core.losses,
             metrics=self.metrics,
         )
         self.idle = IdleReleaser(
-            book=self.service.idle,
-            allocator=self.allocator,
-            resolver=components.resolver,
-            injector=components.injector,
-            usage=components.usage,
-            release=self.service.release_unused,
-            locks=self.service.locks,
-            metrics=self.metrics,
-            workers=self._workers,
-            nodes=self.service.nodes,
+            self.core, usage=components.usage, release=self.service.release_unused
         )
-        self.reconciler = Reconciler(
-            allocator=self.allocator,
-            inventory=components.inventory,
-            injector=components.injector,
-            resolver=components.resolver,
-            locks=self.service.locks,
-            metrics=self.metrics,
-            workers=self._workers,
-            device_major=settings.device_major,
-            on_change=self.service.queue.notify,
-            nodes=self.service.nodes,
-        )
+        self.reconciler = Reconciler(self.core)
         self.health = HealthProbe(self._health_check)
         self.server, self.metrics_server = self._api_servers()
         self._tasks: list[asyncio.Task[None]] = []
@@ -252,7 +230,7 @@ class Agent:
         """The HTTP API over the service, bound to connections by the backend's identity, and
         ``/metrics`` on an address of its own when one is given (its handlers never read a
         caller)."""
-        identity = self.components.identity
+        identity = self.core.identity
         context = ApiContext(
             service=self.service,
             identity=identity,
@@ -275,109 +253,27 @@ class Agent:
 
     @classmethod
     def create(cls, settings: AgentSettings) -> Agent:
-        """The real components for ``settings``; everything opened is closed on failure."""
-        if settings.backend is Backend.KUBERNETES:
-            return cls._create_kubernetes(settings)
+        """The real components for ``settings``, in either mode; everything opened is closed
+        on failure."""
         closers: list[Callable[[], None]] = []
+        workers = Workers(host_threads=_WORKERS)  # its threads start with the first call
         try:
+            # Local mode: the ledger's directory. Kubernetes mode: holder pods are the state;
+            # the directory keeps only simulation files and the crash tests' markers.
             prepare_state_dir(settings.state_dir)
-            ledger = Ledger.open(settings.state_dir)
-            closers.append(ledger.close)
-            token = load_or_create_token(settings.token_path)
-            simulation, inventory, hierarchies = cls._host(settings, closers)
-            engine = cls._engine(settings, hierarchies, inventory)
-            resolver = ProcResolver(
-                host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
+            # Rebased, the mounts are the host's (its init's mount namespace, seen with
+            # hostPID): our own would list the host's hierarchies where we see them, already
+            # under the root.
+            hierarchies = cgroups.discover(
+                host_proc=settings.host_proc,
+                pid="self" if settings.cgroup_root is None else 1,
+                rebase=settings.cgroup_root,
             )
-        except BaseException:
-            for close in reversed(closers):
-                close()
-            raise
-        return cls(
-            Components(
-                settings=settings,
-                ledger=ledger,
-                inventory=inventory,
-                injector=EngineInjector(engine),
-                resolver=resolver,
-                identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
-                simulation=simulation,
-                usage=inventory.utilization,
-                mig_caps=_mig_caps(settings, simulation),
-                closers=closers,
-            )
-        )
-
-    @staticmethod
-    def _host(
-        settings: AgentSettings, closers: list[Callable[[], None]]
-    ) -> tuple[Simulation | None, NvmlInventory, CgroupHierarchies]:
-        """What every backend needs of the host: the (simulated) NVML inventory and the
-        device-cgroup hierarchies; what must be closed is added to ``closers``."""
-        from ..linux import cgroups
-
-        simulation = None
-        if settings.simulated:
-            simulation = Simulation.prepare(
-                settings.simulation_dir or settings.state_dir / "simulation",
-                settings.simulate,
-                mig_profiles=settings.simulate_mig,
-                host_proc_devices=settings.host_proc / "devices",
-            )
-            simulation.load_in_process()
-        inventory = NvmlInventory()
-        closers.append(inventory.close)
-        # Rebased, the mounts are the host's (its init's mount namespace, seen with hostPID):
-        # our own would list the host's hierarchies where we see them, already under the root.
-        hierarchies = cgroups.discover(
-            host_proc=settings.host_proc,
-            pid="self" if settings.cgroup_root is None else 1,
-            rebase=settings.cgroup_root,
-        )
-        log.info("device cgroups: %s layout", hierarchies.layout)
-        return simulation, inventory, hierarchies
-
-    @staticmethod
-    def _engine(
-        settings: AgentSettings, hierarchies: CgroupHierarchies, inventory: NvmlInventory
-    ) -> HotplugEngine:
-        """The hot-plug engine, asking NVML too which processes hold a GPU open."""
-        from ..linux.engine import HotplugEngine
-
-        major = settings.device_major
-
-        def nvml_holders(device: Any) -> list[int]:
-            return inventory.running_pids(device.minor) if device.major == major else []
-
-        return HotplugEngine(
-            host_proc=settings.host_proc,
-            hierarchies=hierarchies,
-            extra_holders=nvml_holders,
-            terminate_grace=settings.force_grace,
-        )
-
-    @classmethod
-    def _create_kubernetes(cls, settings: AgentSettings) -> Agent:
-        """Kubernetes mode: holder pods, pods as targets, callers by their pods' tokens."""
-        try:
-            from .kubernetes.backend import KubernetesBackend
-        except ModuleNotFoundError as e:
-            # The Kubernetes client, grpcio and protobuf are the [agent] extra: notebook images
-            # install the package without them (pyproject.toml says why).
-            raise RuntimeError(
-                f"Kubernetes mode needs the agent's dependencies ({e.name} is not installed):"
-                " pip install 'jupyter-gpu-hotplug[agent]'"
-            ) from e
-
-        closers: list[Callable[[], None]] = []
-        try:
-            # Holder pods are the state; the directory keeps only simulation files and the
-            # crash tests' checkpoint markers.
-            prepare_state_dir(settings.state_dir)
-            simulation, inventory, hierarchies = cls._host(settings, closers)
-            backend = KubernetesBackend.create(settings, hierarchies)
+            log.info("device cgroups: %s layout", hierarchies.layout)
+            backend = _open_backend(settings, hierarchies, workers)
             closers.append(backend.close)
-            injector = EngineInjector(cls._engine(settings, hierarchies, inventory))
+            simulation, inventory = _nvml(settings, closers)
+            injector = EngineInjector(_engine(settings, hierarchies, inventory))
         except BaseException:
             for close in reversed(closers):
                 close()
@@ -385,37 +281,27 @@ class Agent:
         return cls(
             Components(
                 settings=settings,
-                ledger=None,
+                backend=backend,
                 inventory=inventory,
                 injector=injector,
-                resolver=backend.resolver,
-                identity=backend.identity,
+                workers=workers,
                 simulation=simulation,
                 usage=inventory.utilization,
-                closers=closers,
-                allocator=backend.allocator,
-                hooks=backend,
                 mig_caps=_mig_caps(settings, simulation),
+                closers=closers,
             )
         )
 
     async def _health_check(self) -> None:
-        """The ledger answers (behind whatever is queued for it)."""
-        await self.allocator.check()
+        """The allocator answers (the ledger: behind whatever is queued for it)."""
+        await self.core.allocator.check()
 
     async def start(self) -> None:
         """Reconcile, then serve and run the background loops."""
-        hooks = self.components.hooks
-        if hooks is not None:
-            hooks.bind(
-                service=self.service,
-                lost=self.lost,
-                reconciler=self.reconciler,
-                injector=self.components.injector,
-                metrics=self.metrics,
-                workers=self._workers,
-            )
-        await self.allocator.load()
+        self.backend.bind(
+            self.core, service=self.service, lost=self.lost, reconciler=self.reconciler
+        )
+        await self.core.allocator.load()
         report = await self.reconciler.run_once()
         log.info(
             "start-up reconciliation: %s",
@@ -424,8 +310,7 @@ class Agent:
         for failure in report.failures:
             log.error("start-up reconciliation could not fix: %s", failure)
         await self.service.refresh_gpu_metrics()
-        if hooks is not None:
-            hooks.start(reconcile=self.reconciler.run_once)
+        self.backend.start(reconcile=self.reconciler.run_once)
         settings = self.settings
         self.server.start(
             settings.listen, socket_mode=settings.socket_mode, socket_group=settings.socket_group
@@ -479,9 +364,8 @@ class Agent:
         await self.server.close_connections()
         if self.metrics_server is not None:
             await self.metrics_server.close_connections()
-        if self.components.hooks is not None:
-            await self.components.hooks.stop()
-        self._workers.shutdown()
+        await self.backend.stop()
+        self.core.workers.shutdown()
         for close in reversed(self.components.closers):
             close()
         log.info("stopped")
@@ -495,3 +379,59 @@ def _mig_caps(settings: AgentSettings, simulation: Simulation | None) -> Callabl
     if simulation is not None and simulation.mig_minors is not None:
         proc_devices, mig_minors = simulation.proc_devices or proc_devices, simulation.mig_minors
     return lambda: MigCaps.read(proc_devices=proc_devices, mig_minors=mig_minors)
+
+
+def _open_backend(
+    settings: AgentSettings, hierarchies: cgroups.CgroupHierarchies, workers: Workers
+) -> AgentBackend:
+    """The backend ``settings`` names, with its parts built (and closed again on failure)."""
+    if settings.backend is not Backend.KUBERNETES:
+        return LocalBackend.create(settings, hierarchies, workers)
+    try:
+        from .kubernetes.backend import KubernetesBackend
+    except ModuleNotFoundError as e:
+        # The Kubernetes client, grpcio and protobuf are the [agent] extra: notebook images
+        # install the package without them (pyproject.toml says why).
+        raise RuntimeError(
+            f"Kubernetes mode needs the agent's dependencies ({e.name} is not installed):"
+            " pip install 'jupyter-gpu-hotplug[agent]'"
+        ) from e
+    return KubernetesBackend.create(settings, hierarchies)
+
+
+def _nvml(
+    settings: AgentSettings, closers: list[Callable[[], None]]
+) -> tuple[Simulation | None, NvmlInventory]:
+    """The node's GPUs through NVML — the simulated library first, when asked (either mode);
+    what must be closed is added to ``closers``."""
+    simulation = None
+    if settings.simulated:
+        simulation = Simulation.prepare(
+            settings.simulation_dir or settings.state_dir / "simulation",
+            settings.simulate,
+            mig_profiles=settings.simulate_mig,
+            host_proc_devices=settings.host_proc / "devices",
+        )
+        simulation.load_in_process()
+    inventory = NvmlInventory()
+    closers.append(inventory.close)
+    return simulation, inventory
+
+
+def _engine(
+    settings: AgentSettings, hierarchies: cgroups.CgroupHierarchies, inventory: NvmlInventory
+) -> HotplugEngine:
+    """The hot-plug engine, asking NVML too which processes hold a GPU open."""
+    from ..linux.engine import HotplugEngine
+
+    major = settings.device_major
+
+    def nvml_holders(device: Any) -> list[int]:
+        return inventory.running_pids(device.minor) if device.major == major else []
+
+    return HotplugEngine(
+        host_proc=settings.host_proc,
+        hierarchies=hierarchies,
+        extra_holders=nvml_holders,
+        terminate_grace=settings.force_grace,
+    )

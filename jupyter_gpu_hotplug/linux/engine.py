@@ -8,44 +8,56 @@ the kernel agree, in the right order, and undoes everything when a step fails.
 A device is usable inside a container when three things hold, and the engine
 manages all three:
 
-1. the v1 ``devices`` cgroup allows it (hybrid and v1 hosts) — :mod:`.cgroup_v1`;
+1. the v1 ``devices`` cgroup allows it (hybrid and v1 hosts);
 2. every eBPF device program on the container's cgroup2 directories allows it
-   (hybrid and v2 hosts) — :mod:`.cgroup_v2`;
+   (hybrid and v2 hosts) — and, where systemd manages the container's cgroup as a unit
+   (the systemd cgroup driver), so does the unit's ``DeviceAllow=``, or systemd takes the
+   grant away again on its next ``daemon-reload``;
 3. a node for it exists in the container's ``/dev`` — :mod:`.devnodes`.
 
-Where systemd manages the container's cgroup as a unit (the systemd cgroup driver), the
-grant is also recorded in the unit's ``DeviceAllow=`` (:mod:`.systemd_units`), or systemd
-takes it away again on its next ``daemon-reload``.
+The first two are the container's *device controllers*, one per cgroup version
+(:mod:`.device_controllers`: ``v1`` over :mod:`.cgroup_v1`, ``v2`` over :mod:`.cgroup_v2`
+and :mod:`.systemd_units`), chosen once when the engine inspects the container; the engine
+itself holds what is the same for every version: the device nodes, the order of the steps
+and their rollback (:mod:`.journal`), the busy checks (:mod:`.busy`) and the check that the
+target is still the process it was.
 
 Grant applies them in that order, so the node never appears before access is
 allowed. Revoke checks who holds the device open first (an open fd survives any
-revocation), then removes the node and the permissions, and checks again to close
-the window in which a process could have opened it meanwhile.
+revocation), then removes the node and the permissions (the controllers in reverse
+order), and checks again to close the window in which a process could have opened it
+meanwhile.
 
 The NVIDIA control nodes (``nvidiactl``, ``nvidia-uvm*``) that a container lacks are
 added with the first GPU and left in place on revoke: without a GPU node and its
 cgroup permission they give access to no GPU, and removing them could break a
 container whose runtime put them there.
+
+Every error the engine raises is an :class:`EngineError`, with the mechanism's own error
+chained.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Final, Literal
 
 from . import busy, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs, systemd_units
-from .bpf import interp
+from .device_controllers import DeviceController, Verdict
+from .device_controllers.v1 import V1Controller
+from .device_controllers.v2 import ManagedUnit, V2Controller, program_names
 from .devnodes import DeviceNode
-from .devrules import RW, CharDevice, DevType, effective_access
+from .devrules import CharDevice
+from .journal import Change, Journal
 
 __all__ = [
     "BUSY_SCAN_SECONDS",
-    "STEP_ERRORS",
     "Container",
     "DeviceBusyError",
     "DeviceStatus",
@@ -117,24 +129,26 @@ class Container:
     pid: int
     start_time: int
     cgroups: cgroups.ProcessCgroups
-    v1_scope: Path | None
-    """The v1 directory that gets allows (and all below it); None without v1 devices."""
-    v2_dirs: tuple[Path, ...]
-    """cgroup2 directories from the process's leaf up to the container scope."""
-    unit: systemd_units.Unit | None = None
-    """The systemd unit the container scope is, when systemd keeps its device policy."""
+    v1: V1Controller | None
+    """Its v1 ``devices`` cgroup; None without v1 devices, or where that cgroup confines
+    nothing (the root, a privileged container's)."""
+    v2: V2Controller | None
+    """Its cgroup2 directories (and systemd unit); None where it sits in the cgroup2 root."""
 
-    def leave_programs(self, directory: Path) -> frozenset[str]:
-        """Device programs not ours to patch at ``directory``: systemd's, on its unit."""
-        if self.unit is not None and directory == self.unit.directory:
-            return _SYSTEMD_PROGRAMS
-        return frozenset()
+    @property
+    def controllers(self) -> tuple[DeviceController, ...]:
+        """The device controllers that confine it, in the order a grant applies them."""
+        return tuple(c for c in (self.v1, self.v2) if c is not None)
+
+    @property
+    def v1_scope(self) -> Path | None:
+        """The v1 directory that gets allows (and all below it)."""
+        return self.v1.scope if self.v1 is not None else None
 
     @property
     def cgroup_dirs(self) -> tuple[Path, ...]:
         """Every directory whose processes belong to the container (for busy scans)."""
-        tops = [self.v1_scope, self.v2_dirs[-1] if self.v2_dirs else None]
-        return tuple(dict.fromkeys(d for d in tops if d is not None))
+        return tuple(dict.fromkeys(c.top for c in self.controllers))
 
 
 @dataclass(frozen=True)
@@ -142,100 +156,94 @@ class DeviceStatus:
     """How usable one device is inside a container right now."""
 
     device: CharDevice
-    v1_allowed: bool | None
-    """None when the host has no v1 devices controller."""
-    v2_granted: bool | None
-    """Whether our prefix grants it on every program; None when no program restricts it."""
     node: bool
-    v2_allowed: bool | None = None
-    """Whether every device program on the container's cgroups allows it (read and write),
-    whoever wrote them (``bpf.interp``); None when no program restricts it or one cannot be
-    read as a device program."""
-    v1_ours: bool = False
-    """The v1 list holds the very entry this engine writes for it (``c M:m rw``, no ``m``;
-    runtimes write ``rwm`` for the devices they give, and wildcards for ``all``)."""
+    """A node for it is in the container's ``/dev``."""
+    v1: Verdict | None = None
+    """What the v1 list says; None when no v1 devices cgroup confines the container."""
+    v2: Verdict | None = None
+    """What the device programs (and the unit) say; None when no cgroup2 directory does."""
 
-    systemd_allowed: bool | None = None
-    """Whether the unit's ``DeviceAllow=`` allows it; None when no systemd unit keeps a
-    device policy for the container."""
-    systemd_ours: bool = False
-    """Whether that entry is one we added."""
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in (self.v1, self.v2) if v is not None)
+
+    @property
+    def v1_allowed(self) -> bool | None:
+        return self.v1.allows if self.v1 is not None else None
+
+    @property
+    def v2_allowed(self) -> bool | None:
+        """Whether every device program allows it, whoever wrote them (``bpf.interp``)."""
+        return self.v2.allows if self.v2 is not None else None
+
+    @property
+    def permitted(self) -> bool:
+        """Some controller's grant lets the container open it (node or not)."""
+        return any(v.granted for v in self.verdicts)
 
     @property
     def opens(self) -> bool:
         """A confining controller allows it and none denies it, whoever's rule it is."""
-        verdicts = (self.v1_allowed, self.v2_allowed)
+        verdicts = [v.allows for v in self.verdicts]
         return True in verdicts and False not in verdicts
 
     @property
     def ours(self) -> bool:
         """The access looks like this engine's own grant (our marked v2 prefix, or our v1
         entry), rather than a runtime's or a device plugin's."""
-        return bool(self.v2_granted) or self.v1_ours
+        return any(v.ours for v in self.verdicts)
 
     @property
     def usable(self) -> bool:
         """Usable now, and still after systemd rebuilds the unit's device program."""
-        return (
-            self.node
-            and self.v1_allowed is not False
-            and self.v2_granted is not False
-            and self.systemd_allowed is not False
+        return self.node and all(
+            v.granted is not False and v.unit_allows is not False for v in self.verdicts
         )
 
     @property
     def exposed(self) -> bool:
         """Any trace of access — what a revoke must clean up."""
-        return self.node or bool(self.v1_allowed) or bool(self.v2_granted) or self.systemd_ours
+        return self.node or any(bool(v.granted) or v.unit_ours for v in self.verdicts)
+
+
+class _ControllerChanges:
+    """The device controllers' reports in a result, by cgroup version."""
+
+    changes: tuple[Change, ...]
+
+    @property
+    def v1_writes(self) -> tuple[cgroup_v1.Write, ...]:
+        return tuple(w for c in self.changes if isinstance(c, cgroup_v1.V1Change) for w in c.writes)
+
+    @property
+    def v2_changes(self) -> tuple[cgroup_v2.GrantChange, ...]:
+        return tuple(c for c in self.changes if isinstance(c, cgroup_v2.GrantChange))
 
 
 @dataclass(frozen=True)
-class GrantResult:
+class GrantResult(_ControllerChanges):
     """What a grant changed, for the caller's record and log."""
 
     container: Container
     devices: tuple[DeviceNode, ...]
     nodes_created: tuple[str, ...]
-    v1_writes: tuple[cgroup_v1.Write, ...]
-    v2_changes: tuple[cgroup_v2.GrantChange, ...]
+    changes: tuple[Change, ...]
 
 
 @dataclass(frozen=True)
-class RevokeResult:
+class RevokeResult(_ControllerChanges):
     """What a revoke changed, including any process it ended (with ``force``)."""
 
     container: Container
     devices: tuple[DeviceNode, ...]
     nodes_removed: tuple[str, ...]
-    v1_writes: tuple[cgroup_v1.Write, ...]
-    v2_changes: tuple[cgroup_v2.GrantChange, ...]
+    changes: tuple[Change, ...]
     terminated: tuple[busy.Termination, ...] = ()
     target_gone: bool = False
     """The target process ended during the call (``force`` can end it)."""
 
 
-@dataclass
-class _Undo:
-    """A stack of compensating actions, run newest first when a step fails."""
-
-    steps: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
-
-    def push(self, what: str, action: Callable[[], object]) -> None:
-        self.steps.append((what, action))
-
-    def run(self) -> list[str]:
-        failures = []
-        for what, action in reversed(self.steps):
-            try:
-                action()
-            except Exception as e:  # every failure is reported to the caller, none hidden
-                log.error("rollback step failed: %s: %s", what, e)
-                failures.append(f"{what}: {e}")
-        self.steps.clear()
-        return failures
-
-
-STEP_ERRORS = (
+_STEP_ERRORS = (
     cgroup_v1.CgroupV1Error,
     cgroup_v2.CgroupV2Error,
     devnodes.DevNodeError,
@@ -245,8 +253,17 @@ STEP_ERRORS = (
     OSError,
 )
 """Errors of the mechanisms below the engine that mean "this step failed", as opposed to a
-bug; the engine wraps them in grant and revoke, and a caller of its reads meets them as they
-are."""
+bug; the engine raises them as its own (:class:`InjectionError` from a change, a plain
+:class:`EngineError` from a read), the mechanism's error chained."""
+
+
+@contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """A read of the host that fails raises :class:`EngineError` (nothing was changed)."""
+    try:
+        yield
+    except _STEP_ERRORS as e:
+        raise EngineError(f"cannot read {what}: {e}") from e
 
 
 class HotplugEngine:
@@ -283,7 +300,7 @@ class HotplugEngine:
         self.terminate_grace = terminate_grace
         self.busy_scan_seconds = busy_scan_seconds
         self.systemd = (
-            systemd_units.SystemdUnits.for_host(_program_names) if systemd == "detect" else systemd
+            systemd_units.SystemdUnits.for_host(program_names) if systemd == "detect" else systemd
         )
 
     # ---- inspection ------------------------------------------------------------------
@@ -303,31 +320,39 @@ class HotplugEngine:
         who = procfs.identity(pid, proc=self.host_proc)
         if who is None:
             raise TargetGoneError(f"process {pid} does not exist")
-        try:
-            found = cgroups.process_cgroups(
-                pid, hierarchies=self.hierarchies, host_proc=self.host_proc
-            )
-        except cgroups.CgroupNotFoundError as e:
-            raise TargetGoneError(str(e)) from e
-        except cgroups.CgroupError as e:
-            raise EngineError(f"cannot read the cgroups of process {pid}: {e}") from e
-        v2_dirs: tuple[Path, ...] = ()
-        if found.unified is not None and self._confined_v2(found.unified):
-            scope = self._scope(found.unified, self.hierarchies.unified, unified_scope, pid)
-            v2_dirs = tuple(cgroups.cgroup_dirs_to_patch_v2(found.unified, scope=scope))
-        v1_scope = None
-        if found.devices_v1 is not None and self._confined_v1(found.devices_v1):
-            mount = self.hierarchies.devices_v1
-            v1_scope = self._scope(found.devices_v1, mount, devices_v1_scope, pid)
-        unit = self._unit_of(v2_dirs[-1]) if v2_dirs else None
-        return Container(pid, who.start_time, found, v1_scope, v2_dirs, unit)
+        with _reading(f"the cgroups of process {pid}"):
+            try:
+                found = cgroups.process_cgroups(
+                    pid, hierarchies=self.hierarchies, host_proc=self.host_proc
+                )
+            except cgroups.CgroupNotFoundError as e:
+                raise TargetGoneError(str(e)) from e
+            in_v2 = self._v2_controller(found.unified, unified_scope, pid)
+            in_v1 = self._v1_controller(found.devices_v1, devices_v1_scope, pid)
+        return Container(pid, who.start_time, found, in_v1, in_v2)
 
-    def _unit_of(self, directory: Path) -> systemd_units.Unit | None:
+    def _v1_controller(self, leaf: Path | None, given: str | None, pid: int) -> V1Controller | None:
+        mount = self.hierarchies.devices_v1
+        if leaf is None or not V1Controller.confines(leaf, mount):
+            return None
+        return V1Controller(self._scope(leaf, mount, given, pid))
+
+    def _v2_controller(self, leaf: Path | None, given: str | None, pid: int) -> V2Controller | None:
+        mount = self.hierarchies.unified
+        if leaf is None or not V2Controller.confines(leaf, mount):
+            return None
+        scope = self._scope(leaf, mount, given, pid)
+        directories = tuple(cgroups.cgroup_dirs_to_patch_v2(leaf, scope=scope))
+        return V2Controller(scope, directories, self._managed_unit(scope))
+
+    def _managed_unit(self, scope: Path) -> ManagedUnit | None:
+        """The systemd unit the cgroup2 directory ``scope`` is, if systemd keeps its devices."""
         mount = self.hierarchies.unified
         if self.systemd is None or mount is None:
             return None
-        relative = directory.relative_to(mount.mount_point)
-        return self.systemd.unit_of(directory, control_group=PurePosixPath(mount.root) / relative)
+        control_group = PurePosixPath(mount.root) / scope.relative_to(mount.mount_point)
+        unit = self.systemd.unit_of(scope, control_group=control_group)
+        return ManagedUnit(unit, self.systemd) if unit is not None else None
 
     @staticmethod
     def _scope(leaf: Path, mount: cgroups.CgroupMount | None, given: str | None, pid: int) -> Path:
@@ -342,75 +367,24 @@ class HotplugEngine:
             raise TargetGoneError(f"process {pid} has left its container's cgroup {scope}")
         return scope
 
-    def _confined_v1(self, directory: Path) -> bool:
-        """Whether the v1 devices controller restricts this cgroup at all.
-
-        The root cgroup, and any cgroup still in deny-list mode (``a *:* rwm`` in its
-        list, as for a privileged container), allow every device: there is nothing to
-        grant there, and a deny written there would hit every process below it — for
-        the root, the whole host. Such a layer is left alone.
-        """
-        mount = self.hierarchies.devices_v1
-        if mount is not None and directory == mount.mount_point:
-            return False
-        rules = cgroup_v1.read_allow_list(directory)
-        return not any(rule.type is DevType.ALL for rule in rules)
-
-    def _confined_v2(self, leaf: Path) -> bool:
-        """Whether the process sits below the cgroup2 root (programs there are the
-        host's, never ours to patch)."""
-        mount = self.hierarchies.unified
-        return mount is None or leaf != mount.mount_point
-
     def status(self, container: Container, devices: Iterable[DeviceNode]) -> list[DeviceStatus]:
         """The current state of each device in ``container`` (reconciliation reads this)."""
         self._check_alive(container)
-        present = {node.name: node.device for node in self._nodes(container)}
-        devices = list(devices)
-        attached = [
-            (d, found) for d in container.v2_dirs if (found := cgroup_v2.attached_programs(d))
-        ]
-        programs = [at for _, at in attached]
-        # systemd's own programs are judged by the unit's list below, not by our prefix.
-        v2_sets = [
-            frozenset.intersection(*(p.granted for p in kept))
-            for d, at in attached
-            if (kept := [p for p in at if p.name not in container.leave_programs(d)])
-        ]
-        v1_rules = (
-            cgroup_v1.read_allow_list(container.v1_scope)
-            if container.v1_scope is not None
-            else None
-        )
-        unit_allowed: dict[CharDevice, bool] = {}
-        ours: frozenset[str] = frozenset()
-        if container.unit is not None and self.systemd is not None:
-            unit_allowed = self.systemd.allowed(container.unit, [n.device for n in devices])
-            ours = self.systemd.ours(container.unit)
-        statuses = []
-        for node in devices:
-            device = node.device
-            v1 = (
-                effective_access(v1_rules, DevType.CHAR, device.major, device.minor) & RW == RW
-                if v1_rules is not None
-                else None
+        nodes = list(devices)
+        chars = [node.device for node in nodes]
+        with _reading(f"the devices of process {container.pid}"):
+            present = {node.name: node.device for node in self._nodes(container)}
+            in_v1 = container.v1.granted(chars) if container.v1 is not None else {}
+            in_v2 = container.v2.granted(chars) if container.v2 is not None else {}
+        return [
+            DeviceStatus(
+                node.device,
+                present.get(node.name) == node.device,
+                in_v1.get(node.device),
+                in_v2.get(node.device),
             )
-            mine = v1_rules is not None and device.rule(RW) in v1_rules
-            v2 = all(device.rule() in s for s in v2_sets) if v2_sets else None
-            node_ok = present.get(node.name) == device
-            statuses.append(
-                DeviceStatus(
-                    device,
-                    v1,
-                    v2,
-                    node_ok,
-                    v1_ours=mine,
-                    v2_allowed=_v2_allows(programs, device),
-                    systemd_allowed=unit_allowed.get(device),
-                    systemd_ours=systemd_units.entry_for(device).path in ours,
-                )
-            )
-        return statuses
+            for node in nodes
+        ]
 
     def holders_by_device(
         self, container: Container, devices: Iterable[CharDevice]
@@ -418,6 +392,12 @@ class HotplugEngine:
         """For each of ``devices``, the processes of the container that hold it open; one
         walk of the container's processes and their fds for all of them, within
         ``busy_scan_seconds`` (:class:`ScanTimedOut` past them)."""
+        with _reading(f"which processes of process {container.pid}'s container hold devices"):
+            return self._scan(container, devices)
+
+    def _scan(
+        self, container: Container, devices: Iterable[CharDevice]
+    ) -> dict[CharDevice, list[busy.Holder]]:
         try:
             return busy.find_holders_by_device(
                 [d for d in container.cgroup_dirs if d.is_dir()],
@@ -439,58 +419,38 @@ class HotplugEngine:
         cases the host is as it was before the call.
         """
         container = self._container(target)
-        wanted = tuple(devices) + self._missing_control_nodes(container)
-        chars = [node.device for node in wanted]
-        undo = _Undo()
-        v1_writes: list[cgroup_v1.Write] = []
-        v2_changes: list[cgroup_v2.GrantChange] = []
-        created: list[str] = []
+        journal = Journal.for_process(container.pid)
+        wanted = tuple(devices)
         try:
-            if container.v1_scope is not None:
-                scope = container.v1_scope
-                new = [c for c in chars if cgroup_v1.allowed(scope, c) & RW != RW]
-                if new:
-                    undo.push(f"v1 deny {new} on {scope}", lambda: cgroup_v1.revoke(scope, new))
-                    v1_writes += cgroup_v1.grant(scope, new).writes
-                    _log_change("v1 allow", container, new, scope)
-            for directory in container.v2_dirs:
-                leave = container.leave_programs(directory)
-                rules = {c.rule() for c in chars} - cgroup_v2.granted_devices(
-                    directory, leave=leave
-                )
-                if not rules:
-                    continue
-                change = cgroup_v2.grant(directory, rules, leave=leave)
-                if change.changed:
-                    undo.push(
-                        f"v2 revoke on {directory}", partial(cgroup_v2.revoke, directory, rules)
-                    )
-                    v2_changes.append(change)
-                    _log_change("v2 allow", container, sorted(rules, key=str), directory)
-            if container.unit is not None and self.systemd is not None:
-                unit, units = container.unit, self.systemd
-                recorded = units.record(unit, chars)
-                if recorded.changed:
-                    undo.push(
-                        f"DeviceAllow of {unit.name}",
-                        partial(units.unrecord, unit, recorded.devices),
-                    )
-                    _log_change("DeviceAllow", container, recorded.devices, unit.directory)
+            wanted += self._missing_control_nodes(container)
+            for controller in container.controllers:
+                controller.grant([node.device for node in wanted], journal)
             self._check_alive(container)
-            for node in wanted:
-                if self._create(container, node):
-                    undo.push(f"remove /dev/{node.name}", partial(self._remove, container, node))
-                    created.append(node.name)
-                    _log_change("mknod", container, [node.device], Path("/dev") / node.name)
-        except (*STEP_ERRORS, TargetGoneError) as e:
-            failures = undo.run()
+            created = self._create_nodes(container, wanted, journal)
+        except (*_STEP_ERRORS, TargetGoneError) as e:
+            failures = journal.roll_back()
             if isinstance(e, TargetGoneError) and not failures:
                 raise
             raise InjectionError(
                 f"granting {_names(wanted)} to process {container.pid} failed: {e}",
                 rollback_errors=failures,
             ) from e
-        return GrantResult(container, wanted, tuple(created), tuple(v1_writes), tuple(v2_changes))
+        return GrantResult(container, wanted, created, tuple(journal.changes))
+
+    def _create_nodes(
+        self, container: Container, nodes: Sequence[DeviceNode], journal: Journal
+    ) -> tuple[str, ...]:
+        """Make ``nodes`` in the container's ``/dev``; the names of those that were not
+        there (only they are removed on a rollback)."""
+        created: list[str] = []
+        for node in nodes:
+            if self._create(container, node):
+                journal.undo_with(
+                    f"remove /dev/{node.name}", partial(self._remove, container, node)
+                )
+                journal.record("mknod", [node.device], Path("/dev") / node.name)
+                created.append(node.name)
+        return tuple(created)
 
     # ---- revoke ----------------------------------------------------------------------
 
@@ -512,12 +472,10 @@ class HotplugEngine:
         Refuses with :class:`DeviceBusyError` while a process of the container holds one
         open, unless ``force``: then those processes get SIGTERM, and SIGKILL after the
         grace period. On any failure the devices are granted again, so the container is
-        left as it was and the caller's record stays true.
-
-        ``leave_open`` (without ``force``): take the permission and the nodes even while
-        processes hold the device open; they keep their open fds and nobody is ended (the
-        policy for a GPU whose reservation was lost behind the agent's back: new opens fail,
-        running work is not killed).
+        left as it was and the caller's record stays true. ``leave_open`` (without
+        ``force``): take the permission and the nodes even while processes hold the device
+        open; they keep their open fds and nobody is ended (the policy for a GPU whose
+        reservation was lost behind the agent's back).
 
         ``force`` may end the target process itself. The permissions are then still
         taken from its cgroups (other processes may live on in them); its device nodes
@@ -525,83 +483,55 @@ class HotplugEngine:
         """
         container = self._container(target)
         wanted = tuple(devices)
-        terminated = self._clear_holders(container, wanted, force=force, leave_open=leave_open)
-        undo = _Undo()
-        removed: list[str] = []
-        v1_writes: list[cgroup_v1.Write] = []
-        v2_changes: list[cgroup_v2.GrantChange] = []
-        gone = not self._alive(container)
         try:
-            for node in () if gone else wanted:
-                if node.name in keep_nodes:
-                    continue
-                try:
-                    if not self._remove(container, node):
-                        continue
-                except devnodes.ContainerGoneError:
-                    gone = True  # ended by force a moment ago: its /dev is gone too
-                    break
-                undo.push(f"recreate /dev/{node.name}", partial(self._create, container, node))
-                removed.append(node.name)
-                _log_change("unlink", container, [node.device], Path("/dev") / node.name)
-            rules = {node.device.rule() for node in wanted}
-            for directory in container.v2_dirs:
-                if not directory.is_dir():
-                    continue  # the container's cgroup went away with its last process
-                leave = container.leave_programs(directory)
-                drop = rules & cgroup_v2.granted_devices(directory, leave=leave)
-                if not drop:
-                    continue
-                change = cgroup_v2.revoke(directory, drop)
-                undo.push(f"v2 re-grant on {directory}", partial(cgroup_v2.grant, directory, drop))
-                v2_changes.append(change)
-                _log_change("v2 revoke", container, sorted(drop, key=str), directory)
-            scope = container.v1_scope
-            if scope is not None and scope.is_dir():
-                # Only what is allowed now: a deny for anything else changes nothing
-                # and could take away a device the runtime gave the container itself.
-                was = [n.device for n in wanted if cgroup_v1.allowed(scope, n.device) & RW]
-                if was:
-                    v1_writes += cgroup_v1.revoke(scope, was).writes
-                    undo.push(f"v1 re-allow {was} on {scope}", partial(cgroup_v1.grant, scope, was))
-                    _log_change("v1 deny", container, was, scope)
-            unit = container.unit
-            if unit is not None and self.systemd is not None and unit.directory.is_dir():
-                units = self.systemd
-                dropped = units.unrecord(unit, [n.device for n in wanted])
-                if dropped.changed:
-                    undo.push(
-                        f"DeviceAllow of {unit.name}", partial(units.record, unit, dropped.devices)
-                    )
-                    _log_change("DeviceAllow reset", container, dropped.devices, unit.directory)
-            late = [] if leave_open and not force else self._holders_of(container, wanted)
-            if late and not force:
-                raise DeviceBusyError(late)
-            if late:
-                terminated += self._terminate(late)
+            ended = self._end_holders(container, wanted, force=force, leave_open=leave_open)
+        except busy.BusyError as e:
+            raise InjectionError(f"cannot tell whether the device is in use: {e}") from e
+        journal = Journal.for_process(container.pid)
+        try:
+            removed, gone = self._remove_nodes(container, wanted, keep_nodes, journal)
+            for controller in reversed(container.controllers):
+                controller.revoke([node.device for node in wanted], journal)
+            # Again: a process may have opened a device between the first look and now.
+            ended += self._end_holders(container, wanted, force=force, leave_open=leave_open)
         except (DeviceBusyError, ScanTimedOut):
-            failures = undo.run()
-            if failures:
-                raise InjectionError(
-                    "a process opened the device during revoke, or the scan ran past its deadline",
-                    rollback_errors=failures,
-                ) from None
+            _roll_back_for_busy(journal)
             raise
-        except (*STEP_ERRORS, TargetGoneError) as e:
-            failures = undo.run()
+        except (*_STEP_ERRORS, TargetGoneError) as e:
+            failures = journal.roll_back()
             raise InjectionError(
                 f"revoking {_names(wanted)} from process {container.pid} failed: {e}",
                 rollback_errors=failures,
             ) from e
-        return RevokeResult(
-            container,
-            wanted,
-            tuple(removed),
-            tuple(v1_writes),
-            tuple(v2_changes),
-            terminated,
-            target_gone=gone or not self._alive(container),
-        )
+        gone = gone or not self._alive(container)
+        changes = tuple(journal.changes)
+        return RevokeResult(container, wanted, removed, changes, ended, target_gone=gone)
+
+    def _remove_nodes(
+        self,
+        container: Container,
+        nodes: Sequence[DeviceNode],
+        keep: Collection[str],
+        journal: Journal,
+    ) -> tuple[tuple[str, ...], bool]:
+        """Unlink ``nodes`` but those in ``keep`` from the container's ``/dev``: the names
+        removed, and whether the container is gone (``force`` may have ended it a moment
+        ago: its ``/dev`` went with it, and there is nothing left to unlink)."""
+        if not self._alive(container):
+            return (), True
+        removed: list[str] = []
+        for node in nodes:
+            if node.name in keep:
+                continue
+            try:
+                if not self._remove(container, node):
+                    continue
+            except devnodes.ContainerGoneError:
+                return tuple(removed), True
+            journal.undo_with(f"recreate /dev/{node.name}", partial(self._create, container, node))
+            journal.record("unlink", [node.device], Path("/dev") / node.name)
+            removed.append(node.name)
+        return tuple(removed), False
 
     # ---- withdraw --------------------------------------------------------------------
 
@@ -615,41 +545,36 @@ class HotplugEngine:
         later would get them: they must go before the device is handed to anyone else. Its
         nodes went with its mount namespace. A cgroup that is gone already is skipped. Raises
         :class:`InjectionError` when a write fails (nothing is rolled back: a withdraw only
-        ever takes away).
+        ever takes away, so its journal is only a log).
         """
-        chars = [node.device for node in devices]
+        journal = Journal("an empty cgroup")
         try:
             self._check_empty(devices_v1=devices_v1, unified=unified)
-            v1_mount = self.hierarchies.devices_v1
-            if devices_v1 is not None and v1_mount is not None:
-                scope = v1_mount.directory_of(devices_v1)
-                if scope.is_dir() and self._confined_v1(scope):
-                    was = [c for c in chars if cgroup_v1.allowed(scope, c) & RW]
-                    if was:
-                        cgroup_v1.revoke(scope, was)
-                        _log_withdraw("v1 deny", was, scope)
-            v2_mount = self.hierarchies.unified
-            if unified is not None and v2_mount is not None:
-                top = v2_mount.directory_of(unified)
-                if top.is_dir() and self._confined_v2(top):
-                    unit = self._unit_of(top)
-                    if unit is not None and self.systemd is not None:
-                        dropped = self.systemd.unrecord(unit, chars)
-                        if dropped.changed:
-                            _log_withdraw("DeviceAllow reset", dropped.devices, top)
-                    rules = {c.rule() for c in chars}
-                    for directory in [top, *cgroups.descendants(top)]:
-                        leave = _SYSTEMD_PROGRAMS if unit is not None and directory == top else ()
-                        drop = rules & cgroup_v2.granted_devices(directory, leave=leave)
-                        if drop:
-                            cgroup_v2.revoke(directory, drop)
-                            _log_withdraw("v2 revoke", sorted(drop, key=str), directory)
-        except STEP_ERRORS as e:
+            for controller in self._leftovers(devices_v1=devices_v1, unified=unified):
+                controller.revoke([node.device for node in devices], journal)
+        except _STEP_ERRORS as e:
             raise InjectionError(
                 f"withdrawing {_names(devices)} from the empty cgroups {devices_v1}, {unified} "
                 f"failed: {e}",
                 rollback_errors=["a withdraw is not rolled back"],
             ) from e
+
+    def _leftovers(self, *, devices_v1: str | None, unified: str | None) -> list[DeviceController]:
+        """The controllers of an empty container's cgroups that still confine it, in the
+        order of a revoke; in cgroup2 the whole subtree (its processes are gone from every
+        level, so no leaf says where to stop)."""
+        found: list[DeviceController] = []
+        v2_mount, v1_mount = self.hierarchies.unified, self.hierarchies.devices_v1
+        if unified is not None and v2_mount is not None:
+            top = v2_mount.directory_of(unified)
+            if top.is_dir() and V2Controller.confines(top, v2_mount):
+                subtree = (top, *cgroups.descendants(top))
+                found.append(V2Controller(top, subtree, self._managed_unit(top)))
+        if devices_v1 is not None and v1_mount is not None:
+            scope = v1_mount.directory_of(devices_v1)
+            if scope.is_dir() and V1Controller.confines(scope, v1_mount):
+                found.append(V1Controller(scope))
+        return found
 
     def _check_empty(self, *, devices_v1: str | None, unified: str | None) -> None:
         """Refuse a withdraw while any process lives anywhere below the container's cgroups
@@ -705,23 +630,19 @@ class HotplugEngine:
         present = {node.name: node.device for node in self._nodes(container)}
         return tuple(n for n in self.control_nodes if present.get(n.name) != n.device)
 
-    def _holders_of(self, container: Container, nodes: Sequence[DeviceNode]) -> list[busy.Holder]:
-        """Every process that holds any of ``nodes`` open, once, by pid."""
-        found: dict[int, busy.Holder] = {}
-        for holders in self.holders_by_device(container, [n.device for n in nodes]).values():
-            for holder in holders:
-                found.setdefault(holder.pid, holder)
-        return sorted(found.values(), key=lambda h: h.pid)
-
-    def _clear_holders(
+    def _end_holders(
         self, container: Container, nodes: Sequence[DeviceNode], *, force: bool, leave_open: bool
     ) -> tuple[busy.Termination, ...]:
+        """Look for processes that hold ``nodes`` open: :class:`DeviceBusyError` when there
+        are any, or with ``force`` end them; with ``leave_open`` (and no ``force``) whoever
+        holds one keeps it, so there is nothing to look for and nobody to end."""
         if leave_open and not force:
-            return ()  # whoever holds it open keeps it: nothing to look for, nobody to end
-        try:
-            holding = self._holders_of(container, nodes)
-        except busy.BusyError as e:
-            raise InjectionError(f"cannot tell whether the device is in use: {e}") from e
+            return ()
+        found: dict[int, busy.Holder] = {}
+        for holders in self._scan(container, [n.device for n in nodes]).values():
+            for holder in holders:
+                found.setdefault(holder.pid, holder)
+        holding = sorted(found.values(), key=lambda h: h.pid)
         if not holding:
             return ()
         if not force:
@@ -739,56 +660,22 @@ class HotplugEngine:
         return (result,)
 
 
+def _roll_back_for_busy(journal: Journal) -> None:
+    """Undo a revoke that a late holder (or a scan past its deadline) stopped; the caller
+    then raises that error — unless the host could not be put back."""
+    failures = journal.roll_back()
+    if failures:
+        raise InjectionError(
+            "a process opened the device during revoke, or the scan ran past its deadline",
+            rollback_errors=failures,
+        ) from None
+
+
 def _container_scope(leaf: Path) -> Path:
     """The container's own cgroup for a process whose cgroup is ``leaf`` (see
     :data:`CRUN_INNER_CGROUP`)."""
     return leaf.parent if leaf.name == CRUN_INNER_CGROUP else leaf
 
 
-_SYSTEMD_PROGRAMS = frozenset({systemd_units.SYSTEMD_PROGRAM_NAME})
-
-
-def _program_names(directory: Path) -> list[tuple[int, str]]:
-    return [(p.id, p.name) for p in cgroup_v2.attached_programs(directory)]
-
-
-def _v2_allows(
-    programs: Sequence[Sequence[cgroup_v2.ProgramInfo]], device: CharDevice
-) -> bool | None:
-    """What the programs on every directory answer for opening ``device`` read-write."""
-    if not programs:
-        return None
-    verdicts = [
-        interp.allows(p.code, DevType.CHAR, RW, device.major, device.minor)
-        for at in programs
-        for p in at
-    ]
-    if False in verdicts:
-        return False
-    return None if None in verdicts else True
-
-
 def _names(nodes: Iterable[DeviceNode]) -> str:
     return ", ".join(f"/dev/{n.name}" for n in nodes)
-
-
-def _log_withdraw(action: str, devices: Iterable[object], where: Path) -> None:
-    log.info(
-        "host change: %s %s for an empty cgroup at %s",
-        action,
-        " ".join(str(d) for d in devices),
-        where,
-        extra={"hotplug_action": action, "path": str(where)},
-    )
-
-
-def _log_change(action: str, container: Container, devices: Iterable[object], where: Path) -> None:
-    """Every change to a host is logged, in one greppable shape."""
-    log.info(
-        "host change: %s %s for pid %d at %s",
-        action,
-        " ".join(str(d) for d in devices),
-        container.pid,
-        where,
-        extra={"hotplug_action": action, "pid": container.pid, "path": str(where)},
-    )

@@ -28,6 +28,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from jupyter_gpu_hotplug.agent import openapi_document
+from jupyter_gpu_hotplug.agent.core.workers import Workers
+from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
+from jupyter_gpu_hotplug.agent.local.backend import LocalBackend
 from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from jupyter_gpu_hotplug.agent.runtime import Agent, Components
@@ -269,14 +272,20 @@ def serve_agent(
         reconcile_interval=0,
         metrics_listen=(TcpAddress("127.0.0.1", 0),) if metrics_listen else (),
     )
-    components = Components(
-        settings=settings,
+    workers = Workers(host_threads=8)
+    backend = LocalBackend(
         ledger=ledger,
-        inventory=inventory,
-        injector=injector,
+        allocator=LedgerAllocator(ledger, workers),
         resolver=resolver,
         identity=LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver),
-        closers=[ledger.close],
+    )
+    components = Components(
+        settings=settings,
+        backend=backend,
+        inventory=inventory,
+        injector=injector,
+        workers=workers,
+        closers=[backend.close],
     )
     runner = _start_loop()
 

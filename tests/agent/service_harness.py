@@ -1,4 +1,5 @@
-"""A service (and reconciler) wired to the in-memory fakes and a real ledger, for unit tests."""
+"""A core, and the service and reconciler over it, wired to the in-memory fakes and a real
+ledger, for unit tests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from jupyter_gpu_hotplug.agent.core.bundle import Core
 from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints
 from jupyter_gpu_hotplug.agent.core.metrics import AgentMetrics
 from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
@@ -42,6 +44,8 @@ class Harness:
     allocator: LedgerAllocator | MemoryAllocator
     identity: LocalIdentity
     metrics: AgentMetrics
+    core: Core
+    """The bundle the service and the reconciler share (its locks, queue, idle book...)."""
     service: AgentService
     reconciler: Reconciler
     state_dir: Path
@@ -83,7 +87,7 @@ async def build(
     await chosen.load()
     identity = LocalIdentity(TOKEN, token_path=tmp_path / "token", resolver=resolver)
     metrics = AgentMetrics()
-    service = AgentService(
+    core = Core.build(
         allocator=chosen,
         inventory=inventory,
         injector=injector,
@@ -91,18 +95,12 @@ async def build(
         identity=identity,
         metrics=metrics,
         workers=workers,
-        config=ServiceConfig(max_gpus_per_target=max_gpus, device_major=MAJOR, simulated=True),
+        device_major=MAJOR,
         checkpoints=checkpoints,
     )
-    reconciler = Reconciler(
-        allocator=chosen,
-        inventory=inventory,
-        injector=injector,
-        resolver=resolver,
-        locks=service.locks,
-        metrics=metrics,
-        workers=workers,
-        device_major=MAJOR,
+    service = AgentService(
+        core,
+        config=ServiceConfig(max_gpus_per_target=max_gpus, simulated=True),
     )
     return Harness(
         host,
@@ -113,7 +111,8 @@ async def build(
         chosen,
         identity,
         metrics,
+        core,
         service,
-        reconciler,
+        Reconciler(core),
         tmp_path / "state",
     )

@@ -55,7 +55,7 @@ class Idle:
     usage: dict[GpuUuid, int | None]
 
     def policy(self, **settings: float) -> None:
-        self.harness.service.idle.policy = IdlePolicy(**settings)
+        self.harness.core.idle.policy = IdlePolicy(**settings)
 
     async def attach(
         self, pid: int, *, idle_release_seconds: float | None = None
@@ -87,16 +87,9 @@ def idle(harness: Harness, workers: Workers) -> Iterator[Idle]:
     clocks = Clocks()
     usage: dict[GpuUuid, int | None] = {}
     releaser = IdleReleaser(
-        book=harness.service.idle,
-        allocator=harness.allocator,
-        resolver=harness.resolver,
-        injector=harness.injector,
+        harness.core,
         usage=lambda: dict(usage),
         release=harness.service.release_unused,
-        locks=harness.service.locks,
-        metrics=harness.metrics,
-        workers=workers,
-        nodes=harness.service.nodes,
         clock=clocks.monotonic,
         wall=clocks.wall,
     )
@@ -168,11 +161,11 @@ async def test_use_calls_a_release_off_and_restarts_the_period(idle: Idle) -> No
     _process, uuid = await idle.attach(100)
     assert await idle.after(0) == []
     assert await idle.after(60) == []
-    assert uuid in idle.harness.service.idle.warnings
+    assert uuid in idle.harness.core.idle.warnings
 
     idle.usage[uuid] = 80
     assert await idle.after(10) == []
-    assert uuid not in idle.harness.service.idle.warnings
+    assert uuid not in idle.harness.core.idle.warnings
     idle.usage[uuid] = 0
 
     assert await idle.after(90) == [], "a new idle period started when it was last used"
@@ -197,9 +190,9 @@ async def test_a_backend_per_target_period_is_stricter_only_and_listeners_hear_a
     """As Kubernetes mode's pod annotation: read at each pass; warnings and releases told."""
     idle.policy(idle_seconds=600, warning_seconds=60)
     periods: dict[int, float | None] = {100: 120.0, 200: 10**6, 300: None}
-    idle.harness.service.idle.per_target = lambda target: periods[target.pid]  # type: ignore[union-attr]
+    idle.harness.core.idle.per_target = lambda target: periods[target.pid]  # type: ignore[union-attr]
     heard: list[IdleWarning | IdleRelease] = []
-    idle.harness.service.idle.listeners.append(heard.append)
+    idle.harness.core.idle.listeners.append(heard.append)
     strict, uuid = await idle.attach(100)
     lax, _ = await idle.attach(200)
     plain, _ = await idle.attach(300)
@@ -251,7 +244,7 @@ async def test_target_with_an_operation_running_is_left_for_the_next_pass(idle: 
     process, uuid = await idle.attach(100)
     assert await idle.after(0) == []
 
-    async with idle.harness.service.locks.operation(process.target):
+    async with idle.harness.core.locks.operation(process.target):
         assert await idle.after(60) == []
     assert await idle.after(0) == [uuid]
 
@@ -260,12 +253,12 @@ async def test_detached_gpu_is_forgotten(idle: Idle) -> None:
     idle.policy(idle_seconds=100, warning_seconds=100)
     _process, uuid = await idle.attach(100, idle_release_seconds=50)
     assert await idle.after(0) == []
-    assert uuid in idle.harness.service.idle.warnings
+    assert uuid in idle.harness.core.idle.warnings
 
     await idle.harness.service.detach(ADMIN, uuid, force=False)
     assert await idle.after(0) == []
 
-    book = idle.harness.service.idle
+    book = idle.harness.core.idle
     assert uuid not in book.warnings and uuid not in book.requested
 
 

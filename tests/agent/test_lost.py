@@ -38,7 +38,7 @@ async def _attached(harness: Harness, pid: int = 100) -> Reservation:
 def _lost(harness: Harness, policy: LostPolicy, grace: float) -> LostGpus:
     return LostGpus(
         rules=LossRules(grace_seconds=grace, policy=policy),
-        book=harness.service.losses,
+        book=harness.core.losses,
         metrics=harness.metrics,
     )
 
@@ -60,9 +60,9 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
             seen_usable.append(
                 device in harness.injector.usable(harness.host.processes[100].target)
             )
-            assert list(harness.service.losses.notices) == [entry.gpu.uuid]
+            assert list(harness.core.losses.notices) == [entry.gpu.uuid]
 
-    harness.service.losses.listeners.append(listener)
+    harness.core.losses.listeners.append(listener)
 
     async def revoke(force: bool) -> TakeBack | None:
         return await harness.service.take_back(entry, force=force)
@@ -84,7 +84,7 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
         [4242] if policy is LostPolicy.FORCE else []
     )
     assert harness.allocator.get(entry.gpu.uuid) is None
-    assert harness.service.losses.notices == {}
+    assert harness.core.losses.notices == {}
     assert harness.sample("gpu_hotplug_lost_revokes_total", kind="holder") == 1
 
 
@@ -98,17 +98,17 @@ async def test_the_notice_is_on_the_attachment_during_the_grace_period(harness: 
     task = asyncio.ensure_future(
         lost.handle(key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke)
     )
-    while entry.gpu.uuid not in harness.service.losses.notices:
+    while entry.gpu.uuid not in harness.core.losses.notices:
         await asyncio.sleep(0)
     assert lost.pending("h")
     (shown,) = (await harness.service.attachments(ADMIN, PidRef(100)))["attachments"]
     assert shown["holder_lost"]["reason"] == "evicted"
     await lost.handle(key="h", target=entry.target, gpus=[entry.gpu], reason="again", revoke=revoke)
-    assert harness.service.losses.notices[entry.gpu.uuid].reason == "evicted", "handled once"
+    assert harness.core.losses.notices[entry.gpu.uuid].reason == "evicted", "handled once"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert harness.service.losses.notices == {} and not lost.pending("h")
+    assert harness.core.losses.notices == {} and not lost.pending("h")
     assert harness.allocator.get(entry.gpu.uuid) is not None, "nothing revoked when cancelled"
 
 
@@ -119,7 +119,7 @@ async def test_an_operation_in_flight_is_waited_for(harness: Harness) -> None:
     async def revoke(force: bool) -> TakeBack | None:
         return await harness.service.take_back(entry, force=force)
 
-    async with harness.service.locks.operation(entry.target):
+    async with harness.core.locks.operation(entry.target):
         task = asyncio.ensure_future(
             lost.handle(
                 key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke

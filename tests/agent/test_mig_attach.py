@@ -70,8 +70,7 @@ def node(harness: Harness, tmp_path: Path) -> FakeNvmlConfig:
             proc_devices=tmp_path / "devices", mig_minors=tmp_path / "mig-minors"
         ),
     )
-    harness.service.nodes = nodes
-    harness.reconciler._nodes = nodes  # as the runtime shares it
+    harness.core.nodes = nodes
     return config
 
 

@@ -89,7 +89,7 @@ class Queue:
         return [request["position"] for request in view["requests"]]
 
     async def until_waiting(self, count: int) -> None:
-        await eventually(lambda: len(self.service.queue) == count, f"{count} request(s) wait")
+        await eventually(lambda: len(self.harness.core.queue) == count, f"{count} request(s) wait")
 
     def held_by(self, pid: int) -> list[GpuUuid]:
         target = self.harness.host.processes[pid].target
@@ -99,7 +99,7 @@ class Queue:
 @pytest.fixture
 async def queue(harness: Harness) -> AsyncIterator[Queue]:
     # Look again every 50 ms by itself (a target that exited is noticed then).
-    harness.service.queue = WaitQueue(recheck=0.05, on_change=harness.metrics.queue_length.set)
+    harness.core.queue = WaitQueue(recheck=0.05, on_change=harness.metrics.queue_length.set)
     helper = Queue(harness)
     # Three of the four GPUs are held by someone who stays: one is free.
     harness.host.spawn(900, "hog")
@@ -141,7 +141,7 @@ async def test_three_kernels_one_gpu_first_come_first_served(queue: Queue) -> No
     with pytest.raises(InsufficientGpus, match="GPU") as cancelled:
         await third
     assert "cancelled while it waited" in cancelled.value.message
-    assert len(queue.service.queue) == 0
+    assert len(queue.harness.core.queue) == 0
     assert queue.held_by(300) == []
     assert queue.harness.sample("gpu_hotplug_queue_length") == 0
 
@@ -153,7 +153,7 @@ async def test_deadline_answers_504_and_leaves_nothing(queue: Queue) -> None:
     with pytest.raises(Timeout, match=r"within 0\.2 s"):
         await queue.ask(200, wait=0.2)
 
-    assert len(queue.service.queue) == 0
+    assert len(queue.harness.core.queue) == 0
     assert queue.harness.ledger.attachments() == before
     assert queue.held_by(200) == []
 
@@ -211,7 +211,7 @@ async def test_one_container_may_not_fill_the_queue(queue: Queue) -> None:
     with pytest.raises(Busy, match="already waits") as refused:
         await queue.service.attach(ADMIN, waiting(299))
     assert refused.value.retryable
-    assert len(queue.service.queue) == MAX_WAITERS_PER_CONTAINER
+    assert len(queue.harness.core.queue) == MAX_WAITERS_PER_CONTAINER
     queue.ask(300)  # another container still queues
     await queue.until_waiting(MAX_WAITERS_PER_CONTAINER + 1)
 
@@ -238,7 +238,6 @@ async def test_freed_by_the_reconciler_wakes_the_first_waiter(queue: Queue) -> N
     await queue.ask(100)
     second = queue.ask(200)
     await queue.until_waiting(1)
-    queue.harness.reconciler._on_change = queue.service.queue.notify  # as the runtime wires it
 
     queue.harness.host.remove_container("kernel-100")  # the kernel exits, and its container
     await queue.harness.reconciler.run_once()
@@ -255,7 +254,7 @@ async def test_waiter_whose_target_exits_leaves(queue: Queue) -> None:
 
     with pytest.raises(NotFound, match="process"):
         await gone
-    assert len(queue.service.queue) == 0
+    assert len(queue.harness.core.queue) == 0
 
 
 async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
@@ -265,7 +264,7 @@ async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
 
     with pytest.raises(Busy, match="already waiting"):
         await queue.service.attach(ADMIN, waiting(200, request_id="retry-me"))
-    assert len(queue.service.queue) == 1
+    assert len(queue.harness.core.queue) == 1
 
 
 async def test_cancel_of_an_unknown_request(queue: Queue) -> None:
@@ -280,7 +279,7 @@ async def test_a_request_that_does_not_wait_is_answered_at_once(queue: Queue) ->
         await queue.service.attach(
             ADMIN, AttachRequest(count=1, target=PidRef(200), wait_seconds=60, request_id=None)
         )
-    assert len(queue.service.queue) == 0
+    assert len(queue.harness.core.queue) == 0
 
 
 async def test_a_waiting_request_counts_towards_its_targets_limit(
@@ -298,7 +297,7 @@ async def test_a_waiting_request_counts_towards_its_targets_limit(
     with pytest.raises(Forbidden) as caught:
         await queue.service.attach(ADMIN, waiting(200))
     assert caught.value.extra == {"limit": 2, "attached": 2, "requested": 1}
-    assert len(queue.service.queue) == 1
+    assert len(queue.harness.core.queue) == 1
     assert not first.done()
 
 
@@ -310,4 +309,4 @@ async def test_a_retry_of_a_served_request_does_not_queue(queue: Queue) -> None:
     again = await queue.service.attach(ADMIN, waiting(100, request_id="once"))
 
     assert again == served
-    assert len(queue.service.queue) == 1
+    assert len(queue.harness.core.queue) == 1

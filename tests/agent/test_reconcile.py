@@ -215,7 +215,7 @@ async def test_targets_with_an_operation_in_flight_are_skipped(harness: Harness)
     kernel = harness.host.spawn(100, "kernel-a")
     gpu = await reserve(harness, kernel, granted=True)
 
-    async with harness.service.locks.operation(kernel.target):
+    async with harness.core.locks.operation(kernel.target):
         report = await harness.reconciler.run_once()
 
     assert report.skipped_busy == [kernel.target.key]

@@ -1,4 +1,5 @@
-"""The unit record of a grant (``linux/systemd_units.py``) against an in-memory systemd.
+"""The unit record of a grant (``linux/systemd_units.py``) against an in-memory systemd,
+alone and as the v2 device controller's part (``linux/device_controllers/v2.py``).
 
 The real systemd is in the VM tier (``tests/vm``); here the D-Bus seam is a fake that keeps a
 unit's ``DeviceAllow=`` list the way systemd does (an assignment appends, or replaces the
@@ -18,12 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jupyter_gpu_hotplug.linux.device_controllers.v2 import ManagedUnit, V2Controller
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from jupyter_gpu_hotplug.linux.engine import DeviceStatus
+from jupyter_gpu_hotplug.linux.journal import Journal
 from jupyter_gpu_hotplug.linux.systemd_units import (
     INVOCATION_XATTR,
     RECORD_XATTR,
     SYSTEMD_PROGRAM_NAME,
     AllowEntry,
+    RecordChange,
     SystemdUnitError,
     SystemdUnits,
     Unit,
@@ -315,3 +320,64 @@ def test_names_alone_make_no_unit(units: SystemdUnits, tmp_path: Path) -> None:
 
 def test_no_systemd_no_units(tmp_path: Path) -> None:
     assert SystemdUnits.for_host(lambda d: [], run_dir=tmp_path / "absent") is None
+
+
+# ---- the engine's path: the v2 device controller's unit (root: trusted xattrs) ------------
+
+
+@pytest.fixture
+def controller(units: SystemdUnits, unit: Unit) -> V2Controller:
+    """A container scope with no device program of its own: only the unit confines it."""
+    return V2Controller(unit.directory, (), ManagedUnit(unit, units))
+
+
+@needs_root
+def test_the_v2_controller_records_a_grant_and_its_journal_undoes_it(
+    controller: V2Controller, unit: Unit, systemd: FakeSystemd
+) -> None:
+    journal = Journal.for_process(4242)
+
+    controller.grant([GPU0, GPU1], journal)
+
+    assert systemd.entries == [*RUNC_LIST, entry_for(GPU0), entry_for(GPU1)]
+    assert [type(change) for change in journal.changes] == [RecordChange]
+    verdict = controller.granted([GPU0])[GPU0]
+    assert (verdict.granted, verdict.unit_allows, verdict.unit_ours) == (None, True, True)
+    assert DeviceStatus(GPU0, node=True, v2=verdict).usable
+
+    assert journal.roll_back() == []
+    assert systemd.entries == list(RUNC_LIST)
+    assert note(unit) is None
+
+
+@needs_root
+def test_the_v2_controller_takes_its_entry_back_and_its_journal_restores_it(
+    controller: V2Controller, unit: Unit, systemd: FakeSystemd
+) -> None:
+    controller.grant([GPU0], Journal.for_process(4242))
+    journal = Journal.for_process(4242)
+
+    controller.revoke([GPU0], journal)
+
+    assert systemd.entries == list(RUNC_LIST)
+    verdict = controller.granted([GPU0])[GPU0]
+    assert (verdict.unit_allows, verdict.unit_ours) == (False, False)
+    assert not DeviceStatus(GPU0, node=True, v2=verdict).usable
+    assert not DeviceStatus(GPU0, node=False, v2=verdict).exposed  # nothing of ours is left
+
+    assert journal.roll_back() == []
+    assert systemd.entries == [*RUNC_LIST, entry_for(GPU0)]
+
+
+@needs_root
+def test_the_v2_controller_leaves_a_unit_that_went_with_its_container(
+    controller: V2Controller, unit: Unit, systemd: FakeSystemd
+) -> None:
+    controller.grant([GPU0], Journal.for_process(4242))
+    os.removexattr(unit.directory, RECORD_XATTR)
+    unit.directory.rmdir()
+    calls = list(systemd.calls)
+
+    controller.revoke([GPU0], Journal("an empty cgroup"))
+
+    assert systemd.calls == calls

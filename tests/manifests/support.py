@@ -9,6 +9,7 @@ cannot change a verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -120,6 +121,24 @@ def render_chart(
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def agent_config(args: list[str]) -> dict[str, Any]:
+    """The settings the agent resolves from a DaemonSet's ``args`` (``--show-config-json``, on
+    a node named by ``NODE_NAME`` as the downward API gives it); fails the test if it refuses
+    them."""
+    cli = str(Path(sys.executable).with_name("jupyter-gpu-hotplug"))
+    result = subprocess.run(
+        [cli, "agent", *args, "--show-config-json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "NODE_NAME": "gpu-node-1"},
+    )
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = json.loads(result.stdout)
+    return config
 
 
 def with_holder_image(obj: dict[str, Any], image: str) -> dict[str, Any]:

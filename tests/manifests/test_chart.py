@@ -1,7 +1,9 @@
 """The Helm chart (``k8s/chart/jupyter-gpu-hotplug``): ``helm lint`` passes, every object it
 renders validates against the pinned Kubernetes schemas, its defaults render the objects of
 ``kubectl kustomize k8s/`` (and its CRI-O values those of the CRI-O overlay), and every value
-reaches the objects it names.
+reaches the objects it names. Its ``values.schema.json`` types every value, gives the same
+verdict as the agent on every value the agent checks, and makes Helm refuse a wrong type, an
+unknown key or a bad enum or pattern, naming the value.
 
 What differs between the two by design, and nothing else:
 - Helm's own labels (``helm.sh/chart``, ``app.kubernetes.io/managed-by``, ``…/instance``,
@@ -13,15 +15,34 @@ What differs between the two by design, and nothing else:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
+import yaml
+from jsonschema import Draft7Validator  # type: ignore[import-untyped]
+
+from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
+from jupyter_gpu_hotplug.agent.settings import (
+    PULL_POLICIES,
+    STRAY_POLICIES,
+    AgentSettings,
+    KubernetesSettings,
+    LogStyle,
+    SettingsError,
+    TcpAddress,
+)
 
 from .support import (
     CHART_DIR,
     CLUSTER_SCOPED,
     K8S_DIR,
+    agent_config,
     by_kind,
     helm,
     helm_or_skip,
@@ -42,6 +63,9 @@ CRI_O: Final = ("cri.socketDir=/var/run/crio", "cri.endpoint=unix:///var/run/cri
 MONITORS: Final = ("metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true")
 OPERATOR_KINDS: Final = frozenset({"PodMonitor", "ServiceMonitor"})
 """Prometheus Operator objects: CRDs, outside the Kubernetes schemas (checked by hand below)."""
+SCHEMA: Final[dict[str, Any]] = json.loads((CHART_DIR / "values.schema.json").read_text())
+DEFAULTS: Final[dict[str, Any]] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+HELM_SCHEMA_ERROR: Final = "values don't meet the specifications of the schema(s)"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -233,7 +257,276 @@ def test_switches_remove_their_objects() -> None:
     ]
 
 
-def _json(value: object) -> str:
-    import json
+def test_switches_remove_the_host_systemd_mounts() -> None:
+    pod = _agent_pod(render_chart("hostSystemd.enabled=false"))
+    (container,) = pod["containers"]
+    assert not {"host-systemd", "host-dbus"} & {v["name"] for v in pod["volumes"]}
+    assert not {"host-systemd", "host-dbus"} & {m["name"] for m in container["volumeMounts"]}
+    assert "DBUS_SYSTEM_BUS_ADDRESS" not in {e["name"] for e in container["env"]}
 
+
+def _json(value: object) -> str:
     return json.dumps(value)
+
+
+# --- values.schema.json ---------------------------------------------------------------------
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = SCHEMA["definitions"][node["$ref"].removeprefix("#/definitions/")]
+    return node
+
+
+def _untyped(node: dict[str, Any], value: object, path: str) -> list[str]:
+    """The paths under ``value`` that ``node`` (a schema) leaves without a type."""
+    node = _resolve(node)
+    branches = [_resolve(branch) for branch in node.get("anyOf", [node])]
+    if not all("type" in branch for branch in branches):
+        return [path or "/"]
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = node.get("properties", {}).get(key, node.get("additionalProperties"))
+            if not isinstance(sub, dict):
+                found.append(f"{path}/{key} (no schema)")
+            else:
+                found += _untyped(sub, item, f"{path}/{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _untyped(node["items"], item, f"{path}/{index}")
+    return found
+
+
+def _values(**changes: object) -> dict[str, Any]:
+    """The chart's defaults with ``changes`` applied (keys of a path joined by ``__``)."""
+    values = copy.deepcopy(DEFAULTS)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = values
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return values
+
+
+def _schema_admits(values: dict[str, Any]) -> bool:
+    return bool(Draft7Validator(SCHEMA).is_valid(values))
+
+
+def test_the_schema_is_draft_07_and_types_every_value() -> None:
+    assert SCHEMA["$schema"] == "http://json-schema.org/draft-07/schema#"
+    Draft7Validator.check_schema(SCHEMA)
+    Draft7Validator(SCHEMA).validate(DEFAULTS)
+    assert _untyped(SCHEMA, DEFAULTS, "") == []
+    # No other value is admitted (a typo is an error), and every one the templates use
+    # unguarded is required (a null there would render a broken flag); the placement values
+    # and the runtime class are written only when given.
+    assert SCHEMA["additionalProperties"] is False
+    optional = {"nodeSelector", "tolerations", "affinity", "runtimeClassName"}
+    assert sorted(SCHEMA["required"]) == sorted(DEFAULTS.keys() - optional)
+
+
+def test_the_schemas_enums_are_the_agents() -> None:
+    props = SCHEMA["properties"]
+    enum = {
+        "image.pullPolicy": _resolve(props["image"]["properties"]["pullPolicy"])["enum"],
+        "holder.pullPolicy": _resolve(props["holder"]["properties"]["pullPolicy"])["enum"],
+        "strayPolicy": props["strayPolicy"]["enum"],
+        "lostHolders.policy": props["lostHolders"]["properties"]["policy"]["enum"],
+        "agent.logFormat": props["agent"]["properties"]["logFormat"]["enum"],
+    }
+    assert enum == {
+        "image.pullPolicy": list(PULL_POLICIES),
+        "holder.pullPolicy": list(PULL_POLICIES),
+        "strayPolicy": list(STRAY_POLICIES),
+        "lostHolders.policy": [p.value for p in LostPolicy],
+        "agent.logFormat": [s.value for s in LogStyle],
+    }
+
+
+def _k8s(**settings: Any) -> object:
+    return KubernetesSettings(node_name="gpu-node-1", **settings)
+
+
+def _seconds(name: str) -> Callable[[float], object]:
+    def check(value: float) -> object:
+        base = AgentSettings(listen=(TcpAddress("", 8477),), state_dir=Path("/run/gpu-hotplug"))
+        changes: dict[str, Any] = {name: value}
+        return dataclasses.replace(base, **changes)
+
+    return check
+
+
+AGREEMENT: Final[list[tuple[str, Callable[[Any], object], list[object]]]] = [
+    (
+        "resourceName",
+        lambda v: _k8s(resource_name=v),
+        ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "example.com/Foo_bar.1", "gpu",
+         "nvidia.com/", "/gpu", "Nvidia.com/gpu", "nvidia.com/gpu-", "nvidia.com/mig 1g"],
+    ),
+    (
+        "holder__resources__cpu",
+        lambda v: _k8s(holder_cpu=v),
+        ["10m", "0.5", "1", "250m", "ten", "10 m", "-1", "1e3", "10mi", "", ".5"],
+    ),
+    (
+        "holder__resources__memory",
+        lambda v: _k8s(holder_memory=v),
+        ["24Mi", "1Gi", "32M", "24mi", "24MB", "1Ti", "24 Mi"],
+    ),
+    (
+        "holder__pullPolicy",
+        lambda v: _k8s(holder_image_pull_policy=v),
+        ["Always", "IfNotPresent", "Never", "always", "Sometimes"],
+    ),
+    (
+        "holder__pullSecrets",
+        lambda v: _k8s(holder_image_pull_secrets=tuple(v)),
+        [["regcred"], ["a.b-c", "x"], ["Regcred"], ["reg_cred"], ["-x"], ["a" * 254]],
+    ),
+    (
+        "strayPolicy",
+        lambda v: _k8s(stray_policy=v),
+        ["report", "revoke", "Report", "delete"],
+    ),
+    ("lostHolders__policy", LostPolicy, ["revoke", "force", "kill", ""]),
+    ("agent__logFormat", LogStyle, ["text", "json", "yaml"]),
+    ("idle__releaseSeconds", _seconds("idle_release_seconds"), [0, 0.5, 3600, -1, -0.1]),
+    ("idle__warningSeconds", _seconds("idle_warning_seconds"), [0, 60, -1]),
+    ("idle__maxLeaseSeconds", _seconds("max_lease_seconds"), [0, 86400, -5]),
+    ("lostHolders__graceSeconds", _seconds("lost_grace_seconds"), [0, 30, 2.5, -30]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "agent", "candidates"), AGREEMENT, ids=[case[0] for case in AGREEMENT]
+)
+def test_the_schema_and_the_agent_agree(
+    path: str, agent: Callable[[Any], object], candidates: list[object]
+) -> None:
+    """For every value the agent checks, the schema's verdict is the agent's: what it would
+    refuse at start (a DaemonSet that never becomes ready) Helm refuses before installing."""
+
+    def agent_admits(value: object) -> bool:
+        try:
+            agent(value)
+        except (SettingsError, ValueError):
+            return False
+        return True
+
+    verdicts = {
+        repr(value): (agent_admits(value), _schema_admits(_values(**{path: value})))
+        for value in candidates
+    }
+    assert {v: a for v, (a, _) in verdicts.items()} == {v: s for v, (_, s) in verdicts.items()}
+    assert any(a for a, _ in verdicts.values()) and not all(a for a, _ in verdicts.values())
+
+
+def test_where_the_schema_is_stricter_than_the_agent() -> None:
+    """Where the chart puts a value into an object, the API's rules (or the policy's) apply on
+    top of the agent's, and the schema holds the stricter one."""
+    # The agent takes any object name as the holders' class, or none (each holder then takes
+    # its notebook's); a class the chart *creates* needs a name outside the API's reserved
+    # system- prefix, and a user-defined priority of at most 10^9.
+    for name in ("gpu-hotplug-holder", "", "system-cluster-critical"):
+        _k8s(holder_priority_class=name)
+        existing = {"create": False, "name": name, "value": 1000}
+        assert _schema_admits(_values(priorityClasses__holder=existing))
+    assert _schema_admits(_values(priorityClasses__holder__name="holders"))
+    assert not _schema_admits(_values(priorityClasses__holder__name=""))
+    assert not _schema_admits(_values(priorityClasses__holder__name="system-holders"))
+    assert not _schema_admits(_values(priorityClasses__agent__value=2_000_000_000))
+    # The agent skips an empty pull secret; the chart would write it into the agent pod's
+    # imagePullSecrets as a reference to no Secret.
+    _k8s(holder_image_pull_secrets=("",))
+    assert not _schema_admits(_values(holder__pullSecrets=[""]))
+    # The agent takes any non-empty holder image; the chart also writes it into a CEL string
+    # literal of the admission policy, where a quote would change the policy's expression.
+    _k8s(holder_image="pause' || true || '")
+    assert not _schema_admits(_values(holder__image="pause' || true || '"))
+    assert _schema_admits(
+        _values(holder__image="registry.example.org:5000/pause@sha256:" + "0" * 64)
+    )
+
+
+def _helm_template(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm(), "template", "gpu-hotplug", str(CHART_DIR), "--kube-version", "1.34.0", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("agent.port=api", "at '/agent/port': got string, want integer"),
+        (
+            "admissionPolicy.enabled=maybe",
+            "at '/admissionPolicy/enabled': got string, want boolean",
+        ),
+        ("strayPolcy=revoke", "at '': additional properties 'strayPolcy' not allowed"),
+        ("holder.imag=pause", "at '/holder': additional properties 'imag' not allowed"),
+        ("strayPolicy=delete", "at '/strayPolicy': value must be one of 'report', 'revoke'"),
+        ("lostHolders.policy=kill", "at '/lostHolders/policy': value must be one of"),
+        ("image.pullPolicy=always", "at '/image/pullPolicy': value must be one of"),
+        ("resourceName=gpu", "at '/resourceName': 'gpu' does not match pattern"),
+        ("holder.resources.memory=24MB", "at '/holder/resources/memory'"),
+        ("priorityClasses.holder.name=system-holders", "at '/priorityClasses/holder/name'"),
+        ("lostHolders.graceSeconds=-5", "at '/lostHolders/graceSeconds': minimum"),
+        ("metrics.podMonitor.interval=30sec", "at '/metrics/podMonitor/interval'"),
+        ("holder.image=pause' || true || '", "at '/holder/image'"),
+        ('tolerations=[{"key": "gpu", "operator": "Is"}]', "at '/tolerations/0/operator'"),
+    ],
+)
+def test_helm_refuses_what_the_schema_refuses(value: str, says: str) -> None:
+    flag = "--set-json" if value.partition("=")[2].startswith("[") else "--set"
+    result = _helm_template(flag, value)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert HELM_SCHEMA_ERROR in result.stderr and says in result.stderr, result.stderr
+
+
+def test_helm_lint_refuses_what_the_schema_refuses() -> None:
+    argv = [helm(), "lint", "--strict", str(CHART_DIR), "--kube-version", "1.34.0"]
+    argv += ["--set", "strayPolicy=delete"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "at '/strayPolicy': value must be one of" in result.stdout + result.stderr
+
+
+def test_the_api_and_metrics_ports_differ() -> None:
+    result = _helm_template("--set", "metrics.port=8477")
+    assert result.returncode != 0
+    assert "agent.port and metrics.port are both 8477" in result.stderr
+
+
+def test_the_agent_accepts_what_the_schema_admits_at_its_edges() -> None:
+    """Values at the edges of what the schema admits render arguments the agent starts with."""
+    objects = render_chart(
+        "resourceName=example.com/Foo_bar.1",
+        "holder.resources.cpu=1",  # an integer, from --set
+        "holder.resources.memory=0.5Gi",
+        "lostHolders.graceSeconds=0",
+        "lostHolders.policy=force",
+        "agent.logFormat=text",
+        "priorityClasses.holder.create=false",
+        "priorityClasses.holder.name=",
+        "holder.pullPolicy=Never",
+        'holder.pullSecrets=["a.b-c"]',
+        "idle.maxLeaseSeconds=86400",
+    )
+    (container,) = _agent_pod(objects)["containers"]
+    config = agent_config(container["args"])
+    k8s = config["kubernetes"]
+    assert (k8s["resource_name"], k8s["holder_cpu"], k8s["holder_memory"]) == (
+        "example.com/Foo_bar.1",
+        "1",
+        "0.5Gi",
+    )
+    assert (k8s["holder_priority_class"], k8s["holder_image_pull_secrets"]) == ("", ["a.b-c"])
+    assert (config["lost_grace_seconds"], config["lost_policy"]) == (0, "force")
+    assert config["max_lease_seconds"] == 86400

@@ -3,19 +3,16 @@ schemas, and the objects say what DESIGN §3 and §4 and the agent need — and 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import AGENT_PORT
+from jupyter_gpu_hotplug.linux.systemd_units import SYSTEMD_RUN_DIR
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 
-from .support import CLUSTER_SCOPED, K8S_DIR, by_kind, render, validate
+from .support import CLUSTER_SCOPED, K8S_DIR, agent_config, by_kind, render, validate
 
 AGENT = "gpu-hotplug-agent"
 METRICS_PORT = 8478
@@ -111,11 +108,35 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cri": "/run/containerd",
         "state": "/run/gpu-hotplug",
+        "host-systemd": "/run/systemd",
+        "host-dbus": "/run/dbus",
     }
     read_only = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
     # Written: the device cgroups (the agent's job) and its own state; nothing else.
-    assert read_only == {"host-proc", "pod-resources", "cri"}
+    assert read_only == {"host-proc", "pod-resources", "cri", "host-systemd", "host-dbus"}
     assert "/dev" not in host_paths.values()
+
+
+def test_host_systemd_is_mounted_without_faking_one(objects: list[dict[str, Any]]) -> None:
+    """The agent reaches the host's systemd where there is one (``/run/systemd/system`` at the
+    path it looks for, the system bus at the address it dials) and the pod still starts where
+    there is none: the parents are mounted with ``DirectoryOrCreate``, never the marker
+    directory or the socket themselves (``Directory``/``Socket`` would fail the mount on such a
+    node; creating ``/run/systemd/system`` would fake a systemd)."""
+    pod = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    bus = PurePosixPath(env["DBUS_SYSTEM_BUS_ADDRESS"].removeprefix("unix:path="))
+    for name, needed in (("host-systemd", SYSTEMD_RUN_DIR), ("host-dbus", bus)):
+        host_path = volumes[name]["hostPath"]
+        assert host_path["type"] == "DirectoryOrCreate"
+        # The same path inside as on the host, and what the agent needs lies strictly below.
+        assert mounts[name] == {"name": name, "mountPath": host_path["path"], "readOnly": True}
+        assert PurePosixPath(needed).parent == PurePosixPath(host_path["path"])
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert not host_paths & {str(SYSTEMD_RUN_DIR), str(bus)}
 
 
 def test_service_reaches_this_nodes_agent(objects: list[dict[str, Any]]) -> None:
@@ -173,17 +194,7 @@ def test_holder_image_is_pulled_and_admitted(objects: list[dict[str, Any]]) -> N
 
 def test_agent_accepts_the_daemonsets_arguments(objects: list[dict[str, Any]]) -> None:
     (container,) = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]["containers"]
-    cli = str(Path(sys.executable).with_name("jupyter-gpu-hotplug"))
-    result = subprocess.run(
-        [cli, "agent", *container["args"], "--show-config-json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "NODE_NAME": "gpu-node-1"},
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["backend"] == "kubernetes"
+    assert agent_config(container["args"])["backend"] == "kubernetes"
 
 
 def test_cri_o_overlay_moves_the_cri_socket(objects: list[dict[str, Any]]) -> None:

@@ -763,10 +763,10 @@ serializeImagePulls: false
             timeout=120,
             check=False,
         )
-        if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(
-                result.returncode, result.args, result.stdout, result.stderr
-            )
+        # kubectl's own words in the failure: CalledProcessError's message would hide them.
+        assert not check or result.returncode == 0, (
+            f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+        )
         return result.stdout + ("" if check else result.stderr)
 
     def kubectl_json(self, *args: str) -> Any:

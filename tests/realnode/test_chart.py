@@ -142,7 +142,4 @@ def test_helm_install_brings_the_agent_up_and_a_notebook_attaches(
     )
     # The release's policy names the release's ServiceAccount.
     assert f"system:serviceaccount:{NAMESPACE}:gpu-hotplug-agent" in json.dumps(policy)
-    # Not yet: the attach through this release's Service answers 422 target_not_ready on the
-    # real node (holder admitted and Running; the agent pod cannot resolve the notebook's
-    # container) — issue 21's note; test_deployed.py has the same steps for kustomize.
-    assert installed
+    deployed.attach_and_detach_through_the_service(cluster, namespace, installed)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -133,7 +132,9 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
         "    target: {kind: ValidatingAdmissionPolicy, name: gpu-hotplug-agent-holders-only}\n"
     )
     try:
-        cluster.kubectl("apply", "--server-side", "-k", str(overlay))
+        # The cluster-wide objects are the session's too (``agent_account``, applied client-side
+        # and re-applied after the chart's release): the overlay takes over their fields.
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(overlay))
 
         def ready() -> bool:
             pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
@@ -200,50 +201,65 @@ def _notebook_with_token(name: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open: the DaemonSet's agent authenticates the call through the Service and its holder "
-        "runs, then answers 422 target_not_ready (resolving the notebook container from inside "
-        "its pod through /host/proc and /host/sys/fs/cgroup, not yet diagnosed)"
-    ),
-)
 def test_the_deployed_agent_attaches_through_the_node_local_service(
     cluster: Cluster, deployed_agent: str
 ) -> None:
     attach_and_detach_through_the_service(cluster, cluster.namespace("deployed"), deployed_agent)
 
 
+def _agent_call(
+    cluster: Cluster, ns: str, service_ip: str, method: str, body: str | None = None
+) -> tuple[int, str]:
+    """``method /v1/attachments`` from inside the notebook pod ``nb`` with its projected token;
+    returns the status and the body, so that a refusal shows the agent's own words (status 0:
+    no answer, while the Service has no endpoint yet).
+
+    Written out for busybox's ``nc`` (its ``wget`` knows no DELETE and hides an error's body).
+    The request is written by ``nc -e``'s program, which then copies the answer to stderr: a
+    plain ``printf | nc`` half-closes the connection when its input ends, and tornado takes
+    that for the caller going away (the answer is then dropped)."""
+    request = f"{method} /v1/attachments HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n"
+    if body is not None:
+        request += f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
+    request += "\\r\\n" + (body or "")  # printf's format: no '%' in the body
+    program = f'printf "$1" "$(cat {TOKEN_PATH})"; cat >&2'
+    argv = ["nc", "-w", str(REQUEST_TIMEOUT), service_ip, "8477",
+            "-e", "/bin/sh", "-c", program, "sh", request]  # fmt: skip
+    answer = cluster.exec(ns, "nb", argv, timeout=REQUEST_TIMEOUT + 10)
+    status_line, _, rest = answer.stderr.partition("\r\n")
+    if not status_line.startswith("HTTP/"):
+        return 0, f"no HTTP answer: {answer}"
+    return int(status_line.split()[1]), rest.partition("\r\n\r\n")[2]
+
+
 def attach_and_detach_through_the_service(cluster: Cluster, ns: str, service_ip: str) -> None:
     """A notebook pod in ``ns`` attaches a GPU through the agent's Service at ``service_ip``
     with its projected token, opens it, and detaches (also the Helm chart's test)."""
-    deployed_agent = service_ip
     cluster.core.create_namespaced_pod(ns, _notebook_with_token("nb"))
     cluster.wait_running(ns, "nb")
-    url = f"http://{deployed_agent}:8477/v1/attachments"
-    request = (
-        f'wget -q -O - --header "Authorization: Bearer $(cat {TOKEN_PATH})" '
-        f"--header 'Content-Type: application/json' --post-data '{{\"count\": 1}}' {url}"
-    )
+    answers: list[tuple[int, str]] = []
 
     def attach() -> dict[str, Any] | None:
-        answer = cluster.exec(ns, "nb", ["sh", "-c", request], timeout=REQUEST_TIMEOUT)
-        return json.loads(answer.stdout) if answer.exit_code == 0 and answer.stdout else None
+        # Retried while the Service has no endpoint yet (nc gets no answer) or the agent says
+        # the refusal is temporary; anything else fails at once with the agent's answer.
+        status, body = _agent_call(cluster, ns, service_ip, "POST", '{"count": 1}')
+        answers.append((status, body))
+        if status == 201:
+            created: dict[str, Any] = json.loads(body)
+            return created
+        assert status == 0 or json.loads(body).get("retryable"), answers
+        return None
 
-    created = eventually(attach, "an attach through the Service (from inside the notebook pod)")
+    try:
+        created = eventually(attach, "an attach through the Service")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the agent's last answers: {answers[-3:]}") from e
     (attachment,) = created["attachments"]
     assert attachment["target"]["pod"] == {"namespace": ns, "name": "nb", "container": "notebook"}
     opened = cluster.exec(ns, "nb", ["cat", f"/dev/nvidia{attachment['minor']}"])
     assert "No such device or address" in opened.stdout + opened.stderr
     (holder,) = cluster.holders(ns)
     assert holder["status"]["phase"] == "Running"
-    # busybox's wget knows no DELETE: the request is written out for nc.
-    detach = (
-        "printf 'DELETE /v1/attachments HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n\\r\\n' "
-        f'"$(cat {TOKEN_PATH})" | nc {shlex.quote(deployed_agent)} 8477'
-    )
-    answer = cluster.exec(ns, "nb", ["sh", "-c", detach], timeout=REQUEST_TIMEOUT)
-    assert answer.stdout.startswith("HTTP/1.0 204") or " 204 " in answer.stdout.splitlines()[0], (
-        answer
-    )
+    status, body = _agent_call(cluster, ns, service_ip, "DELETE")
+    assert status == 204, body
     eventually(lambda: cluster.holders(ns) == [], "the detach through the Service frees the GPU")

@@ -43,21 +43,20 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ..._structs import GpuUuid, Target, TargetKey
-from .devices import GpuNodes
-from .injector import HolderInfo, Injector, InjectorError
-from .locks import TargetLocks
-from .metrics import AgentMetrics
+from .injector import HolderInfo, InjectorError
 from .seams import (
-    Allocator,
     ContainerKey,
     HostContainer,
     Reservation,
     ReservationState,
-    Resolver,
 )
-from .workers import Workers
+
+if TYPE_CHECKING:
+    # The bundle holds this module's IdleBook; the releaser only needs the bundle's type.
+    from .bundle import Core
 
 __all__ = [
     "IdleBook",
@@ -204,39 +203,29 @@ class IdleReleaser:
 
     def __init__(
         self,
+        core: Core,
         *,
-        book: IdleBook,
-        allocator: Allocator,
-        resolver: Resolver,
-        injector: Injector,
         usage: Usage,
         release: ReleaseUnused,
-        locks: TargetLocks,
-        metrics: AgentMetrics,
-        workers: Workers,
-        nodes: GpuNodes,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._book = book
-        self._allocator = allocator
-        self._resolver = resolver
-        self._injector = injector
+        self._core = core
         self._usage = usage
         self._release = release
-        self._locks = locks
-        self._metrics = metrics
-        self._workers = workers
-        self._nodes = nodes
         self._clock = clock
         self._wall = wall
         self._idle_since: dict[AttachmentId, float] = {}
+
+    @property
+    def _book(self) -> IdleBook:
+        return self._core.idle
 
     async def run_once(self) -> list[IdleRelease]:
         """One pass over every granted attachment; returns what it released."""
         entries = [
             entry
-            for entry in self._allocator.all_attachments()
+            for entry in self._core.allocator.all_attachments()
             if entry.state is ReservationState.GRANTED
         ]
         current = {attachment_id(entry) for entry in entries}
@@ -252,10 +241,10 @@ class IdleReleaser:
         watched = [entry for entry in entries if self._book.policy_for(entry).enabled]
         if not watched:
             return []
-        usage = await self._workers.host(self._usage)
+        usage = await self._core.workers.host(self._usage)
         released = []
         for entry in watched:
-            with self._locks.reconciling(entry.target) as held:
+            with self._core.locks.reconciling(entry.target) as held:
                 if not held:
                     continue  # an operation is running on it: look again next pass
                 try:
@@ -272,7 +261,7 @@ class IdleReleaser:
         device-node scan alone, without NVML: the simulation asks this to decide which
         simulated GPUs work, and NVML's answer there is the simulation's own output)."""
         held: set[GpuUuid] = set()
-        for entry in self._allocator.all_attachments():
+        for entry in self._core.allocator.all_attachments():
             if entry.state is not ReservationState.GRANTED:
                 continue
             container = await self._container(entry)
@@ -284,11 +273,12 @@ class IdleReleaser:
         return held
 
     async def _container(self, entry: Reservation) -> HostContainer | None:
-        return await self._workers.host(self._resolver.lookup, entry.target, entry.container)
+        core = self._core
+        return await core.workers.host(core.resolver.lookup, entry.target, entry.container)
 
     async def _holders(self, entry: Reservation, container: HostContainer) -> list[HolderInfo]:
-        nodes = self._nodes.of(entry.gpu)
-        return await self._workers.host(self._injector.holders, container, nodes)
+        nodes = self._core.nodes.of(entry.gpu)
+        return await self._core.workers.host(self._core.injector.holders, container, nodes)
 
     async def run_forever(self, interval: float) -> None:
         while True:
@@ -332,7 +322,7 @@ class IdleReleaser:
         self._book.forget(uuid)
         self._book.record(release)
         self._book.tell(release)
-        self._metrics.idle_releases.labels(reason=str(reason)).inc()
+        self._core.metrics.idle_releases.labels(reason=str(reason)).inc()
         log.warning("released %s from %s: %s", uuid, entry.target, _explain(reason, policy))
         return release
 
@@ -357,7 +347,7 @@ class IdleReleaser:
         )
         self._book.warnings[entry.gpu.uuid] = warning
         self._book.tell(warning)
-        self._metrics.idle_warnings.labels(reason=str(reason)).inc()
+        self._core.metrics.idle_warnings.labels(reason=str(reason)).inc()
         log.warning(
             "%s of %s will be released in %.0f s unless it is used (%s)",
             entry.gpu.uuid,

@@ -2,27 +2,50 @@
 
 Why a Protocol here: the service decides *which* devices a target gets and keeps the books;
 how the kernel is made to agree (device cgroups, eBPF, device nodes) is the hot-plug engine's
-business (``linux/engine.py``). The service talks only to ``Injector`` and sees only this
-module's errors, so it is unit-tested against an in-memory fake and never imports the Linux
-mechanics; ``EngineInjector`` is the one adapter that does.
+business (``linux/engine.py``). The service, the reconciler and the backends talk only to
+``Injector`` and see only this module's types and errors, so they are unit-tested against an
+in-memory fake (``tests/agent/fakes.py``) that raises exactly what the real one does, and only
+this module drives the engine (an import-linter contract keeps it so).
+
+``EngineInjector`` is the one adapter, and the one translation boundary between the two error
+hierarchies of the call chain below the API: the engine's (``EngineError``, every mechanism's
+error chained) and the core's (``InjectorError``, classified by what the core can do about it;
+the service turns those into API errors in ``errors.py``). Every call runs the engine inside
+one ``_translated`` block, and ``translate`` is the whole table:
+
+============================  =====================================================
+engine (``linux.engine``)      core (this module)
+============================  =====================================================
+``DeviceBusyError``            ``DeviceInUse`` (holders as ``HolderInfo``): nothing
+                               changed, ``force`` would end them
+``ScanTimedOut``               ``ScanUnfinished`` (``seconds``): nothing changed, a
+                               retry may finish
+``TargetGoneError``            ``TargetGone``: the process exited (or left its
+                               container); nothing is left behind
+``InjectionError``             ``InjectionFailed``, ``clean`` when its rollback left
+                               nothing behind (``rollback_errors`` empty)
+any other ``EngineError``      ``InjectionFailed(clean=True)``: a read or a refusal
+                               that changed nothing
+============================  =====================================================
+
+The types are translated too: the engine's ``DeviceStatus`` (per cgroup version) becomes the
+``DeviceState`` the core reasons with, its holders ``HolderInfo``.
 
 Targets are ``HostContainer`` values (a live process of the container, pid *and* start time,
 from the resolver): every call first checks that the pid still names the same process, so a
-GPU can never be granted to a newcomer that inherited a dead target's pid. This module is the
-one place where the engine's (Linux) errors become the agent's.
+GPU can never be granted to a newcomer that inherited a dead target's pid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...linux import devnodes
 from ...linux.devnodes import DeviceNode
 from ...linux.devrules import CharDevice
 from ...linux.engine import (
-    STEP_ERRORS,
     Container,
     DeviceBusyError,
     EngineError,
@@ -44,6 +67,7 @@ __all__ = [
     "ScanUnfinished",
     "TargetGone",
     "gpu_node",
+    "translate",
 ]
 
 
@@ -143,7 +167,8 @@ class Injector(Protocol):
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
         """Take the permissions for ``devices`` from the cgroups of a container that has no
-        process left (``Resolver.remains``); ``InjectionFailed`` (not clean) on failure."""
+        process left (``Resolver.remains``); ``InjectionFailed`` on failure (``clean`` only
+        when nothing was taken: a process still lives in them)."""
 
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         """The state of each of ``devices`` in ``target``, in the order given."""
@@ -152,39 +177,17 @@ class Injector(Protocol):
         """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
 
 
-# What a read (inspect, status, holders) can meet: the engine's own errors and those of the
-# mechanisms below it, which the engine wraps only in grant and revoke.
-_HOST_ERRORS = (EngineError, *STEP_ERRORS)
-
-
 class EngineInjector:
-    """``Injector`` over the hot-plug engine of ``linux/engine.py``."""
+    """``Injector`` over the hot-plug engine of ``linux/engine.py``: the one translation
+    between the host's types and errors and the core's (see the module's docstring)."""
 
     def __init__(self, engine: HotplugEngine) -> None:
         self._engine = engine
 
-    def _container(self, target: HostContainer) -> Container:
-        try:
-            # The container's cgroups, not the process's own: it may sit in a child cgroup.
-            container = self._engine.inspect(
-                target.pid,
-                devices_v1_scope=target.cgroups.devices_v1,
-                unified_scope=target.cgroups.unified,
-            )
-        except TargetGoneError as e:
-            raise TargetGone(f"{target} has exited") from e
-        except _HOST_ERRORS as e:
-            raise InjectionFailed(f"cannot inspect {target}: {e}", clean=True) from e
-        if container.start_time != target.start_time:
-            raise TargetGone(f"{target} has exited (its pid now names another process)")
-        return container
-
     def grant(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
-        container = self._container(target)
-        try:
+        with _translated(target):
+            container = self._container(target)
             return frozenset(self._engine.grant(container, devices).nodes_created)
-        except EngineError as e:
-            raise _change_failed(target, "grant", e) from e
 
     def revoke(
         self,
@@ -195,40 +198,27 @@ class EngineInjector:
         keep_nodes: Collection[str] = (),
         leave_open: bool = False,
     ) -> None:
-        container = self._container(target)
-        try:
+        with _translated(target):
+            container = self._container(target)
             self._engine.revoke(
                 container, devices, force=force, keep_nodes=keep_nodes, leave_open=leave_open
             )
-        except DeviceBusyError as e:
-            raise DeviceInUse([HolderInfo(h.pid, h.comm) for h in e.holders]) from e
-        except ScanTimedOut as e:
-            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
-        except EngineError as e:
-            raise _change_failed(target, "revoke", e) from e
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
-        try:
+        with _translated(cgroups):
             self._engine.withdraw(
                 devices_v1=cgroups.devices_v1, unified=cgroups.unified, devices=devices
             )
-        except EngineError as e:
-            raise InjectionFailed(str(e), clean=False) from e
 
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
-        container = self._container(target)
-        try:
-            states = self._engine.status(container, devices)
-        except (TargetGoneError, devnodes.ContainerGoneError) as e:
-            raise TargetGone(f"{target} has exited") from e
-        except _HOST_ERRORS as e:
-            raise InjectionFailed(f"cannot read the devices of {target}: {e}", clean=True) from e
+        with _translated(target):
+            states = self._engine.status(self._container(target), devices)
         return [
             DeviceState(
                 s.device,
                 usable=s.usable,
                 exposed=s.exposed,
-                permitted=bool(s.v1_allowed) or bool(s.v2_granted),
+                permitted=s.permitted,
                 node=s.node,
                 ours=s.ours,
                 opens=s.opens,
@@ -237,26 +227,45 @@ class EngineInjector:
         ]
 
     def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
-        container = self._container(target)
-        found: dict[int, HolderInfo] = {}
-        try:
-            held = self._engine.holders_by_device(container, [node.device for node in devices])
-            for holders in held.values():
-                for holder in holders:
-                    found.setdefault(holder.pid, HolderInfo(holder.pid, holder.comm))
-        except ScanTimedOut as e:
-            raise ScanUnfinished(f"{target}: {e}", seconds=e.seconds) from e
-        except _HOST_ERRORS as e:
-            raise InjectionFailed(
-                f"cannot tell whether the GPU is in use in {target}: {e}", clean=True
-            ) from e
+        with _translated(target):
+            held = self._engine.holders_by_device(
+                self._container(target), [node.device for node in devices]
+            )
+        found = {h.pid: HolderInfo(h.pid, h.comm) for holders in held.values() for h in holders}
         return [found[pid] for pid in sorted(found)]
 
+    def _container(self, target: HostContainer) -> Container:
+        """The engine's view of ``target``: the container's cgroups, not the process's own
+        (it may sit in a child cgroup), and the very process the resolver saw."""
+        container = self._engine.inspect(
+            target.pid,
+            devices_v1_scope=target.cgroups.devices_v1,
+            unified_scope=target.cgroups.unified,
+        )
+        if container.start_time != target.start_time:
+            raise TargetGone(f"{target} has exited (its pid now names another process)")
+        return container
 
-def _change_failed(target: HostContainer, operation: str, error: EngineError) -> InjectorError:
-    """A failed grant or revoke as the service needs it: whether the host is as before."""
-    if isinstance(error, TargetGoneError):
-        return TargetGone(f"{target} exited during the {operation}")
-    if isinstance(error, InjectionError):
-        return InjectionFailed(str(error), clean=not error.rollback_errors)
-    return InjectionFailed(str(error), clean=True)
+
+def translate(error: EngineError, where: object) -> InjectorError:
+    """The table of the module's docstring: the core's error for one of the engine's."""
+    match error:
+        case DeviceBusyError():
+            return DeviceInUse([HolderInfo(h.pid, h.comm) for h in error.holders])
+        case ScanTimedOut():
+            return ScanUnfinished(f"{where}: {error}", seconds=error.seconds)
+        case TargetGoneError():
+            return TargetGone(f"{where} has exited")
+        case InjectionError():  # its message names the devices and the process already
+            return InjectionFailed(str(error), clean=not error.rollback_errors)
+        case _:
+            return InjectionFailed(f"{where}: {error}", clean=True)
+
+
+@contextmanager
+def _translated(where: object) -> Iterator[None]:
+    """Raise the core's error for any error of the engine's, the engine's chained."""
+    try:
+        yield
+    except EngineError as e:
+        raise translate(e, where) from e

@@ -43,27 +43,21 @@ from dataclasses import dataclass, field
 
 from ..._structs import GpuUuid, Target, TargetKey
 from ...linux.devnodes import DeviceNode
-from .devices import GpuNodes, flat
+from .bundle import Core
+from .devices import flat
 from .injector import (
     DeviceInUse,
     InjectionFailed,
-    Injector,
     InjectorError,
     TargetGone,
 )
-from .inventory import Inventory
-from .locks import TargetLocks
-from .metrics import AgentMetrics
 from .seams import (
-    Allocator,
     ContainerKey,
     GpuRecord,
     HostContainer,
     Reservation,
     ReservationState,
-    Resolver,
 )
-from .workers import Workers
 
 __all__ = ["Assigned", "ReconcileReport", "Reconciler", "Sweep"]
 
@@ -96,31 +90,10 @@ Assigned = Callable[[HostContainer], Collection[GpuUuid]]
 class Reconciler:
     """One reconciliation pass over the reservations (``run_once``), and the periodic loop."""
 
-    def __init__(
-        self,
-        *,
-        allocator: Allocator,
-        inventory: Inventory,
-        injector: Injector,
-        resolver: Resolver,
-        locks: TargetLocks,
-        metrics: AgentMetrics,
-        workers: Workers,
-        device_major: int,
-        on_change: Callable[[], None] = lambda: None,
-        nodes: GpuNodes | None = None,
-    ) -> None:
-        self._nodes = nodes or GpuNodes(major=device_major)
-        """Which device nodes each reserved GPU or MIG slice needs (shared with the service)."""
-        self._on_change = on_change
-        """Called after a pass that changed anything (GPUs may have been freed)."""
-        self._allocator = allocator
-        self._inventory = inventory
-        self._injector = injector
-        self._resolver = resolver
-        self._locks = locks
-        self._metrics = metrics
-        self._workers = workers
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        """The seams and the state shared with the service (its locks, its node rule, its
+        queue: a pass that freed GPUs wakes the waiters)."""
         self.sweeps: list[Sweep] = []
         """The backend's node-wide passes, run after the reservations' rules."""
         self.assigned: Assigned = lambda container: ()
@@ -130,10 +103,11 @@ class Reconciler:
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
         report = ReconcileReport()
-        targets = {entry.target.key: entry.target for entry in self._allocator.all_attachments()}
+        entries = self._core.allocator.all_attachments()
+        targets = {entry.target.key: entry.target for entry in entries}
         known = await self._known_gpus()
         for target in targets.values():
-            with self._locks.reconciling(target) as held:
+            with self._core.locks.reconciling(target) as held:
                 if not held:
                     report.skipped_busy.append(target.key)
                     continue
@@ -154,17 +128,17 @@ class Reconciler:
                 report.failures.append(f"node sweep: {e}")
                 log.exception("a node sweep failed; retrying on the next pass")
         for action, items in report.actions.items():
-            self._metrics.reconcile_actions.labels(action=action).inc(len(items))
+            self._core.metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:
-            self._on_change()
+            self._core.queue.notify()
         return report
 
     async def _known_gpus(self) -> list[GpuRecord]:
         """Every GPU the node has or had: the live inventory, the lost ones as last seen, and
         those of the reservations."""
-        snapshot = await self._workers.host(self._inventory.snapshot)
-        self._nodes.learn(snapshot)
-        records = {entry.gpu.uuid: entry.gpu for entry in self._allocator.all_attachments()}
+        snapshot = await self._core.workers.host(self._core.inventory.snapshot)
+        self._core.nodes.learn(snapshot)
+        records = {entry.gpu.uuid: entry.gpu for entry in self._core.allocator.all_attachments()}
         seen = [*snapshot.gpus, *(lost.last_known for lost in snapshot.lost if lost.last_known)]
         for gpu in seen:
             records[gpu.uuid] = GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
@@ -175,7 +149,7 @@ class Reconciler:
     ) -> None:
         # Read again under the lock: an operation may have finished since the pass began.
         by_container: dict[ContainerKey, list[Reservation]] = collections.defaultdict(list)
-        for row in self._allocator.attachments_of(target):
+        for row in self._core.allocator.attachments_of(target):
             by_container[row.container].append(row)
         for key, rows in by_container.items():
             container = await self._holder(target, key, rows, report)
@@ -199,13 +173,13 @@ class Reconciler:
     ) -> HostContainer | None:
         """The container that holds ``rows`` now, re-bound if it changed; None when there is
         none any more (then the rows are released, after any leftover grant is withdrawn)."""
-        found = await self._workers.host(self._resolver.lookup, target, key)
+        found = await self._core.workers.host(self._core.resolver.lookup, target, key)
         if found is not None:
             return found
         uuids = [row.gpu.uuid for row in rows]
-        current = await self._workers.host(self._resolver.current, target, key)
+        current = await self._core.workers.host(self._core.resolver.current, target, key)
         if current is not None and current.key == key:
-            await self._allocator.rebind(uuids, current)
+            await self._core.allocator.rebind(uuids, current)
             for uuid in uuids:
                 report.add("rebound", uuid)
             log.warning(
@@ -216,23 +190,23 @@ class Reconciler:
             )
             return current
         if current is not None:
-            nodes = flat(self._nodes.of(row.gpu) for row in rows)
-            await self._workers.host(self._injector.grant, current, nodes)
-            await self._allocator.rebind(uuids, current)
+            nodes = flat(self._core.nodes.of(row.gpu) for row in rows)
+            await self._core.workers.host(self._core.injector.grant, current, nodes)
+            await self._core.allocator.rebind(uuids, current)
             for uuid in uuids:
                 report.add("reinjected", uuid)
             log.warning("%s was replaced: granted %s to %s", target, ", ".join(uuids), current)
             return current
-        remains = await self._workers.host(self._resolver.remains, key)
+        remains = await self._core.workers.host(self._core.resolver.remains, key)
         if remains is not None:
             # Its cgroups outlived it and still carry the grant: withdraw it first (a failure
             # keeps the reservation for the next pass).
-            nodes = flat(self._nodes.of(row.gpu) for row in rows)
-            await self._workers.host(self._injector.withdraw, remains, nodes)
+            nodes = flat(self._core.nodes.of(row.gpu) for row in rows)
+            await self._core.workers.host(self._core.injector.withdraw, remains, nodes)
             for uuid in uuids:
                 report.add("withdrew_remains", uuid)
             log.warning("withdrew %s from the empty cgroups of %s", ", ".join(uuids), target)
-        await self._allocator.release(uuids)
+        await self._core.allocator.release(uuids)
         for uuid in uuids:
             report.add("released_gone", uuid)
         log.warning("released %s: %s has exited", ", ".join(uuids), target)
@@ -240,8 +214,8 @@ class Reconciler:
 
     def _revocable(self, container: HostContainer, row: Reservation) -> list[DeviceNode]:
         """The nodes taking ``row`` back revokes (``GpuNodes.revocable``)."""
-        (nodes,) = self._nodes.revocable(
-            [row.gpu], container=container.key, reservations=self._allocator.all_attachments()
+        (nodes,) = self._core.nodes.revocable(
+            [row.gpu], container=container.key, reservations=self._core.allocator.all_attachments()
         )
         return nodes
 
@@ -251,8 +225,8 @@ class Reconciler:
         the ``mknod``, that it was about to)."""
         nodes = self._revocable(container, row)
         keep = [] if row.node_created else [node.name for node in nodes]
-        await self._workers.host(
-            self._injector.revoke, container, nodes, force=False, keep_nodes=keep
+        await self._core.workers.host(
+            self._core.injector.revoke, container, nodes, force=False, keep_nodes=keep
         )
 
     async def _reserving(
@@ -261,7 +235,7 @@ class Reconciler:
         try:
             await self._take_back(container, row)
         except DeviceInUse as e:
-            await self._allocator.mark_granted([row.gpu.uuid])
+            await self._core.allocator.mark_granted([row.gpu.uuid])
             report.add("finished_attach", row.gpu.uuid)
             log.warning(
                 "finished the interrupted attach of %s to %s: %s already use it",
@@ -270,7 +244,7 @@ class Reconciler:
                 ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
             )
             return
-        await self._allocator.release([row.gpu.uuid])
+        await self._core.allocator.release([row.gpu.uuid])
         report.add("rolled_back_attach", row.gpu.uuid)
         log.warning("rolled back the interrupted attach of %s to %s", row.gpu.uuid, container)
 
@@ -282,7 +256,7 @@ class Reconciler:
         except (DeviceInUse, InjectionFailed) as e:
             if isinstance(e, InjectionFailed) and not e.clean:
                 raise
-            await self._allocator.cancel_release([row.gpu.uuid])
+            await self._core.allocator.cancel_release([row.gpu.uuid])
             report.add("cancelled_release", row.gpu.uuid)
             log.warning(
                 "could not finish the interrupted detach of %s from %s (%s); it stays attached",
@@ -291,18 +265,18 @@ class Reconciler:
                 e,
             )
             return
-        await self._allocator.release([row.gpu.uuid])
+        await self._core.allocator.release([row.gpu.uuid])
         report.add("finished_detach", row.gpu.uuid)
         log.warning("finished the interrupted detach of %s from %s", row.gpu.uuid, container)
 
     async def _granted(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
-        nodes = self._nodes.of(row.gpu)
-        states = await self._workers.host(self._injector.status, container, nodes)
+        nodes = self._core.nodes.of(row.gpu)
+        states = await self._core.workers.host(self._core.injector.status, container, nodes)
         if all(state.usable for state in states):
             return
-        await self._workers.host(self._injector.grant, container, nodes)
+        await self._core.workers.host(self._core.injector.grant, container, nodes)
         report.add("regranted", row.gpu.uuid)
         log.warning("%s had lost access to %s; granted it again", container, row.gpu.uuid)
 
@@ -313,11 +287,11 @@ class Reconciler:
         may share one container: each keeps its own)."""
         owned: set[GpuUuid] = {
             entry.gpu.uuid
-            for entry in self._allocator.all_attachments()
+            for entry in self._core.allocator.all_attachments()
             if entry.container == container.key
             or (not entry.container and entry.target.key == container.target.key)
         }
-        owned |= set(await self._workers.host(self.assigned, container))
+        owned |= set(await self._core.workers.host(self.assigned, container))
         # What the container's own reservations need is never a stray (two slices of one GPU
         # held by different containers share that GPU's node: each keeps it).
         needed = {
@@ -334,7 +308,7 @@ class Reconciler:
         nodes = [node for _, node in candidates.values()]
         if not others:
             return
-        states = await self._workers.host(self._injector.status, container, nodes)
+        states = await self._core.workers.host(self._core.injector.status, container, nodes)
         stray = [
             (gpu, node)
             for gpu, node, state in zip(others, nodes, states, strict=True)
@@ -345,8 +319,8 @@ class Reconciler:
         try:
             # Unrecorded: nothing says the agent made these nodes, so they stay; the
             # permission goes.
-            await self._workers.host(
-                self._injector.revoke,
+            await self._core.workers.host(
+                self._core.injector.revoke,
                 container,
                 [node for _, node in stray],
                 force=False,
@@ -374,7 +348,7 @@ class Reconciler:
         """``gpu``'s nodes, or none when they cannot be told (a slice NVML no longer lists,
         and that no reservation holds): a stray check has nothing to look for then."""
         try:
-            return self._nodes.of(gpu)
+            return self._core.nodes.of(gpu)
         except InjectionFailed as e:
             log.debug("no stray check for %s: %s", gpu.uuid, e)
             return []

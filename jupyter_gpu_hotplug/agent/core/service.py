@@ -67,8 +67,8 @@ from ..._structs import (
     format_timestamp,
 )
 from ...linux.devnodes import DeviceNode
-from .checkpoints import Checkpoints
-from .devices import GpuNodes, flat
+from .bundle import Core
+from .devices import flat
 from .errors import (
     AgentError,
     Busy,
@@ -79,34 +79,27 @@ from .errors import (
     TargetNotReady,
     Unavailable,
 )
-from .idle import IdleBook, IdleWarning
+from .idle import IdleWarning
 from .injector import (
     DeviceInUse,
     HolderInfo,
     InjectionFailed,
-    Injector,
     InjectorError,
     ScanUnfinished,
     TargetGone,
 )
-from .inventory import GpuDevice, Inventory, InventorySnapshot
-from .locks import TargetLocks
-from .lost import LossBook, TakeBack
-from .metrics import AgentMetrics
-from .queue import Waiter, WaitQueue
+from .inventory import GpuDevice, InventorySnapshot
+from .lost import TakeBack
+from .queue import Waiter
 from .seams import (
-    Allocator,
     AttachRequest,
     Caller,
     GpuRecord,
     HostContainer,
-    Identity,
     Reservation,
     ReservationState,
-    Resolver,
     Verb,
 )
-from .workers import Workers
 
 __all__ = ["AgentService", "ServiceConfig", "attachment_of"]
 
@@ -118,7 +111,6 @@ class ServiceConfig:
     """The settings the service itself needs."""
 
     max_gpus_per_target: int
-    device_major: int
     simulated: bool = False
     """Only for log lines: every change is labelled SIMULATED when the GPUs are."""
     mig_profile: str | None = None
@@ -169,42 +161,10 @@ def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
 class AgentService:
     """Attach and detach for every backend; every public method is a coroutine for the API."""
 
-    def __init__(
-        self,
-        *,
-        allocator: Allocator,
-        inventory: Inventory,
-        injector: Injector,
-        resolver: Resolver,
-        identity: Identity,
-        metrics: AgentMetrics,
-        workers: Workers,
-        config: ServiceConfig,
-        locks: TargetLocks | None = None,
-        checkpoints: Checkpoints | None = None,
-        idle: IdleBook | None = None,
-        queue: WaitQueue | None = None,
-        nodes: GpuNodes | None = None,
-        losses: LossBook | None = None,
-    ) -> None:
-        self._allocator = allocator
-        self._inventory = inventory
-        self._injector = injector
-        self._resolver = resolver
-        self._identity = identity
-        self._metrics = metrics
-        self._workers = workers
+    def __init__(self, core: Core, *, config: ServiceConfig) -> None:
+        self.core = core
+        """The seams and the state shared with the reconciler and the idle releaser."""
         self._config = config
-        self.locks = locks or TargetLocks()
-        self._checkpoints = checkpoints or Checkpoints()
-        self.idle = idle or IdleBook()
-        """The idle policy's shared state: requested periods, warnings, releases."""
-        self.queue = queue or WaitQueue(on_change=metrics.queue_length.set)
-        """Attach requests waiting for GPUs, first come, first served."""
-        self.nodes = nodes or GpuNodes(major=config.device_major)
-        """Which device nodes each reserved GPU or MIG slice needs."""
-        self.losses = losses or LossBook()
-        """Announced revokes of GPUs whose reservation was lost (``lost.py``)."""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -214,11 +174,11 @@ class AgentService:
         """Count an attach or detach as in flight (metric, and ``wait_idle`` for shutdown)."""
         self._in_flight += 1
         self._idle.clear()
-        self._metrics.in_flight.inc()
+        self.core.metrics.in_flight.inc()
         try:
             yield
         finally:
-            self._metrics.in_flight.dec()
+            self.core.metrics.in_flight.dec()
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
@@ -234,9 +194,9 @@ class AgentService:
         started = time.monotonic()
         result = "internal_error"
         counter, histogram = (
-            (self._metrics.attach_total, self._metrics.attach_duration)
+            (self.core.metrics.attach_total, self.core.metrics.attach_duration)
             if kind == "attach"
-            else (self._metrics.detach_total, self._metrics.detach_duration)
+            else (self.core.metrics.detach_total, self.core.metrics.detach_duration)
         )
         with self._operation():
             try:
@@ -251,16 +211,16 @@ class AgentService:
 
     def _nodes_of(self, entries: Sequence[Reservation]) -> list[list[DeviceNode]]:
         """The nodes of each entry (``InjectorError`` when a slice's cannot be told)."""
-        return [self.nodes.of(entry.gpu) for entry in entries]
+        return [self.core.nodes.of(entry.gpu) for entry in entries]
 
     def _revocable(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
         """The nodes taking ``entries`` back revokes from ``container`` (``GpuNodes.revocable``)."""
-        return self.nodes.revocable(
+        return self.core.nodes.revocable(
             [entry.gpu for entry in entries],
             container=container.key,
-            reservations=self._allocator.all_attachments(),
+            reservations=self.core.allocator.all_attachments(),
         )
 
     @property
@@ -271,20 +231,22 @@ class AgentService:
 
     async def _target(self, caller: Caller, ref: TargetRef | None, verb: Verb) -> HostContainer:
         """The container a request means, resolved and authorized for ``caller``."""
-        container = await self._workers.host(self._resolve, caller, ref)
-        await self._identity.authorize(caller, verb, container)
+        container = await self.core.workers.host(self._resolve, caller, ref)
+        await self.core.identity.authorize(caller, verb, container)
         return container
 
     def _resolve(self, caller: Caller, ref: TargetRef | None) -> HostContainer:
         """Resolve ``ref``, or "the caller itself" when it is None (blocking: in the pool)."""
-        return self._resolver.resolve(self._identity.self_target(caller) if ref is None else ref)
+        return self.core.resolver.resolve(
+            self.core.identity.self_target(caller) if ref is None else ref
+        )
 
     # --- views -----------------------------------------------------------------------------------
 
     async def gpus(self) -> GpuList:
         """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target."""
-        snapshot = await self._workers.host(self._inventory.snapshot)
-        entries = self._allocator.all_attachments()
+        snapshot = await self.core.workers.host(self.core.inventory.snapshot)
+        entries = self.core.allocator.all_attachments()
         owners = {entry.gpu.uuid: entry for entry in entries}
         self._count_gpus(snapshot, entries)
         return GpuList(
@@ -306,14 +268,14 @@ class AgentService:
     async def refresh_gpu_metrics(self) -> None:
         """Re-read inventory and ledger into ``gpu_hotplug_gpus`` (before each scrape: exact
         when read, free between scrapes)."""
-        snapshot = await self._workers.host(self._inventory.snapshot)
-        entries = self._allocator.all_attachments()
+        snapshot = await self.core.workers.host(self.core.inventory.snapshot)
+        entries = self.core.allocator.all_attachments()
         self._count_gpus(snapshot, entries)
 
     def _count_gpus(self, snapshot: InventorySnapshot, entries: Sequence[Reservation]) -> None:
         owned = {entry.gpu.uuid for entry in entries}
         attached = sum(1 for gpu in snapshot.gpus if gpu.uuid in owned)
-        self._metrics.set_gpu_counts(
+        self.core.metrics.set_gpu_counts(
             {
                 "free": len(snapshot.gpus) - attached,
                 "attached": attached,
@@ -324,10 +286,12 @@ class AgentService:
     async def attachments(self, caller: Caller, ref: TargetRef | None) -> AttachmentList:
         """The target's attachments (granted, or being released: still usable)."""
         container = await self._target(caller, ref, "get")
-        entries = self._allocator.attachments_of(container.target)
+        entries = self.core.allocator.attachments_of(container.target)
         return AttachmentList(
             attachments=[
-                attachment_of(entry, self.idle.warning_of(entry), self.losses.of(entry.gpu.uuid))
+                attachment_of(
+                    entry, self.core.idle.warning_of(entry), self.core.losses.of(entry.gpu.uuid)
+                )
                 for entry in entries
                 if entry.state is not ReservationState.RESERVING
             ]
@@ -344,7 +308,7 @@ class AgentService:
                     reason=release.reason.value,
                     released_at=format_timestamp(release.released_at),
                 )
-                for release in self.idle.releases_of(container.target)
+                for release in self.core.idle.releases_of(container.target)
             ]
         )
 
@@ -361,18 +325,18 @@ class AgentService:
         with self._measured("attach"):
             request = self._profiled(request)
             deadline = time.monotonic() + request.wait_seconds
-            container, snapshot = await self._workers.host(
+            container, snapshot = await self.core.workers.host(
                 self._attach_inputs, caller, request.target
             )
-            await self._identity.authorize(caller, "create", container)
-            async with self.locks.operation(container.target):
+            await self.core.identity.authorize(caller, "create", container)
+            async with self.core.locks.operation(container.target):
                 served = self._served(container.target, request)
                 if served is not None:
                     return served
                 self._admit(container, request, snapshot)
                 if not request.queued or not self._must_queue(request, snapshot):
                     return await self._attach_locked(container, request, snapshot, deadline)
-                waiter = self.queue.join(
+                waiter = self.core.queue.join(
                     container,
                     request.count,
                     request_id=request.request_id,
@@ -395,20 +359,20 @@ class AgentService:
             "%s waits for %d GPU(s): number %d in the queue",
             container,
             request.count,
-            self.queue.position(waiter),
+            self.core.queue.position(waiter),
         )
         try:
             while True:
-                await self.queue.turn(
+                await self.core.queue.turn(
                     waiter,
                     free=functools.partial(self._free, snapshot, request.mig),
                     alive=lambda: self._alive(container),
                     wait_seconds=request.wait_seconds,
                 )
                 # The node may have changed while it waited: hand out what NVML sees now.
-                snapshot = await self._workers.host(self._inventory.snapshot)
+                snapshot = await self.core.workers.host(self.core.inventory.snapshot)
                 try:
-                    async with self.locks.operation(container.target):
+                    async with self.core.locks.operation(container.target):
                         return await self._attach_locked(
                             container, request, snapshot, waiter.deadline, waiter=waiter
                         )
@@ -417,7 +381,7 @@ class AgentService:
                     # wait on, until the deadline.
                     continue
         finally:
-            self.queue.leave(waiter)
+            self.core.queue.leave(waiter)
 
     def _profiled(self, request: AttachRequest) -> AttachRequest:
         """``request`` with the agent's MIG profile, where it hands out only that one."""
@@ -436,7 +400,7 @@ class AgentService:
         """Whether a request that may wait has to: too few GPUs are free beyond what the
         queue's head holds."""
         free = self._free(snapshot, request.mig)
-        return free - self.queue.held(request.mig, free) < request.count
+        return free - self.core.queue.held(request.mig, free) < request.count
 
     @staticmethod
     def _candidates(snapshot: InventorySnapshot, mig: str | None) -> list[GpuDevice]:
@@ -447,11 +411,12 @@ class AgentService:
 
     def _free(self, snapshot: InventorySnapshot, mig: str | None) -> int:
         """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
-        taken = {entry.gpu.uuid for entry in self._allocator.all_attachments()}
+        taken = {entry.gpu.uuid for entry in self.core.allocator.all_attachments()}
         return sum(1 for gpu in self._candidates(snapshot, mig) if gpu.uuid not in taken)
 
     async def _alive(self, container: HostContainer) -> bool:
-        found = await self._workers.host(self._resolver.lookup, container.target, container.key)
+        core = self.core
+        found = await core.workers.host(core.resolver.lookup, container.target, container.key)
         return found is not None
 
     def _admit(
@@ -489,8 +454,8 @@ class AgentService:
         # limit counted per pid let a container hold two under a limit of one (issue 25). What
         # its waiting requests will take counts as held too: each was admitted when it joined
         # the queue and is not admitted again at its turn.
-        held = sum(1 for e in self._allocator.all_attachments() if e.container == container.key)
-        held += sum(w.count for w in self.queue.waiters if w.container.key == container.key)
+        held = sum(1 for e in self.core.allocator.all_attachments() if e.container == container.key)
+        held += sum(w.count for w in self.core.queue.waiters if w.container.key == container.key)
         limit = self._config.max_gpus_per_target
         if held + request.count > limit:
             raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
@@ -498,7 +463,7 @@ class AgentService:
     async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
         """The target's requests waiting in the queue, with their positions."""
         container = await self._target(caller, ref, "get")
-        waiters = self.queue.waiters
+        waiters = self.core.queue.waiters
         return QueueView(
             length=len(waiters),
             requests=[
@@ -524,13 +489,13 @@ class AgentService:
         container = await self._target(caller, ref, "delete")
         waiters = [
             waiter
-            for waiter in self.queue.find(request_id)
+            for waiter in self.core.queue.find(request_id)
             if waiter.target.key == container.target.key
         ]
         if not waiters:
             raise NotFound("queued request", request_id)
         for waiter in waiters:
-            self.queue.cancel(waiter)
+            self.core.queue.cancel(waiter)
             log.info("queued request %s for %s cancelled", request_id, waiter.target)
 
     def _attach_inputs(
@@ -541,7 +506,7 @@ class AgentService:
         The inventory is read before the target's lock is taken: it lists the node's GPUs,
         not who owns them (the allocator says that, under the lock, and decides).
         """
-        return self._resolve(caller, ref), self._inventory.snapshot()
+        return self._resolve(caller, ref), self.core.inventory.snapshot()
 
     async def _attach_locked(
         self,
@@ -555,9 +520,9 @@ class AgentService:
         """Reserve, grant, record: the attach itself, under the target's lock, after the
         decision (``attach``)."""
         entries = await self._reserve(container, request, snapshot, deadline, waiter=waiter)
-        await self._checkpoints.reach("after_reserve")
+        await self.core.checkpoints.reach("after_reserve")
         granted = await self._grant(container, entries)
-        self.idle.request([entry.gpu.uuid for entry in granted], request.idle_release_seconds)
+        self.core.idle.request([entry.gpu.uuid for entry in granted], request.idle_release_seconds)
         log.info(
             "attached %s to %s%s",
             ", ".join(f"{e.gpu.uuid} (/dev/nvidia{e.gpu.minor})" for e in granted),
@@ -576,14 +541,14 @@ class AgentService:
         waiter: Waiter | None,
     ) -> list[Reservation]:
         """``request.count`` GPUs (or slices) of ``snapshot`` reserved for ``container``."""
-        self.nodes.learn(snapshot)
+        self.core.nodes.learn(snapshot)
         candidates = [
             GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
             for gpu in self._candidates(snapshot, request.mig)
         ]
         # Any request takes only GPUs that the queue's head does not hold (queue.py).
         free = self._free(snapshot, request.mig)
-        held = self.queue.held(request.mig, free, waiter)
+        held = self.core.queue.held(request.mig, free, waiter)
         if free - held < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
             raise InsufficientGpus(
@@ -594,14 +559,14 @@ class AgentService:
                 if held
                 else None,
             )
-        entries = await self._allocator.reserve(
+        entries = await self.core.allocator.reserve(
             container,
             request.count,
             request_id=request.request_id,
             deadline=deadline,
             candidates=candidates,
         )
-        self.queue.served(request.mig, waiter)
+        self.core.queue.served(request.mig, waiter)
         return entries
 
     async def _grant(
@@ -613,22 +578,22 @@ class AgentService:
         try:
             per_entry = self._nodes_of(entries)
         except InjectorError as e:
-            await self._allocator.release(uuids)
-            self.queue.notify()
+            await self.core.allocator.release(uuids)
+            self.core.queue.notify()
             raise _attach_error(container, e) from e
         nodes = flat(per_entry)
         try:
             await self._intend_nodes(container, entries, per_entry)
-            created = await self._workers.host(self._injector.grant, container, nodes)
+            created = await self.core.workers.host(self.core.injector.grant, container, nodes)
         except InjectorError as e:
             await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
             raise _attach_error(container, e) from e
         except BaseException:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
-        await self._checkpoints.reach("after_grant")
+        await self.core.checkpoints.reach("after_grant")
         try:
-            granted = await self._allocator.mark_granted(
+            granted = await self.core.allocator.mark_granted(
                 uuids,
                 nodes_created=[
                     entry.gpu.uuid
@@ -639,7 +604,7 @@ class AgentService:
         except BaseException:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
-        await self._checkpoints.reach("after_mark_granted")
+        await self.core.checkpoints.reach("after_mark_granted")
         return granted
 
     async def _intend_nodes(
@@ -651,7 +616,7 @@ class AgentService:
         """Record, before the grant, which reservations' nodes it is about to make (all of
         their nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
         nodes = flat(per_entry)
-        states = await self._workers.host(self._injector.status, container, nodes)
+        states = await self.core.workers.host(self.core.injector.status, container, nodes)
         absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
         making = [
             entry.gpu.uuid
@@ -659,7 +624,7 @@ class AgentService:
             if all(node.name in absent for node in own)
         ]
         if making:
-            await self._allocator.intend_nodes(making)
+            await self.core.allocator.intend_nodes(making)
 
     def _served(self, target: Target, request: AttachRequest) -> AttachmentList | None:
         """The answer to a retried request, or None for a new one: the one idempotency check
@@ -670,7 +635,7 @@ class AgentService:
             return None
         earlier = [
             entry
-            for entry in self._allocator.attachments_of(target)
+            for entry in self.core.allocator.attachments_of(target)
             if entry.request_id == request_id
         ]
         if not earlier:
@@ -697,8 +662,8 @@ class AgentService:
             try:
                 # Which nodes the failed grant created is unknown: none is removed (without
                 # the permission, a node left behind opens nothing).
-                await self._workers.host(
-                    self._injector.revoke,
+                await self.core.workers.host(
+                    self.core.injector.revoke,
                     target,
                     nodes,
                     force=False,
@@ -715,8 +680,8 @@ class AgentService:
                     e,
                 )
                 return
-        await self._allocator.release(uuids)
-        self.queue.notify()
+        await self.core.allocator.release(uuids)
+        self.core.queue.notify()
 
     # --- detach ----------------------------------------------------------------------------------
 
@@ -724,25 +689,25 @@ class AgentService:
         """Detach one GPU from whichever container has it (the caller must be allowed to act
         on that container)."""
         with self._measured("detach"):
-            entry = self._allocator.get(uuid)
+            entry = self.core.allocator.get(uuid)
             if entry is None:
                 raise NotFound("attachment", uuid)
-            container = await self._workers.host(
-                self._resolver.current, entry.target, entry.container
+            container = await self.core.workers.host(
+                self.core.resolver.current, entry.target, entry.container
             )
             if container is None:
                 await self._detach_gone(caller, entry.target, [entry])
                 return
-            await self._identity.authorize(caller, "delete", container)
-            async with self.locks.operation(entry.target):
+            await self.core.identity.authorize(caller, "delete", container)
+            async with self.core.locks.operation(entry.target):
                 await self._detach_locked(container, [entry], force=force)
 
     async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
         """Detach every GPU of the target (nothing attached: nothing to do)."""
         with self._measured("detach") as measure:
             container = await self._target(caller, ref, "delete")
-            async with self.locks.operation(container.target):
-                entries = self._allocator.attachments_of(container.target)
+            async with self.core.locks.operation(container.target):
+                entries = self.core.allocator.attachments_of(container.target)
                 measure.gpus = len(entries)
                 if entries:
                     await self._detach_locked(container, entries, force=force)
@@ -751,7 +716,7 @@ class AgentService:
         """Detach one GPU for the idle policy, without force; the caller holds the target (as
         the reconciler does). False, with nothing changed, when the GPU turned out to be in
         use or could not be taken back cleanly (the next pass looks again)."""
-        if self._allocator.get(entry.gpu.uuid) != entry:
+        if self.core.allocator.get(entry.gpu.uuid) != entry:
             return False  # changed since the pass read it
         try:
             await self._detach_locked(container, [entry], force=False)
@@ -769,12 +734,12 @@ class AgentService:
         the reservation: the same node rule, ``node_created`` and pool as a detach, under the
         target's lock (``Busy`` while a caller's operation holds it). None when the
         reservation changed meanwhile (detached, re-attached)."""
-        async with self.locks.operation(entry.target):
-            current = self._allocator.get(entry.gpu.uuid)
+        async with self.core.locks.operation(entry.target):
+            current = self.core.allocator.get(entry.gpu.uuid)
             if current is None or current.holder != entry.holder:
                 return None
-            container = await self._workers.host(
-                self._resolver.lookup, current.target, current.container
+            container = await self.core.workers.host(
+                self.core.resolver.lookup, current.target, current.container
             )
             outcome = TakeBack(gone=True, forced=False)
             if container is not None:
@@ -782,8 +747,8 @@ class AgentService:
                 outcome = await self._revoke_unbacked(
                     container, per_entry, keep=_not_created([current], per_entry), force=force
                 )
-            await self._allocator.release([current.gpu.uuid])
-        self.queue.notify()
+            await self.core.allocator.release([current.gpu.uuid])
+        self.core.queue.notify()
         return outcome
 
     async def take_back_orphan(
@@ -799,10 +764,10 @@ class AgentService:
         record says the agent made their nodes, so the nodes stay and their permission goes;
         the nodes named in ``spare`` are not touched (what the container got elsewhere still
         needs them). None when a reservation for the container appeared meanwhile."""
-        async with self.locks.operation(container.target):
+        async with self.core.locks.operation(container.target):
             reserved = {
                 entry.gpu.uuid
-                for entry in self._allocator.all_attachments()
+                for entry in self.core.allocator.all_attachments()
                 if entry.container == container.key
             }
             gpus = [gpu for gpu in gpus if gpu.uuid not in reserved]
@@ -810,8 +775,10 @@ class AgentService:
                 return None
             per_gpu = [
                 [node for node in nodes if node.name not in spare]
-                for nodes in self.nodes.revocable(
-                    gpus, container=container.key, reservations=self._allocator.all_attachments()
+                for nodes in self.core.nodes.revocable(
+                    gpus,
+                    container=container.key,
+                    reservations=self.core.allocator.all_attachments(),
                 )
             ]
             keep = [node.name for nodes in per_gpu for node in nodes]
@@ -829,7 +796,7 @@ class AgentService:
         the access goes and the processes keep what they have open."""
         nodes = flat(per_gpu)
         try:
-            holders = await self._workers.host(self._injector.holders, container, nodes)
+            holders = await self.core.workers.host(self.core.injector.holders, container, nodes)
         except InjectionFailed as e:
             # Only for the record of who keeps it open: the access goes all the same.
             log.warning("cannot tell who holds %s open in %s: %s", nodes, container, e)
@@ -837,8 +804,8 @@ class AgentService:
         except TargetGone:
             return TakeBack(gone=True, forced=False)
         try:
-            await self._workers.host(
-                self._injector.revoke,
+            await self.core.workers.host(
+                self.core.injector.revoke,
                 container,
                 nodes,
                 force=force,
@@ -869,54 +836,89 @@ class AgentService:
                 f"{target} has exited, so no caller can show it is theirs",
                 hint="the agent releases the GPUs of exited processes by itself shortly",
             )
-        async with self.locks.operation(target):
-            remains = await self._workers.host(self._resolver.remains, entries[0].container)
+        async with self.core.locks.operation(target):
+            remains = await self.core.workers.host(self.core.resolver.remains, entries[0].container)
             if remains is not None:
                 try:
                     nodes = flat(self._nodes_of(entries))
-                    await self._workers.host(self._injector.withdraw, remains, nodes)
+                    await self.core.workers.host(self.core.injector.withdraw, remains, nodes)
                 except InjectorError as e:
                     raise TargetNotReady(
                         f"the GPU could not be taken from the empty cgroups of {target}: {e}",
                         hint="the GPU stays reserved; the agent tries again by itself",
                         retryable=True,
                     ) from e
-            await self._allocator.release([entry.gpu.uuid for entry in entries])
-        self.queue.notify()
+            await self.core.allocator.release([entry.gpu.uuid for entry in entries])
+        self.core.queue.notify()
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
     async def _detach_locked(
         self, container: HostContainer, entries: Sequence[Reservation], *, force: bool
     ) -> None:
-        uuids = [entry.gpu.uuid for entry in entries]
+        """Detach ``entries`` from ``container``, the caller holding the target's lock: mark
+        them ``releasing``, revoke, release (``_revoke_detached`` says what a refused revoke
+        leaves)."""
         if any(entry.state is ReservationState.RESERVING for entry in entries):
             raise Busy.operation_in_progress(str(container.target))
+        per_entry = self._detach_nodes(container, entries)
+        uuids = [entry.gpu.uuid for entry in entries]
+        await self.core.allocator.begin_release(uuids)
+        await self.core.checkpoints.reach("after_begin_release")
+        await self._revoke_detached(container, entries, per_entry, force=force)
+        await self.core.checkpoints.reach("after_revoke")
+        await self.core.allocator.release(uuids)
+        for uuid in uuids:
+            self.core.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
+        self.core.queue.notify()
+        log.info(
+            "detached %s from %s%s%s",
+            ", ".join(uuids),
+            container,
+            " (forced)" if force else "",
+            self._label,
+        )
+
+    def _detach_nodes(
+        self, container: HostContainer, entries: Sequence[Reservation]
+    ) -> list[list[DeviceNode]]:
+        """The nodes a detach of ``entries`` revokes (422 when a slice's cannot be told)."""
         try:
-            per_entry = self._revocable(container, entries)
+            return self._revocable(container, entries)
         except InjectionFailed as e:
             raise TargetNotReady(
                 f"the GPU could not be taken from {container}: {e}",
                 hint="the GPU is still attached; see the agent's log",
                 retryable=False,
             ) from e
-        nodes = flat(per_entry)
-        await self._allocator.begin_release(uuids)
-        await self._checkpoints.reach("after_begin_release")
+
+    async def _revoke_detached(
+        self,
+        container: HostContainer,
+        entries: Sequence[Reservation],
+        per_entry: Sequence[Sequence[DeviceNode]],
+        *,
+        force: bool,
+    ) -> None:
+        """Revoke the ``releasing`` entries' nodes. Refused with the host unchanged (in use,
+        a scan past its deadline, a clean failure): the release is cancelled, the GPUs stay
+        attached and the refusal is raised. Failed half-way: the entries stay ``releasing``
+        for the reconciler. The container gone: nothing left to revoke."""
+        uuids = [entry.gpu.uuid for entry in entries]
         try:
-            await self._workers.host(
-                self._injector.revoke,
+            await self.core.workers.host(
+                self.core.injector.revoke,
                 container,
-                nodes,
+                flat(per_entry),
                 force=force,
                 keep_nodes=_not_created(entries, per_entry),
             )
         except TargetGone:
             log.info("%s exited during the detach; releasing its record", container)
         except DeviceInUse as e:
-            await self._allocator.cancel_release(uuids)
+            await self.core.allocator.cancel_release(uuids)
             raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
         except ScanUnfinished as e:
-            await self._allocator.cancel_release(uuids)
+            await self.core.allocator.cancel_release(uuids)
             raise Unavailable(
                 f"could not tell in time whether {', '.join(uuids)} is in use in {container}: {e}",
                 retry_after=math.ceil(e.seconds),
@@ -925,7 +927,7 @@ class AgentService:
             ) from e
         except InjectionFailed as e:
             if e.clean:
-                await self._allocator.cancel_release(uuids)
+                await self.core.allocator.cancel_release(uuids)
                 raise TargetNotReady(
                     f"the GPU could not be taken from {container}: {e}",
                     hint="the GPU is still attached; try again, and see the agent's log",
@@ -936,18 +938,6 @@ class AgentService:
                 hint="the agent finishes the release by itself; see its log",
                 retryable=True,
             ) from e
-        await self._checkpoints.reach("after_revoke")
-        await self._allocator.release(uuids)
-        for uuid in uuids:
-            self.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
-        self.queue.notify()
-        log.info(
-            "detached %s from %s%s%s",
-            ", ".join(uuids),
-            container,
-            " (forced)" if force else "",
-            self._label,
-        )
 
 
 def _not_created(

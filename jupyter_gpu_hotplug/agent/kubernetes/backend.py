@@ -1,8 +1,9 @@
 """Kubernetes mode, assembled: the backend's parts built from the settings, and the two
 reactions to the node's pod events that the periodic reconciler alone would make too slow.
 
-Why it exists: ``runtime.py`` wires any backend into the core the same way (allocator,
-resolver, identity); what is particular to Kubernetes lives here:
+Why it exists: ``runtime.py`` wires every backend into the core the same way (its allocator,
+resolver and identity go into the ``Core``; ``bind``, ``start``, ``stop``, ``close``: see
+``local/backend.py`` for local mode's); what is particular to Kubernetes lives here:
 
 - **a holder lost behind the agent's back** (preempted, evicted, deleted, its pod failed) means
   the GPU is no longer reserved for the container and may be handed to another pod: the core's
@@ -28,14 +29,13 @@ from typing import Final
 
 from ..._structs import GpuUuid, PodTarget, format_timestamp
 from ...linux import cgroups
-from ..core.injector import InjectionFailed, Injector
+from ..core.bundle import Core
+from ..core.injector import InjectionFailed
 from ..core.lost import LossNotice, LostGpus, TakeBack
-from ..core.metrics import AgentMetrics
 from ..core.reconcile import Reconciler, ReconcileReport
 from ..core.seams import HostContainer, Reservation
 from ..core.service import AgentService
-from ..core.workers import Workers
-from ..settings import AgentSettings
+from ..settings import AgentSettings, KubernetesSettings
 from .allocator import HolderAllocator
 from .cri import CriClient, CriError
 from .events import HOLDER_LOST, REVOKED, PodEvents
@@ -67,7 +67,6 @@ class KubernetesBackend:
     resolver: PodResolver
     identity: TokenIdentity
     events: PodEvents
-    device_major: int
     stray_policy: str
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _wanted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -82,18 +81,7 @@ class KubernetesBackend:
         pods = NodePods(kube, k8s.node_name)
         podresources = PodResourcesClient(k8s.pod_resources_socket)
         cri = CriClient(k8s.cri_endpoint)
-        try:
-            runtime = cri.version()
-            log.info(
-                "container runtime: %s %s (CRI %s) at %s",
-                runtime.name,
-                runtime.version,
-                runtime.api_version,
-                k8s.cri_endpoint,
-            )
-        except CriError as e:
-            # Not fatal: the runtime may come up after the agent; until then targets get 422.
-            log.error("%s; pods cannot be resolved until it answers", e)
+        _log_runtime(cri, k8s.cri_endpoint)
         events = PodEvents(kube, pods)
 
         async def pod_uid(namespace: str, name: str) -> str | None:
@@ -109,16 +97,7 @@ class KubernetesBackend:
                 kube=kube,
                 pods=pods,
                 podresources=podresources,
-                spec=HolderSpec(
-                    node_name=k8s.node_name,
-                    resource_name=k8s.resource_name,
-                    image=k8s.holder_image,
-                    cpu=k8s.holder_cpu,
-                    memory=k8s.holder_memory,
-                    priority_class=k8s.holder_priority_class,
-                    pull_policy=k8s.holder_image_pull_policy,
-                    pull_secrets=k8s.holder_image_pull_secrets,
-                ),
+                spec=_holder_spec(k8s),
                 blocking=asyncio.to_thread,
                 events=events,
             ),
@@ -131,19 +110,11 @@ class KubernetesBackend:
             ),
             identity=TokenIdentity(kube, pod_uid=pod_uid),
             events=events,
-            device_major=settings.device_major,
             stray_policy=k8s.stray_policy,
         )
 
     def bind(
-        self,
-        *,
-        service: AgentService,
-        lost: LostGpus,
-        reconciler: Reconciler,
-        injector: Injector,
-        metrics: AgentMetrics,
-        workers: Workers,
+        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
     ) -> None:
         """Join the core before its first reconciliation: the node sweep runs in every pass
         (so at start-up too), the device plugin's GPUs are never strays, pods are told of
@@ -151,25 +122,22 @@ class KubernetesBackend:
         self._service = service
         self._lost_gpus = lost
         sweep = NodeSweep(
+            core,
             pods=self.pods,
             resolver=self.resolver,
             podresources=self.podresources,
-            injector=injector,
-            allocator=self.allocator,
             service=service,
             lost=lost,
             events=self.events,
-            metrics=metrics,
-            workers=workers,
             revoke_strays=self.stray_policy == "revoke",
             spawn=self._spawn,
         )
         reconciler.sweeps.append(sweep.run)
         reconciler.assigned = self._plugin_gpus
         pod_idle = PodIdle(self.pods, self.events)
-        service.idle.per_target = pod_idle.idle_seconds
-        service.idle.listeners.append(pod_idle.announce)
-        service.losses.listeners.append(self._tell_loss)
+        core.idle.per_target = pod_idle.idle_seconds
+        core.idle.listeners.append(pod_idle.announce)
+        core.losses.listeners.append(self._tell_loss)
         self.allocator.on_lost(self._lost)
 
     def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
@@ -271,3 +239,34 @@ class KubernetesBackend:
         self.events.emit(
             notice.target, REVOKED, f"revoked GPU {nodes}: {notice.reason}{done}", warning=True
         )
+
+
+def _holder_spec(k8s: KubernetesSettings) -> HolderSpec:
+    """The holder pods' shape, from the settings."""
+    return HolderSpec(
+        node_name=k8s.node_name,
+        resource_name=k8s.resource_name,
+        image=k8s.holder_image,
+        cpu=k8s.holder_cpu,
+        memory=k8s.holder_memory,
+        priority_class=k8s.holder_priority_class,
+        pull_policy=k8s.holder_image_pull_policy,
+        pull_secrets=k8s.holder_image_pull_secrets,
+    )
+
+
+def _log_runtime(cri: CriClient, endpoint: str) -> None:
+    """Say which container runtime answers; one that does not is logged, not fatal: the
+    runtime may come up after the agent, and until then targets get 422."""
+    try:
+        runtime = cri.version()
+    except CriError as e:
+        log.error("%s; pods cannot be resolved until it answers", e)
+        return
+    log.info(
+        "container runtime: %s %s (CRI %s) at %s",
+        runtime.name,
+        runtime.version,
+        runtime.api_version,
+        endpoint,
+    )

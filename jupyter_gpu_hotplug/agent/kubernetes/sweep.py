@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 
 from ..._structs import GpuUuid, PodTarget
 from ...linux.devnodes import DeviceNode
+from ..core.bundle import Core
 from ..core.errors import AgentError
-from ..core.injector import DeviceState, InjectionFailed, Injector, InjectorError
+from ..core.injector import DeviceState, InjectionFailed, InjectorError
 from ..core.lost import LostGpus, TakeBack
-from ..core.metrics import AgentMetrics
 from ..core.reconcile import ReconcileReport
-from ..core.seams import Allocator, ContainerKey, GpuRecord, HostContainer
+from ..core.seams import ContainerKey, GpuRecord, HostContainer
 from ..core.service import AgentService
-from ..core.workers import Workers
 from .events import STRAY_ACCESS, PodEvents
 from .holders import LABEL_HOLDER
 from .kube import KubeObject
@@ -91,30 +90,25 @@ class NodeSweep:
 
     def __init__(
         self,
+        core: Core,
         *,
         pods: NodePods,
         resolver: PodResolver,
         podresources: PodResourcesClient,
-        injector: Injector,
-        allocator: Allocator,
         service: AgentService,
         lost: LostGpus,
         events: PodEvents,
-        metrics: AgentMetrics,
-        workers: Workers,
         revoke_strays: bool,
         spawn: Spawn,
     ) -> None:
+        self._core = core
         self._pods = pods
         self._resolver = resolver
+        """The core's resolver, as the Kubernetes one: it lists the node's running containers."""
         self._podresources = podresources
-        self._injector = injector
-        self._allocator = allocator
         self._service = service
         self._lost = lost
         self._events = events
-        self._metrics = metrics
-        self._workers = workers
         self._revoke_strays = revoke_strays
         self._spawn = spawn
         self._reported: set[tuple[ContainerKey, GpuUuid]] = set()
@@ -123,7 +117,7 @@ class NodeSweep:
     async def run(self, known: Sequence[GpuRecord], report: ReconcileReport) -> None:
         """Check every running container of the node once."""
         try:
-            assigned = await self._workers.host(self._podresources.list)
+            assigned = await self._core.workers.host(self._podresources.list)
         except PodResourcesError as e:
             # Without it a plugin's GPU cannot be told from a stray: judge nothing this pass.
             report.failures.append(f"node sweep: {e}")
@@ -133,7 +127,7 @@ class NodeSweep:
         found = []
         for pod in self._pods.pods():
             for target in _running_containers(pod):
-                container = await self._workers.host(self._resolve, pod, target)
+                container = await self._core.workers.host(self._resolve, pod, target)
                 if container is None:
                     continue
                 try:
@@ -152,11 +146,11 @@ class NodeSweep:
                 seen.add((item.container.key, gpu.uuid))
                 await self._stray(item, gpu, gpu_nodes, report)
         self._reported &= seen
-        self._metrics.stray_gpu_access.set(strays)
+        self._core.metrics.stray_gpu_access.set(strays)
 
     def _nodes_of(self, gpu: GpuRecord) -> list[DeviceNode]:
         try:
-            return self._service.nodes.of(gpu)
+            return self._core.nodes.of(gpu)
         except InjectionFailed:
             return []  # a slice NVML no longer lists: nothing to look for
 
@@ -180,7 +174,7 @@ class NodeSweep:
         orphaned (our grant, no reservation) or stray (somebody else's grant)."""
         reserved = {
             entry.gpu.uuid
-            for entry in self._allocator.all_attachments()
+            for entry in self._core.allocator.all_attachments()
             if entry.container == container.key
         }
         accounted = plugin | reserved
@@ -190,7 +184,7 @@ class NodeSweep:
         found = _Found(container, frozenset(needed))
         if not flat_nodes:
             return found
-        states = await self._workers.host(self._injector.status, container, flat_nodes)
+        states = await self._core.workers.host(self._core.injector.status, container, flat_nodes)
         by_name: dict[str, DeviceState] = {
             node.name: state for node, state in zip(flat_nodes, states, strict=True)
         }
@@ -258,7 +252,7 @@ class NodeSweep:
             return
         try:
             await self._service.take_back_orphan(container, [gpu], force=False, spare=item.spare)
-            after = await self._workers.host(self._injector.status, container, nodes)
+            after = await self._core.workers.host(self._core.injector.status, container, nodes)
             if any(state.opens for state in after):
                 raise InjectionFailed(
                     "a runtime's own device program still allows it (the agent edits only "

@@ -1,0 +1,96 @@
+"""The core's parts, bundled once: what the service, the reconciler, the idle releaser and a
+backend's node passes all act through.
+
+Why it exists: these users share more than the backend's seams — one lock per target (an
+operation and a reconciliation pass must never touch a target at once), one wait queue (a
+release anywhere wakes it), one idle book, one book of announced losses, one node rule
+(``GpuNodes``: which device nodes a GPU or MIG slice needs) and one worker pool. Passed one by
+one, every constructor repeated the same eight collaborators and the agent had to thread the
+service's own copies into the others; a ``Core`` is built once (``Core.build`` makes the shared
+state) and each user takes the bundle, so two of them can never be handed different locks or
+different node rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...linux.mig import MigCaps
+from .checkpoints import Checkpoints
+from .devices import GpuNodes
+from .idle import IdleBook, IdlePolicy
+from .injector import Injector
+from .inventory import Inventory
+from .locks import TargetLocks
+from .lost import LossBook
+from .metrics import AgentMetrics
+from .queue import WaitQueue
+from .seams import Allocator, Identity, Resolver
+from .workers import Workers
+
+__all__ = ["Core"]
+
+
+@dataclass
+class Core:
+    """The backend's seams and the state the core's users share (see the module docstring).
+
+    Every user reads its parts from the one bundle when it acts, never a copy taken at
+    construction: a part swapped here (a test's MIG tables, a faster queue) is swapped for
+    all of them at once."""
+
+    allocator: Allocator
+    inventory: Inventory
+    injector: Injector
+    resolver: Resolver
+    identity: Identity
+    metrics: AgentMetrics
+    workers: Workers
+    """The ledger's thread and the host's pool: blocking calls never run on the loop."""
+    locks: TargetLocks
+    """One operation at a time per target, and reconciliation passes that step aside."""
+    nodes: GpuNodes
+    """Which device nodes each reserved GPU or MIG slice needs."""
+    queue: WaitQueue
+    """Attach requests waiting for GPUs, first come, first served; every release wakes it."""
+    idle: IdleBook
+    """The idle policy's shared state: requested periods, warnings, releases."""
+    losses: LossBook
+    """Announced revokes of GPUs whose reservation was lost (``lost.py``)."""
+    checkpoints: Checkpoints
+    """Where the crash tests stop an operation (nothing, unless configured)."""
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        allocator: Allocator,
+        inventory: Inventory,
+        injector: Injector,
+        resolver: Resolver,
+        identity: Identity,
+        metrics: AgentMetrics,
+        workers: Workers,
+        device_major: int,
+        mig_caps: Callable[[], MigCaps] | None = None,
+        idle_policy: IdlePolicy | None = None,
+        checkpoints: Checkpoints | None = None,
+    ) -> Core:
+        """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
+        MIG tables, None when no slices are handed out; ``idle_policy``: off by default)."""
+        return cls(
+            allocator=allocator,
+            inventory=inventory,
+            injector=injector,
+            resolver=resolver,
+            identity=identity,
+            metrics=metrics,
+            workers=workers,
+            locks=TargetLocks(),
+            nodes=GpuNodes(major=device_major, mig_caps=mig_caps),
+            queue=WaitQueue(on_change=metrics.queue_length.set),
+            idle=IdleBook() if idle_policy is None else IdleBook(policy=idle_policy),
+            losses=LossBook(),
+            checkpoints=checkpoints or Checkpoints(),
+        )

@@ -1,0 +1,88 @@
+"""Local mode, assembled: the backend's parts built from the settings.
+
+Why it exists: ``runtime.py`` wires every backend into the core the same way (its allocator,
+resolver and identity go into the ``Core``; it joins the core before the first reconciliation;
+it runs beside the core while the agent serves; it closes last), and what is particular to
+local mode lives here, as Kubernetes mode's lives in ``kubernetes/backend.py``:
+
+- the **SQLite ledger** in the state dir is the durable state (opened first: it also holds the
+  one-agent-per-state-dir lock, so a second agent stops before it touches anything), and the
+  allocator works over it in the core's ledger thread;
+- targets are **processes**, resolved to their containers through ``/proc`` and the device
+  cgroups (``resolver.py``); callers are the **unix socket's peer**, bound to the connection
+  at accept, or holders of the agent's 0600 **token** (``identity.py``).
+
+Local mode has nothing to run beside the core: a process tells nobody when it exits, so there
+is no event stream to react to as Kubernetes mode reacts to pod events; the core's timed
+reconciliation is what notices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ...linux import cgroups
+from ..core.bundle import Core
+from ..core.lost import LostGpus
+from ..core.reconcile import Reconciler, ReconcileReport
+from ..core.seams import Resolver
+from ..core.service import AgentService
+from ..core.workers import Workers
+from ..settings import AgentSettings
+from .allocator import LedgerAllocator
+from .identity import LocalIdentity, load_or_create_token
+from .ledger import Ledger
+from .resolver import ProcResolver
+
+__all__ = ["LocalBackend"]
+
+
+@dataclass
+class LocalBackend:
+    """Local mode's parts (see the module docstring)."""
+
+    ledger: Ledger
+    allocator: LedgerAllocator
+    resolver: Resolver
+    """``ProcResolver`` when the agent runs; tests give a resolver of in-memory processes."""
+    identity: LocalIdentity
+
+    @classmethod
+    def create(
+        cls, settings: AgentSettings, hierarchies: cgroups.CgroupHierarchies, workers: Workers
+    ) -> LocalBackend:
+        """The real parts for ``settings``; the ledger is closed again if any other fails."""
+        ledger = Ledger.open(settings.state_dir)
+        try:
+            token = load_or_create_token(settings.token_path)
+            resolver = ProcResolver(
+                host_proc=settings.host_proc, hierarchies=hierarchies, agent_pid=os.getpid()
+            )
+        except BaseException:
+            ledger.close()
+            raise
+        return cls(
+            ledger=ledger,
+            allocator=LedgerAllocator(ledger, workers),
+            resolver=resolver,
+            identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
+        )
+
+    def bind(
+        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
+    ) -> None:
+        """Nothing to join: the ledger's reservations cannot be lost behind the agent's back
+        (no listener for ``lost``), and no device plugin hands out GPUs here (the reconciler's
+        ``assigned`` stays empty)."""
+
+    def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
+        """Nothing to react to (see the module docstring): the core's timer reconciles."""
+
+    async def stop(self) -> None:
+        """Nothing runs beside the core."""
+
+    def close(self) -> None:
+        """Close the ledger (and let go of the state dir's lock)."""
+        self.ledger.close()
