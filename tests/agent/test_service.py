@@ -268,6 +268,8 @@ async def test_peer_may_act_on_its_own_container_only(harness: Harness) -> None:
         await harness.service.attach(await harness.peer(150), request(1, pid=200))
     with pytest.raises(Forbidden):
         await harness.service.attachments(await harness.peer(150), PidRef(200))
+    with pytest.raises(Forbidden):  # nor may another container take them all away
+        await harness.service.detach_all(await harness.peer(200), PidRef(100), force=False)
 
     assert [e.target for e in harness.ledger.attachments()] == [kernel.target]
 

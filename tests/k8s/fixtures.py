@@ -10,14 +10,14 @@ Fixtures (see ``tests/k8s/README.md`` for a walk-through):
     own) or containerd left anything (shims, mounts, cgroups) that had to be removed by force.
 ``kube`` (function)
     A fresh fake apiserver (``kube.FakeKube``: ``.url``, ``.kubeconfig_path``, ``.client()``,
-    ``create_namespace``, ``add_token``, ``pod_token``, ``allow``, ``set_quota``,
+    ``create_namespace``, ``add_token``, ``pod_token``, ``allow``, ``grant``,
     ``create_runtime_class``, ``create_priority_class``, ``pod``, ``wait_for_pod``...). No
     root needed.
 ``kubelet`` (function, root)
     A ``kubelet.KubeletSimulator`` for node ``KUBELET_NODE`` with four whole GPUs
     (``nvidia.com/gpu``) on ``kube`` and ``containerd``: ``.node_name``, ``.gpus``,
-    ``.pod_resources_socket``, ``.cri_socket``, ``run_notebook_pod``, ``evict``,
-    ``restart_container``, ``exec``, ``container_info``, ``assignments``. At teardown it
+    ``.pod_resources_socket``, ``.cri_socket``, ``run_notebook_pod``, ``evict``, ``exec``,
+    ``container_id``, ``container_info``, ``assignments``. At teardown it
     removes its pods from containerd and fails the test if it hit an error of its own.
 ``kubelet_factory`` (function, root)
     ``kubelet_factory(gpus=..., node_name=...)`` for another inventory (MIG resources, more

@@ -1,6 +1,6 @@
 """``FakeKube``: the fake control plane as a test drives it — the URL and kubeconfig the
 agent gets, the official client for the test, and the things a cluster admin would set up
-(namespaces, tokens, RBAC-like rules, quotas, runtime and priority classes).
+(namespaces, tokens, RBAC-like rules, runtime and priority classes).
 
 Every method may be called from any thread except the apiserver's own; each runs on the
 apiserver's loop and returns plain JSON-like dicts (the objects as the API serves them).
@@ -21,7 +21,6 @@ from .apiserver.resources import (
     NAMESPACES,
     PODS,
     PRIORITY_CLASSES,
-    QUOTAS,
     RUNTIME_CLASSES,
     SERVICE_ACCOUNTS,
 )
@@ -143,7 +142,7 @@ class FakeKube:
         return self.call(self.server.cluster.create, resource, namespace, body)  # type: ignore[no-any-return]
 
     def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Create a pod through the apiserver's admission (defaults, quota...)."""
+        """Create a pod through the apiserver's admission (defaults, validation...)."""
         return self.create(PODS, namespace, body)
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -186,21 +185,6 @@ class FakeKube:
     def namespace(self, name: str) -> dict[str, Any] | None:
         """The namespace as stored now, or ``None``."""
         return self.call(self.server.cluster.store.find, NAMESPACES, "", name)  # type: ignore[no-any-return]
-
-    def set_quota(self, namespace: str, name: str, hard: dict[str, str]) -> dict[str, Any]:
-        """Create or replace a ResourceQuota (e.g. ``{"requests.nvidia.com/gpu": "2"}``)."""
-
-        def apply() -> dict[str, Any]:
-            cluster = self.server.cluster
-            found = cluster.store.find(QUOTAS, namespace, name)
-            if found is None:
-                return cluster.create(
-                    QUOTAS, namespace, {"metadata": {"name": name}, "spec": {"hard": hard}}
-                )
-            found["spec"] = {"hard": hard}
-            return cluster.replace(QUOTAS, namespace, name, found)
-
-        return self.call(apply)  # type: ignore[no-any-return]
 
     def create_runtime_class(self, name: str, handler: str) -> dict[str, Any]:
         return self.create(RUNTIME_CLASSES, "", {"metadata": {"name": name}, "handler": handler})

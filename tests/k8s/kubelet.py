@@ -1,13 +1,16 @@
 """A kubelet for one node, simulated over the real containerd: what the GPU agent sees of a
 node — pods run as real containers, their status in the API, PodResources on a unix socket.
 
-What it does, as the real kubelet (plus the default scheduler and the NVIDIA device plugin)
-would, for pods of its node:
+Why it stays beside the real node (``tests/realnode``): it does on demand what a real kubelet
+does not — evict a holder by node pressure, keep a holder Pending, advertise MIG slices (the
+real node's device plugin runs ``--mig-strategy=none``), run a pod "in a VM runtime" — and it
+serves the tier's MIG, idle, sweep and allocator-contract tests in seconds with no build. What
+the real kubelet proves (scheduling, restarts of crashed containers, a kubelet restart) is no
+longer simulated here (docs/testing.md).
 
-* **Scheduling** (pods without ``spec.nodeName`` that select this node by the
-  ``kubernetes.io/hostname`` nodeSelector or a ``metadata.name`` nodeAffinity field): bound
-  when the GPUs they request are free, else ``PodScheduled=False`` reason ``Unschedulable``
-  (message like the scheduler's), retried when GPUs free up.
+What it does, as the real kubelet (plus the NVIDIA device plugin) would, for pods bound to its
+node (``spec.nodeName``: the agent pins its holders; nothing here schedules):
+
 * **Admission** (pods bound with ``spec.nodeName``, which skip the scheduler): no free GPU →
   phase ``Failed``, reason ``OutOf<resource>``, as the kubelet's predicate admission does.
 * **Running**: ``RunPodSandbox`` in the node's network namespace, one container per spec
@@ -20,14 +23,12 @@ would, for pods of its node:
   could inject into, so it must refuse such pods by RuntimeClass before asking CRI.
 * **Deletion**: a pod marked for deletion is stopped (containers and sandbox removed), its
   GPUs freed, then deleted with grace 0 (the API object goes).
-* **Crashes**: a container that exits by itself (found by a relist every second, like the
-  PLEG) is replaced in the same sandbox per ``restartPolicy`` (new id, ``restartCount`` + 1,
-  ``lastState.terminated``), or ends the pod (Succeeded/Failed, GPUs freed).
-* **On demand**: ``evict`` (Failed/Evicted, stopped, then deleted), ``restart_container``
-  (as a crash, at once).
+* **On demand**: ``evict`` (node-pressure eviction: Failed/Evicted, stopped, GPUs freed, the
+  object left behind).
 
-Not simulated: device nodes or environment from the device plugin in the holder's container,
-init containers, probes, back-off between restarts, volumes, CNI, container log files.
+Not simulated: scheduling, container restarts (a crashed container is not replaced),
+device nodes or environment from the device plugin in the holder's container, init
+containers, probes, volumes, CNI, container log files.
 
 Threading: everything runs on the fake apiserver's loop (the kubelet reads and writes the
 store directly, never through HTTP); CRI calls run in a thread pool; PodResources
@@ -48,8 +49,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-import grpc
-
 from .apiserver.cluster import Cluster
 from .apiserver.pods import TERMINAL, pod_requests
 from .apiserver.resources import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
@@ -65,19 +64,13 @@ _T = TypeVar("_T")
 
 VM_HANDLERS: Final = frozenset({"kata", "kata-qemu", "kata-clh", "kata-fc", "runsc", "gvisor"})
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-RELIST_PERIOD: Final = 1.0
-"""Seconds between two looks for containers that exited by themselves (the kubelet's PLEG
-relists every second too)."""
 
 
 @dataclass
 class _Container:
     name: str
     id: str
-    attempt: int = 0
-    restart_count: int = 0
     started_at: str = ""
-    last_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,7 +89,7 @@ class _PodRecord:
     cgroup_parent: str = ""
     stopped: bool = False
     runtime_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while containers of this pod are created, restarted or removed."""
+    """Held while containers of this pod are created or removed."""
 
 
 class KubeletSimulator:
@@ -126,7 +119,6 @@ class KubeletSimulator:
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._pod_resources = PodResourcesServer(pod_resources_socket, self._snapshot)
-        self._relist_task: asyncio.Task[None]
         self._stopping = False
         self.errors: list[str] = []
         """Failures of the simulator itself (a test fixture fails the test on any)."""
@@ -163,15 +155,9 @@ class KubeletSimulator:
             self.cri.remove_pod_sandbox(sandbox.id)
         self.cri.close()
 
-    def restart_pod_resources(self) -> None:
-        """Take the PodResources socket away and serve a new one at the same path, as a
-        kubelet restart does (clients holding the old socket's inode must reconnect)."""
-        self._pod_resources.stop()
-        self._pod_resources.start()
-
     def _detach(self) -> None:
         self._stopping = True
-        for task in [*self._workers.values(), self._relist_task]:
+        for task in self._workers.values():
             task.cancel()
 
     def _register(self) -> None:
@@ -211,7 +197,6 @@ class KubeletSimulator:
             },
         )
         self.cluster.store.on_change(self._on_change)
-        self._relist_task = asyncio.get_running_loop().create_task(self._relist())
         for pod in self.cluster.store.list(PODS):
             self._kick(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
@@ -222,38 +207,11 @@ class KubeletSimulator:
             return
         meta = change.object["metadata"]
         key = (meta["namespace"], meta["name"])
-        if self._mine(change.object) or self._selects_me(change.object) or key in self._records:
+        if self._mine(change.object) or key in self._records:
             self._kick(*key)
-        if change.type == "DELETED" or change.object.get("status", {}).get("phase") in TERMINAL:
-            self._retry_unschedulable()
 
     def _mine(self, pod: dict[str, Any]) -> bool:
         return bool(pod.get("spec", {}).get("nodeName") == self.node_name)
-
-    def _selects_me(self, pod: dict[str, Any]) -> bool:
-        spec = pod.get("spec", {})
-        if spec.get("nodeName"):
-            return False
-        if (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL) == self.node_name:
-            return True
-        affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-        required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-        for term in required.get("nodeSelectorTerms") or []:
-            for expression in (term.get("matchFields") or []) + (
-                term.get("matchExpressions") or []
-            ):
-                if (
-                    expression.get("key") in ("metadata.name", HOSTNAME_LABEL)
-                    and self.node_name in (expression.get("values") or [])
-                    and expression.get("operator") == "In"
-                ):
-                    return True
-        return False
-
-    def _retry_unschedulable(self) -> None:
-        for pod in self.cluster.store.list(PODS):
-            if self._selects_me(pod):
-                self._kick(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
     def _kick(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -289,8 +247,6 @@ class KubeletSimulator:
         if pod is None:
             return
         if not self._mine(pod):
-            if self._selects_me(pod):
-                self._schedule(pod)
             return
         meta, phase = pod["metadata"], pod.get("status", {}).get("phase")
         if meta.get("deletionTimestamp"):
@@ -305,7 +261,7 @@ class KubeletSimulator:
         if record is None:
             await self._admit_and_run(pod)
 
-    # ----- scheduling and admission -----------------------------------------------------
+    # ----- admission --------------------------------------------------------------------
 
     def _wanted(self, pod: dict[str, Any]) -> dict[str, int]:
         resources = {g.resource for g in self.gpus}
@@ -327,40 +283,13 @@ class KubeletSimulator:
                 free.setdefault(gpu.resource, []).append(gpu)
         return free
 
-    def _shortfall(
-        self, pod: dict[str, Any], *, scheduling: bool = False
-    ) -> tuple[str, int, int] | None:
-        """(resource, requested, free) for the first resource the pod cannot get. The
-        scheduler also counts pods already bound here but not admitted yet."""
+    def _shortfall(self, pod: dict[str, Any]) -> tuple[str, int, int] | None:
+        """(resource, requested, free) for the first resource the pod cannot get."""
         free = {resource: len(gpus) for resource, gpus in self._free().items()}
-        if scheduling:
-            for other in self.cluster.store.list(PODS):
-                key = (other["metadata"]["namespace"], other["metadata"]["name"])
-                live = other.get("status", {}).get("phase") not in TERMINAL
-                if self._mine(other) and live and key not in self._records:
-                    for resource, count in self._wanted(other).items():
-                        free[resource] = free.get(resource, 0) - count
         for resource, count in sorted(self._wanted(pod).items()):
             if free.get(resource, 0) < count:
                 return resource, count, max(free.get(resource, 0), 0)
         return None
-
-    def _schedule(self, pod: dict[str, Any]) -> None:
-        short = self._shortfall(pod, scheduling=True)
-        status = pod.setdefault("status", {})
-        if short is not None:
-            message = (
-                f"0/1 nodes are available: 1 Insufficient {short[0]}. preemption: 0/1 nodes "
-                "are available: 1 No preemption victims found for incoming pod."
-            )
-            old = _condition(pod, "PodScheduled")
-            if old.get("reason") != "Unschedulable" or old.get("message") != message:
-                _set_condition(status, "PodScheduled", "False", "Unschedulable", message)
-                self.cluster.store.update(PODS, pod)
-            return
-        pod["spec"]["nodeName"] = self.node_name  # the binding subresource's effect
-        _set_condition(status, "PodScheduled", "True")
-        self.cluster.store.update(PODS, pod)
 
     def _reject(self, pod: dict[str, Any], resource: str, requested: int, free: int) -> None:
         capacity = sum(1 for g in self.gpus if g.resource == resource)
@@ -416,7 +345,7 @@ class KubeletSimulator:
                 )
                 for container in spec["containers"]:
                     record.containers[container["name"]] = await self._start_container(
-                        pod, record, container, 0
+                        pod, record, container
                     )
             if not record.stopped:
                 self._write_status(record)
@@ -452,12 +381,12 @@ class KubeletSimulator:
         )
 
     async def _start_container(
-        self, pod: dict[str, Any], record: _PodRecord, container: dict[str, Any], attempt: int
+        self, pod: dict[str, Any], record: _PodRecord, container: dict[str, Any]
     ) -> _Container:
         p = pb()
         command = list(container.get("command") or [])
         config = p.ContainerConfig(
-            metadata=p.ContainerMetadata(name=container["name"], attempt=attempt),
+            metadata=p.ContainerMetadata(name=container["name"], attempt=0),
             image=p.ImageSpec(image=TOOLS_IMAGE if command else PAUSE_IMAGE),
             command=command,
             args=list(container.get("args") or []) if command else [],
@@ -472,7 +401,7 @@ class KubeletSimulator:
             self.cri.create_container, record.sandbox_id, config, sandbox_config
         )
         await self._cri(self.cri.start_container, container_id)
-        return _Container(container["name"], container_id, attempt, started_at=now())
+        return _Container(container["name"], container_id, started_at=now())
 
     async def _teardown(self, record: _PodRecord, *, forget: bool = True) -> None:
         """Stop the pod's containers and sandbox; free its GPUs."""
@@ -482,7 +411,6 @@ class KubeletSimulator:
             record.stopped = True
             if forget and self._records.get((record.namespace, record.name)) is record:
                 del self._records[(record.namespace, record.name)]
-        self._retry_unschedulable()
 
     def _release(self, record: _PodRecord) -> None:
         """A terminal pod's devices are free (and out of PodResources) from the moment its
@@ -527,7 +455,7 @@ class KubeletSimulator:
                 "image": container["image"],
                 "imageID": "",
                 "ready": running is not None and not pending,
-                "restartCount": running.restart_count if running else 0,
+                "restartCount": 0,
                 "started": running is not None and not pending,
             }
             if running is None or pending:
@@ -536,8 +464,6 @@ class KubeletSimulator:
                 entry["containerID"] = f"containerd://{running.id}"
                 entry["imageID"] = _image_id(container)
                 entry["state"] = {"running": {"startedAt": running.started_at}}
-                if running.last_state:
-                    entry["lastState"] = running.last_state
             statuses.append(entry)
         status["containerStatuses"] = statuses
         status["phase"] = "Pending" if pending else "Running"
@@ -545,7 +471,7 @@ class KubeletSimulator:
 
     # ----- on demand --------------------------------------------------------------------
 
-    async def _evict(self, namespace: str, name: str, delete: bool) -> None:
+    async def _evict(self, namespace: str, name: str) -> None:
         pod = self.cluster.store.get(PODS, namespace, name)
         pod["status"] = pod.get("status", {}) | {
             "phase": "Failed",
@@ -572,79 +498,6 @@ class KubeletSimulator:
         self.cluster.replace(PODS, namespace, name, pod, "status")
         if record is not None:
             await self._teardown(record, forget=False)
-        if delete:
-            self.cluster.delete(PODS, namespace, name, {"gracePeriodSeconds": 0})
-
-    async def _restart(self, namespace: str, name: str, container: str) -> str:
-        record = self._records[(namespace, name)]
-        async with record.runtime_lock:
-            return await self._replace_container(record, container)
-
-    async def _replace_container(
-        self, record: _PodRecord, container: str, exit_code: int = 137
-    ) -> str:
-        namespace, name = record.namespace, record.name
-        old = record.containers[container]
-        pod = self.cluster.store.get(PODS, namespace, name)
-        spec = next(c for c in pod["spec"]["containers"] if c["name"] == container)
-        if record.vm:
-            new = _Container(
-                container,
-                _vm_container_id(record, container, old.attempt + 1),
-                old.attempt + 1,
-                started_at=now(),
-            )
-        else:
-            await self._cri(self.cri.stop_container, old.id, 0)
-            new = await self._start_container(pod, record, spec, old.attempt + 1)
-        new.restart_count = old.restart_count + 1
-        new.last_state = {"terminated": _terminated(old, exit_code)}
-        with self._lock:
-            record.containers[container] = new
-        self._write_status(record)
-        if not record.vm:
-            await self._cri(self.cri.remove_container, old.id)
-        return new.id
-
-    async def _relist(self) -> None:
-        """The kubelet's PLEG: every ``RELIST_PERIOD`` seconds, a container that exited by
-        itself is replaced (restartPolicy Always, or OnFailure after a failure) or ends its
-        pod (Succeeded or Failed, GPUs freed)."""
-        exited = pb().CONTAINER_EXITED
-        while True:
-            await asyncio.sleep(RELIST_PERIOD)
-            try:
-                listed = await self._cri(self.cri.list_containers)
-            except grpc.RpcError:
-                continue
-            states = {c.id: c.state for c in listed}
-            for record in list(self._records.values()):
-                for name, container in list(record.containers.items()):
-                    if not record.vm and states.get(container.id) == exited:
-                        await self._container_exited(record, name, container.id)
-
-    async def _container_exited(self, record: _PodRecord, name: str, container_id: str) -> None:
-        async with record.runtime_lock:
-            current = record.containers.get(name)
-            if record.stopped or current is None or current.id != container_id:
-                return  # restarted, evicted or deleted meanwhile
-            info = await self._cri(self.cri.container_status, container_id)
-            pod = self.cluster.store.find(PODS, record.namespace, record.name)
-            if pod is None:
-                return
-            policy = pod["spec"].get("restartPolicy", "Always")
-            if policy == "Always" or (policy == "OnFailure" and info.exit_code != 0):
-                await self._replace_container(record, name, info.exit_code)
-                return
-            status = pod["status"]
-            for entry in status.get("containerStatuses") or []:
-                if entry["name"] == name:
-                    entry["state"] = {"terminated": _terminated(current, info.exit_code)}
-                    entry["ready"] = entry["started"] = False
-            status["phase"] = "Succeeded" if info.exit_code == 0 else "Failed"
-            self._release(record)
-            self.cluster.replace(PODS, record.namespace, record.name, pod, "status")
-        await self._teardown(record, forget=False)
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> futures.Future[_T]:
         if self.api.on_loop_thread():
@@ -652,25 +505,11 @@ class KubeletSimulator:
             raise RuntimeError("called on the apiserver's own loop: it would wait for itself")
         return asyncio.run_coroutine_threadsafe(coroutine, self.api.loop)
 
-    def evict(self, namespace: str, name: str, *, delete: bool = True) -> None:
+    def evict(self, namespace: str, name: str) -> None:
         """Evict like node-pressure eviction: phase Failed, reason Evicted, containers
-        stopped and GPUs freed; then the pod is deleted (unless ``delete=False``: the kubelet
-        leaves an evicted pod's object for the pod garbage collector). Blocks until done."""
-        self._on_loop(self._evict(namespace, name, delete)).result(timeout=120)
-
-    async def evict_async(self, namespace: str, name: str, *, delete: bool = True) -> None:
-        """``evict`` for async tests (does not block the caller's loop)."""
-        await asyncio.wrap_future(self._on_loop(self._evict(namespace, name, delete)))
-
-    def restart_container(self, namespace: str, name: str, container: str) -> str:
-        """Kill ``container`` and start a new one in the same sandbox, as after a crash with
-        restartPolicy Always (new id, restartCount + 1, lastState terminated); returns the
-        new container id (without ``containerd://``). Blocks until the status shows it."""
-        return self._on_loop(self._restart(namespace, name, container)).result(timeout=120)
-
-    async def restart_container_async(self, namespace: str, name: str, container: str) -> str:
-        """``restart_container`` for async tests."""
-        return await asyncio.wrap_future(self._on_loop(self._restart(namespace, name, container)))
+        stopped and GPUs freed; the object stays (the kubelet leaves an evicted pod for the
+        pod garbage collector), which no real node does on demand. Blocks until done."""
+        self._on_loop(self._evict(namespace, name)).result(timeout=120)
 
     # ----- notebook pods and what is inside ---------------------------------------------
 
@@ -679,33 +518,26 @@ class KubeletSimulator:
         namespace: str,
         name: str,
         *,
-        container: str = "notebook",
         runtime_class: str | None = None,
         annotations: dict[str, str] | None = None,
-        labels: dict[str, str] | None = None,
-        service_account: str = "default",
         resources: dict[str, dict[str, str]] | None = None,
-        extra_containers: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        """Create a notebook-like pod on this node through the API (``sleep infinity`` in
-        busybox, in namespace ``namespace``, which is created if missing) and wait until it
-        runs; returns the pod as the API serves it (``status.containerStatuses[*]
-        .containerID`` is ``containerd://<id>``)."""
+        """Create a notebook-like pod on this node through the API (container ``notebook``:
+        ``sleep infinity`` in busybox, in namespace ``namespace``, which is created if
+        missing) and wait until it runs; returns the pod as the API serves it
+        (``status.containerStatuses[*].containerID`` is ``containerd://<id>``)."""
         if self.kube.call(self.cluster.store.find, NAMESPACES, "", namespace) is None:
             self.kube.create_namespace(namespace)
-        containers = [
-            {
-                "name": c,
-                "image": "quay.io/jupyter/base-notebook:latest",
-                "command": ["sleep", "infinity"],
-                "resources": resources or {},
-            }
-            for c in (container, *extra_containers)
-        ]
+        notebook = {
+            "name": "notebook",
+            "image": "quay.io/jupyter/base-notebook:latest",
+            "command": ["sleep", "infinity"],
+            "resources": resources or {},
+        }
         spec: dict[str, Any] = {
             "nodeName": self.node_name,
-            "serviceAccountName": service_account,
-            "containers": containers,
+            "serviceAccountName": "default",
+            "containers": [notebook],
         }
         if runtime_class is not None:
             spec["runtimeClassName"] = runtime_class
@@ -713,7 +545,7 @@ class KubeletSimulator:
             "metadata": {
                 "name": name,
                 "annotations": annotations or {},
-                "labels": labels or {"app": "notebook"},
+                "labels": {"app": "notebook"},
             },
             "spec": spec,
         }
@@ -770,13 +602,7 @@ class KubeletSimulator:
             ]
 
 
-def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in pod.get("status", {}).get("conditions") or [] if c["type"] == kind), {})
-
-
-def _set_condition(
-    status: dict[str, Any], kind: str, value: str, reason: str = "", message: str = ""
-) -> None:
+def _set_condition(status: dict[str, Any], kind: str, value: str) -> None:
     """Set a condition, keeping its lastTransitionTime when its status did not change."""
     condition: dict[str, Any] = {
         "type": kind,
@@ -784,8 +610,6 @@ def _set_condition(
         "lastTransitionTime": now(),
         "lastProbeTime": None,
     }
-    if reason:
-        condition |= {"reason": reason, "message": message}
     conditions = status.setdefault("conditions", [])
     for i, old in enumerate(conditions):
         if old["type"] == condition["type"]:
@@ -796,19 +620,9 @@ def _set_condition(
     conditions.append(condition)
 
 
-def _terminated(container: _Container, exit_code: int) -> dict[str, Any]:
-    return {
-        "exitCode": exit_code,
-        "reason": "Completed" if exit_code == 0 else "Error",
-        "containerID": f"containerd://{container.id}",
-        "startedAt": container.started_at,
-        "finishedAt": now(),
-    }
-
-
-def _vm_container_id(record: _PodRecord, container: str, attempt: int = 0) -> str:
+def _vm_container_id(record: _PodRecord, container: str) -> str:
     """A stable fake id: a VM runtime's containers are not containerd's to resolve."""
-    return hashlib.sha256(f"vm/{record.uid}/{container}/{attempt}".encode()).hexdigest()
+    return hashlib.sha256(f"vm/{record.uid}/{container}".encode()).hexdigest()
 
 
 def _image_id(container: dict[str, Any]) -> str:

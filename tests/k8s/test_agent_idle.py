@@ -2,7 +2,10 @@
 annotation, stricter-only), Events on the notebook pod for the warning and the release, and a
 release that goes through the ordinary detach (holder pod deleted, node gone from the
 container). The real agent runs as a subprocess against the tier's apiserver and kubelet and a
-real containerd; the fake NVML reports 0 % utilisation (nothing animates it)."""
+real containerd; the fake NVML reports 0 % utilisation (nothing animates it).
+
+Why simulated: the real-node tier has no idle-release test; the release is an ordinary detach,
+which the real node proves (``tests/realnode/test_attach.py``)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,11 @@ nvidia.com/mig-1g.10gb`` on a simulated node whose GPU 0 is in MIG mode (``--sim
 the kubelet simulator advertises the same two slices, and two notebook pods (real containerd
 containers) each attach one. Each container must see its slice's parent GPU node and only its
 own ``nvidia-caps`` nodes, be denied the other's, and lose exactly its slice's access on detach.
+
+Why simulated: the real node runs NVIDIA's plugin with ``--mig-strategy=none`` (it reads the
+fixed ``/proc/driver/nvidia-caps/mig-minors``, which a test cannot provide without a private
+mount namespace for the plugin), so no MIG resource exists there; and an evicted holder whose
+Failed object stays cannot be produced there on demand.
 """
 
 from __future__ import annotations
@@ -148,7 +153,7 @@ def test_an_evicted_slice_holder_takes_only_that_slice_from_a_pod_holding_both(
     for node in (gpu, *kept_caps, *lost_caps):
         assert ENXIO in opens(mig_kubelet, "nb", node), node
 
-    mig_kubelet.evict(NS, lost["holder"].split("/")[1], delete=False)
+    mig_kubelet.evict(NS, lost["holder"].split("/")[1])
 
     def lost_slice_revoked() -> bool:
         return all(EPERM in opens(mig_kubelet, "nb", node) for node in lost_caps)

@@ -2,7 +2,12 @@
 rendered ClusterRole (every other request is refused 403, as the real RBAC authorizer does) while
 a notebook pod attaches and detaches, an operator acts on it through ``pods/gpus``, and the
 notebook pod is deleted. A rule missing from ``k8s/base/rbac.yaml`` fails one of these steps;
-a rule the agent never uses is caught by ``tests/manifests``' exact least-privilege table."""
+a rule the agent never uses is caught by ``tests/manifests``' exact least-privilege table.
+
+Why this stays beside the real node, where the agent also runs as exactly this RBAC
+(``tests/realnode/agent.py``): that API server runs the default admission chain, without
+``OwnerReferencesPermissionEnforcement``, so only here does a missing ``pods/finalizers``
+``update`` (holders set ``blockOwnerDeletion``) fail, as it does on clusters that enable it."""
 
 from __future__ import annotations
 

@@ -13,6 +13,11 @@
 The real agent runs as a subprocess; containers and their device cgroups are real (containerd
 + runc); the control plane and kubelet are the tier's. A test writes a container's device
 rule itself where a misconfigured runtime would have.
+
+Why simulated: an evicted holder whose Failed object stays (node pressure) cannot be produced
+on a real node on demand; the held-open revoke and the stray sweep have no real-node test; the
+orphan at start is on the real node too (``tests/realnode/test_holders.py``: the revoke and
+its Event) but not its ``gpu_hotplug_lost_revokes_total{kind="orphan"}`` count, asserted here.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def test_a_lost_holder_is_announced_before_anything_is_ended(
     attachment = notebook_with_one_gpu(patient_agent, kube, kubelet, NS, "nb")
     api = as_pod(patient_agent, kube, NS, "nb")
 
-    kubelet.evict(NS, attachment["holder"].split("/")[1], delete=False)
+    kubelet.evict(NS, attachment["holder"].split("/")[1])
 
     eventually(lambda: "GpuHolderLost" in event_reasons(kube, NS, "nb"), "a GpuHolderLost Event")
     (listed,) = api.get("/v1/attachments").json()["attachments"]
@@ -179,7 +184,7 @@ def test_a_holder_lost_while_the_agent_is_stopped_is_revoked_at_start(
         kube.delete_pod(NS, name)
         eventually(lambda: holders(kube, NS) == [], "the holder is gone")
     else:
-        kubelet.evict(NS, name, delete=False)
+        kubelet.evict(NS, name)
     assert ENXIO in open_fresh_node(kubelet, "nb", attachment["minor"]), "a grant left behind"
 
     k8s_agent.start()

@@ -1,7 +1,7 @@
 """The Kubernetes allocator (holder pods) passes the same ``Allocator`` contract as the local
 ledger: against the fake API server, with the simulated kubelet admitting holders (as real
 containerd pods) and serving PodResources. Each ``open()`` is a fresh allocator over the same
-holder pods, as after an agent restart."""
+holder pods, as after an agent restart. The contract suite has no real-node counterpart."""
 
 from __future__ import annotations
 

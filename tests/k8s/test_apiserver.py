@@ -1,7 +1,8 @@
 """The fake apiserver through the official ``kubernetes`` client over HTTP: the proof that
 what the agent will be tested against behaves like the real server where the agent relies
-on it (server-set fields, selectors, watch, patches, deletion, garbage collection, quota,
-reviews, discovery). No root, no containerd: the kubelet is not running here."""
+on it (server-set fields, selectors, watch, patches, deletion, garbage collection, reviews,
+discovery, and the faults only a fake can inject on demand: 410 Gone, ended watches,
+errors). No root, no containerd: the kubelet is not running here."""
 
 from __future__ import annotations
 
@@ -348,27 +349,6 @@ def test_subject_access_review(kube: FakeKube, api: Any) -> None:
     with pytest.raises(ApiException) as nobody:
         allowed("get", "team")
     assert nobody.value.status == 422
-
-
-def test_resource_quota(kube: FakeKube, core: Any) -> None:
-    kube.create_namespace("team")
-    kube.set_quota("team", "gpus", {"requests.nvidia.com/gpu": "2"})
-    core.create_namespaced_pod("team", pod_body("one", gpus=2))
-    with pytest.raises(ApiException) as exceeded:
-        core.create_namespaced_pod("team", pod_body("two", gpus=1))
-    assert status_of(exceeded) == (
-        403,
-        'pods "two" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, '
-        "used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2",
-    )
-    quota = core.read_namespaced_resource_quota("gpus", "team")
-    assert quota.status.used == {"requests.nvidia.com/gpu": "2"}
-    # A terminal pod no longer counts.
-    core.patch_namespaced_pod_status("one", "team", {"status": {"phase": "Failed"}})
-    core.create_namespaced_pod("team", pod_body("two", gpus=1))
-    assert core.read_namespaced_resource_quota("gpus", "team").status.used == {
-        "requests.nvidia.com/gpu": "1"
-    }
 
 
 def test_priority_classes(kube: FakeKube, core: Any) -> None:

@@ -1,7 +1,7 @@
 """The apiserver's verbs with the behaviour of the real one's registry, admission and
 controllers, over the ``Store``: names and generateName, namespaces, optimistic concurrency,
-status subresources, graceful pod deletion, finalizers, the garbage collector, the quota
-controller's ``status.used`` and the two review APIs.
+status subresources, graceful pod deletion, finalizers, the garbage collector and the two
+review APIs.
 
 Runs on the control plane's event loop only (see ``server.py``).
 """
@@ -21,7 +21,6 @@ from .resources import (
     NAMESPACES,
     PODS,
     PRIORITY_CLASSES,
-    QUOTAS,
     RESOURCES,
     RUNTIME_CLASSES,
     Resource,
@@ -217,17 +216,8 @@ class Cluster:
                 raise forbidden_priority(obj)
             podrules.default_pod(obj, priorities)
             podrules.validate_pod(obj)
-            namespace = obj["metadata"]["namespace"]
-            podrules.check_quota(
-                obj, self.store.list(QUOTAS, namespace), self.store.list(PODS, namespace)
-            )
         elif resource == RUNTIME_CLASSES and not obj.get("handler"):
             raise invalid("RuntimeClass", obj["metadata"]["name"], [("handler", "Required value")])
-        elif resource == QUOTAS:
-            obj["status"] = {"hard": dict(obj.get("spec", {}).get("hard") or {}), "used": {}}
-            obj["status"]["used"] = podrules.quota_used(
-                obj, self.store.list(PODS, obj["metadata"]["namespace"])
-            )
         elif resource.kind == "Event" and resource.group == "":
             _validate_event(obj)
 
@@ -318,16 +308,6 @@ class Cluster:
             loop.call_soon(self._collect_dependents, change.object)
             if namespace:
                 loop.call_soon(self._remove_namespace_if_empty, namespace)
-        if change.resource == PODS:
-            self._update_quotas(namespace)
-
-    def _update_quotas(self, namespace: str) -> None:
-        pods = self.store.list(PODS, namespace)
-        for quota in self.store.list(QUOTAS, namespace):
-            used = podrules.quota_used(quota, pods)
-            if quota.get("status", {}).get("used") != used:
-                quota["status"] = {"hard": quota["spec"].get("hard", {}), "used": used}
-                self.store.update(QUOTAS, quota)
 
     def _collect_dependents(self, owner: dict[str, Any]) -> None:
         """The garbage collector, background propagation: dependents of a removed owner

@@ -1,4 +1,4 @@
-"""What the apiserver does to a pod on the way in: defaults, validation, QoS class, quota.
+"""What the apiserver does to a pod on the way in: defaults, validation, QoS class.
 
 Only the rules a GPU agent's pods meet, each as the real server phrases it:
 
@@ -9,20 +9,20 @@ Only the rules a GPU agent's pods meet, each as the real server phrases it:
 * validation (422): containers present and named uniquely, an extended resource (a name with a
   domain, such as ``nvidia.com/gpu``) has a limit, and requests equal limits;
 * updates: a pod's spec is immutable except container images, ``activeDeadlineSeconds`` and
-  added tolerations;
-* ResourceQuota (403 with "exceeded quota: ..."): ``pods``, ``count/pods``, ``requests.<r>``,
-  ``limits.<r>`` and, for cpu/memory, ``<r>``; terminal pods do not count.
+  added tolerations.
+
+ResourceQuota is not simulated: the real node's API server enforces it
+(``tests/realnode/test_attach.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Final
 
-from .errors import forbidden, invalid
+from .errors import invalid
 
 _STANDARD: Final = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
 _SUFFIXES: Final = {
@@ -45,10 +45,6 @@ def quantity(value: Any) -> Decimal:
     number, exponent, suffix = match.groups()
     result = Decimal(number + (exponent or ""))
     return result * _SUFFIXES[suffix or ""]
-
-
-def _format(value: Decimal) -> str:
-    return str(int(value)) if value == value.to_integral() else str(value.normalize())
 
 
 def is_extended(resource: str) -> bool:
@@ -192,54 +188,3 @@ def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
                 )
             ],
         )
-
-
-def _quota_usage(pod: dict[str, Any]) -> dict[str, Decimal]:
-    """What one pod counts against quota, by quota resource name."""
-    usage = {"pods": Decimal(1), "count/pods": Decimal(1)}
-    for kind in ("requests", "limits"):
-        for name, value in pod_requests(pod, kind).items():
-            usage[f"{kind}.{name}"] = value
-            if kind == "requests" and name in ("cpu", "memory"):
-                usage[name] = value
-    return usage
-
-
-def quota_used(quota: dict[str, Any], pods: Iterable[dict[str, Any]]) -> dict[str, str]:
-    """``status.used`` of ``quota`` over the namespace's non-terminal pods."""
-    hard = quota.get("spec", {}).get("hard") or {}
-    used = {name: Decimal(0) for name in hard}
-    for pod in pods:
-        if pod.get("status", {}).get("phase") in TERMINAL:
-            continue
-        for name, value in _quota_usage(pod).items():
-            if name in used:
-                used[name] += value
-    return {name: _format(value) for name, value in used.items()}
-
-
-def _show(values: dict[str, Any], names: list[str]) -> str:
-    return ",".join(f"{n}={_format(quantity(values[n]))}" for n in names)
-
-
-def check_quota(
-    pod: dict[str, Any], quotas: Iterable[dict[str, Any]], pods: list[dict[str, Any]]
-) -> None:
-    """403 like the ResourceQuota admission plugin when ``pod`` would exceed a quota."""
-    wanted = _quota_usage(pod)
-    for quota in quotas:
-        hard = quota.get("spec", {}).get("hard") or {}
-        used = quota_used(quota, pods)
-        over = [
-            name
-            for name, limit in sorted(hard.items())
-            if name in wanted and quantity(used[name]) + wanted[name] > quantity(limit)
-        ]
-        if over:
-            raise forbidden(
-                "pods",
-                pod["metadata"]["name"],
-                f"exceeded quota: {quota['metadata']['name']}, "
-                f"requested: {_show(wanted, over)}, used: {_show(used, over)}, "
-                f"limited: {_show(hard, over)}",
-            )

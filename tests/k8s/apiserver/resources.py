@@ -47,7 +47,6 @@ RESOURCES: Final = (
     Resource("", "v1", "nodes", "Node", False, subresources=("status",)),
     Resource("", "v1", "pods", "Pod", True, subresources=("status",), fields=POD_FIELDS),
     Resource("", "v1", "events", "Event", True, fields=EVENT_FIELDS),
-    Resource("", "v1", "resourcequotas", "ResourceQuota", True, subresources=("status",)),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", True),
     Resource("events.k8s.io", "v1", "events", "Event", True),
     Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
@@ -76,7 +75,6 @@ BY_PATH: Final = {(r.group, r.version, r.plural): r for r in RESOURCES}
 PODS: Final = BY_PATH[("", "v1", "pods")]
 NAMESPACES: Final = BY_PATH[("", "v1", "namespaces")]
 EVENTS: Final = BY_PATH[("", "v1", "events")]
-QUOTAS: Final = BY_PATH[("", "v1", "resourcequotas")]
 NODES: Final = BY_PATH[("", "v1", "nodes")]
 RUNTIME_CLASSES: Final = BY_PATH[("node.k8s.io", "v1", "runtimeclasses")]
 PRIORITY_CLASSES: Final = BY_PATH[("scheduling.k8s.io", "v1", "priorityclasses")]
