@@ -4,7 +4,7 @@ memory floor, and many pods attaching at once.
 Run as root, after ``bash tests/realnode/build.sh`` (see ``docs/testing.md``)::
 
     .venv/bin/python benchmarks/bench_realnode.py [--bringups 2] [--runs 20] [--pods 20]
-        [--rounds 3] [--floor]
+        [--rounds 3] [--floor] [--cpu 10m,100m,250m,none]
 
 Part 0 starts and stops the node ``--bringups`` times (the first after a build is the cold
 one: nothing of it is in the page cache) and prints the seconds to each milestone
@@ -19,6 +19,9 @@ Running and to PodResources from this process.
 Part 2 starts ``--pods`` notebook pods and has each attach one GPU at the same moment, over
 ``--rounds`` rounds, and checks that no GPU was handed out twice, in the answers and in the
 real kubelet's PodResources.
+
+``--cpu 10m,100m,250m,none`` starts holder-shaped pods at each CPU limit in turn and times
+create -> Running (the limit is the pod's CFS quota, under which runc's init starts).
 
 ``--floor`` runs holder-shaped pods (the agent's own spec) with shrinking memory limits and
 reports the smallest that the pause container and runc's init survive on this node.
@@ -39,6 +42,7 @@ from _agent import attach_at_once, percentile, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpu_hotplug.agent.settings import DEFAULT_HOLDER_CPU, DEFAULT_HOLDER_MEMORY
 from tests.k8s.image import PAUSE_IMAGE
 from tests.realnode.agent import install_agent_account, running_node_agent
 from tests.realnode.cluster import Cluster, eventually
@@ -64,8 +68,11 @@ def part_zero(bringups: int) -> None:
                 print(f"  teardown removed by force: {left}")
 
 
-def holder_shaped(name: str, memory: str) -> dict[str, Any]:
-    """A pod like the agent's holders (pause image, restricted security context, one GPU)."""
+def holder_shaped(name: str, memory: str, cpu: str | None = DEFAULT_HOLDER_CPU) -> dict[str, Any]:
+    """A pod like the agent's holders (pause image, restricted security context, one GPU);
+    ``cpu=None``: a request of the default and no CPU limit (Burstable)."""
+    requests = {"cpu": cpu or DEFAULT_HOLDER_CPU, "memory": memory, GPU_RESOURCE: "1"}
+    limits = {"memory": memory, GPU_RESOURCE: "1"} | ({} if cpu is None else {"cpu": cpu})
     return {
         "metadata": {"name": name},
         "spec": {
@@ -85,10 +92,7 @@ def holder_shaped(name: str, memory: str) -> dict[str, Any]:
                         "allowPrivilegeEscalation": False,
                         "capabilities": {"drop": ["ALL"]},
                     },
-                    "resources": {
-                        "limits": {"cpu": "10m", "memory": memory, GPU_RESOURCE: "1"},
-                        "requests": {"cpu": "10m", "memory": memory, GPU_RESOURCE: "1"},
-                    },
+                    "resources": {"limits": limits, "requests": requests},
                 }
             ],
         },
@@ -170,6 +174,26 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     print(f"p50 {ms(percentile(latencies, 0.5))}   p99 {ms(percentile(latencies, 0.99))}")
 
 
+def cpu_limits(cluster: Cluster, cpus: list[str], runs: int) -> None:
+    """Holder-shaped pods at each CPU limit, alternating, create -> Running: the limit is the
+    pod's CFS quota, and runc's init starts the sandbox and the container under it."""
+    ns = cluster.namespace("cpu")
+    times: dict[str, list[float]] = {cpu: [] for cpu in cpus}
+    for i in range(runs):
+        for cpu in cpus:
+            name = f"cpu-{cpu.lower()}-{i}"
+            start = time.perf_counter()
+            pod = holder_shaped(name, DEFAULT_HOLDER_MEMORY, None if cpu == "none" else cpu)
+            cluster.core.create_namespaced_pod(ns, pod)
+            cluster.wait_running(ns, name)
+            times[cpu].append(time.perf_counter() - start)
+            cluster.delete_pod(ns, name)
+            eventually(lambda n=name: cluster.gone(ns, n), "the pod is gone")  # type: ignore[misc]
+    print(f"\n--- holder start by CPU limit, {runs} runs each, alternating -----------------")
+    for cpu, samples in times.items():
+        print(f"  cpu limit {cpu:>5}: create -> Running {summary(samples)}")
+
+
 def memory_floor(cluster: Cluster) -> None:
     ns = cluster.namespace("floor")
     print("\n--- holder memory floor (pause + runc init) --------------------------------")
@@ -204,6 +228,10 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument(
+        "--cpu", default="", help="comma-separated holder CPU limits to compare ('none': no limit)"
+    )
+    parser.add_argument("--cpu-runs", type=int, default=5)
     args = parser.parse_args()
     part_zero(args.bringups)
     node = new_node()
@@ -212,6 +240,8 @@ def main() -> None:
     try:
         if args.floor:
             memory_floor(cluster)
+        if args.cpu:
+            cpu_limits(cluster, args.cpu.split(","), args.cpu_runs)
         if args.runs:
             part_one(cluster, args.runs)
         if args.pods:

@@ -46,10 +46,12 @@ DEFAULT_CRI_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 DEFAULT_HOLDER_IMAGE: Final = "registry.k8s.io/pause:3.9"
 DEFAULT_HOLDER_PRIORITY_CLASS: Final = "gpu-hotplug-holder"
 """The PriorityClass of holder pods (shipped with the agent's manifests and chart)."""
-DEFAULT_HOLDER_CPU: Final = "10m"
+DEFAULT_HOLDER_CPU: Final = "100m"
 DEFAULT_HOLDER_MEMORY: Final = "24Mi"
-"""A holder's requests and limits (Guaranteed QoS): the floor measured for runc's init and the
-pause process (``benchmarks/bench_holder_floor.py``, docs/performance.md) plus a margin."""
+"""A holder's requests and limits (Guaranteed QoS): the memory floor measured for runc's init and
+the pause process plus a margin (``benchmarks/bench_holder_floor.py``, docs/performance.md);
+the CPU limit is the pod's CFS quota, which runc's init starts under: at 10m a holder took 6-8
+s to start on the real node, at 100m 0.7 s (``benchmarks/bench_realnode.py --cpu``)."""
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 STRAY_POLICIES: Final = ("report", "revoke")
 DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
