@@ -55,8 +55,10 @@ if ! "${podman[@]}" image exists "$base"; then
 fi
 
 # The base's Python, e.g. 3.11.2 (from the Debian version 3.11.2-6+deb12u9).
+# awk reads to the end: an early exit would kill tar with SIGPIPE, and pipefail would stop
+# the build there without a word.
 base_python=$(tar -xOf "$base_tar" ./var/lib/dpkg/status |
-  awk '/^Package: python3\.[0-9]+-minimal$/ { found = 1 } found && /^Version:/ { print $2; exit }')
+  awk '/^Package: python3\.[0-9]+-minimal$/ { found = 1 } found && !done && /^Version:/ { print $2; done = 1 }')
 base_python=${base_python%%-*}
 base_abi=cp$(echo "$base_python" | cut -d. -f1,2 | tr -d .)
 
