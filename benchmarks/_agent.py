@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 _SERVING = re.compile(r"serving the agent API on 127\.0\.0\.1:(\d+)")
+# The Kubernetes-mode agent's log line for each attach's holder pods (allocator.py).
+_HOLDER_WAIT = re.compile(r"holder pod\(s\) .*: running after ([0-9.]+) ms")
 
 
 def remove_parent_cgroups(parent: str) -> None:
@@ -156,6 +158,36 @@ class _Poster(Protocol):
     """What the crowd needs of a client: tests.agent.api_harness.ApiClient."""
 
     def post(self, path: str, body: object = None) -> Any: ...
+
+
+class _Attacher(_Poster, Protocol):
+    """What the attach/detach loop needs of a client: tests.agent.api_harness.ApiClient."""
+
+    def delete(self, path: str) -> Any: ...
+
+
+def time_attach_detach(api: _Attacher, runs: int) -> tuple[list[float], list[float]]:
+    """``runs`` times ``POST /v1/attachments {"count": 1}`` then ``DELETE`` of the GPU it
+    gave, each timed over the whole HTTP path: (attach seconds, detach seconds)."""
+    attach: list[float] = []
+    detach: list[float] = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        created = api.post("/v1/attachments", {"count": 1})
+        attach.append(time.perf_counter() - start)
+        assert created.status == 201, created.body
+        uuid = created.json()["attachments"][0]["uuid"]
+        start = time.perf_counter()
+        assert api.delete(f"/v1/attachments/{uuid}").status == 204
+        detach.append(time.perf_counter() - start)
+    return attach, detach
+
+
+def holder_waits(agent_log: str, runs: int) -> list[float]:
+    """Seconds from creating its holder to seeing it Running, as a Kubernetes-mode agent
+    logged them, for its last ``runs`` attaches: subtracted from the same attaches'
+    latencies, they leave the agent's own work without the cluster's pod start."""
+    return [float(m) / 1000 for m in _HOLDER_WAIT.findall(agent_log)][-runs:]
 
 
 def attach_at_once(clients: Mapping[str, _Poster]) -> dict[str, tuple[int, list[str], float]]:

@@ -15,6 +15,7 @@ import pytest
 
 from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 
+from ..agent.api_harness import ApiClient
 from ..fixtures.requirements import needs_root
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import WAIT, Cluster, eventually
@@ -28,6 +29,14 @@ MAX_GPUS = "gpu-hotplug.jupyter.org/max-gpus"
 
 def devices_of(cluster: Cluster, namespace: str) -> set[str]:
     return {d for ids in cluster.assignments(namespace).values() for d in ids}
+
+
+def one_notebook(cluster: Cluster, node_agent: NodeAgent) -> tuple[str, ApiClient]:
+    """A fresh namespace with one notebook pod ``nb`` in it: the namespace, and the agent's API
+    as that pod calls it."""
+    ns = cluster.namespace()
+    cluster.run_notebook_pod(ns, "nb")
+    return ns, node_agent.as_pod(ns, "nb")
 
 
 def test_a_pod_attaches_two_gpus_through_real_holders_and_detaches_one(
@@ -211,9 +220,7 @@ def test_deleting_the_notebook_pod_garbage_collects_its_holders_and_frees_the_gp
 def test_a_deleted_holder_is_revoked_from_the_container(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, api = one_notebook(cluster, node_agent)
     kept, lost = api.post("/v1/attachments", {"count": 2}).json()["attachments"]
     assert ENXIO in cluster.open_device(ns, "nb", lost["minor"])
 
@@ -237,9 +244,7 @@ def test_a_deleted_holder_is_revoked_from_the_container(
 def test_a_container_restarted_by_the_kubelet_gets_its_gpu_again(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, api = one_notebook(cluster, node_agent)
     (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
 
     after = cluster.restart_container(ns, "nb")
@@ -355,9 +360,7 @@ def test_the_kubelet_restarts_and_the_attached_gpu_stays_held_and_usable(
     """A kubelet restart (an upgrade, a crash) re-admits the running holders from its
     checkpoint and NVIDIA's plugin registers again: the GPU stays held, reported and usable,
     and attaching and detaching work through the new kubelet."""
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, api = one_notebook(cluster, node_agent)
     (kept,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
     (holder,) = cluster.holders(ns)
 

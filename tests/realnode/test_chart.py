@@ -14,7 +14,6 @@ teardown applies the session's again.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
 
+from ..fixtures.commands import run_checked
 from ..fixtures.requirements import needs_root
 from ..image.agent_image import BUILD_TIMEOUT
 from ..k8s.image import PAUSE_IMAGE
@@ -32,7 +32,7 @@ from ..manifests.support import CHART_DIR, helm, render, with_holder_image
 from . import test_deployed as deployed
 from .agent import RBAC_KINDS, AgentAccount
 from .agent_image import agent_image
-from .cluster import Cluster, eventually
+from .cluster import Cluster
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
@@ -78,15 +78,8 @@ def _values(cluster: Cluster) -> dict[str, Any]:
 
 
 def _helm(cluster: Cluster, *args: str) -> str:
-    done = subprocess.run(
-        [helm(), "--kubeconfig", str(cluster.node.admin_kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, f"helm {args[0]}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    argv = [helm(), "--kubeconfig", str(cluster.node.admin_kubeconfig), *args]
+    return run_checked(argv, timeout=600, what=f"helm {args[0]}").stdout
 
 
 @pytest.fixture
@@ -105,20 +98,9 @@ def installed(cluster: Cluster, agent_account: AgentAccount) -> Iterator[str]:
     try:
         _helm(cluster, "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
               "--values", str(values), "--take-ownership", "--timeout", "300s")  # fmt: skip
-
-        def ready() -> bool:
-            pods = cluster.pods(NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-            return any(
-                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
-                for p in pods
-            )
-
-        eventually(ready, "the chart's agent pod is Ready (its readiness probe passes)", 300)
-        service = cluster.core.read_namespaced_service("gpu-hotplug-agent", NAMESPACE)
-        yield str(service.spec.cluster_ip)
+        yield deployed.agent_service_when_ready(cluster, NAMESPACE, "the chart's agent pod")
     finally:
-        print(cluster.kubectl("logs", "-n", NAMESPACE, "daemonset/gpu-hotplug-agent",
-                              "--tail=200", check=False))  # fmt: skip
+        deployed.print_agent_log(cluster, NAMESPACE)
         _helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
         cluster.kubectl("label", "node", cluster.node_name, f"{deployed.GPU_NODE_LABEL}-",
                         check=False)  # fmt: skip

@@ -109,6 +109,28 @@ def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def agent_service_when_ready(cluster: Cluster, namespace: str, what: str) -> str:
+    """Wait until the agent's DaemonSet pod in ``namespace`` is Ready (its readiness probe
+    passes, ``what`` says whose); then the ClusterIP of its Service."""
+
+    def ready() -> bool:
+        pods = cluster.pods(namespace, "app.kubernetes.io/name=gpu-hotplug-agent")
+        return any(
+            all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
+            for p in pods
+        )
+
+    eventually(ready, f"{what} is Ready (its readiness probe passes)", 300)
+    service = cluster.core.read_namespaced_service("gpu-hotplug-agent", namespace)
+    return str(service.spec.cluster_ip)
+
+
+def print_agent_log(cluster: Cluster, namespace: str) -> None:
+    """The agent's last log lines, for a failed test's output."""
+    print(cluster.kubectl("logs", "-n", namespace, "daemonset/gpu-hotplug-agent",
+                          "--tail=200", check=False))  # fmt: skip
+
+
 @pytest.fixture
 def deployed_agent(cluster: Cluster) -> Iterator[str]:
     """``kubectl apply -k`` of the overlay; yields the Service's ClusterIP once the agent's
@@ -135,20 +157,9 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
         # The cluster-wide objects are the session's too (``agent_account``, applied client-side
         # and re-applied after the chart's release): the overlay takes over their fields.
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(overlay))
-
-        def ready() -> bool:
-            pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-            return any(
-                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
-                for p in pods
-            )
-
-        eventually(ready, "the agent's DaemonSet pod is Ready (its readiness probe passes)", 300)
-        service = cluster.core.read_namespaced_service("gpu-hotplug-agent", AGENT_NAMESPACE)
-        yield str(service.spec.cluster_ip)
+        yield agent_service_when_ready(cluster, AGENT_NAMESPACE, "the agent's DaemonSet pod")
     finally:
-        print(cluster.kubectl("logs", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
-                              "--tail=200", check=False))  # fmt: skip
+        print_agent_log(cluster, AGENT_NAMESPACE)
         # The agent's workload only: its Namespace, ServiceAccount and RBAC are the session's
         # (``agent_account``), which later tests still use.
         cluster.kubectl("delete", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
