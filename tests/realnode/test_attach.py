@@ -16,14 +16,13 @@ import pytest
 from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 
 from ..agent.api_harness import ApiClient
+from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.requirements import needs_root
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import WAIT, Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 MAX_GPUS = "gpu-hotplug.jupyter.org/max-gpus"
 
 
