@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -211,3 +211,39 @@ def attach_at_once(clients: Mapping[str, _Poster]) -> dict[str, tuple[int, list[
     for thread in threads:
         thread.join()
     return results
+
+
+@dataclass
+class Crowd:
+    """What rounds of ``attach_at_once`` gave: every answer's latency, the count of each
+    status, and how often a GPU was handed out twice (in the answers or the kubelet's view)."""
+
+    latencies: list[float]
+    statuses: dict[int, int]
+    doubles: int
+
+    def answers(self) -> str:
+        """One line: how many answers had each status, and the GPUs handed out twice."""
+        statuses = dict(sorted(self.statuses.items()))
+        return f"answers: {statuses}   GPUs handed out twice: {self.doubles}"
+
+
+def crowd_rounds(
+    clients: Mapping[str, _Attacher], rounds: int, assigned: Callable[[], list[str]]
+) -> Crowd:
+    """``rounds`` times: every client attaches one GPU at once, GPUs handed out twice are
+    counted in the answers and in ``assigned()`` (the device IDs PodResources lists), and each
+    client detaches what it got."""
+    crowd = Crowd([], {}, 0)
+    for _ in range(rounds):
+        results = attach_at_once(clients)
+        granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
+        held = assigned()
+        crowd.doubles += (len(granted) - len(set(granted))) + (len(held) - len(set(held)))
+        for status, _, elapsed in results.values():
+            crowd.statuses[status] = crowd.statuses.get(status, 0) + 1
+            crowd.latencies.append(elapsed)
+        for name, (_, uuids, _) in results.items():
+            for uuid in uuids:
+                assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+    return crowd

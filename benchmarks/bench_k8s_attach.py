@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _agent import attach_at_once, holder_waits, percentile, summary, time_attach_detach
+from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
 
 # The tier's fixtures stand in for the cluster; they live with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -254,27 +254,19 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     for name in names:
         cluster.node.run_notebook_pod(NS, name)
     clients = {name: cluster.as_pod(name) for name in names}
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    doubles = 0
-    for _ in range(rounds):
-        results = attach_at_once(clients)
-        granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
-        assigned = [
+
+    def assigned() -> list[str]:
+        return [
             device
             for containers in cluster.node.assignments().values()
             for devices in containers.values()
             for device in devices
         ]
-        doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
-        for status, _, elapsed in results.values():
-            statuses[status] = statuses.get(status, 0) + 1
-            latencies.append(elapsed)
-        for name, (_, uuids, _) in results.items():
-            for uuid in uuids:
-                assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+
+    crowd = crowd_rounds(clients, rounds, assigned)
+    latencies = crowd.latencies
     print(f"\n--- {pods} pods attach one GPU each at once, {GPUS} GPUs, {rounds} rounds ----------")
-    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(crowd.answers())
     print(f"latency (all answers)            {summary(latencies)}")
     print(
         f"p50 {ms(percentile(latencies, 0.5))}   p90 {ms(percentile(latencies, 0.9))}   "

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _agent import attach_at_once, holder_waits, percentile, summary, time_attach_detach
+from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -136,27 +136,19 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     for name in names:
         cluster.run_notebook_pod(ns, name)
     account = install_agent_account(cluster)
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    doubles = 0
     with running_node_agent(cluster, account) as agent:
         clients = {name: agent.as_pod(ns, name) for name in names}
-        for _ in range(rounds):
-            results = attach_at_once(clients)
-            granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
-            assigned = [d for ids in cluster.assignments(ns).values() for d in ids]
-            doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
-            for status, _, elapsed in results.values():
-                statuses[status] = statuses.get(status, 0) + 1
-                latencies.append(elapsed)
-            for name, (_, uuids, _) in results.items():
-                for uuid in uuids:
-                    assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+        crowd = crowd_rounds(
+            clients,
+            rounds,
+            lambda: [d for ids in cluster.assignments(ns).values() for d in ids],
+        )
+    latencies = crowd.latencies
     print(
         f"\n--- {pods} pods attach one GPU each at once, {cluster.node.gpu_count} GPUs, "
         f"{rounds} rounds ---"
     )
-    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(crowd.answers())
     print(f"latency (all answers)            {summary(latencies)}")
     print(f"p50 {ms(percentile(latencies, 0.5))}   p99 {ms(percentile(latencies, 0.99))}")
 
