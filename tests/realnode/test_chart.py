@@ -22,8 +22,6 @@ from typing import Any, Final
 import kubernetes.client as k8s
 import pytest
 
-from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
-
 from ..fixtures.commands import run_checked
 from ..fixtures.requirements import needs_root
 from ..image.agent_image import BUILD_TIMEOUT
@@ -45,7 +43,7 @@ def _values(cluster: Cluster) -> dict[str, Any]:
     node = cluster.node
     image = agent_image()
     repository, _, tag = image.name.rpartition(":")
-    assert node.nvml_library_dir is not None and node.nvml_config_path is not None
+    nvml = deployed.fake_nvml_mounts(node)
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "runtimeClassName": "",
@@ -58,21 +56,9 @@ def _values(cluster: Cluster) -> dict[str, Any]:
             "prepullCommand": ["/bin/sleep", "0"],
         },
         "agent": {
-            "extraEnv": [
-                {"name": "LD_LIBRARY_PATH", "value": str(node.nvml_library_dir)},
-                {"name": CONFIG_ENV, "value": str(node.nvml_config_path)},
-            ],
-            "extraVolumes": [
-                {"name": "fake-nvml",
-                 "hostPath": {"path": str(node.nvml_library_dir), "type": "Directory"}},
-                {"name": "fake-nvml-config",
-                 "hostPath": {"path": str(node.nvml_config_path), "type": "File"}},
-            ],
-            "extraVolumeMounts": [
-                {"name": "fake-nvml", "mountPath": str(node.nvml_library_dir), "readOnly": True},
-                {"name": "fake-nvml-config", "mountPath": str(node.nvml_config_path),
-                 "readOnly": True},
-            ],
+            "extraEnv": nvml.env,
+            "extraVolumes": nvml.volumes,
+            "extraVolumeMounts": nvml.mounts,
         },
     }  # fmt: skip
 
