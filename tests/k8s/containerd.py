@@ -96,7 +96,7 @@ def remove_cgroup_tree(top: str) -> list[Path]:
 def spawn_logged(
     argv: list[str], log_path: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a daemon in a session of its own (so ``terminate`` can signal its group), its
+    """Start a daemon in a session of its own (so ``terminate_group`` can signal it), its
     output appended to ``log_path`` and ``env`` added to this process's environment."""
     with log_path.open("ab") as log:
         return subprocess.Popen(
@@ -109,7 +109,7 @@ def spawn_logged(
         )
 
 
-def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+def terminate_group(process: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM to the process group of a daemon that ``spawn_logged`` started, SIGKILL after
     ``timeout`` seconds; returns once it has exited."""
     if process.poll() is not None:
@@ -170,7 +170,7 @@ class Containerd:
         if self._stopped:
             return []
         self._stopped = True
-        terminate(self.process, _STOP_TIMEOUT)
+        terminate_group(self.process, _STOP_TIMEOUT)
         return remove_instance(self.directory, self.cgroup_top)
 
 

@@ -52,7 +52,7 @@ from ..k8s.containerd import (
     pids_mentioning,
     remove_cgroup_tree,
     spawn_logged,
-    terminate,
+    terminate_group,
 )
 from ..k8s.cri import CriClient
 from ..k8s.image import PAUSE_IMAGE, write_oci_archive
@@ -664,7 +664,7 @@ serializeImagePulls: false
         kubelet serves its health endpoint and NVIDIA's plugin has registered with it again
         (the plugin watches for the new registration socket)."""
         registered = self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED)
-        terminate(self.processes.pop("kubelet"), TERMINATE_TIMEOUT)
+        terminate_group(self.processes.pop("kubelet"), TERMINATE_TIMEOUT)
         self._spawn_kubelet()
         healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
         self._wait(
@@ -818,11 +818,11 @@ serializeImagePulls: false
         # cgroups go with them), then the rest.
         for name in NODE_AGENTS:
             if name in self.processes:
-                terminate(self.processes[name], TERMINATE_TIMEOUT)
+                terminate_group(self.processes[name], TERMINATE_TIMEOUT)
         if (self.containerd_dir / "containerd.sock").exists():
             _remove_all_pods(self.cri_endpoint)
         for name in reversed(list(self.processes)):
-            terminate(self.processes[name], TERMINATE_TIMEOUT)
+            terminate_group(self.processes[name], TERMINATE_TIMEOUT)
         # The kubelet leaves its mounts when it stops, by design (its root directory made a
         # shared mount, pods' volumes): unmounting them is part of stopping a node.
         for mount in mounts_under(self.kubelet_dir):
