@@ -18,6 +18,7 @@ from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
 from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
+    DEFAULT_HOLDER_CPU,
     AgentSettings,
     KubernetesSettings,
     SettingsError,
@@ -148,7 +149,7 @@ def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     assert kubernetes.holder_priority_class == ""
     assert kubernetes.holder_image_pull_policy == "Always"
     assert kubernetes.holder_image_pull_secrets == ("mirror", "backup")
-    assert (kubernetes.holder_cpu, kubernetes.holder_memory) == ("10m", "32Mi")
+    assert (kubernetes.holder_cpu, kubernetes.holder_memory) == (DEFAULT_HOLDER_CPU, "32Mi")
     assert kubernetes.stray_policy == "revoke"
     assert (resolved.lost_grace_seconds, resolved.lost_policy) == (5.0, LostPolicy.FORCE)
 
