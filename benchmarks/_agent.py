@@ -19,12 +19,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 _SERVING = re.compile(r"serving the agent API on 127\.0\.0\.1:(\d+)")
+# The Kubernetes-mode agent's log line for each attach's holder pods (allocator.py).
+_HOLDER_WAIT = re.compile(r"holder pod\(s\) .*: running after ([0-9.]+) ms")
 
 
 def remove_parent_cgroups(parent: str) -> None:
@@ -158,6 +160,36 @@ class _Poster(Protocol):
     def post(self, path: str, body: object = None) -> Any: ...
 
 
+class _Attacher(_Poster, Protocol):
+    """What the attach/detach loop needs of a client: tests.agent.api_harness.ApiClient."""
+
+    def delete(self, path: str) -> Any: ...
+
+
+def time_attach_detach(api: _Attacher, runs: int) -> tuple[list[float], list[float]]:
+    """``runs`` times ``POST /v1/attachments {"count": 1}`` then ``DELETE`` of the GPU it
+    gave, each timed over the whole HTTP path: (attach seconds, detach seconds)."""
+    attach: list[float] = []
+    detach: list[float] = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        created = api.post("/v1/attachments", {"count": 1})
+        attach.append(time.perf_counter() - start)
+        assert created.status == 201, created.body
+        uuid = created.json()["attachments"][0]["uuid"]
+        start = time.perf_counter()
+        assert api.delete(f"/v1/attachments/{uuid}").status == 204
+        detach.append(time.perf_counter() - start)
+    return attach, detach
+
+
+def holder_waits(agent_log: str, runs: int) -> list[float]:
+    """Seconds from creating its holder to seeing it Running, as a Kubernetes-mode agent
+    logged them, for its last ``runs`` attaches: subtracted from the same attaches'
+    latencies, they leave the agent's own work without the cluster's pod start."""
+    return [float(m) / 1000 for m in _HOLDER_WAIT.findall(agent_log)][-runs:]
+
+
 def attach_at_once(clients: Mapping[str, _Poster]) -> dict[str, tuple[int, list[str], float]]:
     """Every client POSTs ``{"count": 1}`` at the same moment (a barrier); per client its
     answer's status, the UUIDs it was given, and its latency in seconds."""
@@ -179,3 +211,39 @@ def attach_at_once(clients: Mapping[str, _Poster]) -> dict[str, tuple[int, list[
     for thread in threads:
         thread.join()
     return results
+
+
+@dataclass
+class Crowd:
+    """What rounds of ``attach_at_once`` gave: every answer's latency, the count of each
+    status, and how often a GPU was handed out twice (in the answers or the kubelet's view)."""
+
+    latencies: list[float]
+    statuses: dict[int, int]
+    doubles: int
+
+    def answers(self) -> str:
+        """One line: how many answers had each status, and the GPUs handed out twice."""
+        statuses = dict(sorted(self.statuses.items()))
+        return f"answers: {statuses}   GPUs handed out twice: {self.doubles}"
+
+
+def crowd_rounds(
+    clients: Mapping[str, _Attacher], rounds: int, assigned: Callable[[], list[str]]
+) -> Crowd:
+    """``rounds`` times: every client attaches one GPU at once, GPUs handed out twice are
+    counted in the answers and in ``assigned()`` (the device IDs PodResources lists), and each
+    client detaches what it got."""
+    crowd = Crowd([], {}, 0)
+    for _ in range(rounds):
+        results = attach_at_once(clients)
+        granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
+        held = assigned()
+        crowd.doubles += (len(granted) - len(set(granted))) + (len(held) - len(set(held)))
+        for status, _, elapsed in results.values():
+            crowd.statuses[status] = crowd.statuses.get(status, 0) + 1
+            crowd.latencies.append(elapsed)
+        for name, (_, uuids, _) in results.items():
+            for uuid in uuids:
+                assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+    return crowd

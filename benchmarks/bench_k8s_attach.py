@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _agent import attach_at_once, percentile, summary
+from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
 
 # The tier's fixtures stand in for the cluster; they live with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,7 +63,6 @@ from tests.k8s.inventory import nvml_config, whole_gpus
 from tests.k8s.kube import FakeKube
 from tests.k8s.kubelet import KubeletSimulator
 
-_HOLDER_WAIT = re.compile(r"holder pod\(s\) .* running after ([0-9.]+) ms")
 NODE = "bench-node"
 GPUS = 8
 NS = "bench"
@@ -150,28 +148,15 @@ def part_one(cluster: Cluster, runs: int) -> None:
     kubelet = cluster.node
     notebook = kubelet.run_notebook_pod(NS, "solo")
     api = cluster.as_pod("solo")
-    attach: list[float] = []
-    detach: list[float] = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        created = api.post("/v1/attachments", {"count": 1})
-        attach.append(time.perf_counter() - start)
-        assert created.status == 201, created.body
-        uuid = created.json()["attachments"][0]["uuid"]
-        start = time.perf_counter()
-        assert api.delete(f"/v1/attachments/{uuid}").status == 204
-        detach.append(time.perf_counter() - start)
+    attach, detach = time_attach_detach(api, runs)
     parts = asyncio.run(_parts(cluster, notebook, runs))
     print(f"\n--- one pod, one GPU, {runs} runs ---------------------------------------------")
     print(f"attach (HTTP, whole path)        {summary(attach)}")
     print(f"detach (HTTP, whole path)        {summary(detach)}")
     for name, samples in parts.items():
         print(f"  {name:30} {summary(samples)}")
-    # What the agent itself logged, per attach, as the time from creating its holder to
-    # seeing it Running: subtracted from the same request's latency, it leaves the agent's
-    # own work (and the HTTP round trip) without the cluster's pod start.
     assert cluster.agent is not None
-    waits = [float(m) / 1000 for m in _HOLDER_WAIT.findall(cluster.agent.log())][-runs:]
+    waits = holder_waits(cluster.agent.log(), runs)
     overhead = [total - wait for total, wait in zip(attach, waits, strict=True)]
     print(f"holder create -> Running, as the agent saw it  {summary(waits)}")
     print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
@@ -269,27 +254,19 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     for name in names:
         cluster.node.run_notebook_pod(NS, name)
     clients = {name: cluster.as_pod(name) for name in names}
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    doubles = 0
-    for _ in range(rounds):
-        results = attach_at_once(clients)
-        granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
-        assigned = [
+
+    def assigned() -> list[str]:
+        return [
             device
             for containers in cluster.node.assignments().values()
             for devices in containers.values()
             for device in devices
         ]
-        doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
-        for status, _, elapsed in results.values():
-            statuses[status] = statuses.get(status, 0) + 1
-            latencies.append(elapsed)
-        for name, (_, uuids, _) in results.items():
-            for uuid in uuids:
-                assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+
+    crowd = crowd_rounds(clients, rounds, assigned)
+    latencies = crowd.latencies
     print(f"\n--- {pods} pods attach one GPU each at once, {GPUS} GPUs, {rounds} rounds ----------")
-    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(crowd.answers())
     print(f"latency (all answers)            {summary(latencies)}")
     print(
         f"p50 {ms(percentile(latencies, 0.5))}   p90 {ms(percentile(latencies, 0.9))}   "

@@ -31,14 +31,13 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _agent import attach_at_once, percentile, summary
+from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,8 +46,6 @@ from tests.k8s.image import PAUSE_IMAGE
 from tests.realnode.agent import install_agent_account, running_node_agent
 from tests.realnode.cluster import Cluster, eventually
 from tests.realnode.node import GPU_RESOURCE, new_node
-
-_HOLDER_WAIT = re.compile(r"holder pod\(s\) .*: running after ([0-9.]+) ms")
 
 
 def ms(seconds: float) -> str:
@@ -105,18 +102,8 @@ def part_one(cluster: Cluster, runs: int) -> None:
     account = install_agent_account(cluster)
     with running_node_agent(cluster, account) as agent:
         api = agent.as_pod(ns, "solo")
-        attach: list[float] = []
-        detach: list[float] = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            created = api.post("/v1/attachments", {"count": 1})
-            attach.append(time.perf_counter() - start)
-            assert created.status == 201, created.body
-            uuid = created.json()["attachments"][0]["uuid"]
-            start = time.perf_counter()
-            assert api.delete(f"/v1/attachments/{uuid}").status == 204
-            detach.append(time.perf_counter() - start)
-        waits = [float(m) / 1000 for m in _HOLDER_WAIT.findall(agent.log())][-runs:]
+        attach, detach = time_attach_detach(api, runs)
+        waits = holder_waits(agent.log(), runs)
     running: list[float] = []
     podresources: list[float] = []
     for i in range(min(runs, 10)):
@@ -149,27 +136,19 @@ def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
     for name in names:
         cluster.run_notebook_pod(ns, name)
     account = install_agent_account(cluster)
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    doubles = 0
     with running_node_agent(cluster, account) as agent:
         clients = {name: agent.as_pod(ns, name) for name in names}
-        for _ in range(rounds):
-            results = attach_at_once(clients)
-            granted = [uuid for _, uuids, _ in results.values() for uuid in uuids]
-            assigned = [d for ids in cluster.assignments(ns).values() for d in ids]
-            doubles += (len(granted) - len(set(granted))) + (len(assigned) - len(set(assigned)))
-            for status, _, elapsed in results.values():
-                statuses[status] = statuses.get(status, 0) + 1
-                latencies.append(elapsed)
-            for name, (_, uuids, _) in results.items():
-                for uuid in uuids:
-                    assert clients[name].delete(f"/v1/attachments/{uuid}").status == 204
+        crowd = crowd_rounds(
+            clients,
+            rounds,
+            lambda: [d for ids in cluster.assignments(ns).values() for d in ids],
+        )
+    latencies = crowd.latencies
     print(
         f"\n--- {pods} pods attach one GPU each at once, {cluster.node.gpu_count} GPUs, "
         f"{rounds} rounds ---"
     )
-    print(f"answers: {dict(sorted(statuses.items()))}   GPUs handed out twice: {doubles}")
+    print(crowd.answers())
     print(f"latency (all answers)            {summary(latencies)}")
     print(f"p50 {ms(percentile(latencies, 0.5))}   p99 {ms(percentile(latencies, 0.99))}")
 

@@ -27,6 +27,7 @@ import pytest
 from jupyter_gpu_hotplug import __version__
 from tests.demo.demo_process import DemoProcess
 from tests.fixtures.agent import free_tcp_port
+from tests.fixtures.commands import run_checked
 from tests.fixtures.requirements import needs_root
 
 from .test_install import check_labextension, check_server_extension
@@ -44,16 +45,7 @@ def clean_env() -> dict[str, str]:
 
 
 def run(argv: list[str | Path], timeout: float, cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [str(arg) for arg in argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        check=False,
-        env=clean_env(),
-    )
-    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    done = run_checked(argv, timeout=timeout, what=argv, cwd=cwd, env=clean_env())
     return done.stdout + done.stderr
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from tests.fixtures.commands import run_checked
+
 REPO: Final = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT: Final = REPO / "image" / "build.sh"
 BUILD_TIMEOUT: Final = 1800
@@ -46,15 +48,12 @@ def build_agent_image(storage: Path) -> AgentImage:
     """Run ``image/build.sh`` with podman storage under ``storage``."""
     podman = _podman(storage)
     archive = storage / "agent.oci.tar"
-    done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--save", str(archive)],
-        capture_output=True,
-        text=True,
+    done = run_checked(
+        ["bash", BUILD_SCRIPT, "--save", archive],
         timeout=BUILD_TIMEOUT,
-        check=False,
+        what="image/build.sh failed",
         env={**os.environ, "PODMAN": " ".join(podman), "PYTHON": sys.executable},
     )
-    assert done.returncode == 0, f"image/build.sh failed:\n{done.stdout}\n{done.stderr}"
     return AgentImage(name=done.stdout.split()[-1], archive=archive, podman=podman)
 
 

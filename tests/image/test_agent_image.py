@@ -8,12 +8,12 @@ docs/performance.md); nothing is timed.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fixtures.commands import run_checked
 from tests.fixtures.requirements import needs_root
 
 from ..manifests.support import by_kind, render
@@ -28,15 +28,9 @@ def run(image: AgentImage, *argv: str, entrypoint: str | None = None) -> str:
     options += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
     if entrypoint is not None:
         options += ["--entrypoint", entrypoint]
-    done = subprocess.run(
-        [*image.podman, "run", *options, image.name, *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return run_checked(
+        [*image.podman, "run", *options, image.name, *argv], timeout=300, what=argv
+    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +41,8 @@ def image() -> AgentImage:
 @pytest.mark.timeout(BUILD_TIMEOUT + 300)
 def test_image_runs_the_daemonsets_agent(image: AgentImage) -> None:
     inspected = json.loads(
-        subprocess.run(
-            [*image.podman, "image", "inspect", image.name],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        run_checked(
+            [*image.podman, "image", "inspect", image.name], timeout=120, what="podman inspect"
         ).stdout
     )[0]
     print(f"\nagent image {image.name}: {inspected['Size'] / 2**20:.0f} MiB")

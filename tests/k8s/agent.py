@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ import pytest
 
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
+from ..fixtures.agent import kubernetes_agent_argv
 from ..fixtures.nvml import FakeNvmlNode
 from .apiserver.resources import EVENTS, PRIORITY_CLASSES
 from .containerd import Containerd
@@ -52,23 +52,18 @@ def kubernetes_argv(
     reconcile_interval: float = RECONCILE_INTERVAL,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "jupyter_gpu_hotplug.agent.app",
-        "--backend=kubernetes",
-        f"--node-name={kubelet.node_name}",
-        f"--kubeconfig={kube.kubeconfig_path}",
-        f"--pod-resources-socket={kubelet.pod_resources_socket}",
-        f"--cri-endpoint={containerd.endpoint}",
-        f"--state-dir={state_dir}",
-        f"--reconcile-interval={reconcile_interval}",
-        "--listen=127.0.0.1:0",
-        f"--listen=unix:{socket_path}",
-        # A lost holder's GPU is revoked at once unless a test gives a grace period.
-        *(() if any(arg.startswith("--lost-grace") for arg in extra) else ("--lost-grace=0",)),
-        *extra,
-    ]
+    # A lost holder's GPU is revoked at once unless a test gives a grace period.
+    grace = () if any(arg.startswith("--lost-grace") for arg in extra) else ("--lost-grace=0",)
+    return kubernetes_agent_argv(
+        node_name=kubelet.node_name,
+        kubeconfig=kube.kubeconfig_path,
+        pod_resources_socket=kubelet.pod_resources_socket,
+        cri_endpoint=containerd.endpoint,
+        state_dir=state_dir,
+        socket_path=socket_path,
+        reconcile_interval=reconcile_interval,
+        extra=(*grace, *extra),
+    )
 
 
 def ensure_holder_priority_class(kube: FakeKube) -> None:

@@ -93,6 +93,37 @@ def remove_cgroup_tree(top: str) -> list[Path]:
     return left
 
 
+def spawn_logged(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a daemon in a session of its own (so ``terminate_group`` can signal it), its
+    output appended to ``log_path`` and ``env`` added to this process's environment."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+
+def terminate_group(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the process group of a daemon that ``spawn_logged`` started, SIGKILL after
+    ``timeout`` seconds; returns once it has exited."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 @dataclass
 class Containerd:
     """One running containerd: its socket, directories and the cgroup top of its pods."""
@@ -139,13 +170,7 @@ class Containerd:
         if self._stopped:
             return []
         self._stopped = True
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate_group(self.process, _STOP_TIMEOUT)
         return remove_instance(self.directory, self.cgroup_top)
 
 
@@ -229,15 +254,9 @@ def start_containerd(parent: Path | None = None) -> Containerd:
     directory = Path(os.path.realpath(parent or "/tmp")) / f"k8st-{secrets.token_hex(3)}"
     directory.mkdir(mode=0o700)
     (directory / "config.toml").write_text(_config(directory))
-    log = (directory / "containerd.log").open("wb")
-    with log:
-        process = subprocess.Popen(
-            ["containerd", "--config", str(directory / "config.toml")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    process = spawn_logged(
+        ["containerd", "--config", str(directory / "config.toml")], directory / "containerd.log"
+    )
     daemon = Containerd(directory, process, f"/kubepods-k8stier-{secrets.token_hex(3)}")
     me = os.getpid()
     (directory / _OWNER_FILE).write_text(f"{me} {_process_start(me)} {daemon.cgroup_top}\n")

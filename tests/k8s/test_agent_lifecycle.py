@@ -19,6 +19,7 @@ import pytest
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
+from ..fixtures.device_messages import ENXIO, EPERM
 from .agent import as_pod, event_reasons, eventually, holders, notebook_with_one_gpu
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
@@ -26,8 +27,6 @@ from .kubelet import KubeletSimulator
 pytestmark = [*needs_root, pytest.mark.k8s, pytest.mark.slow]
 
 NS = "team-b"
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 
 
 def open_node(kubelet: KubeletSimulator, pod: str, minor: int) -> str:

@@ -22,6 +22,7 @@ from tests.fixtures.mig import Node, caps_nodes
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
+from ..fixtures.device_messages import ENXIO, EPERM
 from .agent import as_pod, eventually, holders, running_k8s_agent
 from .containerd import Containerd
 from .fixtures import KubeletFactory
@@ -34,8 +35,6 @@ pytestmark = [*needs_root, pytest.mark.k8s, pytest.mark.slow]
 NS = "team-mig"
 RESOURCE = "nvidia.com/mig-1g.10gb"
 PROFILES = ("1g.10gb", "1g.10gb")
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 
 
 @pytest.fixture

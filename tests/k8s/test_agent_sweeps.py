@@ -32,6 +32,7 @@ from jupyter_gpu_hotplug.nvml.sim.config import SimulatedProcess
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
+from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.nvml import FakeNvmlNode
 from .agent import (
     as_pod,
@@ -49,8 +50,6 @@ from .kubelet import KubeletSimulator
 pytestmark = [*needs_root, pytest.mark.k8s, pytest.mark.slow]
 
 NS = "team-sweep"
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 
 
 def open_fresh_node(kubelet: KubeletSimulator, pod: str, minor: int) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Final
 
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
+from ..fixtures.agent import kubernetes_agent_argv
 from ..k8s.image import PAUSE_IMAGE
 from ..manifests.support import render, with_holder_image
 from .cluster import Cluster
@@ -113,22 +113,16 @@ class NodeAgent:
 def agent_argv(
     cluster: Cluster, account: AgentAccount, state_dir: Path, socket: Path, extra: tuple[str, ...]
 ) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "jupyter_gpu_hotplug.agent.app",
-        "--backend=kubernetes",
-        f"--node-name={cluster.node_name}",
-        f"--kubeconfig={account.kubeconfig}",
-        f"--pod-resources-socket={cluster.node.pod_resources_socket}",
-        f"--cri-endpoint={cluster.node.cri_endpoint}",
-        f"--state-dir={state_dir}",
-        f"--holder-image={PAUSE_IMAGE}",
-        f"--reconcile-interval={RECONCILE_INTERVAL}",
-        "--listen=127.0.0.1:0",
-        f"--listen=unix:{socket}",
-        *extra,
-    ]
+    return kubernetes_agent_argv(
+        node_name=cluster.node_name,
+        kubeconfig=account.kubeconfig,
+        pod_resources_socket=cluster.node.pod_resources_socket,
+        cri_endpoint=cluster.node.cri_endpoint,
+        state_dir=state_dir,
+        socket_path=socket,
+        reconcile_interval=RECONCILE_INTERVAL,
+        extra=(f"--holder-image={PAUSE_IMAGE}", *extra),
+    )
 
 
 @contextlib.contextmanager

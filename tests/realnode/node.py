@@ -46,7 +46,14 @@ from jupyter_gpu_hotplug.nvml.sim import (
     write_config,
 )
 
-from ..k8s.containerd import mounts_under, pids_mentioning, remove_cgroup_tree
+from ..k8s.containerd import (
+    cgroup_mount_points,
+    mounts_under,
+    pids_mentioning,
+    remove_cgroup_tree,
+    spawn_logged,
+    terminate_group,
+)
 from ..k8s.cri import CriClient
 from ..k8s.image import PAUSE_IMAGE, write_oci_archive
 from ..manifests.support import kubectl as kubectl_binary
@@ -87,6 +94,8 @@ SYSCTLS: Final = (
 kube-proxy change: saved at start, restored at stop."""
 STOP_TIMEOUT: Final = 60.0
 """Upper bound for the components to stop after SIGTERM before they are killed."""
+TERMINATE_TIMEOUT: Final = 15.0
+"""Seconds one of the node's daemons has from SIGTERM to exit before it gets SIGKILL."""
 READY_TIMEOUT: Final = 300.0
 """Upper bound for the node to become Ready on a loaded 2-core machine (never asserted on)."""
 
@@ -344,15 +353,7 @@ class RealNode:
         self._record()
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        with self.log_path(name).open("ab") as log:
-            self.processes[name] = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, **(env or {})},
-            )
+        self.processes[name] = spawn_logged(argv, self.log_path(name), env)
 
     def _wait(self, what: str, check: Callable[[], bool], timeout: float, logs: str) -> None:
         deadline = time.monotonic() + timeout
@@ -631,7 +632,7 @@ serializeImagePulls: false
 """  # noqa: E501
 
     def _start_kubelet(self) -> None:
-        for mount in _cgroup_mounts():
+        for mount in cgroup_mount_points():
             path = mount / self.cgroup_root.strip("/")
             path.mkdir(exist_ok=True)
             for name in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset: a child starts empty
@@ -663,7 +664,7 @@ serializeImagePulls: false
         kubelet serves its health endpoint and NVIDIA's plugin has registered with it again
         (the plugin watches for the new registration socket)."""
         registered = self.log_tail("nvidia-device-plugin", 10**7).count(PLUGIN_REGISTERED)
-        _terminate(self.processes.pop("kubelet"))
+        terminate_group(self.processes.pop("kubelet"), TERMINATE_TIMEOUT)
         self._spawn_kubelet()
         healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
         self._wait(
@@ -786,7 +787,7 @@ serializeImagePulls: false
         found = [f"process {pid}" for pid in pids_mentioning(f"{self.directory}/")]
         found += [f"mount {m}" for m in mounts_under(self.directory)]
         found += [f"netns {n}" for n in sorted(_netns_names() - self._netns_before)]
-        for mount in _cgroup_mounts():
+        for mount in cgroup_mount_points():
             if (mount / self.cgroup_root.strip("/")).exists():
                 found.append(f"cgroup {mount / self.cgroup_root.strip('/')}")
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
@@ -817,14 +818,11 @@ serializeImagePulls: false
         # cgroups go with them), then the rest.
         for name in NODE_AGENTS:
             if name in self.processes:
-                _terminate(self.processes[name])
-        with contextlib.suppress(Exception):
-            if (self.containerd_dir / "containerd.sock").exists():
-                cri = CriClient(self.cri_endpoint)
-                cri.remove_all_pods()
-                cri.close()
+                terminate_group(self.processes[name], TERMINATE_TIMEOUT)
+        if (self.containerd_dir / "containerd.sock").exists():
+            _remove_all_pods(self.cri_endpoint)
         for name in reversed(list(self.processes)):
-            _terminate(self.processes[name])
+            terminate_group(self.processes[name], TERMINATE_TIMEOUT)
         # The kubelet leaves its mounts when it stops, by design (its root directory made a
         # shared mount, pods' volumes): unmounting them is part of stopping a node.
         for mount in mounts_under(self.kubelet_dir):
@@ -859,26 +857,13 @@ def _run_tool(argv: list[str], timeout: float = 120) -> str:
     return done.stdout
 
 
-def _cgroup_mounts() -> list[Path]:
-    points = set()
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        if after.split()[0] in ("cgroup", "cgroup2"):
-            points.add(Path(before.split()[4]))
-    return sorted(points)
-
-
-def _terminate(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def _remove_all_pods(endpoint: str) -> None:
+    """Every pod through the node's containerd (its shims, network namespaces and pod cgroups
+    go with them); best effort: containerd may be gone already."""
+    with contextlib.suppress(Exception):
+        cri = CriClient(endpoint)
+        cri.remove_all_pods()
+        cri.close()
 
 
 NETNS_DIR: Final = Path("/var/run/netns")
@@ -1018,12 +1003,9 @@ def take_down_recorded(*, stop_live_owner: bool = False) -> list[str]:
         if not STATE_FILE.exists():  # the owner took everything down
             return []
     directory = Path(state["directory"])
-    with contextlib.suppress(Exception):
-        sock = directory / "ctd" / "containerd.sock"
-        if sock.exists():
-            cri = CriClient(f"unix://{sock}")
-            cri.remove_all_pods()
-            cri.close()
+    sock = directory / "ctd" / "containerd.sock"
+    if sock.exists():
+        _remove_all_pods(f"unix://{sock}")
     for pid in pids_mentioning(f"{directory}/"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

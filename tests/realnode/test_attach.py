@@ -15,19 +15,30 @@ import pytest
 
 from jupyter_gpu_hotplug.agent.core.checkpoints import marker_path
 
+from ..agent.api_harness import ApiClient
+from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.requirements import needs_root
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import WAIT, Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 MAX_GPUS = "gpu-hotplug.jupyter.org/max-gpus"
 
 
 def devices_of(cluster: Cluster, namespace: str) -> set[str]:
     return {d for ids in cluster.assignments(namespace).values() for d in ids}
+
+
+def notebooks(
+    cluster: Cluster, node_agent: NodeAgent, *names: str
+) -> tuple[str, tuple[ApiClient, ...]]:
+    """A fresh namespace with a notebook pod of each name in it: the namespace, and the
+    agent's API as each pod calls it."""
+    ns = cluster.namespace()
+    for name in names:
+        cluster.run_notebook_pod(ns, name)
+    return ns, tuple(node_agent.as_pod(ns, name) for name in names)
 
 
 def test_a_pod_attaches_two_gpus_through_real_holders_and_detaches_one(
@@ -83,11 +94,7 @@ def test_a_pod_attaches_two_gpus_through_real_holders_and_detaches_one(
 def test_tokens_rbac_and_subject_access_reviews_are_the_real_ones(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    cluster.run_notebook_pod(ns, "intruder")
-    owner = node_agent.as_pod(ns, "nb")
-    intruder = node_agent.as_pod(ns, "intruder")
+    ns, (owner, intruder) = notebooks(cluster, node_agent, "nb", "intruder")
     target = {"pod": {"namespace": ns, "name": "nb"}}
     (attachment,) = owner.post("/v1/attachments", {"count": 1}).json()["attachments"]
 
@@ -173,13 +180,10 @@ def test_the_pod_limit_and_the_namespace_quota_are_enforced(
 def test_insufficient_gpus_is_409_and_leaves_no_holder(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "a")
-    cluster.run_notebook_pod(ns, "b")
+    ns, (a, b) = notebooks(cluster, node_agent, "a", "b")
     total = cluster.node.gpu_count
-    a = node_agent.as_pod(ns, "a")
     assert a.post("/v1/attachments", {"count": total - 1}).status == 201
-    refused = node_agent.as_pod(ns, "b").post("/v1/attachments", {"count": 2})
+    refused = b.post("/v1/attachments", {"count": 2})
     assert (refused.status, refused.error) == (409, "insufficient_gpus")
     assert (refused.json()["free"], refused.json()["requested"]) == (1, 2)
     eventually(lambda: len(cluster.holders(ns)) == total - 1, "only a's holders remain")
@@ -189,9 +193,8 @@ def test_insufficient_gpus_is_409_and_leaves_no_holder(
 def test_deleting_the_notebook_pod_garbage_collects_its_holders_and_frees_the_gpus(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    assert node_agent.as_pod(ns, "nb").post("/v1/attachments", {"count": 2}).status == 201
+    ns, (api,) = notebooks(cluster, node_agent, "nb")
+    assert api.post("/v1/attachments", {"count": 2}).status == 201
 
     cluster.delete_pod(ns, "nb")
 
@@ -211,9 +214,7 @@ def test_deleting_the_notebook_pod_garbage_collects_its_holders_and_frees_the_gp
 def test_a_deleted_holder_is_revoked_from_the_container(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, (api,) = notebooks(cluster, node_agent, "nb")
     kept, lost = api.post("/v1/attachments", {"count": 2}).json()["attachments"]
     assert ENXIO in cluster.open_device(ns, "nb", lost["minor"])
 
@@ -237,9 +238,7 @@ def test_a_deleted_holder_is_revoked_from_the_container(
 def test_a_container_restarted_by_the_kubelet_gets_its_gpu_again(
     cluster: Cluster, node_agent: NodeAgent
 ) -> None:
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, (api,) = notebooks(cluster, node_agent, "nb")
     (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
 
     after = cluster.restart_container(ns, "nb")
@@ -355,9 +354,7 @@ def test_the_kubelet_restarts_and_the_attached_gpu_stays_held_and_usable(
     """A kubelet restart (an upgrade, a crash) re-admits the running holders from its
     checkpoint and NVIDIA's plugin registers again: the GPU stays held, reported and usable,
     and attaching and detaching work through the new kubelet."""
-    ns = cluster.namespace()
-    cluster.run_notebook_pod(ns, "nb")
-    api = node_agent.as_pod(ns, "nb")
+    ns, (api,) = notebooks(cluster, node_agent, "nb")
     (kept,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
     (holder,) = cluster.holders(ns)
 

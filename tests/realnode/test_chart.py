@@ -14,7 +14,6 @@ teardown applies the session's again.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +22,7 @@ from typing import Any, Final
 import kubernetes.client as k8s
 import pytest
 
-from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
-
+from ..fixtures.commands import run_checked
 from ..fixtures.requirements import needs_root
 from ..image.agent_image import BUILD_TIMEOUT
 from ..k8s.image import PAUSE_IMAGE
@@ -32,7 +30,7 @@ from ..manifests.support import CHART_DIR, helm, render, with_holder_image
 from . import test_deployed as deployed
 from .agent import RBAC_KINDS, AgentAccount
 from .agent_image import agent_image
-from .cluster import Cluster, eventually
+from .cluster import Cluster
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
@@ -45,7 +43,7 @@ def _values(cluster: Cluster) -> dict[str, Any]:
     node = cluster.node
     image = agent_image()
     repository, _, tag = image.name.rpartition(":")
-    assert node.nvml_library_dir is not None and node.nvml_config_path is not None
+    nvml = deployed.fake_nvml_mounts(node)
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "runtimeClassName": "",
@@ -58,35 +56,16 @@ def _values(cluster: Cluster) -> dict[str, Any]:
             "prepullCommand": ["/bin/sleep", "0"],
         },
         "agent": {
-            "extraEnv": [
-                {"name": "LD_LIBRARY_PATH", "value": str(node.nvml_library_dir)},
-                {"name": CONFIG_ENV, "value": str(node.nvml_config_path)},
-            ],
-            "extraVolumes": [
-                {"name": "fake-nvml",
-                 "hostPath": {"path": str(node.nvml_library_dir), "type": "Directory"}},
-                {"name": "fake-nvml-config",
-                 "hostPath": {"path": str(node.nvml_config_path), "type": "File"}},
-            ],
-            "extraVolumeMounts": [
-                {"name": "fake-nvml", "mountPath": str(node.nvml_library_dir), "readOnly": True},
-                {"name": "fake-nvml-config", "mountPath": str(node.nvml_config_path),
-                 "readOnly": True},
-            ],
+            "extraEnv": nvml.env,
+            "extraVolumes": nvml.volumes,
+            "extraVolumeMounts": nvml.mounts,
         },
     }  # fmt: skip
 
 
 def _helm(cluster: Cluster, *args: str) -> str:
-    done = subprocess.run(
-        [helm(), "--kubeconfig", str(cluster.node.admin_kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, f"helm {args[0]}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    argv = [helm(), "--kubeconfig", str(cluster.node.admin_kubeconfig), *args]
+    return run_checked(argv, timeout=600, what=f"helm {args[0]}").stdout
 
 
 @pytest.fixture
@@ -105,20 +84,9 @@ def installed(cluster: Cluster, agent_account: AgentAccount) -> Iterator[str]:
     try:
         _helm(cluster, "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
               "--values", str(values), "--take-ownership", "--timeout", "300s")  # fmt: skip
-
-        def ready() -> bool:
-            pods = cluster.pods(NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-            return any(
-                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
-                for p in pods
-            )
-
-        eventually(ready, "the chart's agent pod is Ready (its readiness probe passes)", 300)
-        service = cluster.core.read_namespaced_service("gpu-hotplug-agent", NAMESPACE)
-        yield str(service.spec.cluster_ip)
+        yield deployed.agent_service_when_ready(cluster, NAMESPACE, "the chart's agent pod")
     finally:
-        print(cluster.kubectl("logs", "-n", NAMESPACE, "daemonset/gpu-hotplug-agent",
-                              "--tail=200", check=False))  # fmt: skip
+        deployed.print_agent_log(cluster, NAMESPACE)
         _helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
         cluster.kubectl("label", "node", cluster.node_name, f"{deployed.GPU_NODE_LABEL}-",
                         check=False)  # fmt: skip

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,6 +31,7 @@ from ..manifests.support import K8S_DIR, render
 from .agent import AGENT_NAMESPACE
 from .agent_image import AgentImage, agent_image
 from .cluster import Cluster, eventually
+from .node import RealNode
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
@@ -41,13 +43,44 @@ HOST_STATE_DIR: Final = Path("/run/gpu-hotplug")
 """The DaemonSet's state directory on the host (``hostPath``, ``DirectoryOrCreate``)."""
 
 
+@dataclass(frozen=True)
+class FakeNvmlMounts:
+    """The node's simulated NVML, mounted into the agent's pod from the host (there is no
+    NVIDIA container toolkit here): its environment, volumes and volume mounts."""
+
+    env: list[dict[str, str]]
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+
+
+def fake_nvml_mounts(node: RealNode) -> FakeNvmlMounts:
+    assert node.nvml_library_dir is not None and node.nvml_config_path is not None
+    return FakeNvmlMounts(
+        env=[
+            {"name": "LD_LIBRARY_PATH", "value": str(node.nvml_library_dir)},
+            {"name": CONFIG_ENV, "value": str(node.nvml_config_path)},
+        ],
+        volumes=[
+            {"name": "fake-nvml",
+             "hostPath": {"path": str(node.nvml_library_dir), "type": "Directory"}},
+            {"name": "fake-nvml-config",
+             "hostPath": {"path": str(node.nvml_config_path), "type": "File"}},
+        ],
+        mounts=[
+            {"name": "fake-nvml", "mountPath": str(node.nvml_library_dir), "readOnly": True},
+            {"name": "fake-nvml-config", "mountPath": str(node.nvml_config_path),
+             "readOnly": True},
+        ],
+    )  # fmt: skip
+
+
 def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
     """A strategic-merge patch of the shipped DaemonSet for this node (see the module doc)."""
     (daemonset,) = [o for o in render() if o["kind"] == "DaemonSet"]
     (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
                     if c["name"] == "agent"]  # fmt: skip
     node = cluster.node
-    assert node.nvml_library_dir is not None and node.nvml_config_path is not None
+    nvml = fake_nvml_mounts(node)
     replaced = {
         "--pod-resources-socket": str(node.pod_resources_socket),
         "--cri-endpoint": node.cri_endpoint,
@@ -79,18 +112,12 @@ def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
                             "image": image.name,
                             "imagePullPolicy": "Never",
                             "args": args,
-                            "env": [
-                                {"name": "LD_LIBRARY_PATH", "value": str(node.nvml_library_dir)},
-                                {"name": CONFIG_ENV, "value": str(node.nvml_config_path)},
-                            ],
+                            "env": nvml.env,
                             "volumeMounts": [
                                 {"name": "pod-resources",
                                  "mountPath": str(node.pod_resources_socket.parent)},
                                 {"name": "cri", "mountPath": str(node.containerd_dir)},
-                                {"name": "fake-nvml", "mountPath": str(node.nvml_library_dir),
-                                 "readOnly": True},
-                                {"name": "fake-nvml-config",
-                                 "mountPath": str(node.nvml_config_path), "readOnly": True},
+                                *nvml.mounts,
                             ],
                         }
                     ],
@@ -98,15 +125,34 @@ def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
                         {"name": "pod-resources",
                          "hostPath": {"path": str(node.pod_resources_socket.parent)}},
                         {"name": "cri", "hostPath": {"path": str(node.containerd_dir)}},
-                        {"name": "fake-nvml",
-                         "hostPath": {"path": str(node.nvml_library_dir), "type": "Directory"}},
-                        {"name": "fake-nvml-config",
-                         "hostPath": {"path": str(node.nvml_config_path), "type": "File"}},
+                        *nvml.volumes,
                     ],
                 }
             }
         },
     }  # fmt: skip
+
+
+def agent_service_when_ready(cluster: Cluster, namespace: str, what: str) -> str:
+    """Wait until the agent's DaemonSet pod in ``namespace`` is Ready (its readiness probe
+    passes, ``what`` says whose); then the ClusterIP of its Service."""
+
+    def ready() -> bool:
+        pods = cluster.pods(namespace, "app.kubernetes.io/name=gpu-hotplug-agent")
+        return any(
+            all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
+            for p in pods
+        )
+
+    eventually(ready, f"{what} is Ready (its readiness probe passes)", 300)
+    service = cluster.core.read_namespaced_service("gpu-hotplug-agent", namespace)
+    return str(service.spec.cluster_ip)
+
+
+def print_agent_log(cluster: Cluster, namespace: str) -> None:
+    """The agent's last log lines, for a failed test's output."""
+    print(cluster.kubectl("logs", "-n", namespace, "daemonset/gpu-hotplug-agent",
+                          "--tail=200", check=False))  # fmt: skip
 
 
 @pytest.fixture
@@ -135,20 +181,9 @@ def deployed_agent(cluster: Cluster) -> Iterator[str]:
         # The cluster-wide objects are the session's too (``agent_account``, applied client-side
         # and re-applied after the chart's release): the overlay takes over their fields.
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(overlay))
-
-        def ready() -> bool:
-            pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-            return any(
-                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
-                for p in pods
-            )
-
-        eventually(ready, "the agent's DaemonSet pod is Ready (its readiness probe passes)", 300)
-        service = cluster.core.read_namespaced_service("gpu-hotplug-agent", AGENT_NAMESPACE)
-        yield str(service.spec.cluster_ip)
+        yield agent_service_when_ready(cluster, AGENT_NAMESPACE, "the agent's DaemonSet pod")
     finally:
-        print(cluster.kubectl("logs", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",
-                              "--tail=200", check=False))  # fmt: skip
+        print_agent_log(cluster, AGENT_NAMESPACE)
         # The agent's workload only: its Namespace, ServiceAccount and RBAC are the session's
         # (``agent_account``), which later tests still use.
         cluster.kubectl("delete", "-n", AGENT_NAMESPACE, "daemonset/gpu-hotplug-agent",

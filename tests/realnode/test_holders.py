@@ -26,15 +26,13 @@ from jupyter_gpu_hotplug.agent.settings import (
     DEFAULT_HOLDER_PRIORITY_CLASS,
 )
 
+from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
-
-ENXIO = "No such device or address"
-EPERM = "Operation not permitted"
 
 
 def test_the_holder_runs_at_its_limits_and_restricted_admission_refuses_the_old_one(
