@@ -6,8 +6,8 @@ lost while the agent is stopped.
   admission of a ``restricted`` namespace takes today's holder spec and refuses the one before
   issue 21 (no seccomp profile);
 - (the 3 MiB floor measured under containerd 1.6 does not carry over: on this node, containerd 2.4
-  with runc 1.5.2, a pause pod limited to 3 MiB never reached Running in CI; the holder's 24Mi
-  runs, above — docs/performance.md);
+  with runc 1.5.2, the floor is 5 MiB — ``bench_realnode.py --floor``, docs/performance.md —
+  and the holder's 24Mi runs, above);
 - a holder deleted while the agent is stopped: at start the notebook's grant is revoked and an
   Event on the notebook pod says why.
 """
