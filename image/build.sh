@@ -39,11 +39,14 @@ log() { echo "[image $(date +%T)] $*" >&2; }
 packages=python3,python3-venv
 base_tar=$cache/debian-$suite-${packages//,/-}.tar
 base=localhost/jupyter-gpu-hotplug/debian-python:$suite
-if [ ! -s "$base_tar" ]; then
+if [ ! -f "$base_tar" ] || [ ! -s "$base_tar" ]; then
   command -v mmdebstrap >/dev/null || { echo "image/build.sh: apt-get install mmdebstrap" >&2; exit 1; }
   log "base: mmdebstrap $suite ($packages)"
   mkdir -p "$cache"
-  nice mmdebstrap --quiet --variant=minbase --include="$packages" \
+  rm -rf "$base_tar" "$base_tar.partial"  # what an interrupted or older build left
+  # --format: mmdebstrap otherwise picks the format from the file's name, and `.partial` is
+  # none it knows — it would write a directory.
+  nice mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     "$suite" "$base_tar.partial"
