@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ..realnode.fixtures import REQUIRE_ENV
 from .image import ImageUnavailable, ensure_image, missing_host_tools
 from .machine import Machine, boot
 
@@ -27,10 +28,12 @@ collect_ignore = [] if os.environ.get(IN_VM_ENV) else ["guest"]
 @pytest.fixture(scope="session")
 def vm() -> Iterator[Machine]:
     """The systemd node, booted once for the session from the cached image."""
+    # Where the real node is required (``.ci/test``), so is the VM: a missing part fails there.
+    absent = pytest.fail if os.environ.get(REQUIRE_ENV) == "1" else pytest.skip
     if os.geteuid() != 0:
-        pytest.skip("the VM tier needs root (image build, qemu networking)")
+        absent("the VM tier needs root (image build, qemu networking)")
     if missing := missing_host_tools():
-        pytest.skip(f"the VM tier needs {missing}: run `bash .ci/setup --with-vm`")
+        absent(f"the VM tier needs {missing}: run `bash .ci/setup --with-vm`")
     try:
         image = ensure_image()
     except ImageUnavailable as e:
