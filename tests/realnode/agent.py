@@ -134,7 +134,10 @@ def running_node_agent(
     directory = Path(tempfile.mkdtemp(prefix="jgh-nagent-", dir="/tmp"))
     state_dir = directory / "state"
     process = AgentProcess(state_dir=state_dir, simulate=0, env=cluster.node.nvml_environ())
-    process.argv = agent_argv(cluster, account, state_dir, process.socket_path, extra)
+    # In the node's driver namespace, as NVIDIA's plugin: the MIG tables are where a node's are.
+    process.argv = cluster.node.in_driver_namespace(
+        agent_argv(cluster, account, state_dir, process.socket_path, extra)
+    )
     process.start()
     try:
         yield NodeAgent(process, cluster)

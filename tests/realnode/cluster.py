@@ -215,24 +215,26 @@ class Cluster:
         return new
 
     # ------------------------------------------------------------------ kubelet
-    def assignments(self, namespace: str | None = None) -> dict[tuple[str, str], set[str]]:
-        """(namespace, pod) → device ids the kubelet's PodResources ``List`` reports."""
+    def assignments(
+        self, namespace: str | None = None, resource: str = GPU_RESOURCE
+    ) -> dict[tuple[str, str], set[str]]:
+        """(namespace, pod) → ids of ``resource`` the kubelet's PodResources ``List`` reports."""
         lister = PodResourcesClient(self.node.pod_resources_socket)
         try:
             found: dict[tuple[str, str], set[str]] = {}
             for pod in lister.list():
                 if namespace not in (None, pod.namespace):
                     continue
-                ids = set(pod.device_ids(GPU_RESOURCE))
+                ids = set(pod.device_ids(resource))
                 if ids:
                     found[(pod.namespace, pod.name)] = ids
             return found
         finally:
             lister.close()
 
-    def podresources_get(self, namespace: str, pod: str) -> set[str]:
-        """The GPU ids of one pod from the kubelet's PodResources ``Get`` itself (no fallback to
-        ``List``: this proves the real kubelet serves ``Get``)."""
+    def podresources_get(self, namespace: str, pod: str, resource: str = GPU_RESOURCE) -> set[str]:
+        """The ids of ``resource`` of one pod from the kubelet's PodResources ``Get`` itself (no
+        fallback to ``List``: this proves the real kubelet serves ``Get``)."""
         channel = grpc.insecure_channel(f"unix://{self.node.pod_resources_socket}")
         try:
             get = channel.unary_unary(
@@ -249,7 +251,7 @@ class Cluster:
             device_id
             for container in answer.pod_resources.containers
             for devices in container.devices
-            if devices.resource_name == GPU_RESOURCE
+            if devices.resource_name == resource
             for device_id in devices.device_ids
         }
 

@@ -1,6 +1,8 @@
 """A real single-node Kubernetes on this machine: etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, a kubelet on a private containerd 2 with runc, and NVIDIA's own device plugin
-reading the project's simulated NVML.
+reading the project's simulated NVML: four whole GPUs and a fifth in MIG mode with two
+``1g.10gb`` slices (the plugin's ``mixed`` strategy serves ``nvidia.com/gpu`` and
+``nvidia.com/mig-1g.10gb``).
 
 Why: Kubernetes mode must be proven against the components a cluster really runs — the real
 scheduler places holder pods, the real kubelet's device manager admits them through NVIDIA's
@@ -15,6 +17,11 @@ machine). What cannot be private is recorded and given back at ``stop()``: the k
 another owns it), the host sysctls the kubelet and the bridge change, the cgroup root of the
 pods in every hierarchy, network namespaces and the bridge. ``stop()`` returns what it had to
 remove by force; the fixture fails the session if that is not empty.
+
+The MIG driver tables NVIDIA's plugin and the agent read are at fixed host paths
+(``/proc/driver/nvidia-caps/mig-minors``, the ``nvidia-caps`` major in ``/proc/devices``):
+both run in a mount namespace of their own where the node's tables are bound over those
+(``in_driver_namespace``), so the host's ``/proc`` is never touched and nothing outlives them.
 
 Used by ``tests/realnode/fixtures.py`` and by hand: ``python -m tests.realnode up`` /
 ``down`` / ``status`` (see ``__main__.py``).
@@ -38,11 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from jupyter_gpu_hotplug.agent.local.simulate import write_caps_tables
 from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
     default_gpus,
     ensure_fake_nvml,
     fake_nvml_environ,
+    with_mig_devices,
     write_config,
 )
 
@@ -78,6 +87,11 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 PLUGIN_REGISTERED: Final = "Registered device plugin"
 """What NVIDIA's plugin logs each time the kubelet accepts its registration."""
 DEFAULT_GPUS: Final = 4
+"""Whole GPUs (``nvidia.com/gpu``); the MIG GPU comes after them."""
+MIG_PROFILES: Final = ("1g.10gb", "1g.10gb")
+"""The slices of the node's MIG GPU, as ``nvidia-smi mig -cgi 19,19 -C`` would leave them."""
+MIG_RESOURCE: Final = "nvidia.com/mig-1g.10gb"
+"""What NVIDIA's plugin (``--mig-strategy=mixed``) names those slices."""
 SYSCTLS: Final = (
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -207,6 +221,7 @@ class RealNode:
     pki: Pki | None = None
     nvml_config_path: Path | None = None
     nvml_library_dir: Path | None = None
+    nvml_config: FakeNvmlConfig | None = None
     _saved_sysctls: dict[str, str] = field(default_factory=dict)
     _made_var_lib_kubelet: bool = False
     _netns_before: set[str] = field(default_factory=set)
@@ -242,6 +257,36 @@ class RealNode:
     @property
     def pod_resources_socket(self) -> Path:
         return self.kubelet_dir / "pod-resources" / "kubelet.sock"
+
+    @property
+    def driver_dir(self) -> Path:
+        """Bound over ``/proc/driver`` in ``in_driver_namespace``: ``nvidia-caps/mig-minors``."""
+        return self.directory / "driver"
+
+    @property
+    def proc_devices(self) -> Path:
+        """Bound over ``/proc/devices`` in ``in_driver_namespace``: the ``nvidia-caps`` major."""
+        return self.directory / "proc-devices"
+
+    def in_driver_namespace(self, argv: list[str]) -> list[str]:
+        """``argv`` run (same pid: ``unshare`` and ``sh`` exec it) in a private mount namespace
+        where the host's ``/proc/driver`` and ``/proc/devices`` are the node's simulated
+        driver tables, which NVIDIA's plugin and the agent read from those fixed paths."""
+        script = 'mount --bind "$1" /proc/driver && mount --bind "$2" /proc/devices && shift 2'
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            f'{script} && exec "$@"',
+            "driver-namespace",
+            str(self.driver_dir),
+            str(self.proc_devices),
+            *argv,
+        ]
 
     def log_path(self, name: str) -> Path:
         return self.directory / "log" / f"{name}.log"
@@ -710,10 +755,17 @@ serializeImagePulls: false
         library_dir = ensure_fake_nvml()
         self.nvml_library_dir = library_dir
         config_path = self.directory / "nvml.conf"
-        write_config(
-            config_path, FakeNvmlConfig(gpus=default_gpus(self.gpu_count, node=self.node_name))
+        gpus = default_gpus(self.gpu_count + 1, node=self.node_name)
+        mig_gpu = with_mig_devices(gpus[-1], MIG_PROFILES, node=self.node_name)
+        config = FakeNvmlConfig(gpus=(*gpus[:-1], mig_gpu))
+        write_config(config_path, config)
+        write_caps_tables(
+            config,
+            proc_devices=self.proc_devices,
+            mig_minors=self.driver_dir / "nvidia-caps" / "mig-minors",
+            host_proc_devices=Path("/proc/devices"),
         )
-        self.nvml_config_path = config_path
+        self.nvml_config_path, self.nvml_config = config_path, config
         self._wait(
             "kubelet registration socket",
             lambda: (DEVICE_PLUGIN_DIR / "kubelet.sock").exists(),
@@ -722,14 +774,16 @@ serializeImagePulls: false
         )
         self._spawn(
             "nvidia-device-plugin",
-            [
-                str(self.components.device_plugin),
-                "--fail-on-init-error=true",
-                "--mig-strategy=none",
-                "--device-list-strategy=envvar",
-                "--device-id-strategy=uuid",
-                "--pass-device-specs=false",
-            ],
+            self.in_driver_namespace(
+                [
+                    str(self.components.device_plugin),
+                    "--fail-on-init-error=true",
+                    "--mig-strategy=mixed",
+                    "--device-list-strategy=envvar",
+                    "--device-id-strategy=uuid",
+                    "--pass-device-specs=false",
+                ]
+            ),
             env={
                 **self.nvml_environ(),
                 "LD_LIBRARY_PATH": str(library_dir),
@@ -749,8 +803,9 @@ serializeImagePulls: false
         self._wait("node Ready", ready, READY_TIMEOUT, "kubelet")
 
         def allocatable() -> bool:
-            node = self.kubectl_json("get", "node", self.node_name)
-            return bool(node["status"]["allocatable"].get(GPU_RESOURCE) == str(self.gpu_count))
+            found = self.kubectl_json("get", "node", self.node_name)["status"]["allocatable"]
+            wanted = {GPU_RESOURCE: str(self.gpu_count), MIG_RESOURCE: str(len(MIG_PROFILES))}
+            return all(found.get(name) == count for name, count in wanted.items())
 
         self._wait("GPUs allocatable", allocatable, 120, "nvidia-device-plugin")
 

@@ -44,7 +44,14 @@ from ...nvml.sim import (
     write_config,
 )
 
-__all__ = ["CONFIG_NAME", "MIG_MINORS_NAME", "PROC_DEVICES_NAME", "Simulation", "drift"]
+__all__ = [
+    "CONFIG_NAME",
+    "MIG_MINORS_NAME",
+    "PROC_DEVICES_NAME",
+    "Simulation",
+    "drift",
+    "write_caps_tables",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,23 @@ _LOCAL_MAJORS = range(240, 255)
 """Char majors Linux keeps for local use: the simulated ``nvidia-caps`` major is a free one,
 so a capability node opens with ENXIO where the cgroup allows it, as a GPU's node does."""
 _CACHE_NAME = "build"
+
+
+def write_caps_tables(
+    config: FakeNvmlConfig, *, proc_devices: Path, mig_minors: Path, host_proc_devices: Path
+) -> int:
+    """Write the two driver tables a MIG node has beside its NVML — ``/proc/devices`` with an
+    ``nvidia-caps`` major, and ``/proc/driver/nvidia-caps/mig-minors`` for ``config`` — to the
+    given paths, and return the major. It is a char major for local use that
+    ``host_proc_devices`` does not list, so that a capability node opens with ENXIO where a
+    device cgroup allows it, as a GPU's node does without a driver. The real-node tests mount
+    the same tables over the host's for NVIDIA's device plugin and the agent."""
+    taken = set(parse_proc_devices(host_proc_devices.read_text()).values())
+    major = next(m for m in _LOCAL_MAJORS if m not in taken)
+    mig_minors.parent.mkdir(parents=True, exist_ok=True)
+    proc_devices.write_text(f"Character devices:\n195 nvidia-frontend\n{major} nvidia-caps\n")
+    mig_minors.write_text(render_mig_minors(config))
+    return major
 
 
 @dataclass(frozen=True)
@@ -105,12 +129,14 @@ class Simulation:
         )
         if not mig_profiles:
             return cls(library_dir=library_dir, config_path=config_path, count=count)
-        taken = set(parse_proc_devices(host_proc_devices.read_text()).values())
-        major = next(m for m in _LOCAL_MAJORS if m not in taken)
         proc_devices = directory / PROC_DEVICES_NAME
-        proc_devices.write_text(f"Character devices:\n195 nvidia-frontend\n{major} nvidia-caps\n")
         mig_minors = directory / MIG_MINORS_NAME
-        mig_minors.write_text(render_mig_minors(config))
+        major = write_caps_tables(
+            config,
+            proc_devices=proc_devices,
+            mig_minors=mig_minors,
+            host_proc_devices=host_proc_devices,
+        )
         log.warning(
             "SIMULATED: GPU 0 in MIG mode with %s; nvidia-caps major %d",
             ", ".join(mig_profiles),
