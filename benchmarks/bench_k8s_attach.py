@@ -16,7 +16,8 @@ very adapters the agent uses, called from this process: the TokenReview (what an
 token costs; the agent caches answers for 10 s), resolving the pod to its container (pod GET,
 CRI ``ContainerStatus`` verbose, ``/proc``), a holder pod from create to Running (simulated
 kubelet admission, real containerd sandbox and container) and its deletion, the PodResources
-``Get``, and the grant of one GPU node by the engine. The agent's own overhead is each
+``Get``, one annotation written to the holder, and the grant of one GPU node by the engine
+(``_attach_parts.py``, shared with ``bench_realnode.py``). The agent's own overhead is each
 attach minus that attach's own holder create→Running (the agent logs it): what the agent adds
 to the cluster's work.
 
@@ -33,24 +34,16 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
+from _attach_parts import attach_parts
 
 # The tier's fixtures stand in for the cluster; they live with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, PodTarget, RequestId
-from jupyter_gpu_hotplug.agent.core.injector import EngineInjector, gpu_node
-from jupyter_gpu_hotplug.agent.kubernetes.cri import CriClient
-from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec
 from jupyter_gpu_hotplug.agent.kubernetes.kube import KubeApi
-from jupyter_gpu_hotplug.agent.kubernetes.podresources import PodResourcesClient
-from jupyter_gpu_hotplug.agent.kubernetes.resolver import PodResolver
-from jupyter_gpu_hotplug.linux import cgroups
-from jupyter_gpu_hotplug.linux.engine import HotplugEngine
 from jupyter_gpu_hotplug.nvml.sim import write_config
 from jupyter_gpu_hotplug.nvml.sim.build import ensure_fake_nvml
 from jupyter_gpu_hotplug.nvml.sim.runtime import fake_nvml_environ
@@ -149,7 +142,20 @@ def part_one(cluster: Cluster, runs: int) -> None:
     notebook = kubelet.run_notebook_pod(NS, "solo")
     api = cluster.as_pod("solo")
     attach, detach = time_attach_detach(api, runs)
-    parts = asyncio.run(_parts(cluster, notebook, runs))
+    gpus = kubelet.gpus
+    parts = asyncio.run(
+        attach_parts(
+            kube=KubeApi(cluster.kube.client()),
+            podresources_socket=kubelet.pod_resources_socket,
+            cri_endpoint=cluster.containerd.endpoint,
+            spec=HolderSpec(node_name=NODE),
+            namespace=NS,
+            notebook=notebook,
+            token=cluster.kube.pod_token(NS, "solo"),
+            minor_of=lambda ids: next(g.minor for g in gpus if g.id in ids),
+            runs=runs,
+        )
+    )
     print(f"\n--- one pod, one GPU, {runs} runs ---------------------------------------------")
     print(f"attach (HTTP, whole path)        {summary(attach)}")
     print(f"detach (HTTP, whole path)        {summary(detach)}")
@@ -162,91 +168,6 @@ def part_one(cluster: Cluster, runs: int) -> None:
     print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
     running = statistics.median(parts["holder create -> Running"])
     print(f"(medians subtracted instead: {ms(statistics.median(attach) - running)}; noisier)")
-
-
-async def _parts(cluster: Cluster, notebook: dict[str, Any], runs: int) -> dict[str, list[float]]:
-    kube = KubeApi(cluster.kube.client())
-    podresources = PodResourcesClient(cluster.node.pod_resources_socket)
-    cri = CriClient(cluster.containerd.endpoint)
-    hierarchies = cgroups.discover()
-    resolver = PodResolver(
-        kube=kube, cri=cri, node_name=NODE, host_proc=Path("/proc"), hierarchies=hierarchies
-    )
-    injector = EngineInjector(HotplugEngine(host_proc=Path("/proc"), hierarchies=hierarchies))
-    spec = HolderSpec(node_name=NODE)
-    token = cluster.kube.pod_token(NS, "solo")
-    parts: dict[str, list[float]] = {
-        name: []
-        for name in (
-            "auth (TokenReview, uncached)",
-            "resolve (pod GET + CRI + /proc)",
-            "  of which CRI ContainerStatus",
-            "holder create -> Running",
-            "PodResources Get",
-            "grant (engine, one node)",
-            "holder delete -> gone",
-        )
-    }
-
-    async def timed(name: str, call: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        result = await call(*args, **kwargs)
-        parts[name].append(time.perf_counter() - start)
-        return result
-
-    try:
-        target = PodTarget(NS, "solo", "notebook")
-        container_id = notebook["status"]["containerStatuses"][0]["containerID"]
-        for index in range(runs):
-            await timed(
-                "auth (TokenReview, uncached)", kube.review_token, token, audiences=["gpu-hotplug"]
-            )
-            container = await timed(
-                "resolve (pod GET + CRI + /proc)", asyncio.to_thread, resolver.resolve, target
-            )
-            await timed(
-                "  of which CRI ContainerStatus",
-                asyncio.to_thread,
-                cri.container_status,
-                container_id.partition("://")[2],
-            )
-            body = holder_pod(
-                notebook,
-                container="notebook",
-                container_id=container_id,
-                request_id=RequestId(f"bench-{index}"),
-                index=0,
-                spec=spec,
-            )
-            name = body["metadata"]["name"]
-            start = time.perf_counter()
-            await kube.create_pod(NS, body)
-            async for event in kube.watch_pods(NS, deadline=time.monotonic() + 60):
-                if event.object["metadata"]["name"] == name and (
-                    event.object.get("status", {}).get("phase") == "Running"
-                ):
-                    break
-            parts["holder create -> Running"].append(time.perf_counter() - start)
-            devices = await timed("PodResources Get", asyncio.to_thread, podresources.get, NS, name)
-            assert devices is not None
-            minor = next(
-                g.minor for g in cluster.node.gpus if g.id in devices.device_ids("nvidia.com/gpu")
-            )
-            node = gpu_node(minor, major=NVIDIA_MAJOR)
-            await timed(
-                "grant (engine, one node)", asyncio.to_thread, injector.grant, container, [node]
-            )
-            await asyncio.to_thread(injector.revoke, container, [node], force=False)
-            start = time.perf_counter()
-            await kube.delete_pod(NS, name)
-            while await kube.get_pod(NS, name) is not None:
-                await asyncio.sleep(0.01)  # a benchmark's own wait, not product code
-            parts["holder delete -> gone"].append(time.perf_counter() - start)
-    finally:
-        podresources.close()
-        cri.close()
-        kube.close()
-    return parts
 
 
 def part_two(cluster: Cluster, pods: int, rounds: int) -> None:

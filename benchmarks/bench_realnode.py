@@ -13,8 +13,9 @@ one: nothing of it is in the page cache) and prints the seconds to each mileston
 Part 1 times, for one notebook pod, ``POST /v1/attachments {"count": 1}`` and its ``DELETE``
 with the pod's bound token (the whole path: click → usable), and the agent's own overhead:
 each attach minus that attach's holder create → Running as the agent logged it, i.e. what the
-agent adds to the kubelet's pod start. It also times a holder-shaped pod from create to
-Running and to PodResources from this process.
+agent adds to the kubelet's pod start. It also times each step of an attach with the agent's
+own adapters (``_attach_parts.py``, as ``bench_k8s_attach.py`` does on the simulated node),
+and a holder-shaped pod from create to Running and to PodResources from this process.
 
 Part 2 starts ``--pods`` notebook pods and has each attach one GPU at the same moment, over
 ``--rounds`` rounds, and checks that no GPU was handed out twice, in the answers and in the
@@ -31,6 +32,7 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
@@ -38,9 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from _agent import crowd_rounds, holder_waits, percentile, summary, time_attach_detach
+from _attach_parts import attach_parts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec
+from jupyter_gpu_hotplug.agent.kubernetes.kube import KubeApi
 from jupyter_gpu_hotplug.agent.settings import DEFAULT_HOLDER_CPU, DEFAULT_HOLDER_MEMORY
 from tests.k8s.image import PAUSE_IMAGE
 from tests.realnode.agent import install_agent_account, running_node_agent
@@ -104,6 +109,21 @@ def part_one(cluster: Cluster, runs: int) -> None:
         api = agent.as_pod(ns, "solo")
         attach, detach = time_attach_detach(api, runs)
         waits = holder_waits(agent.log(), runs)
+    config = cluster.node.nvml_config
+    assert config is not None
+    parts = asyncio.run(
+        attach_parts(
+            kube=KubeApi(cluster.node.api_client()),
+            podresources_socket=cluster.node.pod_resources_socket,
+            cri_endpoint=cluster.node.cri_endpoint,
+            spec=HolderSpec(node_name=cluster.node_name, image=PAUSE_IMAGE, pull_policy="Never"),
+            namespace=ns,
+            notebook=cluster.pod(ns, "solo"),
+            token=cluster.pod_token(ns, "solo"),
+            minor_of=lambda ids: next(g.minor for g in config.gpus if g.uuid in ids),
+            runs=runs,
+        )
+    )
     running: list[float] = []
     podresources: list[float] = []
     for i in range(min(runs, 10)):
@@ -120,6 +140,8 @@ def part_one(cluster: Cluster, runs: int) -> None:
     print(f"attach (HTTP, whole path: click -> usable)  {summary(attach)}")
     print(f"  p50 {ms(percentile(attach, 0.5))}  p99 {ms(percentile(attach, 0.99))}")
     print(f"detach (HTTP, whole path)                   {summary(detach)}")
+    for name, samples in parts.items():
+        print(f"  {name:42} {summary(samples)}")
     print(f"holder create -> Running, as the agent saw it  {summary(waits)}")
     overhead = [total - wait for total, wait in zip(attach, waits, strict=True)]
     print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
