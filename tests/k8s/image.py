@@ -3,8 +3,9 @@
 Why: no registry is reachable on CI, yet the kubelet simulator must run real containers. An
 OCI image layout tarball is all ``ctr images import`` needs. One layer (uncompressed, so its
 digest is also its diff id) carries ``/bin/busybox`` and symlinks for the applets tests use;
-two image configs over it give the sandbox ("pause") image, whose default process is
-``sleep infinity``, and a general image whose command the pod spec sets.
+two image configs over it give the sandbox ("pause") image, whose default process waits for
+ever and exits on SIGTERM (as the real pause does: a stopped pod's sandbox and holder end at
+once instead of after their grace period), and a general image whose command the pod spec sets.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ BUSYBOX: Final = Path("/bin/busybox")
 """Debian's ``busybox-static``: statically linked, so the image needs no libraries."""
 
 PAUSE_IMAGE: Final = "localhost/k8stier/pause:1"
-"""Sandbox (pause) image, and what pods without a command run: ``sleep infinity``."""
+"""Sandbox (pause) image, and what pods without a command run: ``PAUSE_COMMAND``."""
+PAUSE_COMMAND: Final = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait")
+"""What the pause image runs. A shell as PID 1 is sent SIGTERM only because it traps it (the
+kernel drops signals without a handler to a namespace's init, so a bare ``sleep`` would wait
+out the grace period); ``wait`` returns on the signal."""
 TOOLS_IMAGE: Final = "localhost/k8stier/busybox:1"
 """Same layer, default command ``sh``: pods that give a command run it here."""
 
@@ -148,7 +153,7 @@ def write_oci_archive(path: Path) -> tuple[str, ...]:
     blobs = [layer]
     manifests = []
     for name, entrypoint, cmd in (
-        (PAUSE_IMAGE, ["/bin/sleep"], ["infinity"]),
+        (PAUSE_IMAGE, list(PAUSE_COMMAND), None),
         (TOOLS_IMAGE, None, ["/bin/sh"]),
     ):
         descriptor, image = image_blobs(

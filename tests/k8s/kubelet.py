@@ -2,9 +2,9 @@
 node — pods run as real containers, their status in the API, PodResources on a unix socket.
 
 Why it stays beside the real node (``tests/realnode``): it does on demand what a real kubelet
-does not — evict a holder by node pressure, keep a holder Pending, advertise MIG slices (the
-real node's device plugin runs ``--mig-strategy=none``), run a pod "in a VM runtime" — and it
-serves the tier's MIG, idle, sweep and allocator-contract tests in seconds with no build. What
+does not — evict a holder by node pressure (a MIG slice's too), keep a holder Pending, run a
+pod "in a VM runtime" — and it serves the tier's idle, sweep and allocator-contract tests in
+seconds with no build. What
 the real kubelet proves (scheduling, restarts of crashed containers, a kubelet restart) is no
 longer simulated here (docs/testing.md).
 

@@ -105,9 +105,6 @@ class HolderAllocator:
         self._entries: dict[GpuUuid, Reservation] = {}
         self._holders: dict[GpuUuid, Holder] = {}
         self._deleting: set[tuple[str, str]] = set()
-        self._starting: set[tuple[str, str]] = set()
-        """Holders of an attach still waiting for them to run: their failure is that attach's
-        to handle (it rolls back), not a loss to announce."""
         """Holders this agent is deleting: their disappearance is no loss."""
         self._lost: Lost | None = None
         self._loaded = False
@@ -168,8 +165,8 @@ class HolderAllocator:
         log.info("holder pods on this node: %d reservation(s)", len(self._entries))
 
     def _forget(self, pods: Collection[tuple[str, str]]) -> None:
-        """Drop what was learnt of these holder pods (an attach rolled back after learning the
-        GPU of some of them)."""
+        """Drop what was learnt of these holder pods: an attach rolled back after recording
+        the GPU of some of its holders (another holder's annotation failed)."""
         for uuid, holder in list(self._holders.items()):
             if (holder.namespace, holder.name) in pods:
                 self._holders.pop(uuid)
@@ -329,7 +326,9 @@ class HolderAllocator:
         if failure is not None:
             raise failure
         names = [body["metadata"]["name"] for body in bodies]
-        outcome, learnt = await self._run_holders(target, names, candidates, deadline)
+        outcome = await self._pods.wait_for(
+            lambda: _settled(self._pods, namespace, names), deadline=deadline
+        )
         if outcome is None:
             raise Timeout(
                 f"the holder pod(s) for {target} did not run within {wait_seconds:.0f} s",
@@ -350,43 +349,12 @@ class HolderAllocator:
                 requested=len(bodies),
                 hint=f"the kubelet refused a holder pod: {outcome}",
             )
-        if learnt is not None:
-            return learnt
-        learnt = await self._learn_gpus(target, names, candidates, early=False)
-        assert learnt is not None
-        return learnt
-
-    async def _run_holders(
-        self, target: PodTarget, names: list[str], candidates: Sequence[GpuRecord], deadline: float
-    ) -> tuple[str | None, list[Reservation] | None]:
-        """Wait until the holders run or are refused (``_settled``; None at ``deadline``), and
-        learn their GPUs as soon as the kubelet has admitted them: its device manager assigns
-        the device at admission, and the sandbox and container start after that (most of
-        create -> Running), so learning and recording it is off the path to the grant, which
-        still waits for Running. Returns the outcome and what was learnt (None: not yet)."""
-        namespace = target.namespace
-        keys = {(namespace, name) for name in names}
-        self._starting |= keys
-        try:
-            first = await self._pods.wait_for(
-                lambda: _admitted_or_refused(self._pods, namespace, names), deadline=deadline
-            )
-            learnt = None
-            if first is True:
-                learnt = await self._learn_gpus(target, names, candidates, early=True)
-            outcome = await self._pods.wait_for(
-                lambda: _settled(self._pods, namespace, names), deadline=deadline
-            )
-            return outcome, learnt
-        finally:
-            self._starting -= keys
+        return await self._learn_gpus(target, names, candidates)
 
     async def _learn_gpus(
-        self, target: PodTarget, names: list[str], candidates: Sequence[GpuRecord], *, early: bool
-    ) -> list[Reservation] | None:
-        """Ask PodResources which GPU each admitted holder got, and record it on the holder.
-        ``early`` (admitted, not yet Running): None, with nothing recorded, when the kubelet
-        lists no device for a holder yet — the caller asks again at Running."""
+        self, target: PodTarget, names: list[str], candidates: Sequence[GpuRecord]
+    ) -> list[Reservation]:
+        """Ask PodResources which GPU each running holder got, and record it on the holder."""
         by_uuid = {gpu.uuid: gpu for gpu in candidates}
         records: list[tuple[str, GpuRecord]] = []
         for name in names:
@@ -395,8 +363,6 @@ class HolderAllocator:
             )
             ids = [] if devices is None else devices.device_ids(self._spec.resource_name)
             uuids = {device_uuid(device) for device in ids}
-            if early and not uuids:
-                return None
             if len(uuids) != 1:
                 raise InsufficientGpus(
                     free=0,
@@ -580,7 +546,7 @@ class HolderAllocator:
     def _on_pod(self, kind: str, pod: KubeObject) -> None:
         metadata = pod.get("metadata") or {}
         key = (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
-        if key in self._deleting or key in self._starting:
+        if key in self._deleting:
             return
         for uuid, holder in list(self._holders.items()):
             if (holder.namespace, holder.name) != key:
@@ -617,20 +583,6 @@ def _replaced(pods: NodePods, holder: Holder) -> bool:
     pod = pods.get(holder.namespace, holder.name)
     uid = (pod or {}).get("metadata", {}).get("uid")
     return pod is not None and bool(holder.uid) and bool(uid) and uid != holder.uid
-
-
-def _admitted_or_refused(pods: NodePods, namespace: str, names: list[str]) -> str | bool | None:
-    """True once every holder runs or has been admitted by the kubelet (which sets
-    ``status.startTime`` when it first syncs a pod: its device is assigned, its sandbox may
-    still be starting); the reason when one never will run; None while undecided."""
-    settled = _settled(pods, namespace, names)
-    if settled:
-        return settled
-    admitted = all(
-        bool(((pods.get(namespace, name) or {}).get("status") or {}).get("startTime"))
-        for name in names
-    )
-    return True if settled == "" or admitted else None
 
 
 def _settled(pods: NodePods, namespace: str, names: list[str]) -> str | None:

@@ -1,12 +1,10 @@
-"""The holder allocator learns a holder's GPU at admission, while the sandbox still starts, and
-grants nothing before the holder runs.
+"""An attach whose second holder cannot be recorded is rolled back whole: both holders are
+deleted and the allocator forgets the GPU it had already recorded for the first.
 
-The kubelet's device manager assigns the device when it admits the pod; the sandbox and the
-container start after that, which is most of a holder's create -> Running (0.6 s on the real
-node). The allocator reads PodResources and writes the GPU's annotations in that time, so that
-they are off the path to the grant. These tests hold a holder between admission and Running,
-which no real kubelet does on demand: the test plays the kubelet, writing the pod's status
-into the fake API server and answering PodResources for it.
+Before the fix, the first holder's reservation stayed in the allocator's memory after its pod
+was deleted: the GPU counted as held until a restart. The failure is one PATCH answered 503
+by the fake API server (an injected fault); the test plays the kubelet (the holders' status
+in the fake API server, PodResources' answers), so the two holders run together on demand.
 """
 
 from __future__ import annotations
@@ -20,18 +18,17 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PodTarget
-from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus
+from jupyter_gpu_hotplug._structs import GpuUuid, PodTarget, RequestId
+from jupyter_gpu_hotplug.agent.core.errors import TargetNotReady
 from jupyter_gpu_hotplug.agent.core.seams import (
     ContainerCgroups,
     ContainerKey,
     GpuRecord,
     HostContainer,
     Reservation,
-    ReservationState,
 )
 from jupyter_gpu_hotplug.agent.kubernetes.allocator import HolderAllocator
-from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, read_holder
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod, read_holder
 from jupyter_gpu_hotplug.agent.kubernetes.kube import KubeApi
 from jupyter_gpu_hotplug.agent.kubernetes.node_pods import NodePods
 from jupyter_gpu_hotplug.agent.kubernetes.podresources import PodDevices
@@ -42,10 +39,15 @@ from .kube import FakeKube
 
 pytestmark = [pytest.mark.k8s]
 
-NS = "admission"
+NS = "rollback"
 NODE = "this-node"
 RESOURCE = "nvidia.com/gpu"
-GPU = GpuRecord(GpuUuid("GPU-00000000-0000-4000-8000-000000000001"), 0, 0, "simulated")
+GPUS = tuple(
+    GpuRecord(GpuUuid(f"GPU-00000000-0000-4000-8000-00000000000{i}"), i, i, "simulated")
+    for i in range(2)
+)
+REQUEST = RequestId("rollback-1")
+SPEC = HolderSpec(node_name=NODE, resource_name=RESOURCE)
 
 
 @dataclass
@@ -118,7 +120,7 @@ async def setup(kube: FakeKube) -> AsyncIterator[Setup]:
         kube=kube_api,
         pods=pods,
         podresources=kubelet,  # type: ignore[arg-type]
-        spec=HolderSpec(node_name=NODE, resource_name=RESOURCE),
+        spec=SPEC,
         blocking=asyncio.to_thread,
         gone_timeout=1,
     )
@@ -146,12 +148,12 @@ async def until(check: Callable[[], Any], what: str) -> Any:
     return found
 
 
-def holder_named(kube: FakeKube) -> Callable[[], str | None]:
-    def name() -> str | None:
-        holders = [p for p in kube.pods(NS) if p["metadata"]["name"] != "nb"]
-        return holders[0]["metadata"]["name"] if holders else None
+def holder_names(kube: FakeKube, count: int) -> Callable[[], list[str] | None]:
+    def names() -> list[str] | None:
+        holders = [p["metadata"]["name"] for p in kube.pods(NS) if p["metadata"]["name"] != "nb"]
+        return holders if len(holders) == count else None
 
-    return name
+    return names
 
 
 def recorded_gpu(kube: FakeKube, name: str) -> str | None:
@@ -160,53 +162,42 @@ def recorded_gpu(kube: FakeKube, name: str) -> str | None:
     return None if holder is None else holder.uuid
 
 
-async def test_the_gpu_is_recorded_at_admission_and_reserve_returns_only_once_it_runs(
+async def test_a_failed_annotation_rolls_back_both_holders_and_forgets_the_first(
     kube: FakeKube, setup: Setup
 ) -> None:
+    target = kube.pod(NS, "nb")
+    assert target is not None
+    second = holder_pod(
+        target,
+        container="main",
+        container_id=setup.container.key,
+        request_id=REQUEST,
+        index=1,
+        spec=SPEC,
+    )["metadata"]["name"]
+    kube.fail("PATCH", f"/pods/{second}")
     reserve = asyncio.create_task(
         setup.allocator.reserve(
             setup.container,
-            1,
-            request_id=None,
+            2,
+            request_id=REQUEST,
             deadline=time.monotonic() + 30,
-            candidates=[GPU],
+            candidates=list(GPUS),
         )
     )
-    name = await until(holder_named(kube), "the holder pod is created")
-    setup.kubelet.admit(name, GPU.uuid)
+    names = await until(holder_names(kube, 2), "both holder pods are created")
+    for name, gpu in zip(sorted(names, key=lambda n: n == second), GPUS, strict=True):
+        setup.kubelet.admit(name, gpu.uuid)
+        setup.kubelet.run(name)
 
-    await until(lambda: recorded_gpu(kube, name), "the GPU is recorded on the holder")
-
-    assert recorded_gpu(kube, name) == GPU.uuid
-    await asyncio.sleep(0.2)
-    assert not reserve.done(), "nothing may be granted before the holder runs"
-    setup.kubelet.run(name)
-    (entry,) = await asyncio.wait_for(reserve, 20)
-    assert (entry.gpu.uuid, entry.state) == (GPU.uuid, ReservationState.RESERVING)
-    assert setup.kubelet.gets == 1, "learnt once, at admission"
-
-
-async def test_a_holder_that_fails_after_admission_is_rolled_back_not_announced_lost(
-    kube: FakeKube, setup: Setup
-) -> None:
-    reserve = asyncio.create_task(
-        setup.allocator.reserve(
-            setup.container,
-            1,
-            request_id=None,
-            deadline=time.monotonic() + 30,
-            candidates=[GPU],
-        )
-    )
-    name = await until(holder_named(kube), "the holder pod is created")
-    setup.kubelet.admit(name, GPU.uuid)
-    await until(lambda: recorded_gpu(kube, name), "the GPU is recorded on the holder")
-
-    setup.kubelet.fail(name)
-
-    with pytest.raises(InsufficientGpus, match="StartError"):
+    with pytest.raises(TargetNotReady, match="503"):
         await asyncio.wait_for(reserve, 20)
-    assert setup.allocator.all_attachments() == [], "what was learnt is forgotten"
-    assert setup.lost == [], "the attach's own failure is not a lost holder"
-    pod = kube.pod(NS, name)
-    assert pod is None or pod["metadata"].get("deletionTimestamp"), "the holder is deleted"
+
+    assert recorded_gpu(kube, next(n for n in names if n != second)) == GPUS[0].uuid, (
+        "the first holder's GPU was recorded before the failure"
+    )
+    assert setup.allocator.all_attachments() == [], "what was recorded is forgotten"
+    assert setup.lost == [], "the attach's own rollback is not a lost holder"
+    for name in names:
+        pod = kube.pod(NS, name)
+        assert pod is None or pod["metadata"].get("deletionTimestamp"), f"{name} is deleted"
