@@ -1,10 +1,10 @@
 """Kubernetes mode end to end where the real node (``tests/realnode/test_attach.py``) cannot
 go on demand: a VM sandbox (no Kata or gVisor runtime there), a holder held Pending past the
-request's deadline, a holder evicted by node pressure (its Failed object left behind), and an
-agent restarted with its attachments intact (the real tier restarts it only mid-attach). The
+request's deadline, and a holder evicted by node pressure (its Failed object left behind). The
 scenarios both tiers can express — attach and detach, tokens and RBAC, the max-gpus annotation
 and quota, 409, garbage collection, a deleted holder, a restarted container, ``kill -9`` during
-an attach — run on the real node only (docs/testing.md, "What the simulated tier keeps").
+an attach, an agent restarted with its attachment intact — run on the real node only
+(docs/testing.md, "What the simulated tier keeps").
 
 The real agent runs as a subprocess; containers are real (containerd + runc); the control plane
 and kubelet are the tier's (``tests/k8s/README.md``). Waits have generous upper bounds and are
@@ -20,7 +20,7 @@ from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
 from ..fixtures.device_messages import ENXIO, EPERM
-from .agent import as_pod, event_reasons, eventually, holders, notebook_with_one_gpu
+from .agent import as_pod, event_reasons, eventually, holders
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -120,22 +120,3 @@ def test_an_evicted_holder_is_revoked_from_the_container_at_once(
     )
     assert ENXIO in open_node(kubelet, "nb", kept["minor"])
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
-
-
-def test_a_restarted_agent_rebuilds_its_attachments_from_the_holder_pods(
-    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
-) -> None:
-    """Not on the real node yet: there the agent is restarted only after ``kill -9`` mid-attach
-    (rolled back) or with its holder deleted (revoked), never with an attachment intact."""
-    attachment = notebook_with_one_gpu(k8s_agent, kube, kubelet, NS, "nb")
-
-    k8s_agent.stop()
-    k8s_agent.start()
-
-    api = as_pod(k8s_agent, kube, NS, "nb")
-    (listed,) = api.get("/v1/attachments").json()["attachments"]
-    assert (listed["uuid"], listed["holder"]) == (attachment["uuid"], attachment["holder"])
-    assert ENXIO in open_node(kubelet, "nb", attachment["minor"])
-    assert api.delete(f"/v1/attachments/{attachment['uuid']}").status == 204
-    assert holders(kube, NS) == []
-    assert EPERM in open_fresh_node(kubelet, "nb", attachment["minor"])

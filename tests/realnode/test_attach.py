@@ -374,3 +374,30 @@ def test_the_kubelet_restarts_and_the_attached_gpu_stays_held_and_usable(
     assert added["uuid"] != kept["uuid"]
     assert api.delete("/v1/attachments").status == 204
     eventually(lambda: cluster.holders(ns) == [], "no holder left")
+
+
+def test_a_restarted_agent_rebuilds_its_attachment_from_the_holder_and_detaches_it(
+    cluster: Cluster, agent_account: AgentAccount
+) -> None:
+    """An agent stopped and started again (a rolling update) with an attachment intact: it is
+    rebuilt from the holder pod on the real API server, the GPU stays usable throughout, and
+    the new agent detaches it."""
+    ns = cluster.namespace()
+    cluster.run_notebook_pod(ns, "nb")
+    with running_node_agent(cluster, agent_account) as agent:
+        created = agent.as_pod(ns, "nb").post("/v1/attachments", {"count": 1})
+        assert created.status == 201, created.body
+        (attachment,) = created.json()["attachments"]
+
+        agent.process.stop()
+        assert ENXIO in cluster.open_device(ns, "nb", attachment["minor"]), "kept while down"
+        agent.process.start()
+
+        api = agent.as_pod(ns, "nb")
+        (listed,) = api.get("/v1/attachments").json()["attachments"]
+        assert (listed["uuid"], listed["holder"]) == (attachment["uuid"], attachment["holder"])
+        assert ENXIO in cluster.open_device(ns, "nb", attachment["minor"])
+        assert devices_of(cluster, ns) == {attachment["uuid"]}
+        assert api.delete(f"/v1/attachments/{attachment['uuid']}").status == 204
+        assert cluster.holders(ns) == []
+        assert EPERM in cluster.open_fresh_node(ns, "nb", attachment["minor"])
