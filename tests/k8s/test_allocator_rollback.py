@@ -52,15 +52,13 @@ SPEC = HolderSpec(node_name=NODE, resource_name=RESOURCE)
 
 @dataclass
 class KubeletStandIn:
-    """The kubelet's side of one holder: its PodResources answers (``get``/``list``, as the
+    """The kubelet's side of the holders: its PodResources answers (``get``/``list``, as the
     allocator calls them) and the pod statuses it writes."""
 
     kube: FakeKube
     assigned: dict[tuple[str, str], str] = field(default_factory=dict)
-    gets: int = 0
 
     def get(self, namespace: str, name: str) -> PodDevices | None:
-        self.gets += 1
         uuid = self.assigned.get((namespace, name))
         if uuid is None:
             return PodDevices(namespace, name, {})
@@ -79,9 +77,6 @@ class KubeletStandIn:
 
     def run(self, name: str) -> None:
         self._status(name, {"phase": "Running", "startTime": "2026-11-27T00:00:00Z"})
-
-    def fail(self, name: str) -> None:
-        self._status(name, {"phase": "Failed", "reason": "StartError"})
 
     def _status(self, name: str, status: dict[str, Any]) -> None:
         def write() -> None:
