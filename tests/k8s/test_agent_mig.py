@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.mig import Node, caps_nodes
+from tests.fixtures.mig import Node, caps_nodes, open_script
 from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
@@ -63,16 +63,8 @@ def run(kubelet: KubeletSimulator, pod: str, script: str) -> str:
 
 
 def opens(kubelet: KubeletSimulator, pod: str, node: Node) -> str:
-    """What opening ``node`` says in the pod's container: the agent's node if there is one,
-    else one made by the workload itself (the device cgroup alone decides)."""
-    path, major, minor = node
-    probe = f"/tmp/probe-{major}-{minor}"
-    return run(
-        kubelet,
-        pod,
-        f"if [ -e {path} ]; then cat {path}; else mknod {probe} c {major} {minor} && "
-        f"cat {probe}; rm -f {probe}; fi",
-    )
+    """What opening ``node`` says in the pod's container (``open_script``)."""
+    return run(kubelet, pod, open_script(node))
 
 
 def test_an_evicted_slice_holder_takes_only_that_slice_from_a_pod_holding_both(

@@ -264,6 +264,11 @@ class RealNode:
         return self.directory / "driver"
 
     @property
+    def mig_minors(self) -> Path:
+        """The node's ``mig-minors`` table, ``/proc/driver/nvidia-caps/mig-minors`` there."""
+        return self.driver_dir / "nvidia-caps" / "mig-minors"
+
+    @property
     def proc_devices(self) -> Path:
         """Bound over ``/proc/devices`` in ``in_driver_namespace``: the ``nvidia-caps`` major."""
         return self.directory / "proc-devices"
@@ -762,7 +767,7 @@ serializeImagePulls: false
         write_caps_tables(
             config,
             proc_devices=self.proc_devices,
-            mig_minors=self.driver_dir / "nvidia-caps" / "mig-minors",
+            mig_minors=self.mig_minors,
             host_proc_devices=Path("/proc/devices"),
         )
         self.nvml_config_path, self.nvml_config = config_path, config

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from ..fixtures.device_messages import ENXIO, EPERM
-from ..fixtures.mig import Node, slice_caps_nodes
+from ..fixtures.mig import Node, open_script, slice_caps_nodes
 from ..fixtures.requirements import needs_root
 from .agent import AgentAccount, NodeAgent, running_node_agent
 from .cluster import Cluster, eventually
@@ -43,17 +43,8 @@ def run(cluster: Cluster, ns: str, pod: str, script: str) -> str:
 
 
 def opens(cluster: Cluster, ns: str, pod: str, node: Node) -> str:
-    """What opening ``node`` says in the notebook: the agent's node where there is one, else
-    one the workload makes itself (the device cgroup alone decides)."""
-    path, major, minor = node
-    probe = f"/tmp/probe-{major}-{minor}"
-    return run(
-        cluster,
-        ns,
-        pod,
-        f"if [ -e {path} ]; then cat {path}; else mknod {probe} c {major} {minor} && "
-        f"cat {probe}; rm -f {probe}; fi",
-    )
+    """What opening ``node`` says in the notebook (``open_script``)."""
+    return run(cluster, ns, pod, open_script(node))
 
 
 def test_nvidia_plugin_serves_the_slices_beside_the_whole_gpus(cluster: Cluster) -> None:
@@ -104,7 +95,7 @@ def test_two_pods_each_attach_one_slice_and_see_only_their_own(
             node.nvml_config,
             attachment["uuid"],
             proc_devices=node.proc_devices,
-            mig_minors=node.driver_dir / "nvidia-caps" / "mig-minors",
+            mig_minors=node.mig_minors,
         )
         for pod, attachment in (("nb-one", one), ("nb-two", two))
     }
