@@ -80,7 +80,8 @@ def test_alerts_parse_and_name_exported_metrics(objects: list[dict[str, Any]]) -
 
 
 def test_the_promised_alerts_exist(objects: list[dict[str, Any]]) -> None:
-    """Agent down, stray access, orphan revokes, queue wait, idle releases, attach errors."""
+    """Agent down, stray access, orphan revokes, queue wait, idle releases, attach errors,
+    untrusted holders."""
     watched = {alert["alert"]: metrics_of(alert["expr"]) for alert in _rules(objects)}
     assert watched == {
         "GpuHotplugAgentDown": {"up"},
@@ -90,6 +91,7 @@ def test_the_promised_alerts_exist(objects: list[dict[str, Any]]) -> None:
         "GpuHotplugQueueWaiting": {"gpu_hotplug_queue_length"},
         "GpuHotplugIdleReleases": {"gpu_hotplug_idle_releases_total"},
         "GpuHotplugAttachErrors": {"gpu_hotplug_attach_total"},
+        "GpuHotplugUntrustedHolders": {"gpu_hotplug_untrusted_holders_total"},
     }
 
 

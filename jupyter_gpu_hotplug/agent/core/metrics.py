@@ -20,6 +20,9 @@ the agent exports is declared here, once, so the names are reviewable in one pla
   that no reservation backs, found by the sweep at start-up and on every reconciliation);
 - ``gpu_hotplug_stray_gpu_access``: GPUs that running containers can open although neither
   the device plugin nor the agent gave them (as of the last sweep; Kubernetes mode);
+- ``gpu_hotplug_untrusted_holders_total{reason}``: holder pods the agent did not believe
+  (forged, patched, claiming a GPU another holds: ``kubernetes/trust.py`` names the reasons);
+  each is counted once per agent start;
 - ``gpu_hotplug_http_requests_total{method,route,status}``: every API response;
 - ``gpu_hotplug_simulated``: 1 when the GPUs are simulated.
 """
@@ -114,6 +117,12 @@ class AgentMetrics:
             "gpu_hotplug_stray_gpu_access",
             "GPUs that running containers can open without the device plugin or the agent "
             "giving them, as of the last sweep.",
+            registry=self.registry,
+        )
+        self.untrusted_holders = Counter(
+            "gpu_hotplug_untrusted_holders",
+            "Holder pods not believed (their GPU granted to no one on their word), by reason.",
+            ["reason"],
             registry=self.registry,
         )
         self.http_requests = Counter(

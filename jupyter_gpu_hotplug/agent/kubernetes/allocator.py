@@ -17,6 +17,17 @@ a deadline means ``timeout``. Every refusal
 deletes whatever holders the request created and waits until they are gone: nothing is left
 behind.
 
+Holder pods are ordinary pods that a tenant may forge or patch where the holder-protection
+admission policy is not installed (issue 31): ``load`` believes a holder only once it passes
+``trust.vet`` (above all: the kubelet's PodResources names exactly its annotated GPU for that
+pod), and one GPU has one owner — a second holder claiming a GPU is a conflict, reported, never
+an overwrite. A holder that fails is not believed (its GPU is granted to no one on its word),
+and is reported: a log line, an Event on it, ``gpu_hotplug_untrusted_holders_total{reason}``.
+While the agent runs, it keeps what it wrote itself and never re-reads a holder's annotations
+as the truth. A holder whose label someone removed is still the agent's to release: its state
+is kept in memory (the agent's admission policy refuses annotating a pod without the label)
+and the agent deletes it (the policy lets the agent delete a pod it created that lost it).
+
 Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
 node drained): ``on_lost`` is told at once — and at ``load`` of a holder that ended while the
 agent was away — so the backend can take that GPU back (``core/lost.py``).
@@ -27,11 +38,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from ..._structs import MAX_GPUS_ANNOTATION, GpuUuid, PodTarget, RequestId, Target
+from ..._structs import (
+    MAX_GPUS_ANNOTATION,
+    GpuUuid,
+    PodTarget,
+    RequestId,
+    Target,
+    parse_timestamp,
+    target_from_key,
+)
 from ..core.errors import (
     Busy,
     Forbidden,
@@ -41,6 +61,7 @@ from ..core.errors import (
     TargetNotReady,
     Timeout,
 )
+from ..core.inventory import GpuDevice, InventorySnapshot
 from ..core.seams import (
     ContainerKey,
     GpuRecord,
@@ -57,6 +78,7 @@ from .holders import (
     ANNOTATION_NODE_CREATED,
     ANNOTATION_STATE,
     ANNOTATION_TARGET,
+    LABEL_HOLDER,
     Holder,
     HolderSpec,
     gpu_annotations,
@@ -66,6 +88,7 @@ from .holders import (
 from .kube import KubeApi, KubeConflict, KubeError, KubeForbidden, KubeObject
 from .node_pods import NodePods
 from .podresources import PodDevices, PodResourcesClient, PodResourcesError, device_uuid
+from .trust import Distrust, Verdict, trusted_container_id, vet
 
 __all__ = ["HolderAllocator"]
 
@@ -79,6 +102,8 @@ Blocking = Callable[..., Awaitable[Any]]
 """Runs a blocking call off the event loop (the core's ``Workers.host``)."""
 Lost = Callable[[Reservation, str], None]
 """Told when a holder disappears (or fails) while its reservation stands, with the reason."""
+Untrusted = Callable[[KubeObject, Verdict], None]
+"""Told of each holder pod that is not believed (once per pod), with why."""
 
 
 class HolderAllocator:
@@ -107,10 +132,22 @@ class HolderAllocator:
         self._deleting: set[tuple[str, str]] = set()
         """Holders this agent is deleting: their disappearance is no loss."""
         self._lost: Lost | None = None
+        self._untrusted: Untrusted | None = None
+        self._reported: set[str] = set()
+        """Uids of the holder pods reported as untrusted (each is reported once)."""
+        self._inventory: Callable[[], InventorySnapshot] | None = None
         self._loaded = False
 
     def on_lost(self, callback: Lost) -> None:
         self._lost = callback
+
+    def on_untrusted(self, callback: Untrusted) -> None:
+        self._untrusted = callback
+
+    def use_inventory(self, snapshot: Callable[[], InventorySnapshot]) -> None:
+        """NVML's GPUs (blocking), against which ``load`` checks a holder's minor and index;
+        without it only PodResources is checked."""
+        self._inventory = snapshot
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -129,6 +166,16 @@ class HolderAllocator:
     def holder_of(self, uuid: GpuUuid) -> Holder | None:
         return self._holders.get(uuid)
 
+    def trusts(self, pod: KubeObject) -> bool:
+        """Whether ``pod`` is a holder this agent believes (the node sweep leaves those alone:
+        the device plugin gave them their GPU). A pod merely labelled as a holder is not."""
+        metadata = pod.get("metadata") or {}
+        return any(
+            (holder.namespace, holder.name, holder.uid)
+            == (metadata.get("namespace"), metadata.get("name"), metadata.get("uid"))
+            for holder in self._holders.values()
+        )
+
     async def check(self) -> None:
         """The kubelet answers PodResources (the node-local half of the durable state)."""
         await self._blocking(self._podresources.list)
@@ -142,19 +189,58 @@ class HolderAllocator:
             self._loaded = True
         self._entries.clear()
         self._holders.clear()
+        # Fail closed: without the kubelet's word, no holder is believed (the agent's start
+        # fails and is retried).
+        assigned: list[PodDevices] = await self._blocking(self._podresources.list)
+        devices = {(pod.namespace, pod.name): pod for pod in assigned}
+        gpus = await self._known_gpus()
+        confirmed: list[tuple[KubeObject, Holder]] = []
+        ended: list[tuple[KubeObject, Holder]] = []
         unfinished: list[Holder] = []
         for pod in self._pods.pods():
-            holder = read_holder(pod)
-            if holder is None or holder.deleting:
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_HOLDER) != "true":
                 continue
+            holder = read_holder(pod)
+            if holder is not None and holder.deleting:
+                continue
+            target_pod = (
+                None
+                if holder is None
+                else self._pods.get(holder.target.namespace, holder.target.name)
+            )
+            verdict = vet(
+                pod,
+                holder,
+                target_pod=target_pod,
+                devices=devices.get((holder.namespace, holder.name)) if holder else None,
+                resource_name=self._spec.resource_name,
+                gpus=gpus,
+                ended=_ended(pod) is not None,
+            )
+            if verdict is not None:
+                self._distrust(pod, verdict)
+                continue
+            assert holder is not None, "vet believes no unreadable holder"
+            holder = replace(holder, container_id=trusted_container_id(holder, target_pod))
             if holder.uuid is None or holder.minor is None:
                 unfinished.append(holder)
+            else:
+                (ended if _ended(pod) is not None else confirmed).append((pod, holder))
+        # One GPU, one owner: the holders the kubelet confirms first, the oldest first; a
+        # second claim is a conflict, never an overwrite.
+        for pod, holder in [*sorted(confirmed, key=_age), *sorted(ended, key=_age)]:
+            assert holder.uuid is not None
+            owner = self._holders.get(holder.uuid)
+            if owner is not None:
+                self._distrust(
+                    pod, Verdict(Distrust.CONFLICT, f"{owner.ref} holds {holder.uuid} already")
+                )
                 continue
             entry = self._remember(holder)
-            ended = _ended(pod)
-            if ended is not None and self._lost is not None:
+            reason = _ended(pod)
+            if reason is not None and self._lost is not None:
                 # It ended while the agent was away (evicted): no pod event will say so now.
-                self._lost(entry, ended)
+                self._lost(entry, reason)
         if unfinished:
             log.warning(
                 "deleting %d holder pod(s) whose attach never learnt its GPU: %s",
@@ -163,6 +249,31 @@ class HolderAllocator:
             )
             await self._delete_and_wait(unfinished, timeout=self._gone_timeout)
         log.info("holder pods on this node: %d reservation(s)", len(self._entries))
+
+    async def _known_gpus(self) -> Mapping[GpuUuid, GpuDevice]:
+        """NVML's GPUs by UUID, those it lost included as last seen."""
+        if self._inventory is None:
+            return {}
+        snapshot: InventorySnapshot = await self._blocking(self._inventory)
+        seen = [*snapshot.gpus, *(lost.last_known for lost in snapshot.lost if lost.last_known)]
+        return {gpu.uuid: gpu for gpu in seen}
+
+    def _distrust(self, pod: KubeObject, verdict: Verdict) -> None:
+        """Believe nothing ``pod`` says; report it once."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        if uid in self._reported:
+            return
+        self._reported.add(uid)
+        log.warning(
+            "not trusting holder pod %s/%s (%s): %s; its GPU is granted to no one on its word",
+            metadata.get("namespace"),
+            metadata.get("name"),
+            verdict.reason,
+            verdict.detail,
+        )
+        if self._untrusted is not None:
+            self._untrusted(pod, verdict)
 
     def _forget(self, pods: Collection[tuple[str, str]]) -> None:
         """Drop what was learnt of these holder pods: an attach rolled back after recording
@@ -416,13 +527,41 @@ class HolderAllocator:
                 changed.append(self._entries[uuid])
                 continue
             annotations = {ANNOTATION_STATE: str(state), **extra(uuid)}
-            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
-            self._pods.remember(pod)
-            updated = read_holder(pod)
-            if updated is None or updated.uuid != uuid:
-                raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
-            changed.append(self._remember(updated))
+            changed.append(self._remember(await self._record(holder, annotations)))
         return sorted(changed, key=_order)
+
+    async def _record(self, holder: Holder, annotations: dict[str, str]) -> Holder:
+        """Write ``annotations`` on the holder; the holder as the agent now knows it.
+
+        What the agent wrote is what it believes: the API server's answer is not read back
+        as the truth (another principal may have patched the pod meanwhile; ``load`` vets
+        whatever is there at the next start). A holder whose label someone removed is still
+        the agent's (same pod, by uid), but its own admission policy refuses annotating it:
+        the state is kept in memory only, and the release deletes the pod."""
+        try:
+            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
+        except KubeForbidden:
+            if not await self._unlabelled(holder):
+                raise
+            log.warning(
+                "holder pod %s lost its label %s: %s kept in memory only",
+                holder.ref,
+                LABEL_HOLDER,
+                annotations,
+            )
+        else:
+            self._pods.remember(pod)
+        return _recorded(holder, annotations)
+
+    async def _unlabelled(self, holder: Holder) -> bool:
+        """The holder pod is still there (the same pod, by uid) without its holder label."""
+        pod = await self._kube.get_pod(holder.namespace, holder.name)
+        metadata = (pod or {}).get("metadata") or {}
+        return (
+            pod is not None
+            and metadata.get("uid") == holder.uid
+            and (metadata.get("labels") or {}).get(LABEL_HOLDER) != "true"
+        )
 
     async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
         for uuid in uuids:
@@ -430,13 +569,7 @@ class HolderAllocator:
             entry = self._entries.get(uuid)
             if holder is None or entry is None or entry.state is not ReservationState.RESERVING:
                 continue
-            pod = await self._kube.annotate_pod(
-                holder.namespace, holder.name, {ANNOTATION_NODE_CREATED: "true"}
-            )
-            self._pods.remember(pod)
-            updated = read_holder(pod)
-            if updated is not None and updated.uuid == uuid:
-                self._remember(updated)
+            self._remember(await self._record(holder, {ANNOTATION_NODE_CREATED: "true"}))
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
@@ -491,12 +624,7 @@ class HolderAllocator:
             holder = self._holders.get(uuid)
             if holder is None:
                 raise NotFound("attachment", uuid)
-            pod = await self._kube.annotate_pod(holder.namespace, holder.name, annotations)
-            self._pods.remember(pod)
-            updated = read_holder(pod)
-            if updated is None:
-                raise NotFound("attachment", uuid, hint="its holder pod changed under the agent")
-            entry = self._remember(updated)
+            entry = self._remember(await self._record(holder, annotations))
             rebound.append(entry)
             if uuid in moved:
                 self._event(entry, REINJECTED, "re-injected")
@@ -572,6 +700,29 @@ def _ended(pod: KubeObject) -> str | None:
     if status.get("phase") in ("Failed", "Succeeded"):
         return f"its holder pod ended ({status.get('reason') or status.get('phase')})"
     return None
+
+
+def _recorded(holder: Holder, annotations: Mapping[str, str]) -> Holder:
+    """``holder`` with the annotations the agent has just written."""
+    changes: dict[str, Any] = {}
+    if ANNOTATION_STATE in annotations:
+        changes["state"] = ReservationState(annotations[ANNOTATION_STATE])
+    if ANNOTATION_GRANTED_AT in annotations:
+        changes["granted_at"] = parse_timestamp(annotations[ANNOTATION_GRANTED_AT])
+    if ANNOTATION_NODE_CREATED in annotations:
+        changes["node_created"] = annotations[ANNOTATION_NODE_CREATED] == "true"
+    if ANNOTATION_CONTAINER_ID in annotations:
+        changes["container_id"] = annotations[ANNOTATION_CONTAINER_ID]
+    if ANNOTATION_TARGET in annotations:
+        target = target_from_key(annotations[ANNOTATION_TARGET])
+        assert isinstance(target, PodTarget), "the agent records pod targets only"
+        changes["target"] = target
+    return replace(holder, **changes)
+
+
+def _age(found: tuple[KubeObject, Holder]) -> tuple[datetime, str]:
+    """Oldest first: the holder that claimed a GPU first keeps it."""
+    return found[1].created_at, found[1].ref
 
 
 def _order(entry: Reservation) -> tuple[int, str]:

@@ -11,6 +11,8 @@ resolver and identity go into the ``Core``; ``bind``, ``start``, ``stop``, ``clo
   attachment that the notebook's live stream shows — then, after the grace period, revokes
   through the service (same node rule as a detach) and releases the reservation; an Event
   says what was done;
+- **a holder pod the allocator does not believe** (``trust.py``): a log line, a warning Event
+  on that pod, ``gpu_hotplug_untrusted_holders_total{reason}``;
 - **any change to a pod of the node** (the target pod deleted, its container restarted with a
   new id, a holder gone, a new container that may be able to open GPUs) triggers a
   reconciliation pass — with the node sweep (``sweep.py``: orphaned grants, stray GPU access)
@@ -38,7 +40,7 @@ from ..core.service import AgentService
 from ..settings import AgentSettings, KubernetesSettings
 from .allocator import HolderAllocator
 from .cri import CriClient, CriError
-from .events import HOLDER_LOST, REVOKED, PodEvents
+from .events import HOLDER_LOST, REVOKED, UNTRUSTED_HOLDER, PodEvents
 from .holders import HolderSpec
 from .identity import TokenIdentity
 from .kube import KubeApi, KubeObject
@@ -47,6 +49,7 @@ from .pod_idle import PodIdle
 from .podresources import PodResourcesClient, PodResourcesError
 from .resolver import PodResolver
 from .sweep import NodeSweep, plugin_gpus
+from .trust import Verdict
 
 __all__ = ["KubernetesBackend"]
 
@@ -131,6 +134,7 @@ class KubernetesBackend:
             events=self.events,
             revoke_strays=self.stray_policy == "revoke",
             spawn=self._spawn,
+            trusted=self.allocator.trusts,
         )
         reconciler.sweeps.append(sweep.run)
         reconciler.assigned = self._plugin_gpus
@@ -139,6 +143,20 @@ class KubernetesBackend:
         core.idle.listeners.append(pod_idle.announce)
         core.losses.listeners.append(self._tell_loss)
         self.allocator.on_lost(self._lost)
+        self.allocator.use_inventory(core.inventory.snapshot)
+
+        def untrusted(pod: KubeObject, verdict: Verdict) -> None:
+            core.metrics.untrusted_holders.labels(reason=str(verdict.reason)).inc()
+            metadata = pod.get("metadata") or {}
+            self.events.emit(
+                PodTarget(str(metadata.get("namespace")), str(metadata.get("name"))),
+                UNTRUSTED_HOLDER,
+                f"the GPU hot-plug agent does not trust this pod as a GPU holder "
+                f"({verdict.reason}: {verdict.detail}); nothing is granted on its word",
+                warning=True,
+            )
+
+        self.allocator.on_untrusted(untrusted)
 
     def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
         """React to pod events from now on (after the agent's first reconciliation)."""

@@ -25,6 +25,7 @@ __all__ = [
     "REINJECTED",
     "REVOKED",
     "STRAY_ACCESS",
+    "UNTRUSTED_HOLDER",
     "PodEvents",
 ]
 
@@ -36,6 +37,7 @@ HOLDER_LOST: Final = "GpuHolderLost"
 STRAY_ACCESS: Final = "GpuStrayAccess"
 IDLE_WARNING: Final = "GpuIdleWarning"
 IDLE_RELEASED: Final = "GpuIdleReleased"
+UNTRUSTED_HOLDER: Final = "GpuHolderUntrusted"
 
 
 class PodEvents:

@@ -108,7 +108,9 @@ class PodResolver:
         found = self._current(target)
         if found is not None or not self._restarting(target):
             return found
-        return self._last.get(key)
+        last = self._last.get(key)
+        # The key is a holder's word: it stands for this target's own last container only.
+        return last if last is not None and last.target == target else None
 
     def running(self, pod: KubeObject, target: PodTarget) -> HostContainer:
         """The running container ``target`` of ``pod``, an object the caller already has

@@ -44,7 +44,6 @@ from ..core.reconcile import ReconcileReport
 from ..core.seams import ContainerKey, GpuRecord, HostContainer
 from ..core.service import AgentService
 from .events import STRAY_ACCESS, PodEvents
-from .holders import LABEL_HOLDER
 from .kube import KubeObject
 from .node_pods import NodePods
 from .podresources import PodDevices, PodResourcesClient, PodResourcesError, device_uuid
@@ -59,6 +58,8 @@ ORPHAN_REASON = (
 )
 
 Spawn = Callable[[Awaitable[None]], None]
+Trusted = Callable[[KubeObject], bool]
+"""Whether a pod is a holder the allocator believes (``HolderAllocator.trusts``)."""
 
 
 def plugin_gpus(pods: Sequence[PodDevices], target: PodTarget) -> set[GpuUuid]:
@@ -100,6 +101,7 @@ class NodeSweep:
         events: PodEvents,
         revoke_strays: bool,
         spawn: Spawn,
+        trusted: Trusted,
     ) -> None:
         self._core = core
         self._pods = pods
@@ -111,6 +113,9 @@ class NodeSweep:
         self._events = events
         self._revoke_strays = revoke_strays
         self._spawn = spawn
+        self._trusted = trusted
+        """Holders the sweep skips: only those the allocator believes (a pod that merely
+        carries the holder label is swept like any other: issue 31, finding 4)."""
         self._reported: set[tuple[ContainerKey, GpuUuid]] = set()
         """Stray access already announced by an Event (one per container and GPU)."""
 
@@ -126,6 +131,8 @@ class NodeSweep:
         nodes = {gpu.uuid: self._nodes_of(gpu) for gpu in known}
         found = []
         for pod in self._pods.pods():
+            if self._trusted(pod):
+                continue  # the plugin gave it its GPU
             for target in _running_containers(pod):
                 container = await self._core.workers.host(self._resolve, pod, target)
                 if container is None:
@@ -270,10 +277,8 @@ class NodeSweep:
 
 
 def _running_containers(pod: KubeObject) -> list[PodTarget]:
-    """The containers of ``pod`` that run now (holders excluded: the plugin gave them theirs)."""
+    """The containers of ``pod`` that run now."""
     metadata = pod.get("metadata") or {}
-    if (metadata.get("labels") or {}).get(LABEL_HOLDER) == "true":
-        return []
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return [
         PodTarget(str(metadata.get("namespace")), str(metadata.get("name")), str(s["name"]))
