@@ -24,9 +24,10 @@ pod), and one GPU has one owner — a second holder claiming a GPU is a conflict
 an overwrite. A holder that fails is not believed (its GPU is granted to no one on its word),
 and is reported: a log line, an Event on it, ``gpu_hotplug_untrusted_holders_total{reason}``.
 While the agent runs, it keeps what it wrote itself and never re-reads a holder's annotations
-as the truth. A holder whose label someone removed is still the agent's to release: its state
-is kept in memory (the agent's admission policy refuses annotating a pod without the label)
-and the agent deletes it (the policy lets the agent delete a pod it created that lost it).
+as the truth. A holder whose label someone removed is still the agent's to release: ``load`` finds
+it by its annotations and vets it like any other, its state is kept in memory (the agent's
+admission policy refuses annotating a pod without the label), and the agent deletes it (the
+policy lets the agent delete a pod of the holder image carrying its annotations).
 
 Holder pods can also disappear behind the agent's back (evicted, deleted by someone, their
 node drained): ``on_lost`` is told at once — and at ``load`` of a holder that ended while the
@@ -198,9 +199,13 @@ class HolderAllocator:
         ended: list[tuple[KubeObject, Holder]] = []
         unfinished: list[Holder] = []
         for pod in self._pods.pods():
-            if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_HOLDER) != "true":
+            metadata = pod.get("metadata") or {}
+            # A holder someone unlabelled is still the agent's to release: it is looked for by
+            # its annotations too, and believed on the same terms.
+            labelled = (metadata.get("labels") or {}).get(LABEL_HOLDER) == "true"
+            if not labelled and ANNOTATION_TARGET not in (metadata.get("annotations") or {}):
                 continue
-            holder = read_holder(pod)
+            holder = read_holder(pod, labelled=False)
             if holder is not None and holder.deleting:
                 continue
             target_pod = (

@@ -284,12 +284,15 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def read_holder(pod: KubeObject) -> Holder | None:
-    """The holder ``pod`` is, or None when it is not one of ours (or damaged beyond reading)."""
+def read_holder(pod: KubeObject, *, labelled: bool = True) -> Holder | None:
+    """The holder ``pod`` is, or None when it is not one of ours (or damaged beyond reading).
+
+    ``labelled=False`` reads a holder whose label someone removed (the agent's start-up looks
+    for those too: ``trust.vet`` decides whether to believe them, not the label)."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
-    if labels.get(LABEL_HOLDER) != "true":
+    if labelled and labels.get(LABEL_HOLDER) != "true":
         return None
     try:
         target = target_from_key(annotations[ANNOTATION_TARGET])

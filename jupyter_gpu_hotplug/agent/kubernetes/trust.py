@@ -34,6 +34,12 @@ it is not consulted. Who created a pod is known for certain only to the API serv
 log and to admission, which is why the admission policy is the first line and these checks
 the second.
 
+What the checks cannot rule out, and why that is acceptable: a tenant who creates a pod that
+really requests one GPU (so the scheduler, quota and the kubelet charge it to her namespace)
+and dresses it as a holder of her own notebook passes them; the agent then grants that GPU,
+hers, to her own container, without the agent's ``max-gpus`` check. Nothing of anyone else's
+is reachable that way; the admission policy refuses it where installed.
+
 Everything here is pure: pods and PodResources' answer in, a verdict out.
 """
 
@@ -57,7 +63,8 @@ class Distrust(StrEnum):
     """Why a holder is not believed (the ``reason`` of ``gpu_hotplug_untrusted_holders_total``)."""
 
     UNREADABLE = "unreadable"
-    """Labelled as a holder, but not one the agent could have written (annotations missing)."""
+    """Labelled as a holder (or carrying a holder's annotations), but not one the agent could
+    have written (annotations missing or unreadable)."""
     NAMESPACE = "namespace"
     """It names a target in another namespace."""
     OWNER = "owner"
@@ -101,7 +108,7 @@ def vet(
     was cut short) is vetted for its ownership only: there is nothing granted to check.
     """
     if holder is None:
-        return Verdict(Distrust.UNREADABLE, "labelled as a holder without a holder's annotations")
+        return Verdict(Distrust.UNREADABLE, "a holder's label or annotations, but unreadable")
     ownership = _ownership(pod, holder, target_pod)
     if ownership is not None:
         return ownership

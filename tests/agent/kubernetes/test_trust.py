@@ -18,6 +18,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.holders import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_TARGET,
     LABEL_CONTAINER,
+    LABEL_HOLDER,
     LABEL_TARGET_UID,
     HolderSpec,
     gpu_annotations,
@@ -300,3 +301,13 @@ async def test_load_believes_only_what_the_kubelet_confirms() -> None:
     assert [entry.holder for entry in allocator.all_attachments()] == ["team-a/theirs"]
     assert sorted(reported) == [("forged", Distrust.REQUEST), ("patched", Distrust.DEVICE)]
     assert not allocator.trusts(patched) and allocator.trusts(theirs)
+
+
+async def test_a_holder_someone_unlabelled_is_still_found_and_believed() -> None:
+    """Its label is only the agent's selector: the kubelet's word decides, so the agent can
+    still release it (issue 31, finding 5)."""
+    unlabelled = _holder(name="unlabelled")
+    del unlabelled["metadata"]["labels"][LABEL_HOLDER]
+    allocator, reported = await _load([unlabelled], [_assigned(unlabelled, MINE)])
+    assert [entry.holder for entry in allocator.all_attachments()] == ["team-a/unlabelled"]
+    assert reported == []
