@@ -228,11 +228,14 @@ def test_values_reach_their_objects() -> None:
     assert (args["idle-release"], args["max-lease"]) == ("3600", "86400")
     assert args["holder-image"] == "registry.example.org/pause:3.10"
     assert pod["initContainers"][0]["image"] == "registry.example.org/pause:3.10"
-    policy = by_kind(objects, "ValidatingAdmissionPolicy")
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpu-hotplug-agent-holders-only")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["holderImage"] == "'registry.example.org/pause:3.10'"
     (condition,) = policy["spec"]["matchConditions"]
     assert "'system:serviceaccount:gpu-ops:gpu-hotplug-agent'" in condition["expression"]
+    protection = by_kind(objects, "ValidatingAdmissionPolicy", "gpu-hotplug-holders-agent-only")
+    (condition,) = protection["spec"]["matchConditions"]
+    assert "!= 'system:serviceaccount:gpu-ops:gpu-hotplug-agent'" in condition["expression"]
     (subject,) = by_kind(objects, "ClusterRoleBinding")["subjects"]
     assert subject["namespace"] == "gpu-ops"
     api_rule = by_kind(objects, "NetworkPolicy")["spec"]["ingress"][0]

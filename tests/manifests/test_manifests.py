@@ -3,12 +3,19 @@ schemas, and the objects say what DESIGN §3 and §4 and the agent need — and 
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import AGENT_PORT
+from jupyter_gpu_hotplug._structs import (
+    AGENT_PORT,
+    CONTAINER_ANNOTATION,
+    IDLE_RELEASE_ANNOTATION,
+    MAX_GPUS_ANNOTATION,
+)
+from jupyter_gpu_hotplug.agent.kubernetes import holders
 from jupyter_gpu_hotplug.linux.systemd_units import SYSTEMD_RUN_DIR
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 
@@ -37,6 +44,8 @@ def test_every_object_validates(objects: list[dict[str, Any]]) -> None:
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     for obj in objects:
@@ -178,14 +187,14 @@ def test_holder_image_is_pulled_and_admitted(objects: list[dict[str, Any]]) -> N
     image = flag.partition("=")[2]
     (pull,) = pod["initContainers"]
     assert (pull["image"], pull["command"]) == (image, ["/pause", "-v"])
-    policy = by_kind(objects, "ValidatingAdmissionPolicy")
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpu-hotplug-agent-holders-only")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["holderImage"] == f"'{image}'"
     # First: tests/realnode/test_deployed.py patches it by index.
     assert policy["spec"]["variables"][0]["name"] == "holderImage"
     (condition,) = policy["spec"]["matchConditions"]
     assert f"'system:serviceaccount:gpu-hotplug:{AGENT}'" in condition["expression"]
-    binding = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    binding = by_kind(objects, "ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
@@ -212,3 +221,22 @@ def test_cri_o_overlay_moves_the_cri_socket(objects: list[dict[str, Any]]) -> No
     # Everything else is the base's.
     base = {o["kind"] + "/" + o["metadata"]["name"] for o in objects}
     assert {o["kind"] + "/" + o["metadata"]["name"] for o in overlay} == base
+
+
+def test_the_holder_protection_policy_spares_the_notebook_annotations_only(
+    objects: list[dict[str, Any]],
+) -> None:
+    """Every annotation the product puts on notebook pods (the spawner's, the hub's) is one the
+    policy lets anybody write; every holder label and annotation is under the prefix it
+    protects (``tests/realnode/test_forgery.py`` proves the policy on a real API server)."""
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpu-hotplug-holders-agent-only")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    prefix = "gpu-hotplug.jupyter.org/"
+    assert variables["prefix"] == repr(prefix)
+    spared = set(re.findall(r"'([^']+)'", variables["notebookAnnotations"]))
+    assert spared == {MAX_GPUS_ANNOTATION, IDLE_RELEASE_ANNOTATION, CONTAINER_ANNOTATION}
+    state = [
+        value for name, value in vars(holders).items() if name.startswith(("ANNOTATION_", "LABEL_"))
+    ]
+    assert state and all(key.startswith(prefix) for key in state)
+    assert not spared & {v for n, v in vars(holders).items() if n.startswith("ANNOTATION_")}

@@ -29,21 +29,13 @@ from .cluster import Cluster, eventually
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
 POLICY: Final = "gpu-hotplug-agent-holders-only"
+HOLDER_PROTECTION: Final = "gpu-hotplug-holders-agent-only"
+"""The policy that lets only the agent write holder state (``test_forgery.py``)."""
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 ELSEWHERE: Final = "gpu-hotplug-elsewhere"
 """A Node object with no kubelet: the node of another agent."""
 
 Forgery = Callable[[dict[str, Any]], None]
-
-
-def _client(token: str, cluster: Cluster) -> Any:
-    """CoreV1Api that authenticates with ``token`` (and nothing else)."""
-    configuration = k8s.Configuration()
-    admin = cluster.api.configuration
-    configuration.host = admin.host
-    configuration.ssl_ca_cert = admin.ssl_ca_cert
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    return k8s.CoreV1Api(k8s.ApiClient(configuration))
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +50,12 @@ def elsewhere(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def as_agent(cluster: Cluster, agent_account: AgentAccount) -> Any:
     """The API as this node's agent (a token bound to a pod on this node)."""
-    return _client(agent_token(cluster, cluster.node_name), cluster)
+    return cluster.as_token(agent_token(cluster, cluster.node_name))
 
 
 @pytest.fixture(scope="module")
 def as_agent_elsewhere(cluster: Cluster, agent_account: AgentAccount, elsewhere: str) -> Any:
-    return _client(agent_token(cluster, elsewhere), cluster)
+    return cluster.as_token(agent_token(cluster, elsewhere))
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +89,16 @@ def _denied(call: Callable[[], Any]) -> str:
     return body
 
 
-def test_the_policy_type_checks(cluster: Cluster, agent_account: AgentAccount) -> None:
-    """The API server compiled every expression and found no type error."""
+@pytest.mark.parametrize("policy_name", [POLICY, HOLDER_PROTECTION])
+def test_the_policy_type_checks(
+    cluster: Cluster, agent_account: AgentAccount, policy_name: str
+) -> None:
+    """The API server compiled every expression of both policies and found no type error."""
     api: Any = k8s.AdmissionregistrationV1Api(cluster.api)
 
     def checked() -> Any:
         policy = cluster.api.sanitize_for_serialization(
-            api.read_validating_admission_policy(POLICY)
+            api.read_validating_admission_policy(policy_name)
         )
         status = policy.get("status") or {}
         generation = policy["metadata"]["generation"]

@@ -65,8 +65,14 @@ def test_the_holder_runs_at_its_limits_and_restricted_admission_refuses_the_old_
     today = holder_pod(
         notebook, container="notebook", container_id="x", request_id=None, index=0, spec=spec
     )
-    # Created by the admin, not as one of the agent's holders: no owner, no holder labels.
-    today["metadata"] |= {"namespace": strict, "ownerReferences": [], "labels": {}}
+    # Created by the admin, not as one of the agent's holders: no owner, no holder labels, no
+    # holder annotations (only the agent may write those: test_forgery.py).
+    today["metadata"] |= {
+        "namespace": strict,
+        "ownerReferences": [],
+        "labels": {},
+        "annotations": {},
+    }
     old = copy.deepcopy(today)
     old["metadata"]["name"] += "-old"
     del old["spec"]["securityContext"]["seccompProfile"]
