@@ -23,7 +23,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
 
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
-from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token
+from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token, api_as
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -38,12 +38,7 @@ Forgery = Callable[[dict[str, Any]], None]
 
 def _client(token: str, cluster: Cluster) -> Any:
     """CoreV1Api that authenticates with ``token`` (and nothing else)."""
-    configuration = k8s.Configuration()
-    admin = cluster.api.configuration
-    configuration.host = admin.host
-    configuration.ssl_ca_cert = admin.ssl_ca_cert
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    return k8s.CoreV1Api(k8s.ApiClient(configuration))
+    return k8s.CoreV1Api(api_as(token, cluster))
 
 
 @pytest.fixture(scope="module")
