@@ -96,6 +96,17 @@ def agent_token(cluster: Cluster, node: str, *, seconds: int = 6 * 3600) -> str:
     ).strip()  # fmt: skip
 
 
+@contextlib.contextmanager
+def node_elsewhere(cluster: Cluster, name: str) -> Iterator[str]:
+    """A Node object with no kubelet behind it: another node of the cluster, where an agent's
+    token may be bound or a pod placed (it never runs)."""
+    cluster.core.create_node({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        cluster.core.delete_node(name)
+
+
 def api_as(token: str, cluster: Cluster) -> k8s.ApiClient:
     """An API client of the cluster that authenticates with ``token`` (and nothing else)."""
     configuration = k8s.Configuration()

@@ -23,7 +23,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
 
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
-from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token, api_as
+from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token, api_as, node_elsewhere
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -43,11 +43,8 @@ def _client(token: str, cluster: Cluster) -> Any:
 
 @pytest.fixture(scope="module")
 def elsewhere(cluster: Cluster) -> Iterator[str]:
-    cluster.core.create_node({"metadata": {"name": ELSEWHERE}})
-    try:
-        yield ELSEWHERE
-    finally:
-        cluster.core.delete_node(ELSEWHERE)
+    with node_elsewhere(cluster, ELSEWHERE) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE
-from .agent import AgentAccount, agent_token, api_as
+from .agent import AgentAccount, agent_token, api_as, node_elsewhere
 from .cluster import Cluster
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -56,11 +56,8 @@ REACH: Final = {
 
 @pytest.fixture(scope="module")
 def elsewhere(cluster: Cluster) -> Iterator[str]:
-    cluster.core.create_node({"metadata": {"name": ELSEWHERE}})
-    try:
-        yield ELSEWHERE
-    finally:
-        cluster.core.delete_node(ELSEWHERE)
+    with node_elsewhere(cluster, ELSEWHERE) as name:
+        yield name
 
 
 def test_what_the_agents_own_token_may_do_is_the_documented_table(
