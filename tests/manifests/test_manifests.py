@@ -4,10 +4,12 @@ schemas, and the objects say what DESIGN §3 and §4 and the agent need — and 
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
+import shutil
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+import yaml
 
 from jupyter_gpu_hotplug._structs import (
     AGENT_PORT,
@@ -22,6 +24,7 @@ from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 from .support import CLUSTER_SCOPED, K8S_DIR, agent_config, by_kind, render, validate
 
 AGENT = "gpu-hotplug-agent"
+POLICY = "gpu-hotplug-agent-holders-only"
 METRICS_PORT = 8478
 
 
@@ -187,18 +190,62 @@ def test_holder_image_is_pulled_and_admitted(objects: list[dict[str, Any]]) -> N
     image = flag.partition("=")[2]
     (pull,) = pod["initContainers"]
     assert (pull["image"], pull["command"]) == (image, ["/pause", "-v"])
-    policy = by_kind(objects, "ValidatingAdmissionPolicy", "gpu-hotplug-agent-holders-only")
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", POLICY)
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["holderImage"] == f"'{image}'"
     # First: tests/realnode/test_deployed.py patches it by index.
     assert policy["spec"]["variables"][0]["name"] == "holderImage"
     (condition,) = policy["spec"]["matchConditions"]
     assert f"'system:serviceaccount:gpu-hotplug:{AGENT}'" in condition["expression"]
-    binding = by_kind(objects, "ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])
+    binding = by_kind(objects, "ValidatingAdmissionPolicyBinding", POLICY)
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }
+
+
+def test_the_policy_caps_holders_at_the_agents_own_resources(
+    objects: list[dict[str, Any]],
+) -> None:
+    """The policy admits no holder asking for more CPU or memory than the agent's
+    --holder-cpu and --holder-memory (issue 31, finding 9)."""
+    (container,) = by_kind(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]["containers"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in container["args"] if "=" in a)
+    policy = by_kind(objects, "ValidatingAdmissionPolicy", POLICY)
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["holderCpu"] == f"'{flags['holder-cpu']}'"
+    assert variables["holderMemory"] == f"'{flags['holder-memory']}'"
+
+
+def test_an_overlay_in_another_namespace_keeps_the_policy_on_its_agent(tmp_path: Path) -> None:
+    """The policy names the agent by a username that holds its namespace: an overlay that
+    moves the agent lists the replacement after its ``namespace:``, and the policy and the
+    ClusterRoleBinding follow (a policy naming the old namespace would confine nobody)."""
+    shutil.copytree(K8S_DIR, tmp_path / "k8s")
+    overlay = tmp_path / "team"
+    overlay.mkdir()
+    # Inline: kustomize loads no file from outside an overlay's own directory.
+    replacement = yaml.safe_load((K8S_DIR / "policy/service-account-namespace.yaml").read_text())
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "gpu-team",
+                "resources": ["../k8s"],
+                "replacements": [replacement],
+            }
+        )
+    )
+    moved = render(overlay)
+    assert by_kind(moved, "ServiceAccount", AGENT)["metadata"]["namespace"] == "gpu-team"
+    for policy in (POLICY, "gpu-hotplug-holders-agent-only"):
+        (condition,) = by_kind(moved, "ValidatingAdmissionPolicy", policy)["spec"][
+            "matchConditions"
+        ]
+        assert f"'system:serviceaccount:gpu-team:{AGENT}'" in condition["expression"]
+    (subject,) = by_kind(moved, "ClusterRoleBinding", AGENT)["subjects"]
+    assert subject["namespace"] == "gpu-team"
 
 
 def test_agent_accepts_the_daemonsets_arguments(objects: list[dict[str, Any]]) -> None:

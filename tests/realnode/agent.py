@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import kubernetes.client as k8s
+
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..fixtures.agent import kubernetes_agent_argv
@@ -92,6 +94,27 @@ def agent_token(cluster: Cluster, node: str, *, seconds: int = 6 * 3600) -> str:
         "create", "token", AGENT_ACCOUNT, "-n", AGENT_NAMESPACE, f"--duration={seconds}s",
         "--bound-object-kind=Pod", f"--bound-object-name={name}",
     ).strip()  # fmt: skip
+
+
+@contextlib.contextmanager
+def node_elsewhere(cluster: Cluster, name: str) -> Iterator[str]:
+    """A Node object with no kubelet behind it: another node of the cluster, where an agent's
+    token may be bound or a pod placed (it never runs)."""
+    cluster.core.create_node({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        cluster.core.delete_node(name)
+
+
+def api_as(token: str, cluster: Cluster) -> k8s.ApiClient:
+    """An API client of the cluster that authenticates with ``token`` (and nothing else)."""
+    configuration = k8s.Configuration()
+    admin = cluster.api.configuration
+    configuration.host = admin.host
+    configuration.ssl_ca_cert = admin.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return k8s.ApiClient(configuration)
 
 
 @dataclass

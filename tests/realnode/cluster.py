@@ -166,16 +166,6 @@ class Cluster:
         )
         return str(answer.status.token)
 
-    def as_token(self, token: str) -> Any:
-        """``CoreV1Api`` that authenticates with ``token`` (and nothing else): the API as
-        another principal (a tenant, an agent elsewhere) calls it."""
-        configuration = k8s.Configuration()
-        admin = self.api.configuration
-        configuration.host = admin.host
-        configuration.ssl_ca_cert = admin.ssl_ca_cert
-        configuration.api_key = {"authorization": f"Bearer {token}"}
-        return k8s.CoreV1Api(k8s.ApiClient(configuration))
-
     # ------------------------------------------------------------------ containers
     def container_id(self, namespace: str, pod: str, container: str = "notebook") -> str:
         statuses = self.pod(namespace, pod)["status"].get("containerStatuses") or []

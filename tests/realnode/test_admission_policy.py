@@ -23,7 +23,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
 
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
-from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token
+from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token, api_as, node_elsewhere
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -38,24 +38,26 @@ ELSEWHERE: Final = "gpu-hotplug-elsewhere"
 Forgery = Callable[[dict[str, Any]], None]
 
 
+def _client(token: str, cluster: Cluster) -> Any:
+    """CoreV1Api that authenticates with ``token`` (and nothing else)."""
+    return k8s.CoreV1Api(api_as(token, cluster))
+
+
 @pytest.fixture(scope="module")
 def elsewhere(cluster: Cluster) -> Iterator[str]:
-    cluster.core.create_node({"metadata": {"name": ELSEWHERE}})
-    try:
-        yield ELSEWHERE
-    finally:
-        cluster.core.delete_node(ELSEWHERE)
+    with node_elsewhere(cluster, ELSEWHERE) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def as_agent(cluster: Cluster, agent_account: AgentAccount) -> Any:
     """The API as this node's agent (a token bound to a pod on this node)."""
-    return cluster.as_token(agent_token(cluster, cluster.node_name))
+    return _client(agent_token(cluster, cluster.node_name), cluster)
 
 
 @pytest.fixture(scope="module")
 def as_agent_elsewhere(cluster: Cluster, agent_account: AgentAccount, elsewhere: str) -> Any:
-    return cluster.as_token(agent_token(cluster, elsewhere))
+    return _client(agent_token(cluster, elsewhere), cluster)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +176,35 @@ def _not_a_holder(pod: dict[str, Any]) -> None:
     del pod["metadata"]["labels"]["gpu-hotplug.jupyter.org/holder"]
 
 
+def _kube_system(pod: dict[str, Any]) -> None:
+    pod["metadata"]["namespace"] = "kube-system"
+
+
+def _system_priority(pod: dict[str, Any]) -> None:
+    pod["spec"]["priorityClassName"] = "system-node-critical"
+
+
+def _resources(**amounts: str) -> Forgery:
+    def forge(pod: dict[str, Any]) -> None:
+        resources = pod["spec"]["containers"][0]["resources"]
+        for kind in ("requests", "limits"):
+            resources[kind].update(amounts)
+
+    return forge
+
+
+def _root_without_seccomp(pod: dict[str, Any]) -> None:
+    pod["spec"]["securityContext"] = {"runAsUser": 0}
+
+
+def _tolerates_everything(pod: dict[str, Any]) -> None:
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+
+
+def _host_aliases(pod: dict[str, Any]) -> None:
+    pod["spec"]["hostAliases"] = [{"ip": "10.0.0.1", "hostnames": ["kubernetes.default.svc"]}]
+
+
 FORGERIES: Final[dict[str, Forgery]] = {
     "hostPath volume": _volume,
     "another node": _other_node,
@@ -184,6 +215,15 @@ FORGERIES: Final[dict[str, Forgery]] = {
     "service-account token": _token,
     "own command": _command,
     "no holder label": _not_a_holder,
+    # Issue 31, finding 9: each of these was admitted by the policy before.
+    "in kube-system": _kube_system,
+    "system-node-critical priority": _system_priority,
+    "64 CPUs": _resources(cpu="64"),
+    "512Gi of memory": _resources(memory="512Gi"),
+    "4 GPUs": _resources(**{"nvidia.com/gpu": "4"}),
+    "runAsUser 0 without seccomp": _root_without_seccomp,
+    "tolerates every taint": _tolerates_everything,
+    "hostAliases": _host_aliases,
 }
 
 
@@ -224,3 +264,39 @@ def test_an_agent_elsewhere_cannot_touch_this_nodes_holders(
     finally:
         as_agent.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
     eventually(lambda: cluster.gone(namespace, name), f"holder {name} deleted by its own agent")
+
+
+UPDATES: Final[dict[str, dict[str, Any]]] = {
+    "drop the ownerReferences": {"metadata": {"ownerReferences": None}},
+    "add a finalizer": {"metadata": {"finalizers": ["example.com/keep"]}},
+    "rewrite the target": {
+        "metadata": {"annotations": {"gpu-hotplug.jupyter.org/target": "other/victim/notebook"}}
+    },
+    "rewrite the target uid": {
+        "metadata": {"labels": {"gpu-hotplug.jupyter.org/target-uid": "0000-forged"}}
+    },
+}
+
+
+@pytest.mark.parametrize("update", UPDATES)
+def test_what_ties_a_holder_to_its_notebook_never_changes(
+    cluster: Cluster, notebook: dict[str, Any], as_agent: Any, update: str
+) -> None:
+    """Issue 31, finding 9: the agent's own UPDATEs that would cut a holder loose from its
+    notebook (garbage collection, the target it grants to) were admitted before."""
+    holder = _holder(cluster, notebook, 3)
+    namespace, name = holder["metadata"]["namespace"], holder["metadata"]["name"]
+    as_agent.create_namespaced_pod(namespace, holder)
+    try:
+        _denied(lambda: as_agent.patch_namespaced_pod(name, namespace, UPDATES[update]))
+        after = cluster.pod(namespace, name)["metadata"]
+        assert after["ownerReferences"] == holder["metadata"]["ownerReferences"]
+        assert not after.get("finalizers")
+        assert (
+            after["annotations"]["gpu-hotplug.jupyter.org/target"]
+            == (holder["metadata"]["annotations"]["gpu-hotplug.jupyter.org/target"])
+        )
+        assert after["labels"] == holder["metadata"]["labels"]
+    finally:
+        as_agent.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+    eventually(lambda: cluster.gone(namespace, name), f"holder {name} deleted by the agent")

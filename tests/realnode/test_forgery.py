@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
+import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -35,7 +36,7 @@ from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE
 from ..manifests.support import render
-from .agent import AgentAccount, NodeAgent, agent_token, running_node_agent
+from .agent import AgentAccount, NodeAgent, agent_token, api_as, running_node_agent
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -74,7 +75,7 @@ def tenant(cluster: Cluster, agent_account: AgentAccount) -> Iterator[tuple[str,
     token = cluster.kubectl("create", "token", TENANT, "-n", namespace).strip()
     cluster.run_notebook_pod(namespace, "nb")
     with _emptied(cluster, namespace):
-        yield namespace, cluster.as_token(token)
+        yield namespace, k8s.CoreV1Api(api_as(token, cluster))
 
 
 @pytest.fixture
@@ -246,7 +247,7 @@ def _reported(cluster: Cluster, agent: NodeAgent, namespace: str, holder: str) -
 def own_holder(cluster: Cluster, tenant: tuple[str, Any]) -> dict[str, Any]:
     """A holder of her notebook as the agent makes it (created with the agent's token)."""
     namespace, _ = tenant
-    as_agent = cluster.as_token(agent_token(cluster, cluster.node_name))
+    as_agent: Any = k8s.CoreV1Api(api_as(agent_token(cluster, cluster.node_name), cluster))
     notebook = cluster.pod(namespace, "nb")
     holder = holder_pod(
         notebook,

@@ -195,8 +195,12 @@ def holder_pod(
     priority_class = spec.priority_class or pod_spec.get("priorityClassName")
     if priority_class:
         holder_spec["priorityClassName"] = priority_class
-    if pod_spec.get("tolerations"):
-        holder_spec["tolerations"] = pod_spec["tolerations"]
+    # The notebook's tolerations, but for a tolerate-everything (no key): a holder is pinned to
+    # its node, and one that tolerates every NoExecute taint would outstay any drain or
+    # eviction there; the admission policy refuses it (k8s/policy/admission-policy.yaml).
+    tolerations = [t for t in pod_spec.get("tolerations") or [] if t.get("key")]
+    if tolerations:
+        holder_spec["tolerations"] = tolerations
     return {
         "apiVersion": "v1",
         "kind": "Pod",

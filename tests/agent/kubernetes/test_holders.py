@@ -61,6 +61,25 @@ def test_one_gpu_guaranteed_qos_pinned_and_unprivileged() -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_a_tolerate_everything_of_the_notebook_is_not_copied() -> None:
+    """A toleration without a key tolerates every taint: a holder never carries one (the
+    admission policy would refuse the holder, and the attach with it)."""
+    keyed = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    notebook = {
+        **NOTEBOOK,
+        "spec": {**NOTEBOOK["spec"], "tolerations": [{"operator": "Exists"}, keyed]},
+    }
+    holder = holder_pod(
+        notebook, container="notebook", container_id=CID, request_id=None, index=0, spec=SPEC
+    )
+    assert holder["spec"]["tolerations"] == [keyed]
+    everything = {**NOTEBOOK, "spec": {**NOTEBOOK["spec"], "tolerations": [{"operator": "Exists"}]}}
+    holder = holder_pod(
+        everything, container="notebook", container_id=CID, request_id=None, index=0, spec=SPEC
+    )
+    assert "tolerations" not in holder["spec"]
+
+
 def test_restricted_pod_security_is_met() -> None:
     """Every control of PodSecurity ``restricted`` (Kubernetes 1.34's list) that a pod can
     fail, checked on the spec as the admission plugin checks it."""
