@@ -27,7 +27,7 @@ from typing import Final
 from ..._structs import MAX_GPUS_ANNOTATION, PodTarget, Target
 from ..core.errors import Forbidden, NotFound
 from ..core.seams import GpuLimit, HostContainer
-from ..settings import ALL_NAMESPACES, LabelSelector
+from ..settings import ALL_NAMESPACES, LabelSelector, Match
 from .kube import KubeApi, KubeError
 
 __all__ = ["TenantPolicy"]
@@ -93,14 +93,23 @@ class TenantPolicy:
             if labels is not None and self._selector.matches(labels):
                 return
         names = ", ".join(sorted(self._names)) or "none"
+        selector = str(self._selector) or "none"
         raise Forbidden(
             f"namespace {namespace!r} may not get GPUs from this agent: it is not in "
-            f"{_NAMES_FLAG} ({names}) and its labels do not match "
-            f"{_SELECTOR_FLAG} ({self._selector or 'none'})",
-            hint="an operator allows a namespace by labelling it (kubectl label namespace "
-            f"{namespace} {self._selector or 'KEY=VALUE'}) or by naming it in the agent's "
-            "settings (chart values allowedNamespaces, allowedNamespaceSelector)",
+            f"{_NAMES_FLAG} ({names}) and its labels do not match {_SELECTOR_FLAG} ({selector})",
+            hint=f"an operator allows a namespace {self._how_to_label(namespace)} or by naming "
+            "it in the agent's settings (chart values allowedNamespaces, "
+            "allowedNamespaceSelector)",
         )
+
+    def _how_to_label(self, namespace: str) -> str:
+        """The ``kubectl label`` that admits ``namespace`` when the selector asks for values
+        only (the default does); else what its labels must match."""
+        wanted = self._selector.requirements
+        if wanted and all(r.match is Match.EQUALS for r in wanted):
+            pairs = " ".join(f"{r.key}={r.value}" for r in wanted)
+            return f"by labelling it (kubectl label namespace {namespace} {pairs})"
+        return f"by labels that match {self._selector}" if wanted else "by label"
 
 
 def _unchecked(what: str, error: KubeError) -> Forbidden:

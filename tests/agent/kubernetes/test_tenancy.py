@@ -110,7 +110,13 @@ async def test_the_namespace_allowlist(
     message = caught.value.message
     assert f"namespace {namespace!r}" in message
     assert "--allowed-namespaces" in message and "--allowed-namespace-selector" in message
-    assert f"kubectl label namespace {namespace}" in message
+    if selector == DEFAULT_NAMESPACE_SELECTOR:
+        expected = f"kubectl label namespace {namespace} gpu-hotplug.jupyter.org/notebooks=true"
+        assert expected in message
+    elif selector:
+        assert f"labels that match {selector}" in message
+    else:
+        assert "--allowed-namespace-selector (none)" in message
 
 
 async def test_a_namespace_allowed_by_name_is_not_read(cluster: Cluster) -> None:
