@@ -131,14 +131,15 @@ async def test_gpu_limit_counts_the_container_not_the_pid(tmp_path: Path, worker
 
 class GroupPolicy:
     """A backend's ``TargetPolicy`` stand-in: processes 100 and 200 form one group of
-    ``limit`` GPUs; process 300 may have none."""
+    ``limit`` GPUs; process 300 may have none, nor anyone once ``closed``."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, closed: bool = False) -> None:
         self.limit = limit
+        self.closed = closed
 
     async def gpu_limit(self, container: HostContainer) -> GpuLimit:
-        if _pid(container.target) == 300:
-            raise Forbidden("process 300 may not get GPUs here")
+        if _pid(container.target) == 300 or self.closed:
+            raise Forbidden(f"{container} may not get GPUs here")
         return GpuLimit(
             count=self.limit,
             source="the test's group limit",
@@ -167,9 +168,25 @@ async def test_the_backends_policy_limits_a_group_of_containers_together(
 
     assert caught.value.extra == {"limit": 2, "attached": 2, "requested": 1}
     assert "the test's group limit" in caught.value.message
-    with pytest.raises(Forbidden, match="process 300 may not get GPUs"):
+    with pytest.raises(Forbidden, match="may not get GPUs here"):
         await harness.service.attach(ADMIN, request(1, pid=300))
     assert len(harness.ledger.attachments()) == 2
+
+
+async def test_a_retried_attach_is_answered_as_first_whatever_the_policy_says_now(
+    harness: Harness,
+) -> None:
+    """A retry with the same request id repeats the first answer: the policy is asked only
+    for what would be new (a namespace unlisted meanwhile stops new attaches, not retries)."""
+    harness.host.spawn(100, "kernel-a")
+    harness.core.policy = GroupPolicy(limit=1)
+    first = await harness.service.attach(ADMIN, request(1, pid=100, request_id="r1"))
+
+    harness.core.policy = GroupPolicy(limit=1, closed=True)
+
+    assert await harness.service.attach(ADMIN, request(1, pid=100, request_id="r1")) == first
+    with pytest.raises(Forbidden, match="may not get GPUs here"):
+        await harness.service.attach(ADMIN, request(1, pid=100, request_id="r2"))
 
 
 @pytest.mark.parametrize("failure", [clean_failure, unclean_failure], ids=["clean", "unclean"])

@@ -328,8 +328,9 @@ class AgentService:
         """Attach ``request.count`` GPUs to the request's target (201 body).
 
         One pass: resolve and authorize, then under the target's lock decide once — a repeated
-        request id is answered with its first attachments, ``_admit`` refuses what can never
-        be served, and a request that may wait and finds too few free GPUs joins the queue —
+        request id is answered with its first attachments, the backend's policy says whether
+        the target may have GPUs and how many its group may hold, ``_admit`` refuses what can
+        never be served, and a request that may wait and finds too few free GPUs joins the queue —
         then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
         """
         with self._measured("attach"):
@@ -339,12 +340,12 @@ class AgentService:
                 self._attach_inputs, caller, request.target
             )
             await self.core.identity.authorize(caller, "create", container)
-            policy = self.core.policy
-            limit = None if policy is None else await policy.gpu_limit(container)
             async with self.core.locks.operation(container.target):
                 served = self._served(container.target, request)
                 if served is not None:
                     return served
+                policy = self.core.policy
+                limit = None if policy is None else await policy.gpu_limit(container)
                 self._admit(container, request, snapshot, limit)
                 if not request.queued or not self._must_queue(request, snapshot):
                     return await self._attach_locked(container, request, snapshot, deadline)
