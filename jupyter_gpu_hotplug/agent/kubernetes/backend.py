@@ -47,6 +47,7 @@ from .pod_idle import PodIdle
 from .podresources import PodResourcesClient, PodResourcesError
 from .resolver import PodResolver
 from .sweep import NodeSweep, plugin_gpus
+from .tenancy import TenantPolicy
 
 __all__ = ["KubernetesBackend"]
 
@@ -66,6 +67,7 @@ class KubernetesBackend:
     allocator: HolderAllocator
     resolver: PodResolver
     identity: TokenIdentity
+    policy: TenantPolicy
     events: PodEvents
     stray_policy: str
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -109,6 +111,12 @@ class KubernetesBackend:
                 hierarchies=hierarchies,
             ),
             identity=TokenIdentity(kube, pod_uid=pod_uid),
+            policy=TenantPolicy(
+                kube,
+                default_max_gpus=k8s.default_max_gpus,
+                allowed_namespaces=k8s.allowed_namespaces,
+                selector=k8s.allowed_namespace_selector,
+            ),
             events=events,
             stray_policy=k8s.stray_policy,
         )
