@@ -50,6 +50,7 @@ from .settings import (
     DEFAULT_RESOURCE_NAME,
     DEFAULT_STATE_DIR,
     PULL_POLICIES,
+    RBAC_SCOPES,
     STRAY_POLICIES,
     AgentSettings,
     Backend,
@@ -120,6 +121,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "default-max-gpus": "AgentApp.default_max_gpus",
         "allowed-namespaces": "AgentApp.allowed_namespaces",
         "allowed-namespace-selector": "AgentApp.allowed_namespace_selector",
+        "rbac-scope": "AgentApp.rbac_scope",
         "lost-grace": "AgentApp.lost_grace_seconds",
         "lost-policy": "AgentApp.lost_policy",
     }
@@ -231,6 +233,14 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""Kubernetes mode: namespaces whose labels match this selector may get GPUs
         (key=value, key!=value, key, !key, joined by commas; empty: none by label). Label a
         notebook namespace: kubectl label namespace NS gpu-hotplug.jupyter.org/notebooks=true""",
+    ).tag(config=True)
+    rbac_scope = Enum(
+        list(RBAC_SCOPES),
+        default_value="cluster",
+        help="""Kubernetes mode: where the agent's RBAC lets it read and write pods.
+        'cluster' (a ClusterRoleBinding): every namespace. 'namespaces' (RoleBindings in the
+        namespaces of --allowed-namespaces, the chart's rbac.namespaced): the agent then lists
+        and watches only those, and needs the allowlist to be names alone.""",
     ).tag(config=True)
     lost_grace_seconds = Float(
         30.0,
@@ -408,6 +418,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             default_max_gpus=self.default_max_gpus,
             allowed_namespaces=tuple(self.allowed_namespaces),
             allowed_namespace_selector=LabelSelector.parse(self.allowed_namespace_selector),
+            rbac_scope=self.rbac_scope,
         )
 
     def start(self) -> None:

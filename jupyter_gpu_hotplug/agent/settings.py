@@ -55,6 +55,10 @@ the CPU limit is the pod's CFS quota, which runc's init starts under: at 10m a h
 s to start on the real node, at 100m 0.7 s (``benchmarks/bench_realnode.py --cpu``)."""
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 STRAY_POLICIES: Final = ("report", "revoke")
+RBAC_SCOPES: Final = ("cluster", "namespaces")
+"""Where the agent's RBAC lets it read and write pods: every namespace (a ClusterRoleBinding),
+or only the ``allowed_namespaces`` it names (RoleBindings there; the chart's
+``rbac.namespaced``)."""
 DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -200,6 +204,11 @@ class KubernetesSettings:
         default_factory=lambda: LabelSelector.parse(DEFAULT_NAMESPACE_SELECTOR)
     )
     """Namespaces whose labels match may get GPUs (empty: none by label)."""
+    rbac_scope: str = "cluster"
+    """``namespaces``: the agent may read pods only in ``allowed_namespaces`` (RoleBindings),
+    so it lists and watches each of them instead of every namespace — which needs the
+    allowlist to be names alone (no ``*``, no selector: a namespace admitted by label could
+    hold a notebook the agent may not read)."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -240,6 +249,24 @@ class KubernetesSettings:
                 raise SettingsError(
                     f"allowed_namespaces: {name!r} is not a namespace name (or {ALL_NAMESPACES!r})"
                 )
+        if self.rbac_scope not in RBAC_SCOPES:
+            raise SettingsError(
+                f"rbac_scope {self.rbac_scope!r} is not one of {', '.join(RBAC_SCOPES)}"
+            )
+        if self.rbac_scope == "namespaces" and (
+            not self.allowed_namespaces
+            or ALL_NAMESPACES in self.allowed_namespaces
+            or self.allowed_namespace_selector.requirements
+        ):
+            raise SettingsError(
+                "rbac_scope 'namespaces' reads pods only in the namespaces allowed by name: give "
+                "--allowed-namespaces (not '*') and an empty --allowed-namespace-selector"
+            )
+
+    @property
+    def watched_namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces whose pods the agent lists and watches; ``None``: every one."""
+        return self.allowed_namespaces if self.rbac_scope == "namespaces" else None
 
     @property
     def mig_profile(self) -> str | None:
@@ -266,6 +293,7 @@ class KubernetesSettings:
             "default_max_gpus": self.default_max_gpus,
             "allowed_namespaces": list(self.allowed_namespaces),
             "allowed_namespace_selector": str(self.allowed_namespace_selector),
+            "rbac_scope": self.rbac_scope,
         }
 
 

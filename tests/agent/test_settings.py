@@ -228,6 +228,44 @@ def test_tenancy_settings_are_checked(changes: dict[str, object], message: str) 
         KubernetesSettings(node_name="n", **changes)  # type: ignore[arg-type]
 
 
+def test_an_agent_with_namespaced_rbac_watches_its_allowed_namespaces_only() -> None:
+    """Issue 31, finding 7: with RoleBindings in the allowed namespaces only, the agent lists
+    and watches those (a list across namespaces would be forbidden); by default, every one."""
+    app = AgentApp()
+    app.initialize(
+        [
+            "--backend=kubernetes",
+            "--node-name=n",
+            "--rbac-scope=namespaces",
+            "--allowed-namespaces=jhub",
+            "--allowed-namespaces=batch",
+            "--allowed-namespace-selector=",
+        ]
+    )
+    kubernetes = app.resolved_settings().kubernetes
+    assert kubernetes is not None
+    assert (kubernetes.rbac_scope, kubernetes.watched_namespaces) == (
+        "namespaces",
+        ("jhub", "batch"),
+    )
+    assert KubernetesSettings(node_name="n").watched_namespaces is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"allowed_namespaces": ("*",), "allowed_namespace_selector": LabelSelector()},
+        {"allowed_namespaces": ("jhub",)},
+    ],
+)
+def test_namespaced_rbac_needs_the_namespaces_by_name(changes: dict[str, object]) -> None:
+    """A namespace admitted by label (or by ``*``) could hold a notebook whose pod the agent
+    may not read: refused at start, saying what to give."""
+    with pytest.raises(SettingsError, match="rbac_scope 'namespaces' reads pods only"):
+        KubernetesSettings(node_name="n", rbac_scope="namespaces", **changes)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "text", ["a in (b)", "!a=b", "a=b=c", "a=b,", "a=b, c", "-a=b", "a=-b", "a b", "x/y/z=1"]
 )

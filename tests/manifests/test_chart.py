@@ -563,3 +563,54 @@ def test_the_agent_accepts_what_the_schema_admits_at_its_edges() -> None:
     assert config["max_lease_seconds"] == 86400
     assert (k8s["default_max_gpus"], k8s["allowed_namespaces"]) == (255, ["*"])
     assert k8s["allowed_namespace_selector"] == ""
+
+
+def test_rbac_scope_namespaces_grants_pods_in_the_allowed_namespaces_only() -> None:
+    """Issue 31, finding 7: the narrowest RBAC can do. Pods, their finalizers and Events move
+    from the ClusterRole to RoleBindings in each allowed namespace; the cluster-wide part keeps
+    only TokenReview, SubjectAccessReview and RuntimeClasses (no namespace read: no selector);
+    the agent is told (--rbac-scope) and accepts it."""
+    objects = render_chart(
+        "rbacScope=namespaces", 'allowedNamespaces=["jhub","team"]', "allowedNamespaceSelector="
+    )
+    cluster_rules = by_kind(objects, "ClusterRole", "gpu-hotplug-agent")["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "tokenreviews",
+        "subjectaccessreviews",
+        "runtimeclasses",
+    }
+    pod_rules = by_kind(objects, "ClusterRole", "gpu-hotplug-agent-pods")["rules"]
+    assert {r for rule in pod_rules for r in rule["resources"]} == {
+        "pods",
+        "pods/finalizers",
+        "events",
+    }
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["jhub", "team"]
+    for binding in bindings:
+        assert binding["roleRef"]["name"] == "gpu-hotplug-agent-pods"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpu-hotplug-agent", "namespace": "gpu-hotplug"}
+        ]
+    (container,) = _agent_pod(objects)["containers"]
+    k8s = agent_config(container["args"])["kubernetes"]
+    assert (k8s["rbac_scope"], k8s["allowed_namespaces"]) == ("namespaces", ["jhub", "team"])
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ((), "at '/allowedNamespaces': minItems"),
+        (('allowedNamespaces=["*"]', "allowedNamespaceSelector="), "at '/allowedNamespaces/0'"),
+        (('allowedNamespaces=["jhub"]',), "at '/allowedNamespaceSelector'"),
+    ],
+)
+def test_rbac_scope_namespaces_needs_the_namespaces_by_name(
+    values: tuple[str, ...], says: str
+) -> None:
+    argv = ["--set", "rbacScope=namespaces"]
+    for value in values:
+        argv += ["--set-json" if value.partition("=")[2].startswith("[") else "--set", value]
+    result = _helm_template(*argv)
+    assert result.returncode != 0
+    assert HELM_SCHEMA_ERROR in result.stderr and says in result.stderr, result.stderr

@@ -80,7 +80,7 @@ class KubernetesBackend:
         k8s = settings.kubernetes
         assert k8s is not None, "AgentSettings checks that kubernetes mode has its settings"
         kube = KubeApi.connect(k8s.kubeconfig)
-        pods = NodePods(kube, k8s.node_name)
+        pods = NodePods(kube, k8s.node_name, k8s.watched_namespaces)
         podresources = PodResourcesClient(k8s.pod_resources_socket)
         cri = CriClient(k8s.cri_endpoint)
         _log_runtime(cri, k8s.cri_endpoint)
