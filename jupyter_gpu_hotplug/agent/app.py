@@ -44,14 +44,18 @@ from .settings import (
     DEFAULT_HOLDER_IMAGE,
     DEFAULT_HOLDER_MEMORY,
     DEFAULT_HOLDER_PRIORITY_CLASS,
+    DEFAULT_MAX_GPUS,
+    DEFAULT_NAMESPACE_SELECTOR,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_RESOURCE_NAME,
     DEFAULT_STATE_DIR,
     PULL_POLICIES,
+    RBAC_SCOPES,
     STRAY_POLICIES,
     AgentSettings,
     Backend,
     KubernetesSettings,
+    LabelSelector,
     LogStyle,
     SettingsError,
     TestHooks,
@@ -114,6 +118,10 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "holder-cpu": "AgentApp.holder_cpu",
         "holder-memory": "AgentApp.holder_memory",
         "stray-policy": "AgentApp.stray_policy",
+        "default-max-gpus": "AgentApp.default_max_gpus",
+        "allowed-namespaces": "AgentApp.allowed_namespaces",
+        "allowed-namespace-selector": "AgentApp.allowed_namespace_selector",
+        "rbac-scope": "AgentApp.rbac_scope",
         "lost-grace": "AgentApp.lost_grace_seconds",
         "lost-policy": "AgentApp.lost_policy",
     }
@@ -206,6 +214,33 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""Kubernetes mode: a running container that can open a GPU that neither the
         device plugin assigned to it nor the agent granted: 'report' it (Event on its pod,
         gpu_hotplug_stray_gpu_access, a log line) or also 'revoke' the access.""",
+    ).tag(config=True)
+    default_max_gpus = Int(
+        DEFAULT_MAX_GPUS,
+        help="""Kubernetes mode: the most GPUs a pod may hold when it has no
+        gpu-hotplug.jupyter.org/max-gpus annotation (0: none, the annotation is required).
+        The spawner sets the annotation; a pod nobody gave a limit gets this many.""",
+    ).tag(config=True)
+    allowed_namespaces = List(
+        Unicode(),
+        default_value=[],
+        help="""Kubernetes mode: namespaces whose pods may get GPUs, by name; repeat for
+        several ('*': every namespace). A namespace this or --allowed-namespace-selector admits
+        is allowed; the agent refuses any other with 403.""",
+    ).tag(config=True)
+    allowed_namespace_selector = Unicode(
+        DEFAULT_NAMESPACE_SELECTOR,
+        help="""Kubernetes mode: namespaces whose labels match this selector may get GPUs
+        (key=value, key!=value, key, !key, joined by commas; empty: none by label). Label a
+        notebook namespace: kubectl label namespace NS gpu-hotplug.jupyter.org/notebooks=true""",
+    ).tag(config=True)
+    rbac_scope = Enum(
+        list(RBAC_SCOPES),
+        default_value="cluster",
+        help="""Kubernetes mode: where the agent's RBAC lets it read and write pods.
+        'cluster' (a ClusterRoleBinding): every namespace. 'namespaces' (RoleBindings in the
+        namespaces of --allowed-namespaces, the chart's rbac.namespaced): the agent then lists
+        and watches only those, and needs the allowlist to be names alone.""",
     ).tag(config=True)
     lost_grace_seconds = Float(
         30.0,
@@ -380,6 +415,10 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             holder_cpu=self.holder_cpu,
             holder_memory=self.holder_memory,
             stray_policy=self.stray_policy,
+            default_max_gpus=self.default_max_gpus,
+            allowed_namespaces=tuple(self.allowed_namespaces),
+            allowed_namespace_selector=LabelSelector.parse(self.allowed_namespace_selector),
+            rbac_scope=self.rbac_scope,
         )
 
     def start(self) -> None:

@@ -45,7 +45,7 @@ from .core.inventory import Inventory, NvmlInventory
 from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler, ReconcileReport
-from .core.seams import Allocator, Identity, Resolver
+from .core.seams import Allocator, Identity, Resolver, TargetPolicy
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
 from .local.backend import LocalBackend
@@ -137,6 +137,9 @@ class AgentBackend(Protocol):
     @property
     def identity(self) -> Identity: ...
 
+    @property
+    def policy(self) -> TargetPolicy | None: ...
+
     def bind(
         self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
     ) -> None:
@@ -181,6 +184,7 @@ def _core(components: Components) -> Core:
         injector=components.injector,
         resolver=backend.resolver,
         identity=backend.identity,
+        policy=backend.policy,
         metrics=components.metrics,
         workers=components.workers,
         device_major=settings.device_major,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -54,12 +55,115 @@ the CPU limit is the pod's CFS quota, which runc's init starts under: at 10m a h
 s to start on the real node, at 100m 0.7 s (``benchmarks/bench_realnode.py --cpu``)."""
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 STRAY_POLICIES: Final = ("report", "revoke")
+RBAC_SCOPES: Final = ("cluster", "namespaces")
+"""Where the agent's RBAC lets it read and write pods: every namespace (a ClusterRoleBinding),
+or only the ``allowed_namespaces`` it names (RoleBindings there; the chart's
+``rbac.namespaced``)."""
 DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|k|M|G)?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(
     r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
+
+
+DEFAULT_MAX_GPUS: Final = 1
+"""The GPU limit of a pod without the ``max-gpus`` annotation (``--default-max-gpus``)."""
+NOTEBOOKS_LABEL: Final = "gpu-hotplug.jupyter.org/notebooks"
+DEFAULT_NAMESPACE_SELECTOR: Final = f"{NOTEBOOKS_LABEL}=true"
+"""Namespaces that may get GPUs unless configured otherwise: those an operator labelled as
+notebook namespaces — the label the agent's NetworkPolicy already admits to its API port (a
+Namespace's labels need cluster-scoped rights to change, which no tenant has)."""
+ALL_NAMESPACES: Final = "*"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_SELECTOR_TERM = re.compile(r"(?P<not>!)?(?P<key>[^!=\s]+)(?:(?P<op>==|!=|=)(?P<value>[^!=\s]*))?")
+
+
+class Match(enum.StrEnum):
+    """How one requirement of a ``LabelSelector`` tests a label (Kubernetes' equality-based
+    and existence requirements)."""
+
+    EQUALS = "="
+    NOT_EQUALS = "!="
+    EXISTS = ""
+    NOT_EXISTS = "!"
+
+
+@dataclass(frozen=True)
+class LabelRequirement:
+    key: str
+    match: Match
+    value: str = ""
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        if self.match is Match.EXISTS:
+            return self.key in labels
+        if self.match is Match.NOT_EXISTS:
+            return self.key not in labels
+        if self.match is Match.EQUALS:
+            return labels.get(self.key) == self.value
+        return labels.get(self.key) != self.value
+
+    def __str__(self) -> str:
+        if self.match is Match.NOT_EXISTS:
+            return f"!{self.key}"
+        return f"{self.key}{self.match}{self.value}" if self.match is not Match.EXISTS else self.key
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A label selector in ``kubectl``'s text form, as ``--allowed-namespace-selector`` takes
+    it: requirements joined by commas, all of which must hold (``key=value``, ``key==value``,
+    ``key!=value``, ``key``, ``!key``). Unlike Kubernetes, the **empty selector matches
+    nothing**: it means "no namespace by label", so leaving the setting empty can never open
+    every namespace by accident (to allow them all, name ``*`` in ``allowed_namespaces``)."""
+
+    requirements: tuple[LabelRequirement, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> LabelSelector:
+        """The selector ``text`` writes; ``SettingsError`` names the term it cannot read."""
+        requirements = []
+        for term in text.split(",") if text else ():
+            found = _SELECTOR_TERM.fullmatch(term)
+            if found is None or (found["not"] and found["op"]):
+                raise SettingsError(
+                    f"allowed_namespace_selector: cannot read {term!r}; give key=value, "
+                    "key!=value, key or !key, joined by commas (set-based terms such as "
+                    "'key in (a,b)' are not supported)"
+                )
+            key, value = found["key"], found["value"] or ""
+            _check_label(key, value, term)
+            if found["not"]:
+                match = Match.NOT_EXISTS
+            elif found["op"] is None:
+                match = Match.EXISTS
+            else:
+                match = Match.NOT_EQUALS if found["op"] == "!=" else Match.EQUALS
+            requirements.append(LabelRequirement(key, match, value))
+        return cls(tuple(requirements))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return bool(self.requirements) and all(r.holds(labels) for r in self.requirements)
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.requirements))
+
+
+def _check_label(key: str, value: str, term: str) -> None:
+    prefix, slash, name = key.rpartition("/")
+    if (
+        (slash and (len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None))
+        or len(name) > 63
+        or _LABEL_NAME.fullmatch(name) is None
+        or len(value) > 63
+        or (value and _LABEL_NAME.fullmatch(value) is None)
+    ):
+        raise SettingsError(
+            f"allowed_namespace_selector: {term!r} is not a label requirement (a label key is "
+            "[prefix/]name, a value at most 63 letters, digits, '-', '_' or '.')"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +193,22 @@ class KubernetesSettings:
     stray_policy: str = "report"
     """What the stray sweep does with GPU access nobody granted: ``report`` (Event, metric,
     log) or ``revoke`` (and take it away)."""
+    default_max_gpus: int = DEFAULT_MAX_GPUS
+    """The most GPUs a pod without the ``max-gpus`` annotation may hold (0: none; the
+    annotation is then required). Fail closed: a pod nobody gave a limit gets one GPU, not
+    the node."""
+    allowed_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods may get GPUs, by name (``*``: every namespace); with
+    ``allowed_namespace_selector``, a namespace either one admits is allowed."""
+    allowed_namespace_selector: LabelSelector = field(
+        default_factory=lambda: LabelSelector.parse(DEFAULT_NAMESPACE_SELECTOR)
+    )
+    """Namespaces whose labels match may get GPUs (empty: none by label)."""
+    rbac_scope: str = "cluster"
+    """``namespaces``: the agent may read pods only in ``allowed_namespaces`` (RoleBindings),
+    so it lists and watches each of them instead of every namespace — which needs the
+    allowlist to be names alone (no ``*``, no selector: a namespace admitted by label could
+    hold a notebook the agent may not read)."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -120,6 +240,33 @@ class KubernetesSettings:
             raise SettingsError(
                 f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"
             )
+        if not 0 <= self.default_max_gpus <= 255:
+            raise SettingsError(
+                f"default_max_gpus must be from 0 to 255, got {self.default_max_gpus}"
+            )
+        for name in self.allowed_namespaces:
+            if name != ALL_NAMESPACES and (len(name) > 63 or _DNS_LABEL.fullmatch(name) is None):
+                raise SettingsError(
+                    f"allowed_namespaces: {name!r} is not a namespace name (or {ALL_NAMESPACES!r})"
+                )
+        if self.rbac_scope not in RBAC_SCOPES:
+            raise SettingsError(
+                f"rbac_scope {self.rbac_scope!r} is not one of {', '.join(RBAC_SCOPES)}"
+            )
+        if self.rbac_scope == "namespaces" and (
+            not self.allowed_namespaces
+            or ALL_NAMESPACES in self.allowed_namespaces
+            or self.allowed_namespace_selector.requirements
+        ):
+            raise SettingsError(
+                "rbac_scope 'namespaces' reads pods only in the namespaces allowed by name: give "
+                "--allowed-namespaces (not '*') and an empty --allowed-namespace-selector"
+            )
+
+    @property
+    def watched_namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces whose pods the agent lists and watches; ``None``: every one."""
+        return self.allowed_namespaces if self.rbac_scope == "namespaces" else None
 
     @property
     def mig_profile(self) -> str | None:
@@ -143,6 +290,10 @@ class KubernetesSettings:
             "holder_cpu": self.holder_cpu,
             "holder_memory": self.holder_memory,
             "stray_policy": self.stray_policy,
+            "default_max_gpus": self.default_max_gpus,
+            "allowed_namespaces": list(self.allowed_namespaces),
+            "allowed_namespace_selector": str(self.allowed_namespace_selector),
+            "rbac_scope": self.rbac_scope,
         }
 
 

@@ -311,7 +311,7 @@ def serve_agent(
                 loop=runner.loop,
                 metrics=None
                 if agent.metrics_server is None
-                else ApiClient(agent.metrics_server.bound[0].actual),
+                else ApiClient(agent.metrics_server.bound[0].actual, TOKEN),
             )
         finally:
             runner.run(agent.stop())

@@ -343,7 +343,8 @@ def test_metrics_and_health(agent: AgentProcess, sandbox: SandboxProbe) -> None:
     anonymous = tcp(agent).with_token(None)
 
     assert anonymous.get("/healthz").json() == {"status": "ok"}
-    metrics = anonymous.get("/metrics").body.decode()
+    assert anonymous.get("/metrics").status == 401
+    metrics = tcp(agent).get("/metrics").body.decode()
     assert 'gpu_hotplug_attach_total{result="success"} 1.0' in metrics
     assert 'gpu_hotplug_gpus{state="attached"} 1.0' in metrics
     assert "gpu_hotplug_simulated 1.0" in metrics

@@ -82,7 +82,7 @@ class Queue:
 
     async def free_gpus(self) -> int:
         """What ``GET /v1/gpus`` says is free."""
-        return sum(1 for gpu in (await self.service.gpus())["gpus"] if gpu["state"] == "free")
+        return sum(1 for gpu in (await self.service.gpus(ADMIN))["gpus"] if gpu["state"] == "free")
 
     async def positions(self, pid: int) -> list[int]:
         view = await self.service.queued(ADMIN, PidRef(pid))

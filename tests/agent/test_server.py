@@ -70,14 +70,22 @@ def test_every_route_and_method_is_documented_and_served() -> None:
     assert served == documented
 
 
-def test_public_endpoints(served: ServedAgent) -> None:
+def test_the_probes_are_public_and_the_agents_documents_need_a_caller(
+    served: ServedAgent,
+) -> None:
+    """The kubelet's probes carry no token; ``/metrics`` and the OpenAPI document are read
+    by callers of the API (issue 31): here the token, or a peer of the unix socket."""
     anonymous = served.tcp.with_token(None)
 
     assert anonymous.get("/healthz").json() == {"status": "ok"}
-    assert anonymous.get("/v1/openapi.json").body == openapi_document()
-    metrics = anonymous.get("/metrics")
-    assert metrics.headers["Content-Type"].startswith("text/plain")
-    assert b'gpu_hotplug_gpus{state="free"} 4.0' in metrics.body
+    for path in ("/metrics", "/v1/openapi.json"):
+        refused = anonymous.get(path)
+        assert (refused.status, refused.error) == (401, "unauthenticated"), path
+    assert served.tcp.get("/v1/openapi.json").body == openapi_document()
+    for client in (served.tcp, served.unix):
+        metrics = client.get("/metrics")
+        assert metrics.headers["Content-Type"].startswith("text/plain")
+        assert b'gpu_hotplug_gpus{state="free"} 4.0' in metrics.body
 
 
 def test_metrics_on_an_address_of_their_own(tmp_path: Path) -> None:
@@ -87,6 +95,7 @@ def test_metrics_on_an_address_of_their_own(tmp_path: Path) -> None:
         assert served.metrics.address != served.tcp.address
         metrics = served.metrics.get("/metrics")
         assert b'gpu_hotplug_gpus{state="free"} 4.0' in metrics.body
+        assert served.metrics.with_token(None).get("/metrics").status == 401
         assert served.metrics.get("/healthz").json() == {"status": "ok"}
         for path in ("/v1/gpus", "/v1/openapi.json", "/readyz"):
             # Not a route of this address: the API contract does not apply here.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PodTarget, RequestId
+from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, PidTarget, PodTarget, RequestId, Target
 from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints, marker_path
 from jupyter_gpu_hotplug.agent.core.errors import (
     Busy,
@@ -24,7 +24,13 @@ from jupyter_gpu_hotplug.agent.core.errors import (
     Unavailable,
 )
 from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed, ScanUnfinished, TargetGone
-from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, ContainerCgroups, ReservationState
+from jupyter_gpu_hotplug.agent.core.seams import (
+    AttachRequest,
+    ContainerCgroups,
+    GpuLimit,
+    HostContainer,
+    ReservationState,
+)
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from tests.fixtures.waiting import eventually
@@ -121,6 +127,66 @@ async def test_gpu_limit_counts_the_container_not_the_pid(tmp_path: Path, worker
         assert len(harness.ledger.attachments()) == 1
     finally:
         harness.ledger.close()
+
+
+class GroupPolicy:
+    """A backend's ``TargetPolicy`` stand-in: processes 100 and 200 form one group of
+    ``limit`` GPUs; process 300 may have none, nor anyone once ``closed``."""
+
+    def __init__(self, limit: int, *, closed: bool = False) -> None:
+        self.limit = limit
+        self.closed = closed
+
+    async def gpu_limit(self, container: HostContainer) -> GpuLimit:
+        if _pid(container.target) == 300 or self.closed:
+            raise Forbidden(f"{container} may not get GPUs here")
+        return GpuLimit(
+            count=self.limit,
+            source="the test's group limit",
+            covers=lambda target: _pid(target) in (100, 200),
+        )
+
+
+def _pid(target: Target) -> int | None:
+    return target.pid if isinstance(target, PidTarget) else None
+
+
+async def test_the_backends_policy_limits_a_group_of_containers_together(
+    harness: Harness,
+) -> None:
+    """Kubernetes counts a pod's containers together (``kubernetes/tenancy.py``): the limit
+    the policy gives covers every target of the group, each container's own limit still
+    applies, and a refusal names where the limit comes from."""
+    harness.core.policy = GroupPolicy(limit=2)
+    for pid, name in ((100, "kernel-a"), (200, "kernel-b"), (300, "kernel-c")):
+        harness.host.spawn(pid, name)
+    await harness.service.attach(ADMIN, request(1, pid=100))
+    await harness.service.attach(ADMIN, request(1, pid=200))
+
+    with pytest.raises(Forbidden) as caught:
+        await harness.service.attach(ADMIN, request(1, pid=100))
+
+    assert caught.value.extra == {"limit": 2, "attached": 2, "requested": 1}
+    assert "the test's group limit" in caught.value.message
+    with pytest.raises(Forbidden, match="may not get GPUs here"):
+        await harness.service.attach(ADMIN, request(1, pid=300))
+    assert len(harness.ledger.attachments()) == 2
+
+
+async def test_a_retried_attach_is_answered_as_first_whatever_the_policy_says_now(
+    harness: Harness,
+) -> None:
+    """A retry with the same request id repeats the first answer: the policy is asked only
+    for what would be new (a namespace unlisted meanwhile stops new attaches, not retries)."""
+    harness.host.spawn(100, "kernel-a")
+    harness.core.policy = GroupPolicy(limit=1)
+    first = await harness.service.attach(ADMIN, request(1, pid=100, request_id="r1"))
+
+    harness.core.policy = GroupPolicy(limit=1, closed=True)
+
+    assert await harness.service.attach(ADMIN, request(1, pid=100, request_id="r1")) == first
+    with pytest.raises(Forbidden, match="may not get GPUs here"):
+        await harness.service.attach(ADMIN, request(1, pid=100, request_id="r2"))
 
 
 @pytest.mark.parametrize("failure", [clean_failure, unclean_failure], ids=["clean", "unclean"])
@@ -418,12 +484,35 @@ async def test_detach_of_an_exited_target_releases_for_token_holders_only(
     assert harness.ledger.attachments() == []
 
 
+async def test_the_gpu_list_names_only_the_targets_the_caller_may_see(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: ``/v1/gpus`` named other tenants' pods. The identity says whom a caller may
+    see (``may_see``); any other target's GPU is listed taken, by nobody named."""
+    for pid, name in ((100, "kernel-a"), (200, "kernel-b")):
+        harness.host.spawn(pid, name)
+        await harness.service.attach(ADMIN, request(1, pid=pid))
+
+    async def only_100(caller: object, target: Target) -> bool:
+        return _pid(target) == 100
+
+    monkeypatch.setattr(harness.identity, "may_see", only_100)
+    listed = (await harness.service.gpus(ADMIN))["gpus"]
+
+    assert [(g["state"], g["target"]) for g in listed] == [
+        ("attached", {"pid": 100}),
+        ("attached", None),
+        ("free", None),
+        ("free", None),
+    ]
+
+
 async def test_gpu_views_and_lost_gpus(harness: Harness) -> None:
     harness.host.spawn(100, "kernel-a")
     await harness.service.attach(ADMIN, request(1, pid=100))
     harness.inventory.lose(3)
 
-    listed = (await harness.service.gpus())["gpus"]
+    listed = (await harness.service.gpus(ADMIN))["gpus"]
 
     assert [(g["minor"], g["state"], g["target"]) for g in listed] == [
         (0, "attached", {"pid": 100}),

@@ -19,8 +19,10 @@ from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
     DEFAULT_HOLDER_CPU,
+    NOTEBOOKS_LABEL,
     AgentSettings,
     KubernetesSettings,
+    LabelSelector,
     SettingsError,
     TcpAddress,
     UnixAddress,
@@ -152,6 +154,124 @@ def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     assert (kubernetes.holder_cpu, kubernetes.holder_memory) == (DEFAULT_HOLDER_CPU, "32Mi")
     assert kubernetes.stray_policy == "revoke"
     assert (resolved.lost_grace_seconds, resolved.lost_policy) == (5.0, LostPolicy.FORCE)
+
+
+def test_tenancy_fails_closed_unless_configured_otherwise() -> None:
+    """Issue 31: a pod without the annotation gets one GPU, and only namespaces an operator
+    labelled as notebook namespaces get any."""
+    app = AgentApp()
+    app.initialize(["--backend=kubernetes", "--node-name=n"])
+    kubernetes = app.resolved_settings().kubernetes
+    assert kubernetes is not None
+    assert (kubernetes.default_max_gpus, kubernetes.allowed_namespaces) == (1, ())
+    assert str(kubernetes.allowed_namespace_selector) == "gpu-hotplug.jupyter.org/notebooks=true"
+    assert kubernetes.allowed_namespace_selector.matches({NOTEBOOKS_LABEL: "true"})
+    assert not kubernetes.allowed_namespace_selector.matches({NOTEBOOKS_LABEL: "false"})
+
+
+def test_tenancy_settings_reach_the_agent_from_its_flags() -> None:
+    app = AgentApp()
+    app.initialize(
+        [
+            "--backend=kubernetes",
+            "--node-name=n",
+            "--default-max-gpus=0",
+            "--allowed-namespaces=jhub",
+            "--allowed-namespaces=batch",
+            "--allowed-namespace-selector=team=ml,!legacy",
+        ]
+    )
+    kubernetes = app.resolved_settings().kubernetes
+    assert kubernetes is not None
+    assert (kubernetes.default_max_gpus, kubernetes.allowed_namespaces) == (0, ("jhub", "batch"))
+    selector = kubernetes.allowed_namespace_selector
+    assert selector.matches({"team": "ml"})
+    assert not selector.matches({"team": "ml", "legacy": ""})
+    assert not selector.matches({})
+
+
+@pytest.mark.parametrize(
+    ("text", "labels", "matches"),
+    [
+        ("a=b", {"a": "b"}, True),
+        ("a==b", {"a": "b"}, True),
+        ("a=b", {"a": "c"}, False),
+        ("a!=b", {}, True),
+        ("a!=b", {"a": "b"}, False),
+        ("a", {"a": ""}, True),
+        ("a", {}, False),
+        ("!a", {}, True),
+        ("!a", {"a": "x"}, False),
+        ("example.com/k=v,z", {"example.com/k": "v", "z": "1"}, True),
+        ("example.com/k=v,z", {"example.com/k": "v"}, False),
+        ("", {}, False),
+        ("", {"anything": "x"}, False),
+    ],
+)
+def test_label_selectors(text: str, labels: dict[str, str], matches: bool) -> None:
+    selector = LabelSelector.parse(text)
+    assert selector.matches(labels) is matches
+    assert LabelSelector.parse(str(selector)) == selector
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"default_max_gpus": -1}, "default_max_gpus must be from 0 to 255, got -1"),
+        ({"default_max_gpus": 256}, "default_max_gpus"),
+        ({"allowed_namespaces": ("Jhub",)}, "'Jhub' is not a namespace name"),
+        ({"allowed_namespaces": ("",)}, "allowed_namespaces"),
+    ],
+)
+def test_tenancy_settings_are_checked(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        KubernetesSettings(node_name="n", **changes)  # type: ignore[arg-type]
+
+
+def test_an_agent_with_namespaced_rbac_watches_its_allowed_namespaces_only() -> None:
+    """Issue 31, finding 7: with RoleBindings in the allowed namespaces only, the agent lists
+    and watches those (a list across namespaces would be forbidden); by default, every one."""
+    app = AgentApp()
+    app.initialize(
+        [
+            "--backend=kubernetes",
+            "--node-name=n",
+            "--rbac-scope=namespaces",
+            "--allowed-namespaces=jhub",
+            "--allowed-namespaces=batch",
+            "--allowed-namespace-selector=",
+        ]
+    )
+    kubernetes = app.resolved_settings().kubernetes
+    assert kubernetes is not None
+    assert (kubernetes.rbac_scope, kubernetes.watched_namespaces) == (
+        "namespaces",
+        ("jhub", "batch"),
+    )
+    assert KubernetesSettings(node_name="n").watched_namespaces is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"allowed_namespaces": ("*",), "allowed_namespace_selector": LabelSelector()},
+        {"allowed_namespaces": ("jhub",)},
+    ],
+)
+def test_namespaced_rbac_needs_the_namespaces_by_name(changes: dict[str, object]) -> None:
+    """A namespace admitted by label (or by ``*``) could hold a notebook whose pod the agent
+    may not read: refused at start, saying what to give."""
+    with pytest.raises(SettingsError, match="rbac_scope 'namespaces' reads pods only"):
+        KubernetesSettings(node_name="n", rbac_scope="namespaces", **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text", ["a in (b)", "!a=b", "a=b=c", "a=b,", "a=b, c", "-a=b", "a=-b", "a b", "x/y/z=1"]
+)
+def test_a_selector_the_agent_cannot_read_is_refused_naming_the_term(text: str) -> None:
+    with pytest.raises(SettingsError, match="allowed_namespace_selector"):
+        LabelSelector.parse(text)
 
 
 def _record(**extra: object) -> logging.LogRecord:

@@ -52,8 +52,11 @@ def kubernetes_argv(
     reconcile_interval: float = RECONCILE_INTERVAL,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    # A lost holder's GPU is revoked at once unless a test gives a grace period.
+    # A lost holder's GPU is revoked at once unless a test gives a grace period. The tenant
+    # policy is proven on the real node (tests/realnode/test_limits.py): here every namespace
+    # is allowed and a pod without the max-gpus annotation may take every simulated GPU.
     grace = () if any(arg.startswith("--lost-grace") for arg in extra) else ("--lost-grace=0",)
+    tenancy = ("--allowed-namespaces=*", "--default-max-gpus=8")
     return kubernetes_agent_argv(
         node_name=kubelet.node_name,
         kubeconfig=kube.kubeconfig_path,
@@ -62,7 +65,7 @@ def kubernetes_argv(
         state_dir=state_dir,
         socket_path=socket_path,
         reconcile_interval=reconcile_interval,
-        extra=(*grace, *extra),
+        extra=(*grace, *tenancy, *extra),
     )
 
 

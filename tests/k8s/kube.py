@@ -256,9 +256,11 @@ class FakeKube:
         namespaces: tuple[str, ...] | None = None,
         names: tuple[str, ...] | None = None,
         api_groups: tuple[str, ...] = ("",),
+        paths: tuple[str, ...] = (),
     ) -> AccessRule:
         """Let ``users``/``groups`` do ``verbs`` on ``resources`` (``"pods/gpus"``) in
-        ``namespaces`` (``None``: cluster-wide) — what SubjectAccessReview answers from."""
+        ``namespaces`` (``None``: cluster-wide), or on the non-resource URLs ``paths``
+        (``"/metrics"``) — what SubjectAccessReview answers from."""
         rule = AccessRule(
             verbs,
             resources,
@@ -268,6 +270,7 @@ class FakeKube:
             namespaces,
             names,
             description=f"k8stier rule {len(self.server.cluster.reviews.rules) + 1}",
+            paths=paths,
         )
         self.call(self.server.cluster.reviews.rules.append, rule)
         return rule

@@ -22,7 +22,7 @@ its Event) but not its ``gpu_hotplug_lost_revokes_total{kind="orphan"}`` count, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,12 +69,26 @@ def allow_in_cgroup(kubelet: KubeletSimulator, pod: str, rule: str) -> None:
     )
 
 
-def metric(agent: AgentProcess, name: str) -> float | None:
-    assert agent.tcp is not None
-    for line in agent.tcp.get("/metrics").body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+Metric = Callable[[str], float | None]
+
+
+@pytest.fixture
+def metric(kube: FakeKube, k8s_agent: AgentProcess) -> Metric:
+    """A metric's value as Prometheus scrapes it: its ServiceAccount's token (the API
+    server's audience) and RBAC ``get`` on ``/metrics``."""
+    prometheus = "system:serviceaccount:monitoring:prometheus"
+    kube.add_token("k8stier-prometheus", username=prometheus)
+    kube.allow(verbs=("get",), resources=(), paths=("/metrics",), users=(prometheus,))
+
+    def value(name: str) -> float | None:
+        assert k8s_agent.tcp is not None
+        scraped = k8s_agent.tcp.with_token("k8stier-prometheus").get("/metrics")
+        for line in scraped.body.decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    return value
 
 
 @pytest.fixture
@@ -173,6 +187,7 @@ def test_a_holder_lost_while_the_agent_is_stopped_is_revoked_at_start(
     kube: FakeKube,
     kubelet: KubeletSimulator,
     k8s_agent: AgentProcess,
+    metric: Metric,
 ) -> None:
     """Deleted: the grant is an orphan (no holder is left to read); evicted: the holder's
     object stays, Failed, and no pod event will tell the restarted agent."""
@@ -195,11 +210,14 @@ def test_a_holder_lost_while_the_agent_is_stopped_is_revoked_at_start(
     eventually(lambda: "GpuRevoked" in event_reasons(kube, NS, "nb"), "a GpuRevoked Event")
     events = [event for event in pod_events(kube, NS, "nb") if event["reason"] == "GpuRevoked"]
     assert why in events[-1]["message"]
-    assert metric(k8s_agent, f'gpu_hotplug_lost_revokes_total{{kind="{kind}"}}') == 1.0
+    assert metric(f'gpu_hotplug_lost_revokes_total{{kind="{kind}"}}') == 1.0
 
 
 def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(
-    kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
+    kube: FakeKube,
+    kubelet: KubeletSimulator,
+    k8s_agent: AgentProcess,
+    metric: Metric,
 ) -> None:
     kubelet.run_notebook_pod(NS, "wide-open")
     kubelet.run_notebook_pod(NS, "planned", resources={"limits": {"nvidia.com/gpu": "1"}})
@@ -210,7 +228,7 @@ def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(
     assert ENXIO in open_fresh_node(kubelet, "wide-open", 0)
 
     eventually(
-        lambda: metric(k8s_agent, "gpu_hotplug_stray_gpu_access") == len(kubelet.gpus),
+        lambda: metric("gpu_hotplug_stray_gpu_access") == len(kubelet.gpus),
         "every GPU the wide-open notebook can open is counted",
     )
     assert "GpuStrayAccess" in event_reasons(kube, NS, "wide-open")

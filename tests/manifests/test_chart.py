@@ -33,6 +33,7 @@ from jupyter_gpu_hotplug.agent.settings import (
     STRAY_POLICIES,
     AgentSettings,
     KubernetesSettings,
+    LabelSelector,
     LogStyle,
     SettingsError,
     TcpAddress,
@@ -175,6 +176,9 @@ def test_values_reach_their_objects() -> None:
         "priorityClasses.holder.name=holders",
         "lostHolders.graceSeconds=120",
         "strayPolicy=revoke",
+        "defaultMaxGpus=0",
+        'allowedNamespaces=["jhub", "ml-team"]',
+        "allowedNamespaceSelector=team=ml\\,!legacy",  # Helm: an escaped comma
         "priorityClasses.holder.value=5000",
         "priorityClasses.agent.name=node-agents",
         "priorityClasses.agent.create=false",
@@ -222,6 +226,12 @@ def test_values_reach_their_objects() -> None:
     assert args["holder-priority-class"] == "holders"
     assert (args["holder-image-pull-policy"], args["holder-memory"]) == ("Always", "32Mi")
     assert (args["lost-grace"], args["stray-policy"]) == ("120", "revoke")
+    assert (args["default-max-gpus"], args["allowed-namespace-selector"]) == (
+        "0",
+        "team=ml,!legacy",
+    )
+    allowed = [a for a in container["args"] if a.startswith("--allowed-namespaces=")]
+    assert allowed == ["--allowed-namespaces=jhub", "--allowed-namespaces=ml-team"]
     secrets = [a for a in container["args"] if a.startswith("--holder-image-pull-secret=")]
     assert secrets == ["--holder-image-pull-secret=regcred", "--holder-image-pull-secret=holders"]
     assert args["resource-name"] == "nvidia.com/mig-1g.10gb"
@@ -393,6 +403,24 @@ AGREEMENT: Final[list[tuple[str, Callable[[Any], object], list[object]]]] = [
         lambda v: _k8s(stray_policy=v),
         ["report", "revoke", "Report", "delete"],
     ),
+    (
+        "defaultMaxGpus",
+        lambda v: _k8s(default_max_gpus=v),
+        [0, 1, 4, 255, 256, -1],
+    ),
+    (
+        "allowedNamespaces",
+        lambda v: _k8s(allowed_namespaces=tuple(v)),
+        [[], ["jhub"], ["*"], ["a-b", "c1"], ["Jhub"], ["a_b"], ["-a"], ["a.b"], ["**"],
+         ["a" * 64]],
+    ),
+    (
+        "allowedNamespaceSelector",
+        lambda v: _k8s(allowed_namespace_selector=LabelSelector.parse(v)),
+        ["", "gpu-hotplug.jupyter.org/notebooks=true", "team==ml,!legacy", "a!=b", "a",
+         "a=", "example.com/Key_1.x=V-1", "a=b,", "a=b, c", "!a=b", "a in (b)", "a=b=c",
+         "Example.com/a=b", "a=-b", "/a"],
+    ),
     ("lostHolders__policy", LostPolicy, ["revoke", "force", "kill", ""]),
     ("agent__logFormat", LogStyle, ["text", "json", "yaml"]),
     ("idle__releaseSeconds", _seconds("idle_release_seconds"), [0, 0.5, 3600, -1, -0.1]),
@@ -521,6 +549,9 @@ def test_the_agent_accepts_what_the_schema_admits_at_its_edges() -> None:
         "holder.pullPolicy=Never",
         'holder.pullSecrets=["a.b-c"]',
         "idle.maxLeaseSeconds=86400",
+        "defaultMaxGpus=255",
+        'allowedNamespaces=["*"]',
+        "allowedNamespaceSelector=",
     )
     (container,) = _agent_pod(objects)["containers"]
     config = agent_config(container["args"])
@@ -533,3 +564,56 @@ def test_the_agent_accepts_what_the_schema_admits_at_its_edges() -> None:
     assert (k8s["holder_priority_class"], k8s["holder_image_pull_secrets"]) == ("", ["a.b-c"])
     assert (config["lost_grace_seconds"], config["lost_policy"]) == (0, "force")
     assert config["max_lease_seconds"] == 86400
+    assert (k8s["default_max_gpus"], k8s["allowed_namespaces"]) == (255, ["*"])
+    assert k8s["allowed_namespace_selector"] == ""
+
+
+def test_rbac_scope_namespaces_grants_pods_in_the_allowed_namespaces_only() -> None:
+    """Issue 31, finding 7: the narrowest RBAC can do. Pods, their finalizers and Events move
+    from the ClusterRole to RoleBindings in each allowed namespace; the cluster-wide part keeps
+    only TokenReview, SubjectAccessReview and RuntimeClasses (no namespace read: no selector);
+    the agent is told (--rbac-scope) and accepts it."""
+    objects = render_chart(
+        "rbacScope=namespaces", 'allowedNamespaces=["jhub","team"]', "allowedNamespaceSelector="
+    )
+    cluster_rules = by_kind(objects, "ClusterRole", "gpu-hotplug-agent")["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "tokenreviews",
+        "subjectaccessreviews",
+        "runtimeclasses",
+    }
+    pod_rules = by_kind(objects, "ClusterRole", "gpu-hotplug-agent-pods")["rules"]
+    assert {r for rule in pod_rules for r in rule["resources"]} == {
+        "pods",
+        "pods/finalizers",
+        "events",
+    }
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["jhub", "team"]
+    for binding in bindings:
+        assert binding["roleRef"]["name"] == "gpu-hotplug-agent-pods"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpu-hotplug-agent", "namespace": "gpu-hotplug"}
+        ]
+    (container,) = _agent_pod(objects)["containers"]
+    k8s = agent_config(container["args"])["kubernetes"]
+    assert (k8s["rbac_scope"], k8s["allowed_namespaces"]) == ("namespaces", ["jhub", "team"])
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ((), "at '/allowedNamespaces': minItems"),
+        (('allowedNamespaces=["*"]', "allowedNamespaceSelector="), "at '/allowedNamespaces/0'"),
+        (('allowedNamespaces=["jhub"]',), "at '/allowedNamespaceSelector'"),
+    ],
+)
+def test_rbac_scope_namespaces_needs_the_namespaces_by_name(
+    values: tuple[str, ...], says: str
+) -> None:
+    argv = ["--set", "rbacScope=namespaces"]
+    for value in values:
+        argv += ["--set-json" if value.partition("=")[2].startswith("[") else "--set", value]
+    result = _helm_template(*argv)
+    assert result.returncode != 0
+    assert HELM_SCHEMA_ERROR in result.stderr and says in result.stderr, result.stderr

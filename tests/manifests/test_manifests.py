@@ -72,6 +72,8 @@ def test_agent_role_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("authentication.k8s.io", "tokenreviews"): ["create"],
         ("authorization.k8s.io", "subjectaccessreviews"): ["create"],
         ("node.k8s.io", "runtimeclasses"): ["get"],
+        # The namespace allowlist reads the target's Namespace labels: get, never list.
+        ("", "namespaces"): ["get"],
     }
     binding = by_kind(objects, "ClusterRoleBinding", AGENT)
     assert binding["roleRef"]["name"] == AGENT

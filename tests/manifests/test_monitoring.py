@@ -117,6 +117,28 @@ def test_pod_monitor_scrapes_the_agents_metrics_port(objects: list[dict[str, Any
     assert f'job="{job}"' in down["expr"]
 
 
+def test_pod_monitor_sends_a_token_rbac_allows_to_read_metrics(
+    objects: list[dict[str, Any]],
+) -> None:
+    """Issue 31: the agent answers /metrics only to a token reviewed by TokenReview whose
+    user RBAC allows ``get`` on that non-resource URL: the PodMonitor sends the metrics
+    reader's (a ServiceAccount token the API server keeps in a Secret), bound to exactly
+    that rule."""
+    (endpoint,) = by_kind(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    credentials = endpoint["authorization"]["credentials"]
+    assert endpoint["authorization"]["type"] == "Bearer"
+    secret = by_kind(objects, "Secret", credentials["name"])
+    assert (secret["type"], credentials["key"]) == ("kubernetes.io/service-account-token", "token")
+    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert by_kind(objects, "ServiceAccount", account)["metadata"]["namespace"] == "gpu-hotplug"
+    binding = by_kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": "gpu-hotplug"}
+    ]
+    role = by_kind(objects, "ClusterRole", binding["roleRef"]["name"])
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+
 def test_dashboard_queries_parse_and_name_exported_metrics(
     objects: list[dict[str, Any]],
 ) -> None:

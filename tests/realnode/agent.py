@@ -136,6 +136,15 @@ class NodeAgent:
 def agent_argv(
     cluster: Cluster, account: AgentAccount, state_dir: Path, socket: Path, extra: tuple[str, ...]
 ) -> list[str]:
+    """The agent's command line: as deployed, but that a pod without the ``max-gpus``
+    annotation may take every GPU of the node (the scenarios attach several to plain pods;
+    ``test_limits`` gives ``--default-max-gpus`` itself). Namespaces are allowed as deployed:
+    by the label ``cluster.namespace`` puts on them."""
+    limit = (
+        ()
+        if any(arg.startswith("--default-max-gpus") for arg in extra)
+        else (f"--default-max-gpus={cluster.node.gpu_count}",)
+    )
     return kubernetes_agent_argv(
         node_name=cluster.node_name,
         kubeconfig=account.kubeconfig,
@@ -144,7 +153,7 @@ def agent_argv(
         state_dir=state_dir,
         socket_path=socket,
         reconcile_interval=RECONCILE_INTERVAL,
-        extra=(f"--holder-image={PAUSE_IMAGE}", *extra),
+        extra=(f"--holder-image={PAUSE_IMAGE}", *limit, *extra),
     )
 
 

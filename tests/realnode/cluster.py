@@ -29,6 +29,8 @@ from .node import GPU_RESOURCE, RealNode
 
 HOLDER_LABEL: Final = "gpu-hotplug.jupyter.org/holder"
 AUDIENCE: Final = "gpu-hotplug"
+NOTEBOOKS_LABEL: Final = "gpu-hotplug.jupyter.org/notebooks"
+"""The namespace label the agent's default allowlist selects (``--allowed-namespace-selector``)."""
 WAIT: Final = 120.0
 """Upper bound, in seconds, of a wait for the cluster to act (never asserted on as a time)."""
 
@@ -65,13 +67,19 @@ class Cluster:
         self.api.close()
 
     # ------------------------------------------------------------------ namespaces
-    def namespace(self, prefix: str = "nb", *, pod_security: str | None = "baseline") -> str:
+    def namespace(
+        self, prefix: str = "nb", *, pod_security: str | None = "baseline", gpus: bool = True
+    ) -> str:
         """A fresh namespace (PodSecurity ``enforce`` level as given), once its default
-        ServiceAccount exists (pods need it)."""
+        ServiceAccount exists (pods need it). ``gpus``: labelled as the operator guide tells
+        operators to label notebook namespaces (``NOTEBOOKS_LABEL``), so the agent's default
+        namespace allowlist admits its pods; ``False`` for a namespace the agent must refuse."""
         name = f"{prefix}-{secrets.token_hex(3)}"
         labels = (
             {} if pod_security is None else {"pod-security.kubernetes.io/enforce": pod_security}
         )
+        if gpus:
+            labels[NOTEBOOKS_LABEL] = "true"
         self.core.create_namespace({"metadata": {"name": name, "labels": labels}})
         eventually(
             lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)),

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import kubernetes.client as k8s
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from jupyter_gpu_hotplug._structs import PodTarget
@@ -35,8 +36,15 @@ from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
 from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.requirements import needs_root
 from ..k8s.image import PAUSE_IMAGE
-from ..manifests.support import render
-from .agent import AgentAccount, NodeAgent, agent_token, api_as, running_node_agent
+from ..manifests.support import K8S_DIR, render
+from .agent import (
+    AGENT_NAMESPACE,
+    AgentAccount,
+    NodeAgent,
+    agent_token,
+    api_as,
+    running_node_agent,
+)
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -219,9 +227,19 @@ def _holder_name(attachment: dict[str, Any]) -> str:
     return str(attachment["holder"]).split("/")[1]
 
 
-def _untrusted(agent: NodeAgent) -> dict[str, float]:
+@pytest.fixture(scope="module")
+def scraper(cluster: Cluster, agent_account: AgentAccount) -> str:
+    """A token that may read the agent's /metrics: the reader ``k8s/monitoring`` ships."""
+    reader = yaml.safe_load_all((K8S_DIR / "monitoring" / "metrics-reader.yaml").read_text())
+    cluster.apply([o for o in reader if o and o["kind"] != "Secret"])
+    name = "gpu-hotplug-metrics-reader"
+    return cluster.kubectl("create", "token", name, "-n", AGENT_NAMESPACE).strip()
+
+
+def _untrusted(agent: NodeAgent, scraper: str) -> dict[str, float]:
     """``gpu_hotplug_untrusted_holders_total`` by reason, from the agent's /metrics."""
-    answer = agent.process.unix.get("/metrics")
+    assert agent.process.tcp is not None
+    answer = agent.process.tcp.with_token(scraper).get("/metrics")
     assert answer.status == 200, answer.body
     found = {}
     for line in answer.body.decode().splitlines():
@@ -230,13 +248,15 @@ def _untrusted(agent: NodeAgent) -> dict[str, float]:
     return found
 
 
-def _reported(cluster: Cluster, agent: NodeAgent, namespace: str, holder: str) -> None:
+def _reported(
+    cluster: Cluster, agent: NodeAgent, scraper: str, namespace: str, holder: str
+) -> None:
     """The agent distrusted the holder, and said so: an Event on it, the counter, its log."""
     eventually(
         lambda: UNTRUSTED_EVENT in cluster.event_reasons(namespace, holder),
         f"a {UNTRUSTED_EVENT} Event on {namespace}/{holder}",
     )
-    assert sum(_untrusted(agent).values()) >= 1, _untrusted(agent)
+    assert sum(_untrusted(agent, scraper).values()) >= 1, _untrusted(agent, scraper)
     assert f"{namespace}/{holder}" in agent.log()
 
 
@@ -338,7 +358,7 @@ def test_notebook_annotations_and_deleting_her_holder_stay_allowed(
 
 @pytest.mark.usefixtures("without_policy")
 def test_a_forged_holder_of_a_free_gpu_is_not_trusted(
-    cluster: Cluster, agent_account: AgentAccount, tenant: tuple[str, Any]
+    cluster: Cluster, agent_account: AgentAccount, tenant: tuple[str, Any], scraper: str
 ) -> None:
     """Finding 1: her forged holder (no GPU request) names a free GPU and her container."""
     namespace, api = tenant
@@ -356,13 +376,17 @@ def test_a_forged_holder_of_a_free_gpu_is_not_trusted(
         agent.process.start()
 
         assert EPERM in cluster.open_fresh_node(namespace, "nb", minor)
-        _reported(cluster, agent, namespace, "forged")
+        _reported(cluster, agent, scraper, namespace, "forged")
         assert agent.as_pod(namespace, "nb").get("/v1/attachments").json()["attachments"] == []
 
 
 @pytest.mark.usefixtures("without_policy")
 def test_her_holder_patched_to_the_victims_gpu_steals_nothing(
-    cluster: Cluster, agent_account: AgentAccount, tenant: tuple[str, Any], victim: str
+    cluster: Cluster,
+    agent_account: AgentAccount,
+    tenant: tuple[str, Any],
+    victim: str,
+    scraper: str,
 ) -> None:
     """Finding 2: her legitimate holder's GPU annotations patched to the victim's GPU."""
     namespace, api = tenant
@@ -378,13 +402,17 @@ def test_her_holder_patched_to_the_victims_gpu_steals_nothing(
         assert ENXIO in cluster.open_device(victim, "nb", theirs["minor"])
         (kept,) = agent.as_pod(victim, "nb").get("/v1/attachments").json()["attachments"]
         assert kept["uuid"] == theirs["uuid"]
-        _reported(cluster, agent, namespace, _holder_name(mine))
+        _reported(cluster, agent, scraper, namespace, _holder_name(mine))
         assert agent.as_pod(victim, "nb").delete("/v1/attachments").status == 204
 
 
 @pytest.mark.usefixtures("without_policy")
 def test_a_forged_release_revokes_nothing_of_the_victims(
-    cluster: Cluster, agent_account: AgentAccount, tenant: tuple[str, Any], victim: str
+    cluster: Cluster,
+    agent_account: AgentAccount,
+    tenant: tuple[str, Any],
+    victim: str,
+    scraper: str,
 ) -> None:
     """Finding 3: a holder in her namespace in state ``releasing`` naming the victim's
     container and GPU."""
@@ -408,7 +436,7 @@ def test_a_forged_release_revokes_nothing_of_the_victims(
         (kept,) = agent.as_pod(victim, "nb").get("/v1/attachments").json()["attachments"]
         assert kept["uuid"] == theirs["uuid"]
         assert {d for ids in cluster.assignments(victim).values() for d in ids} == {theirs["uuid"]}
-        _reported(cluster, agent, namespace, "releasing")
+        _reported(cluster, agent, scraper, namespace, "releasing")
         assert not cluster.gone(namespace, "releasing"), "the forgery is kept as evidence"
         assert agent.as_pod(victim, "nb").delete("/v1/attachments").status == 204
 

@@ -201,7 +201,10 @@ async def _agent_requests(agent: LocalAgent) -> int:
     counted)."""
 
     def scrape() -> str:
-        with urllib.request.urlopen(f"{agent.tcp_url}/metrics", timeout=DEADLINE) as response:
+        request = urllib.request.Request(
+            f"{agent.tcp_url}/metrics", headers={"Authorization": f"Bearer {agent.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=DEADLINE) as response:
             return str(response.read().decode())
 
     total = 0.0

@@ -205,10 +205,7 @@ class ApiHandler(web.RequestHandler):
         verb it does not serve is a 405 for anyone). A connection let in on the token
         holders' reserve must show the token (``limits``)."""
         if self.caller is None:
-            caller = await self.context.identity.authenticate(
-                authorization=self.request.headers.get("Authorization"),
-                connection=connection_of(self.request),
-            )
+            caller = await self._identify()
             admission = admission_of(self.request)
             if admission is not None:
                 if admission.probation and not caller.privileged:
@@ -221,6 +218,14 @@ class ApiHandler(web.RequestHandler):
                 admission.token = admission.token or caller.privileged
             self.caller = caller
         return self.caller
+
+    async def _identify(self) -> Caller:
+        """Who calls, as the API's routes know callers (a token, or the connection's bound
+        identity)."""
+        return await self.context.identity.authenticate(
+            authorization=self.request.headers.get("Authorization"),
+            connection=connection_of(self.request),
+        )
 
     def data_received(self, chunk: bytes) -> None:
         self._body.add(chunk)
@@ -344,21 +349,34 @@ class ReadyHandler(HealthHandler):
         self._verdict(self.context.readiness())
 
 
-class MetricsHandler(ApiHandler):
+class AgentReadHandler(ApiHandler):
+    """A read of the agent's own documents, not of a target: its reader is authorized for
+    the route's path (Kubernetes: RBAC on the non-resource URL, as the API server's own
+    ``/metrics``), never anonymous (issue 31)."""
+
+    async def _identify(self) -> Caller:
+        return await self.context.identity.authenticate_reader(
+            authorization=self.request.headers.get("Authorization"),
+            connection=connection_of(self.request),
+            path=self.route,
+        )
+
+
+class MetricsHandler(AgentReadHandler):
     route = "/metrics"
-    protected = False
 
     async def get(self) -> None:
+        await self.authenticate()
         await self.context.service.refresh_gpu_metrics()
         self.set_header("Content-Type", CONTENT_TYPE)
         self.finish(self.context.metrics.render())
 
 
-class OpenApiHandler(ApiHandler):
+class OpenApiHandler(AgentReadHandler):
     route = "/v1/openapi.json"
-    protected = False
 
-    def get(self) -> None:
+    async def get(self) -> None:
+        await self.authenticate()
         self.finish(self.context.openapi)
 
 
@@ -366,8 +384,8 @@ class GpusHandler(ApiHandler):
     route = "/v1/gpus"
 
     async def get(self) -> None:
-        await self.authenticate()
-        self.reply(await self.context.service.gpus())
+        caller = await self.authenticate()
+        self.reply(await self.context.service.gpus(caller))
 
 
 class AttachmentsHandler(ApiHandler):

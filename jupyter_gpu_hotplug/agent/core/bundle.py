@@ -26,7 +26,7 @@ from .locks import TargetLocks
 from .lost import LossBook
 from .metrics import AgentMetrics
 from .queue import WaitQueue
-from .seams import Allocator, Identity, Resolver
+from .seams import Allocator, Identity, Resolver, TargetPolicy
 from .workers import Workers
 
 __all__ = ["Core"]
@@ -60,6 +60,9 @@ class Core:
     """Announced revokes of GPUs whose reservation was lost (``lost.py``)."""
     checkpoints: Checkpoints
     """Where the crash tests stop an operation (nothing, unless configured)."""
+    policy: TargetPolicy | None = None
+    """The backend's tenant policy (Kubernetes: namespace allowlist, per-pod limit); None:
+    the per-container limit alone (local mode, where a target is a process)."""
 
     @classmethod
     def build(
@@ -76,9 +79,11 @@ class Core:
         mig_caps: Callable[[], MigCaps] | None = None,
         idle_policy: IdlePolicy | None = None,
         checkpoints: Checkpoints | None = None,
+        policy: TargetPolicy | None = None,
     ) -> Core:
         """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
-        MIG tables, None when no slices are handed out; ``idle_policy``: off by default)."""
+        MIG tables, None when no slices are handed out; ``idle_policy``: off by default;
+        ``policy``: the backend's ``TargetPolicy``, if it has one)."""
         return cls(
             allocator=allocator,
             inventory=inventory,
@@ -93,4 +98,5 @@ class Core:
             idle=IdleBook() if idle_policy is None else IdleBook(policy=idle_policy),
             losses=LossBook(),
             checkpoints=checkpoints or Checkpoints(),
+            policy=policy,
         )

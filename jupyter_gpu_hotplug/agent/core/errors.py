@@ -125,11 +125,15 @@ class Forbidden(AgentError):
     default_retryable = False
 
     @classmethod
-    def over_gpu_limit(cls, *, limit: int, attached: int, requested: int) -> Forbidden:
-        """The target pod's ``gpu-hotplug.jupyter.org/max-gpus`` annotation forbids more."""
+    def over_gpu_limit(
+        cls, *, limit: int, attached: int, requested: int, source: str | None = None
+    ) -> Forbidden:
+        """The target's limit forbids more (``source``: where that limit comes from, for a
+        reader who must know which setting to change)."""
+        origin = f" ({source})" if source else ""
         return cls(
-            f"this pod may have at most {limit} GPU(s); it has {attached} and asked for "
-            f"{requested} more",
+            f"this pod may have at most {limit} GPU(s){origin}; it has {attached} and asked "
+            f"for {requested} more",
             hint="release GPUs you no longer need, or ask for a profile with a higher limit",
             extra=ErrorExtra(limit=limit, attached=attached, requested=requested),
         )

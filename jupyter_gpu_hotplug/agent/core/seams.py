@@ -62,6 +62,7 @@ __all__ = [
     "ConnectionInfo",
     "ContainerCgroups",
     "ContainerKey",
+    "GpuLimit",
     "GpuRecord",
     "HostContainer",
     "Identity",
@@ -71,6 +72,7 @@ __all__ = [
     "Reservation",
     "ReservationState",
     "Resolver",
+    "TargetPolicy",
     "Transition",
     "Verb",
     "plan_transition",
@@ -361,6 +363,30 @@ class Resolver(Protocol):
         (their grants must be withdrawn before the GPU returns to the pool); else None."""
 
 
+# --- the target policy ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    """The most GPUs a group of targets may hold together (Kubernetes: the containers of one
+    pod), beyond the agent's per-container limit, and where that number comes from."""
+
+    count: int
+    source: str
+    """For the refusal's message: which setting or annotation to change."""
+    covers: Callable[[Target], bool]
+    """Whether a target (of a reservation, of a waiting request) is in the group."""
+
+
+class TargetPolicy(Protocol):
+    """Whether a target may get GPUs at all, and how many its group may hold: the operator's
+    decisions about tenants (Kubernetes: the namespace allowlist and the per-pod limit), taken
+    once per attach, after the caller is authorized and before anything is reserved."""
+
+    async def gpu_limit(self, container: HostContainer) -> GpuLimit:
+        """The limit of ``container``'s group; ``Forbidden`` (403) when it may have none."""
+
+
 # --- the identity --------------------------------------------------------------------------------
 
 
@@ -428,8 +454,20 @@ class Identity(Protocol):
     ) -> Caller:
         """The caller of one request, or ``Unauthenticated`` (401)."""
 
+    async def authenticate_reader(
+        self, *, authorization: str | None, connection: ConnectionInfo, path: str
+    ) -> Caller:
+        """The caller of a read of the agent's own ``path`` (``/metrics``,
+        ``/v1/openapi.json``): ``Unauthenticated`` (401), or ``Forbidden`` (403) when it may
+        not read it. These describe the node and the agent, not a target: the monitoring
+        system and operators read them, never an anonymous client."""
+
     async def authorize(self, caller: Caller, verb: Verb, target: HostContainer) -> None:
         """``Forbidden`` (403) unless ``caller`` may do ``verb`` on ``target``."""
+
+    async def may_see(self, caller: Caller, target: Target) -> bool:
+        """Whether ``caller`` may learn who holds a GPU when ``target`` does (``/v1/gpus``
+        names it then; else the GPU shows as taken, by nobody named)."""
 
     def self_target(self, caller: Caller) -> TargetRef:
         """What a request without a target means ("the caller itself"); ``InvalidRequest``

@@ -44,7 +44,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -94,6 +94,8 @@ from .queue import Waiter
 from .seams import (
     AttachRequest,
     Caller,
+    ContainerKey,
+    GpuLimit,
     GpuRecord,
     HostContainer,
     Reservation,
@@ -243,12 +245,18 @@ class AgentService:
 
     # --- views -----------------------------------------------------------------------------------
 
-    async def gpus(self) -> GpuList:
-        """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target."""
+    async def gpus(self, caller: Caller) -> GpuList:
+        """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target —
+        named only to a caller who may see that target (``Identity.may_see``): to anyone
+        else it is taken by nobody named (``target`` null)."""
         snapshot = await self.core.workers.host(self.core.inventory.snapshot)
         entries = self.core.allocator.all_attachments()
         owners = {entry.gpu.uuid: entry for entry in entries}
         self._count_gpus(snapshot, entries)
+        seen = {
+            target: await self.core.identity.may_see(caller, target)
+            for target in {entry.target for entry in entries}
+        }
         return GpuList(
             gpus=[
                 GpuInfo(
@@ -258,7 +266,9 @@ class AgentService:
                     name=gpu.name,
                     memory_total=gpu.memory_total,
                     state="attached" if gpu.uuid in owners else "free",
-                    target=owners[gpu.uuid].target.to_wire() if gpu.uuid in owners else None,
+                    target=owners[gpu.uuid].target.to_wire()
+                    if gpu.uuid in owners and seen[owners[gpu.uuid].target]
+                    else None,
                     simulated=gpu.simulated,
                 )
                 for gpu in snapshot.gpus
@@ -318,8 +328,9 @@ class AgentService:
         """Attach ``request.count`` GPUs to the request's target (201 body).
 
         One pass: resolve and authorize, then under the target's lock decide once — a repeated
-        request id is answered with its first attachments, ``_admit`` refuses what can never
-        be served, and a request that may wait and finds too few free GPUs joins the queue —
+        request id is answered with its first attachments, the backend's policy says whether
+        the target may have GPUs and how many its group may hold, ``_admit`` refuses what can
+        never be served, and a request that may wait and finds too few free GPUs joins the queue —
         then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
         """
         with self._measured("attach"):
@@ -333,7 +344,9 @@ class AgentService:
                 served = self._served(container.target, request)
                 if served is not None:
                     return served
-                self._admit(container, request, snapshot)
+                policy = self.core.policy
+                limit = None if policy is None else await policy.gpu_limit(container)
+                self._admit(container, request, snapshot, limit)
                 if not request.queued or not self._must_queue(request, snapshot):
                     return await self._attach_locked(container, request, snapshot, deadline)
                 waiter = self.core.queue.join(
@@ -420,12 +433,16 @@ class AgentService:
         return found is not None
 
     def _admit(
-        self, container: HostContainer, request: AttachRequest, snapshot: InventorySnapshot
+        self,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+        limit: GpuLimit | None,
     ) -> None:
         """Refuse a request that can never be served: more GPUs (or slices of the profile) than
         the node has (409, not retryable; checked first, so a count no node could serve gets
-        that answer), or more than the target's container may hold (403). Runs once per
-        attach, under the target's lock."""
+        that answer), or more than the target's container may hold, or its group (``limit``,
+        the backend's policy: a pod's) (403). Runs once per attach, under the target's lock."""
         if request.mig is None:
             total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
         else:
@@ -454,11 +471,27 @@ class AgentService:
         # limit counted per pid let a container hold two under a limit of one (issue 25). What
         # its waiting requests will take counts as held too: each was admitted when it joined
         # the queue and is not admitted again at its turn.
-        held = sum(1 for e in self.core.allocator.all_attachments() if e.container == container.key)
-        held += sum(w.count for w in self.core.queue.waiters if w.container.key == container.key)
-        limit = self._config.max_gpus_per_target
-        if held + request.count > limit:
-            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=request.count)
+        held = self._held(lambda key, _: key == container.key)
+        if held + request.count > self._config.max_gpus_per_target:
+            raise Forbidden.over_gpu_limit(
+                limit=self._config.max_gpus_per_target, attached=held, requested=request.count
+            )
+        if limit is not None:
+            held = self._held(lambda _, target: limit.covers(target))
+            if held + request.count > limit.count:
+                raise Forbidden.over_gpu_limit(
+                    limit=limit.count, attached=held, requested=request.count, source=limit.source
+                )
+
+    def _held(self, covers: Callable[[ContainerKey, Target], bool]) -> int:
+        """The GPUs the containers ``covers`` picks hold, and will take at their waiting
+        requests' turns (each was admitted when it joined the queue, not again at its turn)."""
+        held = sum(
+            1 for e in self.core.allocator.all_attachments() if covers(e.container, e.target)
+        )
+        return held + sum(
+            w.count for w in self.core.queue.waiters if covers(w.container.key, w.container.target)
+        )
 
     async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
         """The target's requests waiting in the queue, with their positions."""

@@ -49,6 +49,7 @@ from .pod_idle import PodIdle
 from .podresources import PodResourcesClient, PodResourcesError
 from .resolver import PodResolver
 from .sweep import NodeSweep, plugin_gpus
+from .tenancy import TenantPolicy
 from .trust import Verdict
 
 __all__ = ["KubernetesBackend"]
@@ -69,6 +70,7 @@ class KubernetesBackend:
     allocator: HolderAllocator
     resolver: PodResolver
     identity: TokenIdentity
+    policy: TenantPolicy
     events: PodEvents
     stray_policy: str
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -81,7 +83,7 @@ class KubernetesBackend:
         k8s = settings.kubernetes
         assert k8s is not None, "AgentSettings checks that kubernetes mode has its settings"
         kube = KubeApi.connect(k8s.kubeconfig)
-        pods = NodePods(kube, k8s.node_name)
+        pods = NodePods(kube, k8s.node_name, k8s.watched_namespaces)
         podresources = PodResourcesClient(k8s.pod_resources_socket)
         cri = CriClient(k8s.cri_endpoint)
         _log_runtime(cri, k8s.cri_endpoint)
@@ -112,6 +114,12 @@ class KubernetesBackend:
                 hierarchies=hierarchies,
             ),
             identity=TokenIdentity(kube, pod_uid=pod_uid),
+            policy=TenantPolicy(
+                kube,
+                default_max_gpus=k8s.default_max_gpus,
+                allowed_namespaces=k8s.allowed_namespaces,
+                selector=k8s.allowed_namespace_selector,
+            ),
             events=events,
             stray_policy=k8s.stray_policy,
         )

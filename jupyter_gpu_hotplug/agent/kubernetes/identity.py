@@ -14,6 +14,13 @@ account's, ``system:serviceaccount:<ns>:<sa>``). That pod is the caller, and:
   token) — needs RBAC on the virtual subresource ``pods/gpus`` for the verb (``get``,
   ``create``, ``delete``), checked with a ``SubjectAccessReview`` for the reviewed user.
 
+Two reads answer other callers (issue 31). ``/metrics`` and the OpenAPI document describe the
+node, not a pod: their reader shows its ServiceAccount's ordinary token (reviewed for the API
+server's own audiences, as Prometheus sends it to the kubelet's ``/metrics``) and needs RBAC
+``get`` on that non-resource URL (``authenticate_reader``). ``/v1/gpus`` names the pod holding
+a GPU only to that pod and to callers with ``get`` on ``pods/gpus`` in its namespace
+(``may_see``); to other tenants the GPU is taken, by nobody named.
+
 Reviews cost an API round trip, so their answers are cached for a few seconds (keyed by a hash
 of the token; a review that failed is never cached). The pod's own GPU limit and the
 namespace's quota are the allocator's business (it reads the target pod and creates holders).
@@ -21,13 +28,14 @@ namespace's quota are the allocator's business (it reads the target pod and crea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
-from ..._structs import TOKEN_AUDIENCE, PodTarget, TargetRef
+from ..._structs import TOKEN_AUDIENCE, PodTarget, Target, TargetRef
 from ..core.errors import Forbidden, InvalidRequest, Unauthenticated
 from ..core.seams import Caller, ConnectionInfo, HostContainer, PeerCredentials, PodIdentity, Verb
 from .kube import KubeApi, KubeError
@@ -61,6 +69,16 @@ def _first(extra: Mapping[str, Any], key: str) -> str | None:
     if isinstance(values, list) and values and isinstance(values[0], str):
         return values[0]
     return None
+
+
+def _bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer`` header; ``Unauthenticated`` without one."""
+    if not authorization or not authorization.lower().startswith(_BEARER):
+        raise Unauthenticated("no bearer token")
+    token = authorization[len(_BEARER) :].strip()
+    if not token:
+        raise Unauthenticated("an empty bearer token")
+    return token
 
 
 class _TtlCache(Generic[_K, _V]):
@@ -110,17 +128,44 @@ class TokenIdentity:
     async def authenticate(
         self, *, authorization: str | None, connection: ConnectionInfo
     ) -> Caller:
-        if not authorization or not authorization.lower().startswith(_BEARER):
-            raise Unauthenticated("no bearer token")
-        token = authorization[len(_BEARER) :].strip()
-        if not token:
-            raise Unauthenticated("an empty bearer token")
-        digest = hashlib.sha256(token.encode()).digest()
+        return await self._review(_bearer(authorization), self._audience, connection)
+
+    async def authenticate_reader(
+        self, *, authorization: str | None, connection: ConnectionInfo, path: str
+    ) -> Caller:
+        """A reader of the agent's own ``path`` shows the token of its ServiceAccount as its
+        pod mounts it (the API server's audience: what Prometheus sends, as to the kubelet's
+        ``/metrics``), and needs RBAC ``get`` on that non-resource URL."""
+        caller = await self._review(_bearer(authorization), None, connection)
+        user = caller.user
+        key = (str(user.get("username")), str(user.get("uid")), "get", path)
+        allowed, reason = await self._verdict(
+            caller,
+            key,
+            functools.partial(self._kube.review_read, dict(user), path=path),
+            f"get {path}",
+        )
+        if not allowed:
+            raise Forbidden(
+                f"{caller} may not get {path}" + (f" ({reason})" if reason else ""),
+                hint=f"bind the reader to a ClusterRole with nonResourceURLs [{path}] and "
+                "verbs [get] (k8s/monitoring/metrics-reader.yaml for /metrics)",
+            )
+        return caller
+
+    async def _review(
+        self, token: str, audience: str | None, connection: ConnectionInfo
+    ) -> KubeCaller:
+        """The caller ``token`` stands for, reviewed for ``audience`` (None: the API server's
+        own audiences), from the cache when it was reviewed lately."""
+        digest = hashlib.sha256(f"{audience or ''}\0{token}".encode()).digest()
         cached = self._tokens.get(digest)
         if cached is not None:
             return cached
         try:
-            status = await self._kube.review_token(token, audiences=[self._audience])
+            status = await self._kube.review_token(
+                token, audiences=[] if audience is None else [audience]
+            )
         except KubeError as e:
             raise Unauthenticated(
                 f"the token could not be reviewed: {e}",
@@ -132,11 +177,37 @@ class TokenIdentity:
                 f"the token was not accepted: {status.get('error') or 'TokenReview refused it'}"
             )
         audiences = status.get("audiences")
-        if isinstance(audiences, list) and audiences and self._audience not in audiences:
-            raise Unauthenticated(f"the token is not meant for audience {self._audience!r}")
+        if (
+            audience is not None
+            and isinstance(audiences, list)
+            and audiences
+            and audience not in audiences
+        ):
+            raise Unauthenticated(f"the token is not meant for audience {audience!r}")
         caller = self._caller(status.get("user") or {}, connection)
         self._tokens.put(digest, caller)
         return caller
+
+    async def _verdict(
+        self,
+        caller: Caller,
+        key: tuple[str, ...],
+        review: Callable[[], Awaitable[tuple[bool, str]]],
+        what: str,
+    ) -> tuple[bool, str]:
+        """A SubjectAccessReview's (allowed, reason), from the cache when asked lately (a
+        review that failed is never cached: ``Forbidden``, retryable)."""
+        verdict = self._access.get(key)
+        if verdict is not None:
+            return verdict
+        try:
+            verdict = await review()
+        except KubeError as e:
+            raise Forbidden(
+                f"could not check whether {caller} may {what}: {e}", retryable=True
+            ) from e
+        self._access.put(key, verdict)
+        return verdict
 
     @staticmethod
     def _caller(user: Mapping[str, Any], connection: ConnectionInfo) -> KubeCaller:
@@ -162,29 +233,7 @@ class TokenIdentity:
             and await self._pod_uid(pod_target.namespace, pod_target.name) == me.uid
         ):
             return
-        user = caller.user if isinstance(caller, KubeCaller) else {}
-        key = (
-            str(user.get("username")),
-            str(user.get("uid")),
-            verb,
-            pod_target.namespace,
-            pod_target.name,
-        )
-        verdict = self._access.get(key)
-        if verdict is None:
-            try:
-                allowed, reason = await self._kube.review_access(
-                    dict(user), namespace=pod_target.namespace, verb=verb, name=pod_target.name
-                )
-            except KubeError as e:
-                raise Forbidden(
-                    f"could not check whether {caller} may {verb} GPUs of pod "
-                    f"{pod_target.namespace}/{pod_target.name}: {e}",
-                    retryable=True,
-                ) from e
-            verdict = (allowed, reason)
-            self._access.put(key, verdict)
-        allowed, reason = verdict
+        allowed, reason = await self._may(caller, verb, pod_target.namespace, pod_target.name)
         if not allowed:
             raise Forbidden(
                 f"{caller} may not {verb} GPUs of pod {pod_target.namespace}/{pod_target.name}"
@@ -192,6 +241,32 @@ class TokenIdentity:
                 hint="a pod may act on itself only; other callers need RBAC for the verb on "
                 "the pods/gpus subresource",
             )
+
+    async def _may(self, caller: Caller, verb: Verb, namespace: str, name: str) -> tuple[bool, str]:
+        """Whether RBAC gives ``caller`` ``verb`` on ``pods/gpus`` of pod ``namespace/name``
+        (``name`` empty: of every pod of the namespace)."""
+        user = caller.user if isinstance(caller, KubeCaller) else {}
+        key = (str(user.get("username")), str(user.get("uid")), verb, namespace, name)
+        review = functools.partial(
+            self._kube.review_access, dict(user), namespace=namespace, verb=verb, name=name
+        )
+        what = f"{verb} GPUs of pod {namespace}/{name}" if name else f"{verb} GPUs in {namespace}"
+        return await self._verdict(caller, key, review, what)
+
+    async def may_see(self, caller: Caller, target: Target) -> bool:
+        """A pod sees its own pod's attachments; anyone else needs ``get`` on ``pods/gpus`` of
+        the target's namespace (an operator's or a hub's grant): other tenants learn that a
+        GPU is taken, not by whom."""
+        if not isinstance(target, PodTarget):
+            return False
+        me = caller.pod
+        if me is not None and (me.namespace, me.name) == (target.namespace, target.name):
+            return True
+        try:
+            allowed, _ = await self._may(caller, "get", target.namespace, "")
+        except Forbidden:
+            return False  # the review failed: name nobody
+        return allowed
 
     def self_target(self, caller: Caller) -> TargetRef:
         if caller.pod is None:

@@ -408,6 +408,18 @@ class KubeApi:
         finally:
             reader.stop()
 
+    # -- namespaces ----------------------------------------------------------------------------
+
+    async def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """The labels of Namespace ``name``, or None when there is no such namespace."""
+        try:
+            namespace: KubeObject = await self._call(
+                f"get namespace {name}", self._core.read_namespace, name=name
+            )
+        except KubeNotFound:
+            return None
+        return dict((namespace.get("metadata") or {}).get("labels") or {})
+
     # -- authentication and authorization ------------------------------------------------------
 
     async def review_token(self, token: str, *, audiences: list[str]) -> KubeObject:
@@ -428,19 +440,29 @@ class KubeApi:
     ) -> tuple[bool, str]:
         """A SubjectAccessReview of ``verb`` on ``pods/gpus`` ``namespace/name`` for ``user``
         (a TokenReview's ``status.user``): (allowed, reason)."""
+        attributes = {
+            "namespace": namespace,
+            "verb": verb,
+            "group": "",
+            "resource": "pods",
+            "subresource": "gpus",
+            "name": name,
+        }
+        return await self._review_access(user, resourceAttributes=attributes)
+
+    async def review_read(self, user: KubeObject, *, path: str) -> tuple[bool, str]:
+        """A SubjectAccessReview of ``get`` on the non-resource URL ``path`` for ``user``
+        (as the API server authorizes its own ``/metrics``): (allowed, reason)."""
+        return await self._review_access(user, nonResourceAttributes={"path": path, "verb": "get"})
+
+    async def _review_access(self, user: KubeObject, **attributes: KubeObject) -> tuple[bool, str]:
+        """A SubjectAccessReview of ``attributes`` for ``user``: (allowed, reason)."""
         spec: KubeObject = {
             "user": user.get("username", ""),
             "groups": user.get("groups") or [],
             "uid": user.get("uid", ""),
             "extra": user.get("extra") or {},
-            "resourceAttributes": {
-                "namespace": namespace,
-                "verb": verb,
-                "group": "",
-                "resource": "pods",
-                "subresource": "gpus",
-                "name": name,
-            },
+            **attributes,
         }
         review = {
             "apiVersion": "authorization.k8s.io/v1",

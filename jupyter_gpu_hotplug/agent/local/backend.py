@@ -48,6 +48,8 @@ class LocalBackend:
     resolver: Resolver
     """``ProcResolver`` when the agent runs; tests give a resolver of in-memory processes."""
     identity: LocalIdentity
+    policy: None = None
+    """No tenant policy: a target is a process, held to the per-container limit alone."""
 
     @classmethod
     def create(

@@ -16,7 +16,8 @@ request must be tied to a caller before anything happens. Local mode knows two k
 - a holder of the **agent token** (``<state-dir>/token``, created 0600 at first start, like
   Jupyter's own token), on either transport: it may act on any target the resolver accepts.
   TCP offers no peer identity, so over TCP the token is required for everything but the
-  unauthenticated endpoints (``/healthz``, ``/metrics``, ``/v1/openapi.json``).
+  probes (``/healthz``, ``/readyz``); ``/metrics`` and ``/v1/openapi.json`` take either kind
+  of caller, like the API.
 
 A wrong token is refused (401) even on the unix socket: a client that sends credentials means
 to use them, and silently falling back to its peer identity would hide its mistake.
@@ -34,7 +35,7 @@ import stat
 from pathlib import Path
 from typing import Protocol
 
-from ..._structs import PidRef, TargetRef
+from ..._structs import PidRef, Target, TargetRef
 from ..core.errors import Forbidden, NotFound, Unauthenticated
 from ..core.seams import (
     Caller,
@@ -193,6 +194,17 @@ class LocalIdentity:
             cgroups=connection.cgroups,
             connection=connection,
         )
+
+    async def authenticate_reader(
+        self, *, authorization: str | None, connection: ConnectionInfo, path: str
+    ) -> Caller:
+        """Any caller of the API: the token holder, or a peer of the socket (whose mode
+        already says who may connect)."""
+        return await self.authenticate(authorization=authorization, connection=connection)
+
+    async def may_see(self, caller: Caller, target: Target) -> bool:
+        """Yes: a target is a process of this host, which its users see in ``/proc``."""
+        return True
 
     def _hint(self) -> str:
         return (

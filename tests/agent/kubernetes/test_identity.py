@@ -38,12 +38,18 @@ class Reviews:
     def __init__(self) -> None:
         self.tokens: dict[str, dict[str, Any]] = {}
         self.allowed: set[tuple[str, str, str, str]] = set()
+        self.readable: set[tuple[str, str]] = set()
+        """(username, non-resource path) pairs RBAC allows ``get`` on."""
         self.token_reviews = 0
         self.access_reviews = 0
+        self.audiences: list[list[str]] = []
         self.down = False
+        self.access_down = False
+        """SubjectAccessReview fails (``down``: TokenReview does)."""
 
     async def review_token(self, token: str, *, audiences: list[str]) -> dict[str, Any]:
         self.token_reviews += 1
+        self.audiences.append(audiences)
         if self.down:
             raise KubeUnavailable("TokenReview: 503 unavailable", status=503)
         return self.tokens.get(token, {"authenticated": False, "error": "invalid bearer token"})
@@ -52,7 +58,15 @@ class Reviews:
         self, user: dict[str, Any], *, namespace: str, verb: str, name: str
     ) -> tuple[bool, str]:
         self.access_reviews += 1
+        if self.access_down:
+            raise KubeUnavailable("SubjectAccessReview: 503 unavailable", status=503)
         return (user.get("username"), verb, namespace, name) in self.allowed, ""
+
+    async def review_read(self, user: dict[str, Any], *, path: str) -> tuple[bool, str]:
+        self.access_reviews += 1
+        if self.access_down:
+            raise KubeUnavailable("SubjectAccessReview: 503 unavailable", status=503)
+        return (user.get("username"), path) in self.readable, "no RBAC rule allows it"
 
 
 def _identity(reviews: Reviews, pod_uids: dict[tuple[str, str], str]) -> TokenIdentity:
@@ -154,6 +168,74 @@ async def test_an_unreachable_api_server_is_a_retryable_401_and_is_not_cached() 
     assert caught.value.retryable
     reviews.down = False
     assert (await identity.authenticate(authorization="Bearer t", connection=connection)).pod
+
+
+PROMETHEUS = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "p"}
+
+
+async def test_a_reader_shows_its_api_server_token_and_needs_rbac_on_the_path() -> None:
+    """``/metrics`` and the OpenAPI document (issue 31): the token Prometheus mounts (reviewed
+    for the API server's own audiences: none given) and ``get`` on the non-resource URL."""
+    reviews = Reviews()
+    reviews.tokens["prom"] = {"authenticated": True, "user": PROMETHEUS}
+    reviews.readable.add((PROMETHEUS["username"], "/metrics"))
+    identity = _identity(reviews, {})
+    connection = identity.bind_connection(peer=None, pidfd=None)
+
+    for _ in range(2):
+        caller = await identity.authenticate_reader(
+            authorization="Bearer prom", connection=connection, path="/metrics"
+        )
+    assert caller.pod is None
+    assert (reviews.audiences, reviews.token_reviews, reviews.access_reviews) == ([[]], 1, 1)
+    with pytest.raises(Forbidden) as caught:
+        await identity.authenticate_reader(
+            authorization="Bearer prom", connection=connection, path="/v1/openapi.json"
+        )
+    assert "may not get /v1/openapi.json (no RBAC rule allows it)" in caught.value.message
+    with pytest.raises(Unauthenticated):
+        await identity.authenticate_reader(
+            authorization=None, connection=connection, path="/metrics"
+        )
+
+
+async def test_a_reader_whose_access_review_fails_is_refused_retryably_and_not_cached() -> None:
+    reviews = Reviews()
+    reviews.tokens["prom"] = {"authenticated": True, "user": PROMETHEUS}
+    reviews.readable.add((PROMETHEUS["username"], "/metrics"))
+    identity = _identity(reviews, {})
+    connection = identity.bind_connection(peer=None, pidfd=None)
+    reviews.access_down = True
+    with pytest.raises(Forbidden) as caught:
+        await identity.authenticate_reader(
+            authorization="Bearer prom", connection=connection, path="/metrics"
+        )
+    assert caught.value.retryable
+    reviews.access_down = False
+    await identity.authenticate_reader(
+        authorization="Bearer prom", connection=connection, path="/metrics"
+    )
+
+
+async def test_who_may_see_whose_gpu() -> None:
+    """``/v1/gpus`` names a pod to that pod, and to a caller with ``get`` on ``pods/gpus`` in
+    its namespace (an operator); to other tenants a GPU is taken by nobody named."""
+    reviews = Reviews()
+    reviews.tokens["nb"] = {"authenticated": True, "user": POD_USER}
+    reviews.tokens["op"] = {"authenticated": True, "user": {"username": "alice"}}
+    reviews.allowed.add(("alice", "get", "team", ""))
+    identity = _identity(reviews, {("team", "nb"): UID})
+    connection = identity.bind_connection(peer=None, pidfd=None)
+    pod = await identity.authenticate(authorization="Bearer nb", connection=connection)
+    operator = await identity.authenticate(authorization="Bearer op", connection=connection)
+
+    assert await identity.may_see(pod, PodTarget("team", "nb", "notebook"))
+    assert not await identity.may_see(pod, PodTarget("other", "nb", "notebook"))
+    assert not await identity.may_see(pod, PodTarget("team", "sibling", "notebook"))
+    assert await identity.may_see(operator, PodTarget("team", "sibling", "notebook"))
+    assert not await identity.may_see(operator, PodTarget("other", "x", "notebook"))
+    reviews.access_down = True
+    assert not await identity.may_see(pod, PodTarget("elsewhere", "x", "notebook"))
 
 
 @pytest.mark.parametrize(

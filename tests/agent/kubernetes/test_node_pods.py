@@ -115,3 +115,37 @@ async def test_a_watch_answered_410_gone_is_followed_by_a_fresh_list(
 
     assert await shows(view, {"late"})
     assert pod_requests(kube, since)[:3] == ["list", "watch", "list"]
+
+
+async def test_a_view_of_named_namespaces_lists_and_watches_only_those(kube: FakeKube) -> None:
+    """An agent whose RBAC grants pods in named namespaces only (the chart's
+    ``rbac.namespaced``) must never ask for the pods of every namespace: one list and one
+    watch per namespace, and nothing of another namespace in the view."""
+    kube.create_namespace(NS)
+    kube.create_namespace("elsewhere")
+    kube.create_pod(NS, _pod("mine"))
+    kube.create_pod("elsewhere", {**_pod("theirs"), "metadata": {"name": "theirs"}})
+    api = KubeApi(kube.client())
+    pods = NodePods(api, NODE, namespaces=[NS])
+    since = len(kube.requests)
+    await pods.start()
+    try:
+        await watching(kube)
+        kube.create_pod(NS, _pod("later"))
+        assert await shows(pods, {"mine", "later"})
+        assert [p["metadata"]["namespace"] for p in pods.pods()] == [NS, NS]
+        uris = [uri for _, uri in kube.requests[since:]]
+        assert not [uri for uri in uris if PODS_URI in uri], uris
+        assert any(uri.startswith(f"/api/v1/namespaces/{NS}/pods?") for uri in uris), uris
+    finally:
+        await pods.stop()
+        api.close()
+
+
+def test_a_view_of_no_namespace_is_refused(kube: FakeKube) -> None:
+    api = KubeApi(kube.client())
+    try:
+        with pytest.raises(ValueError, match="at least one namespace"):
+            NodePods(api, NODE, namespaces=[])
+    finally:
+        api.close()

@@ -7,8 +7,8 @@ the keys the real service account authenticator uses. An unknown, expired, wrong
 orphaned token reviews as ``authenticated: false`` with an ``error``, never as an HTTP error.
 
 Access rules work like RBAC rules bound to users or groups: verbs, API groups, resources
-(``pods/gpus`` names a subresource), optional namespaces and resource names; ``*`` matches
-anything. No rule allows → ``allowed: false``.
+(``pods/gpus`` names a subresource), optional namespaces and resource names, or non-resource
+URLs (``/metrics``); ``*`` matches anything. No rule allows → ``allowed: false``.
 """
 
 from __future__ import annotations
@@ -65,11 +65,19 @@ class AccessRule:
     names: tuple[str, ...] | None = None
     """``None``: any object; else these resourceNames only."""
     description: str = "rule"
+    paths: tuple[str, ...] = ()
+    """Non-resource URLs (``/metrics``) the ``verbs`` are allowed on (a ClusterRole's
+    ``nonResourceURLs``); they match ``nonResourceAttributes`` only."""
 
     def allows(self, spec: dict[str, Any]) -> bool:
         user, groups = spec.get("user", ""), set(spec.get("groups") or [])
         if user not in self.users and not groups & set(self.groups):
             return False
+        url = spec.get("nonResourceAttributes")
+        if url is not None:
+            return _matches(self.verbs, url.get("verb", "")) and _matches(
+                self.paths, url.get("path", "")
+            )
         attrs = spec.get("resourceAttributes")
         if attrs is None:
             return False

@@ -1,6 +1,7 @@
 {{/* The agent's name: one agent per GPU node, one release per cluster (its ClusterRoles,
 PriorityClasses and admission policy are cluster-wide), so names are fixed, not per release. */}}
 {{- define "gpu-hotplug.name" -}}gpu-hotplug-agent{{- end -}}
+{{- define "gpu-hotplug.metricsReader" -}}gpu-hotplug-metrics-reader{{- end -}}
 
 {{- define "gpu-hotplug.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpu-hotplug.name" . }}
