@@ -231,7 +231,11 @@ def _holder_name(attachment: dict[str, Any]) -> str:
 def scraper(cluster: Cluster, agent_account: AgentAccount) -> str:
     """A token that may read the agent's /metrics: the reader ``k8s/monitoring`` ships."""
     reader = yaml.safe_load_all((K8S_DIR / "monitoring" / "metrics-reader.yaml").read_text())
-    cluster.apply([o for o in reader if o and o["kind"] != "Secret"])
+    objects = [o for o in reader if o and o["kind"] != "Secret"]
+    for obj in objects:
+        if obj["kind"] == "ServiceAccount":  # the monitoring kustomization's namespace
+            obj["metadata"]["namespace"] = AGENT_NAMESPACE
+    cluster.apply(objects)
     name = "gpu-hotplug-metrics-reader"
     return cluster.kubectl("create", "token", name, "-n", AGENT_NAMESPACE).strip()
 
