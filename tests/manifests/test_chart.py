@@ -283,6 +283,23 @@ def test_values_reach_their_objects() -> None:
     assert api_rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "ml"}}}]
 
 
+def test_a_digest_pins_the_agents_image() -> None:
+    """``image.digest`` (issue 35): the agent runs ``repository@digest``, what a signed-image
+    admission policy verifies; the tag is then not used."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    objects = render_chart(
+        "image.repository=registry.example.org:5000/gpu-hotplug-agent",
+        "image.tag=0.2.0",
+        f"image.digest={digest}",
+    )
+    (container,) = _agent_pod(objects)["containers"]
+    assert container["image"] == f"registry.example.org:5000/gpu-hotplug-agent@{digest}"
+    validate(by_kind(objects, "DaemonSet"))
+    assert _schema_admits(_values(image__digest=digest))
+    for wrong in ("sha256:abc", "0123456789abcdef" * 4, f"sha512:{'0' * 64}", f"{digest} "):
+        assert not _schema_admits(_values(image__digest=wrong)), wrong
+
+
 def test_switches_remove_their_objects() -> None:
     objects = render_chart(
         "admissionPolicy.enabled=false",
@@ -523,6 +540,7 @@ def _helm_template(*argv: str) -> subprocess.CompletedProcess[str]:
         ("lostHolders.graceSeconds=-5", "at '/lostHolders/graceSeconds': minimum"),
         ("metrics.podMonitor.interval=30sec", "at '/metrics/podMonitor/interval'"),
         ("holder.image=pause' || true || '", "at '/holder/image'"),
+        ("image.digest=sha256:0123", "at '/image/digest': 'sha256:0123' does not match pattern"),
         ('tolerations=[{"key": "gpu", "operator": "Is"}]', "at '/tolerations/0/operator'"),
     ],
 )
