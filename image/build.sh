@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Build the node agent's image from this source tree, with no registry:
 #
-#   bash image/build.sh [--tag TAG] [--save ARCHIVE]
+#   bash image/build.sh [--tag TAG] [--save ARCHIVE] [--sbom FILE]
 #
 # 1. the base: Debian (the suite below) made by mmdebstrap from the host's apt mirror, python3
 #    and python3-venv only, docs and locales left out; the tarball is cached under
 #    $JGH_IMAGE_CACHE (default ~/.cache/jupyter-gpu-hotplug/image) and `podman import`ed;
 # 2. the wheel of this tree (python -m build, which builds the JupyterLab extension) and the
-#    wheels of every dependency of its [agent] extra, chosen by pip for the base's own Python
-#    (its exact version, read from the base's dpkg status: a dependency may need a newer patch
-#    release than Debian's) and platform;
+#    wheels pinned by image/requirements.lock (the agent's runtime only: no notebook-side
+#    packages), every file checked against the lock's hashes, chosen by pip for the base's own
+#    Python (its exact version, read from the base's dpkg status) and platform;
 # 3. `podman build` of image/Containerfile over those wheels, with no network;
-# 4. with --save, an OCI archive of the image (for `ctr images import` on a node).
+# 4. with --save, an OCI archive of the image (for `ctr images import` on a node);
+# 5. the SBOM (CycloneDX JSON, image/sbom.py): the base's Debian packages and every wheel
+#    installed, with its SHA-256; written to --sbom FILE (default: ARCHIVE.cdx.json with --save,
+#    else $JGH_IMAGE_CACHE/jupyter-gpu-hotplug-agent-<version>.cdx.json).
 #
 # PODMAN (default: podman) may carry storage options, e.g. "podman --root /tmp/x --runroot /tmp/y".
 # PYTHON (default: python3) builds the wheels. Prints the image's tag on its last line.
@@ -25,13 +28,18 @@ cache=${JGH_IMAGE_CACHE:-$HOME/.cache/jupyter-gpu-hotplug/image}
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/jupyter_gpu_hotplug/_version.py")
 tag=localhost/jupyter-gpu-hotplug-agent:$version
 save=""
+sbom=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag=$2; shift 2 ;;
     --save) save=$2; shift 2 ;;
-    *) echo "usage: $0 [--tag TAG] [--save ARCHIVE]" >&2; exit 2 ;;
+    --sbom) sbom=$2; shift 2 ;;
+    *) echo "usage: $0 [--tag TAG] [--save ARCHIVE] [--sbom FILE]" >&2; exit 2 ;;
   esac
 done
+if [ -z "$sbom" ]; then
+  if [ -n "$save" ]; then sbom=$save.cdx.json; else sbom=$cache/jupyter-gpu-hotplug-agent-$version.cdx.json; fi
+fi
 
 log() { echo "[image $(date +%T)] $*" >&2; }
 
@@ -75,12 +83,14 @@ nice "$python" -m build --wheel --outdir "$work/dist" "$repo" >"$work/build.log"
 }
 wheel=$(ls "$work"/dist/jupyter_gpu_hotplug-*.whl)
 cp "$wheel" "$work/wheels/"
-log "wheels of the [agent] extra's dependencies, for Python $base_python ($base_abi)"
+log "wheels of image/requirements.lock (hashes checked), for Python $base_python ($base_abi)"
+cp "$here/requirements.lock" "$work/wheels/"
 nice "$python" -m pip download --quiet --dest "$work/wheels" --only-binary=:all: \
+  --require-hashes --no-deps \
   --python-version "$base_python" --implementation cp --abi "$base_abi" --abi abi3 --abi none \
   --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
-  "$wheel[agent]"
+  -r "$here/requirements.lock"
 log "podman build $tag"
 "${podman[@]}" build --quiet --network none --build-arg "BASE=$base" \
   -f "$here/Containerfile" -t "$tag" "$work" >/dev/null
@@ -89,4 +99,9 @@ if [ -n "$save" ]; then
   rm -f "$save"
   "${podman[@]}" save --format oci-archive -o "$save" "$tag"
 fi
+log "SBOM $sbom"
+mkdir -p "$(dirname "$sbom")"
+tar -xOf "$base_tar" ./var/lib/dpkg/status >"$work/dpkg-status"
+"$python" "$here/sbom.py" --image "$tag" --wheels "$work/wheels" --dpkg-status "$work/dpkg-status" \
+  --out "$sbom"
 echo "$tag"

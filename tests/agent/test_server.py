@@ -156,6 +156,45 @@ def test_attach_list_detach_over_tcp(served: ServedAgent) -> None:
     assert served.tcp.get("/v1/attachments?pid=100").json() == {"attachments": []}
 
 
+def test_every_answer_is_logged_with_the_caller_and_the_target(
+    served: ServedAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 35: successes were logged by tornado's access line only, which names no caller
+    # over TCP and no target at all; refusals said why but not who asked.
+    served.host.spawn(100, "kernel-a")
+    caplog.set_level(logging.INFO, logger="jupyter_gpu_hotplug.agent.api.handlers")
+
+    attached = served.tcp.post("/v1/attachments", ATTACH_100)
+    uuid = attached.json()["attachments"][0]["uuid"]
+    listed = served.tcp.get("/v1/gpus")
+    gone = served.tcp.delete(f"/v1/attachments/{uuid}")
+    refused = served.tcp.delete(f"/v1/attachments/{uuid}")
+    anonymous = served.tcp.with_token(None).get("/v1/gpus")
+
+    def logged(response: Response) -> tuple[str, str | None, str | None]:
+        """The answer's log line (up to the reason), its caller and its target."""
+        (record,) = [
+            r
+            for r in caplog.records
+            if getattr(r, "request_id", None) == response.headers["X-Request-Id"]
+        ]
+        line = record.getMessage().partition(":")[0]
+        return line, getattr(record, "caller", None), getattr(record, "target", None)
+
+    tcp = "tcp with token"
+    assert logged(attached) == ("POST /v1/attachments -> 201", tcp, "process 100")
+    assert logged(listed) == ("GET /v1/gpus -> 200", tcp, None)
+    assert logged(gone) == (f"DELETE /v1/attachments/{uuid} -> 204", tcp, f"GPU {uuid}")
+    assert refused.status == 404
+    assert logged(refused) == (
+        f"DELETE /v1/attachments/{uuid} -> 404 not_found",
+        tcp,
+        f"GPU {uuid}",
+    )
+    assert anonymous.status == 401
+    assert logged(anonymous)[1:] == (None, None)
+
+
 def test_unix_socket_peer_acts_on_its_own_container_without_token(served: ServedAgent) -> None:
     kernel = served.host.spawn(100, "kernel-a")
     served.host.spawn(200, "kernel-b")

@@ -34,6 +34,8 @@ class AgentImage:
     """The image's reference (``localhost/jupyter-gpu-hotplug-agent:<version>``)."""
     archive: Path
     """An OCI archive of it, for ``ctr images import`` or ``podman load``."""
+    sbom: Path
+    """Its SBOM (CycloneDX JSON), written by the build beside the archive."""
     podman: tuple[str, ...]
     """``podman`` with this build's storage options, to run or inspect the image."""
 
@@ -54,7 +56,12 @@ def build_agent_image(storage: Path) -> AgentImage:
         what="image/build.sh failed",
         env={**os.environ, "PODMAN": " ".join(podman), "PYTHON": sys.executable},
     )
-    return AgentImage(name=done.stdout.split()[-1], archive=archive, podman=podman)
+    return AgentImage(
+        name=done.stdout.split()[-1],
+        archive=archive,
+        sbom=archive.with_name(archive.name + ".cdx.json"),
+        podman=podman,
+    )
 
 
 def _remove(storage: Path) -> None:

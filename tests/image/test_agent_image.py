@@ -1,8 +1,10 @@
 """``image/build.sh`` builds the agent's image from this tree with no registry (a Debian base
 made by mmdebstrap, ``podman build`` without network), and the image is what the manifests run:
 the agent accepts the DaemonSet's arguments, the [agent] extra's libraries import, and no build
-tool or package manager for Python or Node.js is left in it. Its size is printed (the figure in
-docs/performance.md); nothing is timed.
+tool or package manager for Python or Node.js is left in it, nor any notebook-side package
+(issue 35: the agent's runtime comes from ``image/requirements.lock``); the build's SBOM lists
+exactly the Python distributions installed in it and the base's Debian packages. Its size is
+printed (the figure in docs/performance.md); nothing is timed.
 """
 
 from __future__ import annotations
@@ -75,3 +77,41 @@ def test_build_script_has_no_registry_step() -> None:
     froms = [line.split()[1] for line in containerfile.splitlines() if line.startswith("FROM ")]
     assert froms == ["${BASE}", "${BASE}"]
     assert "ARG BASE=localhost/" in containerfile
+
+
+NOTEBOOK_SIDE = ("jupyter_server", "ipywidgets", "IPython", "jupyter_client", "jupyterlab")
+"""The core dependencies only the notebook side imports (issue 35: not in the agent image)."""
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_image_has_no_notebook_side_packages(image: AgentImage) -> None:
+    found = run(
+        image,
+        "-c",
+        "import importlib.util as u; "
+        f"print(' '.join(m for m in {NOTEBOOK_SIDE!r} if u.find_spec(m)))",
+        entrypoint="/opt/gpu-hotplug/bin/python",
+    )
+    assert found.split() == []
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_the_sbom_lists_what_the_image_holds(image: AgentImage) -> None:
+    sbom = json.loads(image.sbom.read_text())
+    assert (sbom["bomFormat"], sbom["specVersion"]) == ("CycloneDX", "1.6")
+    assert sbom["metadata"]["component"]["name"] == image.name
+    listed = {
+        (c["name"], c["version"]) for c in sbom["components"] if c["purl"].startswith("pkg:pypi/")
+    }
+    installed = run(
+        image,
+        "-c",
+        "import importlib.metadata as m, re; "
+        "print('\\n'.join(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() + ' ' + d.version "
+        "for d in m.distributions()))",
+        entrypoint="/opt/gpu-hotplug/bin/python",
+    )
+    assert {tuple(line.split()) for line in installed.splitlines()} == listed
+    assert all(len(c["hashes"][0]["content"]) == 64 for c in sbom["components"] if "hashes" in c)
+    debian = {c["name"] for c in sbom["components"] if c["purl"].startswith("pkg:deb/debian/")}
+    assert {"python3", "python3-venv", "libc6"} <= debian

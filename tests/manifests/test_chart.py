@@ -10,7 +10,10 @@ What differs between the two by design, and nothing else:
   ``…/version``) on every chart object;
 - the Namespace: kustomize creates ``gpu-hotplug`` with its PodSecurity label; a chart installs
   into the release namespace, which the operator creates and labels (the chart's values.yaml);
-- the PodMonitor/ServiceMonitor (off by default; kustomize users apply ``k8s/monitoring/``).
+- the monitoring objects (off by default; kustomize users apply ``k8s/monitoring/``): the
+  PodMonitor/ServiceMonitor, the PrometheusRule and the dashboard's ConfigMap, which with the
+  chart's values are ``k8s/monitoring``'s own, and which kube-prometheus-stack's default
+  selectors pick up given its ``release`` label.
 """
 
 from __future__ import annotations
@@ -61,8 +64,13 @@ HELM_LABELS: Final = frozenset(
     }
 )
 CRI_O: Final = ("cri.socketDir=/var/run/crio", "cri.endpoint=unix:///var/run/crio/crio.sock")
-MONITORS: Final = ("metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true")
-OPERATOR_KINDS: Final = frozenset({"PodMonitor", "ServiceMonitor"})
+MONITORS: Final = (
+    "metrics.podMonitor.enabled=true",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.rules.enabled=true",
+    "metrics.dashboard.enabled=true",
+)
+OPERATOR_KINDS: Final = frozenset({"PodMonitor", "ServiceMonitor", "PrometheusRule"})
 """Prometheus Operator objects: CRDs, outside the Kubernetes schemas (checked by hand below)."""
 SCHEMA: Final[dict[str, Any]] = json.loads((CHART_DIR / "values.schema.json").read_text())
 DEFAULTS: Final[dict[str, Any]] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
@@ -120,10 +128,46 @@ def test_every_rendered_object_validates() -> None:
     assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
 
 
-def test_chart_pod_monitor_is_k8s_monitorings() -> None:
-    (ours,) = [o for o in render(K8S_DIR / "monitoring") if o["kind"] == "PodMonitor"]
-    from_chart = _without_helm_labels(by_kind(render_chart(*MONITORS), "PodMonitor"))
-    assert from_chart == ours
+def test_chart_monitoring_is_k8s_monitorings() -> None:
+    """The PodMonitor, the rules and the dashboard: the chart's copies
+    (``files/prometheusrule-groups.yaml``, ``files/gpu-hotplug-dashboard.json``) are
+    ``k8s/monitoring``'s, and the ServiceMonitor scrapes with the same target labels."""
+    ours = {_key(o): o for o in render(K8S_DIR / "monitoring")}
+    chart = {_key(o): _without_helm_labels(o) for o in render_chart(*MONITORS)}
+    for key in ("PodMonitor/gpu-hotplug-agent", "PrometheusRule/gpu-hotplug-agent"):
+        assert chart[key] == ours[key], key
+    dashboard = "ConfigMap/gpu-hotplug-dashboard"
+    assert chart[dashboard] == ours[dashboard]
+    targets = ours["PodMonitor/gpu-hotplug-agent"]["spec"]["podTargetLabels"]
+    assert chart["ServiceMonitor/gpu-hotplug-agent"]["spec"]["podTargetLabels"] == targets
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A matchLabels selector's verdict (kube-prometheus-stack's defaults use no expressions)."""
+    assert selector.keys() == {"matchLabels"}
+    return bool(selector["matchLabels"].items() <= labels.items())
+
+
+@pytest.mark.parametrize("release", ["kube-prometheus-stack", "monitoring"])
+def test_kube_prometheus_stacks_default_selectors_pick_the_monitoring_up(release: str) -> None:
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors, PodMonitors and
+    PrometheusRules by ``release: <its release name>`` (``*SelectorNilUsesHelmValues: true``,
+    its default) in every namespace; its Grafana sidecar loads ConfigMaps labelled
+    ``grafana_dashboard: "1"``. Without the label the chart's objects are not picked up."""
+    kps_selector = {"matchLabels": {"release": release}}
+    sidecar = {"matchLabels": {"grafana_dashboard": "1"}}
+    kinds = {"podMonitor": "PodMonitor", "serviceMonitor": "ServiceMonitor"}
+    kinds |= {"rules": "PrometheusRule"}
+    labelled = render_chart(*MONITORS, *(f"metrics.{v}.labels.release={release}" for v in kinds))
+    bare = render_chart(*MONITORS)
+    for kind in kinds.values():
+        assert _selects(kps_selector, by_kind(labelled, kind)["metadata"]["labels"]), kind
+        assert not _selects(kps_selector, by_kind(bare, kind)["metadata"]["labels"]), kind
+    dashboard = by_kind(bare, "ConfigMap", "gpu-hotplug-dashboard")
+    assert _selects(sidecar, dashboard["metadata"]["labels"])
+    extra = render_chart(*MONITORS, "metrics.dashboard.labels.team=ml")
+    labels = by_kind(extra, "ConfigMap", "gpu-hotplug-dashboard")["metadata"]["labels"]
+    assert labels["team"] == "ml"
 
 
 @pytest.mark.parametrize(
@@ -250,6 +294,23 @@ def test_values_reach_their_objects() -> None:
     assert subject["namespace"] == "gpu-ops"
     api_rule = by_kind(objects, "NetworkPolicy")["spec"]["ingress"][0]
     assert api_rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "ml"}}}]
+
+
+def test_a_digest_pins_the_agents_image() -> None:
+    """``image.digest`` (issue 35): the agent runs ``repository@digest``, what a signed-image
+    admission policy verifies; the tag is then not used."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    objects = render_chart(
+        "image.repository=registry.example.org:5000/gpu-hotplug-agent",
+        "image.tag=0.2.0",
+        f"image.digest={digest}",
+    )
+    (container,) = _agent_pod(objects)["containers"]
+    assert container["image"] == f"registry.example.org:5000/gpu-hotplug-agent@{digest}"
+    validate(by_kind(objects, "DaemonSet"))
+    assert _schema_admits(_values(image__digest=digest))
+    for wrong in ("sha256:abc", "0123456789abcdef" * 4, f"sha512:{'0' * 64}", f"{digest} "):
+        assert not _schema_admits(_values(image__digest=wrong)), wrong
 
 
 def test_switches_remove_their_objects() -> None:
@@ -510,6 +571,7 @@ def _helm_template(*argv: str) -> subprocess.CompletedProcess[str]:
         ("lostHolders.graceSeconds=-5", "at '/lostHolders/graceSeconds': minimum"),
         ("metrics.podMonitor.interval=30sec", "at '/metrics/podMonitor/interval'"),
         ("holder.image=pause' || true || '", "at '/holder/image'"),
+        ("image.digest=sha256:0123", "at '/image/digest': 'sha256:0123' does not match pattern"),
         ('tolerations=[{"key": "gpu", "operator": "Is"}]', "at '/tolerations/0/operator'"),
     ],
 )

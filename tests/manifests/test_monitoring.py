@@ -1,7 +1,8 @@
-"""``k8s/monitoring/``: the PodMonitor scrapes what the DaemonSet serves, every alert and every
+"""``k8s/monitoring/``: the PodMonitor scrapes what the DaemonSet serves, every rule and every
 dashboard query parses as PromQL (``promql-parser``, the Rust parser's bindings) and names only
-metrics the agent exports (read from ``AgentMetrics``' own registry) or Prometheus's ``up``, and
-the alerts the operator guide promises exist.
+metrics the agent exports (read from ``AgentMetrics``' own registry), Prometheus's ``up``, or the
+kube-state-metrics and dcgm-exporter series the rules say they assume, and the alerts the
+operator guide promises exist. ``test_rules.py`` proves what the rules do with ``promtool``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ MONITORING: Final = K8S_DIR / "monitoring"
 DASHBOARD: Final = MONITORING / "gpu-hotplug-dashboard.json"
 PROMETHEUS_METRICS: Final = frozenset({"up"})
 """Series Prometheus itself writes for every target."""
+KUBE_STATE_METRICS: Final = frozenset(
+    {
+        "kube_daemonset_status_desired_number_scheduled",
+        "kube_daemonset_status_number_available",
+        "kube_daemonset_status_number_misscheduled",
+        "kube_pod_owner",
+    }
+)
+"""kube-state-metrics (v2, default collectors) series the rules assume: the DaemonSet's coverage
+and a holder pod's owner (its notebook)."""
+DCGM_EXPORTER: Final = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
+"""dcgm-exporter's default-counter series the recording rules give to notebooks."""
 SUFFIXES: Final = {
     "counter": ("_total", "_created"),
     "gauge": ("",),
@@ -58,8 +71,14 @@ def objects() -> list[dict[str, Any]]:
 
 
 def _rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerting rules (recording rules are checked in their own test)."""
     rule = by_kind(objects, "PrometheusRule")
-    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    return [r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r]
+
+
+def _records(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rule = by_kind(objects, "PrometheusRule")
+    return [r for group in rule["spec"]["groups"] for r in group["rules"] if "record" in r]
 
 
 def test_alerts_parse_and_name_exported_metrics(objects: list[dict[str, Any]]) -> None:
@@ -67,7 +86,7 @@ def test_alerts_parse_and_name_exported_metrics(objects: list[dict[str, Any]]) -
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     groups = rule["spec"]["groups"]
     assert len({g["name"] for g in groups}) == len(groups)
-    known = exported_series() | PROMETHEUS_METRICS
+    known = exported_series() | PROMETHEUS_METRICS | KUBE_STATE_METRICS
     alerts = _rules(objects)
     assert len({a["alert"] for a in alerts}) == len(alerts)
     for alert in alerts:
@@ -79,12 +98,29 @@ def test_alerts_parse_and_name_exported_metrics(objects: list[dict[str, Any]]) -
         assert {"summary", "description"} <= alert["annotations"].keys()
 
 
+def test_recording_rules_follow_the_naming_convention(objects: list[dict[str, Any]]) -> None:
+    """``level:metric:operations`` (Prometheus's convention), over the series they assume."""
+    records = _records(objects)
+    assert records
+    for record in records:
+        assert set(record) == {"record", "expr"}, record["record"]
+        level, metric, operation = record["record"].split(":")
+        assert level and operation and metric in metrics_of(record["expr"])
+        assert metrics_of(record["expr"]) <= DCGM_EXPORTER | KUBE_STATE_METRICS
+
+
 def test_the_promised_alerts_exist(objects: list[dict[str, Any]]) -> None:
-    """Agent down, stray access, orphan revokes, queue wait, idle releases, attach errors,
-    untrusted holders."""
+    """Agent down or absent, DaemonSet coverage, stray access, orphan revokes, queue wait, idle
+    releases, attach errors, untrusted holders."""
     watched = {alert["alert"]: metrics_of(alert["expr"]) for alert in _rules(objects)}
     assert watched == {
         "GpuHotplugAgentDown": {"up"},
+        "GpuHotplugAgentAbsent": {"up", "kube_daemonset_status_desired_number_scheduled"},
+        "GpuHotplugAgentMissingOnNodes": {
+            "kube_daemonset_status_desired_number_scheduled",
+            "kube_daemonset_status_number_available",
+        },
+        "GpuHotplugAgentMisscheduled": {"kube_daemonset_status_number_misscheduled"},
         "GpuHotplugStrayGpuAccess": {"gpu_hotplug_stray_gpu_access"},
         "GpuHotplugOrphanRevokes": {"gpu_hotplug_lost_revokes_total"},
         "GpuHotplugLostHolders": {"gpu_hotplug_lost_revokes_total"},
@@ -111,10 +147,12 @@ def test_pod_monitor_scrapes_the_agents_metrics_port(objects: list[dict[str, Any
         rule["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}]
         for rule in policy["spec"]["ingress"]
     )
-    # Prometheus names a PodMonitor's job <namespace>/<name>: what GpuHotplugAgentDown selects.
-    job = f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+    # The monitor copies the pod's name label onto every series (podTargetLabels), as
+    # app_kubernetes_io_name: what GpuHotplugAgentDown selects, whatever the job is called.
+    assert monitor["spec"]["podTargetLabels"] == ["app.kubernetes.io/name"]
+    selected = 'app_kubernetes_io_name="' + labels["app.kubernetes.io/name"] + '"'
     (down,) = [a for a in _rules(objects) if a["alert"] == "GpuHotplugAgentDown"]
-    assert f'job="{job}"' in down["expr"]
+    assert f"up{{{selected}}}" in down["expr"]
 
 
 def test_pod_monitor_sends_a_token_rbac_allows_to_read_metrics(

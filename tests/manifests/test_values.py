@@ -1,5 +1,6 @@
-"""``k8s/jupyterhub/values.yaml`` merges into a hub's own values: nothing of theirs is lost, and
-notebook pods get what ``configure_kubespawner`` gives them.
+"""``k8s/jupyterhub/values.yaml`` merges into a hub's own values: nothing of theirs is lost,
+notebook pods get what ``configure_kubespawner`` gives them, and only GPU-on-demand profiles are
+placed on GPU nodes (CPU-only profiles keep the hub's own placement).
 
 A hub's values file with its own volumes, mounts, tolerations, environment, egress rules and
 profiles (one replacing the volume lists, one with option choices) is merged with ours by the
@@ -70,6 +71,8 @@ singleuser:
       kubespawner_override:
         extra_annotations:
           gpu-hotplug.jupyter.org/max-gpus: "4"
+        node_selector:
+          nvidia.com/gpu.present: "true"
     - display_name: Own volumes
       slug: own-volumes
       kubespawner_override:
@@ -93,9 +96,15 @@ hub:
     00-theirs: |
       c.KubeSpawner.start_timeout = 600
 """
-PROFILES: Final = ("small", "gpu-large", "own-volumes", "options")
+THEIR_PROFILES: Final = ("small", "gpu-large", "own-volumes", "options")
+PROFILES: Final = (*THEIR_PROFILES, "gpu-on-demand")
+"""The hub's profiles and the one the values add."""
+GPU_PROFILES: Final = frozenset({"gpu-large", "gpu-on-demand"})
+"""Profiles that select GPU nodes: the hub's own (its override names the GPU-node label) and
+the values' GPU-on-demand profile; the others are CPU-only."""
 TOKEN: Final = "gpu-hotplug-token"
 GPU_TOLERATION: Final = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_NODES: Final = {"nvidia.com/gpu.present": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +167,9 @@ def _their_lists(profile: str) -> dict[str, Any]:
         "volume_mounts": singleuser["storage"]["extraVolumeMounts"],
         "tolerations": singleuser["extraTolerations"],
     }
-    (entry,) = [p for p in singleuser["profileList"] if p["slug"] == profile]
-    overrides = [entry.get("kubespawner_override", {})]
-    for option in entry.get("profile_options", {}).values():
+    entries = [p for p in singleuser["profileList"] if p["slug"] == profile]
+    overrides = [entry.get("kubespawner_override", {}) for entry in entries]
+    for option in (o for entry in entries for o in entry.get("profile_options", {}).values()):
         overrides += [
             choice.get("kubespawner_override", {})
             for choice in option["choices"].values()
@@ -179,7 +188,8 @@ def test_helm_keeps_every_list_of_theirs(merged: dict[str, Any]) -> None:
     assert singleuser["storage"] == theirs["storage"]
     # Maps merge: theirs and ours side by side.
     assert singleuser["extraEnv"]["HUB_SETTING"] == "theirs"
-    assert singleuser["nodeSelector"] == {"pool": "ml", "nvidia.com/gpu.present": "true"}
+    # No placement of ours in singleuser: it would apply to CPU-only profiles too.
+    assert singleuser["nodeSelector"] == {"pool": "ml"}
     assert set(merged["hub"]["extraConfig"]) == {"00-theirs", "gpu-hotplug"}
 
 
@@ -191,9 +201,17 @@ async def test_pods_keep_theirs_and_get_ours(merged: dict[str, Any], profile: st
     theirs = _their_lists(profile)
     assert _names(spec["volumes"]) >= _names(theirs["volumes"]) | {TOKEN}
     assert _names(container["volumeMounts"]) >= _names(theirs["volume_mounts"]) | {TOKEN}
-    for toleration in [*theirs["tolerations"], GPU_TOLERATION]:
+    for toleration in theirs["tolerations"]:
         assert toleration in spec["tolerations"]
-    assert spec["nodeSelector"] == {"pool": "ml", "nvidia.com/gpu.present": "true"}
+    # GPU-on-demand profiles on GPU nodes (tolerating their taint); CPU-only ones where the
+    # hub puts notebooks, without the GPU toleration. KubeSpawner merges a profile's
+    # node_selector into singleuser's: the hub's pool label stays on both.
+    if profile in GPU_PROFILES:
+        assert spec["nodeSelector"] == {"pool": "ml", **GPU_NODES}
+        assert GPU_TOLERATION in spec["tolerations"]
+    else:
+        assert spec["nodeSelector"] == {"pool": "ml"}
+        assert GPU_TOLERATION not in spec["tolerations"]
     env = env_of(pod)
     assert env["HUB_SETTING"] == "theirs"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
@@ -220,7 +238,25 @@ def _comparable(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+async def test_a_hub_without_profiles_gets_a_cpu_default_and_gpu_on_demand(
+    merged: dict[str, Any],
+) -> None:
+    """Without profiles of its own the hub's notebook stays what it was (CPU only, the
+    default, placed by the hub) and GPU on demand is the one other choice."""
+    values = {**merged, "singleuser": {**merged["singleuser"]}}
+    del values["singleuser"]["profileList"]
+    config = hub_config(values)
+    assert [p["slug"] for p in config.KubeSpawner.profile_list] == ["cpu", "gpu-on-demand"]
+    cpu = (await pod_for(config))["spec"]
+    assert (cpu["nodeSelector"], GPU_TOLERATION in cpu["tolerations"]) == ({"pool": "ml"}, False)
+    gpu = (await pod_for(hub_config(values), profile="gpu-on-demand"))["spec"]
+    assert gpu["nodeSelector"] == {"pool": "ml", **GPU_NODES}
+    assert GPU_TOLERATION in gpu["tolerations"]
+    # The hub's own tolerations stay on GPU nodes too.
+    assert _theirs()["singleuser"]["extraTolerations"][0] in gpu["tolerations"]
+
+
+@pytest.mark.parametrize("profile", THEIR_PROFILES)
 async def test_values_agree_with_the_helper(merged: dict[str, Any], profile: str) -> None:
     from_values = await pod_for(hub_config(merged), profile=profile)
     helper = hub_config(_theirs())

@@ -118,6 +118,14 @@ build_all() {
     github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin
   build helm "$HELM_VERSION" "helm.sh/helm/v3@$HELM_VERSION" - 0 "" \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  # promtool (not a node component): `promtool test rules` proves the alerts of k8s/monitoring
+  # and the chart (tests/manifests/test_rules.py). Prometheus 3.x's Go module is v0.3MM.P for
+  # release 3.MM.P.
+  local minor_patch=${PROMETHEUS_VERSION#v0.}
+  local prometheus_release="3.$((${minor_patch%%.*} - 300)).${minor_patch#*.}"
+  build promtool "$PROMETHEUS_VERSION" "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" - 0 "" \
+    "-X github.com/prometheus/common/version.Version=$prometheus_release" \
+    github.com/prometheus/prometheus/cmd/promtool
 }
 
 only=()

@@ -2,7 +2,8 @@
 a GPU through the node-local Service, as ``test_deployed.py`` proves for kustomize.
 
 The values change only what differs on this node from a cloud's GPU node, as that test's
-overlay does: the image (built by ``image/build.sh``, imported, never pulled), no ``nvidia``
+overlay does: the image (built by ``image/build.sh``, imported, never pulled, and named by its
+digest, ``image.digest``: what a signed-image policy pins), no ``nvidia
 RuntimeClass, where this kubelet and containerd keep their sockets, the simulated NVML mounted
 from the host (``agent.extraEnv``/``extraVolumes``), and the test's pause image as the holder
 image (the admission policy then admits it). The release lives in a namespace of its own; its
@@ -39,13 +40,29 @@ NAMESPACE: Final = "gpu-hotplug-chart"
 NOTEBOOKS_LABEL: Final = "gpu-hotplug.jupyter.org/notebooks"
 
 
+def _by_digest(cluster: Cluster) -> tuple[str, str]:
+    """The imported agent image's repository and manifest digest, with the digest reference
+    recorded in containerd as a pull by digest records it (``ctr images import`` records only
+    the tag; the kubelet resolves ``repository@digest`` among the runtime's image names)."""
+    name = agent_image().name
+    (line,) = [
+        row for row in cluster.node.ctr("images", "ls").splitlines() if row.split()[0] == name
+    ]
+    digest = line.split()[2]
+    assert digest.startswith("sha256:"), line
+    repository = name.rpartition(":")[0]
+    cluster.node.ctr("images", "tag", "--force", name, f"{repository}@{digest}")
+    return repository, digest
+
+
 def _values(cluster: Cluster) -> dict[str, Any]:
     node = cluster.node
-    image = agent_image()
-    repository, _, tag = image.name.rpartition(":")
+    repository, digest = _by_digest(cluster)
     nvml = deployed.fake_nvml_mounts(node)
     return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        # A tag that does not exist: the digest wins.
+        "image": {"repository": repository, "tag": "not-this-tag", "digest": digest,
+                  "pullPolicy": "Never"},
         "runtimeClassName": "",
         "cri": {"socketDir": str(node.containerd_dir), "endpoint": node.cri_endpoint},
         "kubelet": {"podResourcesDir": str(node.pod_resources_socket.parent)},
@@ -110,4 +127,10 @@ def test_helm_install_brings_the_agent_up_and_a_notebook_attaches(
     )
     # The release's policy names the release's ServiceAccount.
     assert f"system:serviceaccount:{NAMESPACE}:gpu-hotplug-agent" in json.dumps(policy)
+    # The agent runs the image named by its digest.
+    daemonset: Any = cluster.api.sanitize_for_serialization(
+        k8s.AppsV1Api(cluster.api).read_namespaced_daemon_set("gpu-hotplug-agent", NAMESPACE)
+    )
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert "@sha256:" in container["image"]
     deployed.attach_and_detach_through_the_service(cluster, namespace, installed)

@@ -8,11 +8,14 @@ so an unauthenticated client never holds a connection through a body phase (issu
 verb the route does not have is a 405 for anyone. A request refused while its body is unread
 is answered with a lingering close (``_lingering``), so the client reads the answer instead of
 a reset. A connection let in on the token holders' reserve (``limits``) must show the token.
-``write_error`` turns an ``AgentError`` into its status and JSON
-body — and anything else into a JSON 500 ``internal_error`` carrying a request id, logged with
-its traceback (a 5xx is a bug, and the id finds it in the log). Each verb then parses its input
-with ``validation``, calls one ``AgentService`` method and writes the result with an explicit
-status (201 for POST, 204 for DELETE). No logic lives here; the service never sees tornado.
+Every answer to an authenticated caller is logged with who called and what the request
+acted on (``_audit``): refusals in ``log_exception``, successes in ``finish`` — the agent's log
+is the audit trail of what it changed in other containers. ``write_error`` turns an
+``AgentError`` into its status and JSON body — and anything else into a JSON 500
+``internal_error`` carrying a request id, logged with its traceback (a 5xx is a bug, and the id
+finds it in the log). Each verb then parses its input with ``validation``, calls one
+``AgentService`` method and writes the result with an explicit status (201 for POST, 204 for
+DELETE). No logic lives here; the service never sees tornado.
 
 The routes and statuses served here are exactly those of ``openapi.json``; tests check it.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from asyncio import Future
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,7 +34,7 @@ from typing import Any, ClassVar, Final, Literal
 from tornado import web
 
 from ..._lingering import has_unread_body, refuse_unread
-from ..._structs import BoundedBody, ErrorBody, allow_header
+from ..._structs import BoundedBody, ErrorBody, TargetRef, allow_header
 from ..core.errors import (
     AgentError,
     BodyTooLarge,
@@ -121,6 +125,9 @@ class ApiHandler(web.RequestHandler):
     """Its verbs need an authenticated caller (checked at the headers)."""
 
     caller: Caller | None = None
+    target: str | None = None
+    """What the request acts on, for the audit fields (``_audit``): the target as the request
+    names it (``self``: the caller's own container), a GPU, or a queued request."""
     _request_id: str | None = None
 
     @property
@@ -227,6 +234,21 @@ class ApiHandler(web.RequestHandler):
             connection=connection_of(self.request),
         )
 
+    def aim(self, target: TargetRef | None) -> TargetRef | None:
+        """Note ``target`` (None: the caller itself) for the audit fields; return it."""
+        self.target = "self" if target is None else str(target)
+        return target
+
+    def _audit(self) -> dict[str, str]:
+        """The fields of every log line about an answer: the request id, and where known who
+        called and on what (a refused or unauthenticated request may not have got that far)."""
+        fields = {"request_id": self.request_id}
+        if self.caller is not None:
+            fields["caller"] = str(self.caller)
+        if self.target is not None:
+            fields["target"] = self.target
+        return fields
+
     def data_received(self, chunk: bytes) -> None:
         self._body.add(chunk)
 
@@ -244,6 +266,19 @@ class ApiHandler(web.RequestHandler):
         return arguments
 
     # --- response ------------------------------------------------------------------------------
+
+    def finish(self, chunk: str | bytes | dict[Any, Any] | None = None) -> Future[None]:
+        # Every success of an authenticated caller, in the refusals' shape (``log_exception``)
+        # and before the answer leaves: the one place every verb's answer passes.
+        if self.caller is not None and self.get_status() < 400 and not self._finished:
+            log.info(
+                "%s %s -> %d",
+                self.request.method,
+                self.request.path,
+                self.get_status(),
+                extra=self._audit(),
+            )
+        return super().finish(chunk)
 
     def reply(self, body: object, *, status: int = 200) -> None:
         self.set_status(status)
@@ -297,10 +332,16 @@ class ApiHandler(web.RequestHandler):
                 value.status,
                 value.code,
                 value.message,
-                extra={"request_id": self.request_id},
+                extra=self._audit(),
             )
         elif isinstance(value, web.HTTPError) and value.status_code < 500:
-            log.info("%s %s -> %d", self.request.method, self.request.path, value.status_code)
+            log.info(
+                "%s %s -> %d",
+                self.request.method,
+                self.request.path,
+                value.status_code,
+                extra=self._audit(),
+            )
         else:
             log.error(
                 "internal error in %s %s (request id %s)",
@@ -393,13 +434,14 @@ class AttachmentsHandler(ApiHandler):
 
     async def get(self) -> None:
         caller = await self.authenticate()
-        target = parse_target_query(self.query(*_TARGET_QUERY))
+        target = self.aim(parse_target_query(self.query(*_TARGET_QUERY)))
         self.reply(await self.context.service.attachments(caller, target))
 
     async def post(self) -> None:
         caller = await self.authenticate()
         self.query()
         request = parse_attach_request(self.body)
+        self.aim(request.target)
         result = await self.context.service.attach(caller, request)
         if result["attachments"]:
             target = result["attachments"][0]["target"]
@@ -410,7 +452,7 @@ class AttachmentsHandler(ApiHandler):
     async def delete(self) -> None:
         caller = await self.authenticate()
         arguments = self.query(*_TARGET_QUERY, "force")
-        target = parse_target_query(arguments)
+        target = self.aim(parse_target_query(arguments))
         force = parse_force(arguments)
         await self.context.service.detach_all(caller, target, force=force)
         self.reply_empty()
@@ -422,6 +464,7 @@ class AttachmentHandler(ApiHandler):
     async def delete(self, raw_uuid: str) -> None:
         caller = await self.authenticate()
         gpu = parse_gpu_uuid(raw_uuid)
+        self.target = f"GPU {gpu}"
         force = parse_force(self.query("force"))
         await self.context.service.detach(caller, gpu, force=force)
         self.reply_empty()
@@ -432,7 +475,7 @@ class IdleReleasesHandler(ApiHandler):
 
     async def get(self) -> None:
         caller = await self.authenticate()
-        target = parse_target_query(self.query(*_TARGET_QUERY))
+        target = self.aim(parse_target_query(self.query(*_TARGET_QUERY)))
         self.reply(await self.context.service.idle_releases(caller, target))
 
 
@@ -441,7 +484,7 @@ class QueueHandler(ApiHandler):
 
     async def get(self) -> None:
         caller = await self.authenticate()
-        target = parse_target_query(self.query(*_TARGET_QUERY))
+        target = self.aim(parse_target_query(self.query(*_TARGET_QUERY)))
         self.reply(await self.context.service.queued(caller, target))
 
 
@@ -450,8 +493,10 @@ class QueuedRequestHandler(ApiHandler):
 
     async def delete(self, raw_request_id: str) -> None:
         caller = await self.authenticate()
-        target = parse_target_query(self.query(*_TARGET_QUERY))
-        await self.context.service.cancel_queued(caller, parse_request_id(raw_request_id), target)
+        target = self.aim(parse_target_query(self.query(*_TARGET_QUERY)))
+        request_id = parse_request_id(raw_request_id)
+        self.target = f"queued request {request_id} of {self.target}"
+        await self.context.service.cancel_queued(caller, request_id, target)
         self.reply_empty()
 
 

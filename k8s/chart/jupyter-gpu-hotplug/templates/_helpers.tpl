@@ -21,8 +21,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "gpu-hotplug.commonLabels" . }}
 {{- end -}}
 
+{{/* repository@digest when a digest is given (pinned, what signature policies verify), else
+repository:tag. */}}
 {{- define "gpu-hotplug.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpu-hotplug.serviceAccount" -}}
