@@ -43,15 +43,30 @@ fi
 
 log() { echo "[image $(date +%T)] $*" >&2; }
 
-# The packages are part of the cache key: a changed list makes a new base.
+# The base is cached under a key of what it is made of: the suite, the package list, the date of
+# the suite's Release on the mirror as the host's apt lists last saw it (a point release
+# changes it) and the versions apt would install of the packages asked for. A Debian update
+# therefore makes a new base instead of reusing an old one under the same name; where the host
+# has no apt lists (never `apt-get update`d) the key says "unknown" for what it cannot read.
 packages=python3,python3-venv
-base_tar=$cache/debian-$suite-${packages//,/-}.tar
-base=localhost/jupyter-gpu-hotplug/debian-python:$suite
+base_key() {
+  local release date versions
+  release=$(ls /var/lib/apt/lists/*_dists_"$suite"_InRelease 2>/dev/null | head -n 1 || true)
+  date=$( [ -n "$release" ] && sed -n 's/^Date: //p' "$release" | head -n 1 || true)
+  versions=$(apt-cache show --no-all-versions ${packages//,/ } 2>/dev/null |
+    sed -n 's/^Package: //p; s/^Version: //p' | paste -sd' ' || true)
+  printf '%s\n' "$suite" "$packages" "${date:-unknown}" "${versions:-unknown}"
+}
+base_id=$(base_key | sha256sum | cut -c1-12)
+base_tar=$cache/debian-$suite-${packages//,/-}-$base_id.tar
+base=localhost/jupyter-gpu-hotplug/debian-python:$suite-$base_id
 if [ ! -f "$base_tar" ] || [ ! -s "$base_tar" ]; then
   command -v mmdebstrap >/dev/null || { echo "image/build.sh: apt-get install mmdebstrap" >&2; exit 1; }
-  log "base: mmdebstrap $suite ($packages)"
+  log "base: mmdebstrap $suite ($packages; $(base_key | tail -n 2 | paste -sd' '))"
   mkdir -p "$cache"
-  rm -rf "$base_tar" "$base_tar.partial"  # what an interrupted or older build left
+  # What an interrupted build left, and bases of older keys (nothing reads them any more).
+  rm -rf "$base_tar" "$base_tar.partial" "$cache/debian-$suite-${packages//,/-}".tar \
+    "$cache/debian-$suite-${packages//,/-}"-*.tar
   # --format: mmdebstrap otherwise picks the format from the file's name, and `.partial` is
   # none it knows — it would write a directory.
   nice mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" \
