@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import pytest
 
@@ -64,16 +64,15 @@ def gpu_report() -> Report:
     return _REPORT
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Each test's verdict goes into its section (failures with their message); the report is
     written after each test."""
-    outcome = yield
-    result: pytest.TestReport = outcome.get_result()
+    result = yield
     if not item.path.is_relative_to(_HERE) or _report_dir() is None:
-        return
+        return result
     step = _step(item)
     if result.when == "call" or (result.when == "setup" and not result.passed):
         if result.skipped:
@@ -89,6 +88,7 @@ def pytest_runtest_makereport(
         if result.failed:
             step.verdict += " (teardown FAILED)"
         _REPORT.write()
+    return result
 
 
 # --- the machine and the agent ------------------------------------------------------------------
