@@ -63,7 +63,11 @@ def http_cycles(runs: int) -> tuple[list[float], list[float], dict[str, float], 
                 detach.append(time.perf_counter() - start)
                 assert status == 204, body
             client.close()
-            metrics = urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/metrics").read()
+            scrape = urllib.request.Request(
+                f"http://127.0.0.1:{agent.port}/metrics",
+                headers={"Authorization": f"Bearer {agent.token}"},  # /metrics needs one
+            )
+            metrics = urllib.request.urlopen(scrape).read()
             server_side = _histogram_means(metrics.decode())
             rss = agent.rss_kib()
         finally:

@@ -189,7 +189,11 @@ def attach(agent: LocalAgent, pid: int) -> Attachment:
 
 
 def regranted_count(agent: LocalAgent) -> float:
-    with urllib.request.urlopen(f"{agent.tcp_url}/metrics", timeout=30) as reply:
+    # /metrics answers only an API caller (issue 31): the agent's token, as the tests hold it.
+    scrape = urllib.request.Request(
+        f"{agent.tcp_url}/metrics", headers={"Authorization": f"Bearer {agent.token}"}
+    )
+    with urllib.request.urlopen(scrape, timeout=30) as reply:
         text = reply.read().decode()
     pattern = r'^gpu_hotplug_reconcile_actions_total\{action="regranted"\} (\S+)$'
     found = re.search(pattern, text, re.MULTILINE)
