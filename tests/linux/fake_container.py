@@ -134,8 +134,13 @@ def fake_container(
             raise RuntimeError(f"fake container failed to start: {ready!r}")
         yield FakeContainer(process, rootfs)
     finally:
-        process.kill()
-        process.wait()
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """Kill and reap a fake container (its mounts go with its mount namespace)."""
+    process.kill()
+    process.wait()
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            stream.close()

@@ -1,0 +1,257 @@
+"""driver_edits + bindmounts: the driver's libraries given to a running glibc container, and
+taken back — with the container's own loader proving it, and the attacks it must survive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from jupyter_gpu_hotplug.linux import bindmounts, driver_edits
+from jupyter_gpu_hotplug.linux.cdi_spec import ContainerEdits, Hook, Mount
+from jupyter_gpu_hotplug.linux.driver_edits import DriverEditsError
+
+from ..fixtures.requirements import needs_root
+from .glibc_container import LIB_DIR, GlibcContainer, compile_c, glibc_container, missing_tools
+
+pytestmark = [
+    *needs_root,
+    pytest.mark.skipif(bool(missing_tools()), reason=f"missing {missing_tools()}"),
+]
+
+VERSION = "550.54.15"
+LIBCUDA = f"libcuda.so.{VERSION}"
+FAKE_CUDA = "int cuInit(unsigned flags) { (void)flags; return 0; }\n"
+
+
+@pytest.fixture
+def driver_root(tmp_path: Path) -> Path:
+    """A driver root as the toolkit finds one: the library and its SONAME link."""
+    lib_dir = tmp_path / "driver" / LIB_DIR.lstrip("/")
+    lib_dir.mkdir(parents=True)
+    compile_c(FAKE_CUDA, lib_dir / LIBCUDA, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1")
+    (lib_dir / "libcuda.so.1").symlink_to(LIBCUDA)
+    return tmp_path / "driver"
+
+
+def edits_for(driver_root: Path) -> ContainerEdits:
+    """The edits ``nvidia-ctk cdi generate`` writes for this root (its shape, trimmed)."""
+    return ContainerEdits(
+        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        mounts=(
+            Mount(
+                PurePosixPath(f"{driver_root}{LIB_DIR}/{LIBCUDA}"),
+                PurePosixPath(f"{LIB_DIR}/{LIBCUDA}"),
+                ("ro", "nosuid", "nodev", "rbind", "rprivate"),
+            ),
+        ),
+        hooks=(
+            Hook(
+                "createContainer",
+                PurePosixPath("/usr/bin/nvidia-cdi-hook"),
+                (
+                    "nvidia-cdi-hook",
+                    "create-symlinks",
+                    "--link",
+                    f"libcuda.so.1::{LIB_DIR}/libcuda.so",
+                ),
+            ),
+            Hook(
+                "createContainer",
+                PurePosixPath("/usr/bin/nvidia-cdi-hook"),
+                ("nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"),
+            ),
+            Hook(
+                "createContainer",
+                PurePosixPath("/usr/bin/nvidia-cdi-hook"),
+                ("nvidia-cdi-hook", "update-ldcache", "--folder", LIB_DIR),
+            ),
+        ),
+    )
+
+
+@pytest.fixture
+def container(tmp_path: Path) -> Iterator[GlibcContainer]:
+    with glibc_container(tmp_path / "c") as c:
+        yield c
+
+
+def host_mounts_mention(name: str) -> bool:
+    return name in Path("/proc/self/mountinfo").read_text()
+
+
+def test_apply_lets_a_new_process_load_libcuda_and_remove_takes_all_of_it_back(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    record = tmp_path / "state" / "edits.json"
+    before = container.run("probe")
+    assert before.startswith("NOLOAD"), before
+    pid = container.pid
+
+    applied = driver_edits.apply(pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+
+    assert applied.mounts == (PurePosixPath(f"{LIB_DIR}/{LIBCUDA}"),)
+    assert set(applied.links) == {
+        PurePosixPath(f"{LIB_DIR}/libcuda.so.1"),
+        PurePosixPath(f"{LIB_DIR}/libcuda.so"),
+    }
+    assert applied.ldcache
+    assert applied.env_not_applied == ("NVIDIA_VISIBLE_DEVICES=void",)
+    assert any("enable-cuda-compat" in s for s in applied.hooks_skipped)
+    assert container.run("probe").strip() == "LOADED libcuda.so.1 cuInit=0"
+    assert "libcuda.so.1" in container.run("cat /etc/ld.so.cache")
+    assert record.is_file()
+    assert not host_mounts_mention(LIBCUDA)  # the host's namespace never sees the mount
+
+    assert driver_edits.remove(pid, record=record) == []
+
+    assert container.run("probe").startswith("NOLOAD")
+    listing = container.run(f"ls {LIB_DIR}").split()
+    assert listing == ["libc.so.6"]
+    assert "libcuda" not in container.run("cat /etc/ld.so.cache")
+    assert LIBCUDA not in Path(f"/proc/{pid}/mountinfo").read_text()
+    assert not record.exists()
+
+
+def test_apply_twice_adds_nothing_and_one_remove_undoes_it(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    record = tmp_path / "edits.json"
+    edits = edits_for(driver_root)
+    driver_edits.apply(container.pid, edits, record=record, source_pid=os.getpid())
+    again = driver_edits.apply(container.pid, edits, record=record, source_pid=os.getpid())
+    assert again.mounts == () and again.links == ()
+    mounts = Path(f"/proc/{container.pid}/mountinfo").read_text().splitlines()
+    assert len([line for line in mounts if LIBCUDA in line]) == 1
+    assert driver_edits.remove(container.pid, record=record) == []
+    assert container.run("probe").startswith("NOLOAD")
+
+
+def test_a_crash_between_two_steps_is_undone_from_the_record(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    """kill -9 of the agent after the record and the mount, before the links and the cache:
+    a fresh process (the restarted agent) undoes it from the record alone."""
+    record = tmp_path / "edits.json"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from jupyter_gpu_hotplug.linux import driver_edits
+        from tests.linux.test_driver_edits import edits_for
+        def crash(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        driver_edits._make_link = crash
+        driver_edits.apply({container.pid}, edits_for(Path({str(driver_root)!r})),
+                           record=Path({str(record)!r}), source_pid={os.getpid()})
+        """
+    )
+    agent = subprocess.run(
+        [sys.executable, "-c", script], cwd=Path(__file__).parents[2], check=False, timeout=120
+    )
+    assert agent.returncode == -signal.SIGKILL
+    assert LIBCUDA in Path(f"/proc/{container.pid}/mountinfo").read_text()  # half-done
+
+    assert driver_edits.remove(container.pid, record=record) == []
+
+    assert LIBCUDA not in Path(f"/proc/{container.pid}/mountinfo").read_text()
+    assert container.run(f"ls {LIB_DIR}").split() == ["libc.so.6"]
+    assert not record.exists()
+
+
+def test_a_library_the_runtime_mounted_is_left_in_place(driver_root: Path, tmp_path: Path) -> None:
+    """NVIDIA's legacy mode mounts the libraries at creation; detach must not take them."""
+    source = f"{driver_root}{LIB_DIR}/{LIBCUDA}"
+    setup = [
+        f'touch "$R{LIB_DIR}/{LIBCUDA}" && mount --bind -o ro {source} "$R{LIB_DIR}/{LIBCUDA}"',
+        f'ln -s {LIBCUDA} "$R{LIB_DIR}/libcuda.so.1" && ldconfig -r "$R"',
+    ]
+    with glibc_container(tmp_path / "c", setup=setup) as container:
+        record = tmp_path / "edits.json"
+        applied = driver_edits.apply(
+            container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+        )
+        assert applied.mounts == ()
+        driver_edits.remove(container.pid, record=record)
+        assert container.run("probe").strip() == "LOADED libcuda.so.1 cuInit=0"
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        # the library's directory is a link out of the image's tree (to /etc, or to the host)
+        'rm -rf "$R/usr/lib/x86_64-linux-gnu" && ln -s /etc "$R/usr/lib/x86_64-linux-gnu"',
+        # the mount point itself is a link to a file the container wants overwritten
+        f'ln -s /etc/passwd "$R{LIB_DIR}/{LIBCUDA}"',
+    ],
+    ids=["directory_symlink", "file_symlink"],
+)
+def test_a_planted_symlink_is_refused_and_nothing_is_mounted(
+    plant: str, driver_root: Path, tmp_path: Path
+) -> None:
+    with glibc_container(tmp_path / "c", setup=[plant]) as container:
+        record = tmp_path / "edits.json"
+        mounts_before = Path(f"/proc/{container.pid}/mountinfo").read_text()
+        with pytest.raises(DriverEditsError, match="symlink"):
+            driver_edits.apply(
+                container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+            )
+        assert Path(f"/proc/{container.pid}/mountinfo").read_text() == mounts_before
+        assert not record.exists()
+
+
+def test_a_read_only_root_without_the_mount_point_is_refused_clearly(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    with glibc_container(tmp_path / "c", read_only=True) as container:
+        record = tmp_path / "edits.json"
+        with pytest.raises(DriverEditsError, match="read-only"):
+            driver_edits.apply(
+                container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+            )
+        assert LIBCUDA not in Path(f"/proc/{container.pid}/mountinfo").read_text()
+        assert not record.exists()
+
+
+def test_the_preflight_knows_which_container_can_load_libcuda(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    assert not driver_edits.container_has_library(container.pid)
+    assert driver_edits.provides_library(edits_for(driver_root))
+    assert not driver_edits.provides_library(ContainerEdits())
+    driver_edits.apply(
+        container.pid, edits_for(driver_root), record=tmp_path / "e.json", source_pid=os.getpid()
+    )
+    assert driver_edits.container_has_library(container.pid)
+
+
+def test_unbind_leaves_a_mount_that_is_not_the_source(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    """A mount at the same path whose inode is not the host's file is not ours to remove."""
+    other = tmp_path / "other.so"
+    other.write_text("x")
+    mount = bindmounts.BindMount(PurePosixPath(str(other)), PurePosixPath(f"{LIB_DIR}/{LIBCUDA}"))
+    bindmounts.bind(container.pid, [mount], source_pid=os.getpid())
+    ours = bindmounts.BindMount(PurePosixPath(f"{driver_root}{LIB_DIR}/{LIBCUDA}"), mount.target)
+    assert bindmounts.unbind(container.pid, [ours], source_pid=os.getpid()) == []
+    assert bindmounts.is_bound(container.pid, mount, source_pid=os.getpid())
+
+
+def test_a_gone_container_leaves_nothing_to_undo(driver_root: Path, tmp_path: Path) -> None:
+    record = tmp_path / "edits.json"
+    with glibc_container(tmp_path / "c") as container:
+        pid = container.pid
+        driver_edits.apply(pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll for the reaped process to vanish from procfs
+    assert driver_edits.remove(pid, record=record) == []
+    assert not record.exists()
