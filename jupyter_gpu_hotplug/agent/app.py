@@ -35,7 +35,9 @@ from traitlets.config import Application
 
 from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
 from .._version import __version__
+from ..linux.cdi_spec import DEFAULT_KIND, DEFAULT_SPEC_DIRS
 from .core.checkpoints import STEPS
+from .core.driver_files import DriverFilesMode
 from .core.lost import LostPolicy
 from .logs import logging_config
 from .settings import (
@@ -124,6 +126,9 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "rbac-scope": "AgentApp.rbac_scope",
         "lost-grace": "AgentApp.lost_grace_seconds",
         "lost-policy": "AgentApp.lost_policy",
+        "driver-files": "AgentApp.driver_files",
+        "cdi-spec-dir": "AgentApp.cdi_spec_dirs",
+        "cdi-kind": "AgentApp.cdi_kind",
     }
     flags: dict[str, Any] = {  # noqa: RUF012
         "show-config-json": (
@@ -253,6 +258,23 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="""When a lost GPU's grace period ends: 'revoke' takes the access and leaves
         processes that hold it open alone; 'force' ends them, as a forced detach.""",
     ).tag(config=True)
+    driver_files = Enum(
+        ["auto", *(mode.value for mode in DriverFilesMode)],
+        default_value="auto",
+        help="""How a notebook gets the driver's libraries (libcuda.so.1, nvidia-smi) with its
+        GPU. 'cdi': the agent applies the node's CDI spec (NVIDIA's toolkit in CDI mode, the
+        GPU Operator's default since v25.10) to the running container, and refuses (422) a
+        container that could load no libcuda.so.1 even so. 'check': nothing is applied, the
+        container must load it already (the toolkit's legacy mode). 'off': neither. 'auto':
+        'off' with --simulate, else 'cdi'.""",
+    ).tag(config=True)
+    cdi_spec_dirs = List(
+        Unicode(),
+        default_value=[str(d) for d in DEFAULT_SPEC_DIRS],
+        help="""Where the node's CDI specs are, as the agent sees them; repeat for several
+        (later ones win, as in CDI). The chart mounts the host's /etc/cdi and /var/run/cdi.""",
+    ).tag(config=True)
+    cdi_kind = Unicode(DEFAULT_KIND, help="The CDI kind of the node's GPUs.").tag(config=True)
     state_dir = Unicode(
         str(DEFAULT_STATE_DIR),
         help="""Directory of the ledger, the token and the lock (created with mode 0700). An
@@ -395,6 +417,11 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             idle_check_interval=self.idle_check_interval,
             lost_grace_seconds=self.lost_grace_seconds,
             lost_policy=LostPolicy(self.lost_policy),
+            driver_files=None
+            if self.driver_files == "auto"
+            else DriverFilesMode(self.driver_files),
+            cdi_spec_dirs=tuple(Path(d) for d in self.cdi_spec_dirs),
+            cdi_kind=self.cdi_kind,
             hooks=TestHooks(pause_at=pause_at),
             kubernetes=self._kubernetes_settings(),
         )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..linux import cgroups
+from ..linux.cdi_spec import CdiRegistry
 from ..linux.mig import MigCaps
 from . import openapi_document
 from .api.handlers import (
@@ -39,6 +40,7 @@ from .api.handlers import (
 from .api.server import AgentServer, make_application
 from .core.bundle import Core
 from .core.checkpoints import Checkpoints
+from .core.driver_files import CdiDriverFiles, DriverFiles, DriverFilesMode, NoDriverFiles
 from .core.idle import IdlePolicy, IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
@@ -171,6 +173,8 @@ class Components:
     mig_caps: Callable[[], MigCaps] | None = None
     """The host's MIG capability tables (``None``: no slices are handed out)."""
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    driver_files: DriverFiles = field(default_factory=NoDriverFiles)
+    """How targets get the driver's libraries (``Agent.create``: from the settings)."""
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (the backend's ``close`` among them)."""
 
@@ -195,6 +199,22 @@ def _core(components: Components) -> Core:
             max_lease_seconds=settings.max_lease_seconds,
         ),
         checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
+        driver_files=components.driver_files,
+    )
+
+
+def _driver_files(settings: AgentSettings) -> DriverFiles:
+    mode = settings.driver_files_mode
+    log.info(
+        "driver files: %s (CDI specs in %s)", mode, ", ".join(map(str, settings.cdi_spec_dirs))
+    )
+    if mode is DriverFilesMode.OFF:
+        return NoDriverFiles()
+    return CdiDriverFiles(
+        mode,
+        CdiRegistry(settings.cdi_spec_dirs, kind=settings.cdi_kind),
+        settings.state_dir,
+        host_proc=settings.host_proc,
     )
 
 
@@ -292,6 +312,7 @@ class Agent:
                 simulation=simulation,
                 usage=inventory.utilization,
                 mig_caps=_mig_caps(settings, simulation),
+                driver_files=_driver_files(settings),
                 closers=closers,
             )
         )

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Final, TypeAlias
 
 from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, NVIDIA_MAJOR
+from ..linux.cdi_spec import DEFAULT_KIND, DEFAULT_SPEC_DIRS
+from .core.driver_files import DriverFilesMode
 from .core.lost import LostPolicy
 
 DEFAULT_STATE_DIR: Final = Path("/var/lib/gpu-hotplug")
@@ -414,6 +416,13 @@ class AgentSettings:
     lost_policy: LostPolicy = LostPolicy.REVOKE
     """After the grace period: ``revoke`` (the access goes, processes keep open descriptors)
     or ``force`` (processes holding the GPU open are ended)."""
+    driver_files: DriverFilesMode | None = None
+    """How a target gets the driver's libraries (``core/driver_files.py``); ``None``: ``off``
+    with ``simulate`` (the simulation's kernels load its own library), else ``cdi``."""
+    cdi_spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    """Where the node's CDI specs are, as the agent sees them (later directories win)."""
+    cdi_kind: str = DEFAULT_KIND
+    """The CDI kind of the node's GPUs."""
     hooks: TestHooks = field(default_factory=TestHooks)
     kubernetes: KubernetesSettings | None = None
     """Kubernetes mode's settings; given exactly when ``backend`` is ``kubernetes``."""
@@ -430,6 +439,8 @@ class AgentSettings:
                 raise SettingsError(f"metrics_listen {address}: give HOST:PORT or :PORT")
             if address.port != 0 and address in self.listen:
                 raise SettingsError(f"metrics_listen {address}: the API is served there already")
+        if not all(d.is_absolute() for d in self.cdi_spec_dirs):
+            raise SettingsError("cdi_spec_dirs: give absolute paths")
         if not self.state_dir.is_absolute():
             raise SettingsError(f"state_dir {self.state_dir} must be an absolute path")
         if not 1 <= self.max_gpus_per_target <= 255:
@@ -464,6 +475,12 @@ class AgentSettings:
     def simulated(self) -> bool:
         return self.simulate > 0
 
+    @property
+    def driver_files_mode(self) -> DriverFilesMode:
+        if self.driver_files is not None:
+            return self.driver_files
+        return DriverFilesMode.OFF if self.simulated else DriverFilesMode.CDI
+
     def describe(self) -> dict[str, object]:
         """The settings as plain values, for the start-up log line (no secrets in here)."""
         return {
@@ -489,6 +506,9 @@ class AgentSettings:
             "idle_check_interval": self.idle_check_interval,
             "lost_grace_seconds": self.lost_grace_seconds,
             "lost_policy": str(self.lost_policy),
+            "driver_files": str(self.driver_files_mode),
+            "cdi_spec_dirs": [str(d) for d in self.cdi_spec_dirs],
+            "cdi_kind": self.cdi_kind,
             "test_pause_at": self.hooks.pause_at,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.describe(),
         }

@@ -83,6 +83,7 @@ _LIBRARY_DIRS: Final = (
 """Where a container's loader finds a driver library without a cache entry (Debian, RHEL, and
 the NVIDIA legacy device plugin's path)."""
 _CACHE_FILES: Final = ("/etc/ld.so.cache",)
+_CACHE_LIMIT: Final = 16 * 2**20
 _IN_ROOT: Final = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
 
 
@@ -125,13 +126,16 @@ def container_has_library(pid: int, name: str = LIBCUDA, *, proc: Path = procfs.
     except FileNotFoundError:
         return False
     try:
-        for directory in _LIBRARY_DIRS:
+        for path in (*(f"{d}/{name}" for d in _LIBRARY_DIRS), *_CACHE_FILES):
             try:
-                fd = openat2(root, f"{directory}/{name}", os.O_PATH, resolve=RESOLVE_IN_ROOT)
+                fd = openat2(root, path, os.O_RDONLY, resolve=RESOLVE_IN_ROOT)
             except OSError:
                 continue
-            os.close(fd)
-            return True
+            with os.fdopen(fd, "rb") as f:
+                # A library file; or the loader's cache naming it (a driver in a directory of
+                # the container's ld.so.conf) — bounded read, a cache is some 100 KiB.
+                if path not in _CACHE_FILES or name.encode() + b"\0" in f.read(_CACHE_LIMIT):
+                    return True
         return False
     finally:
         os.close(root)
@@ -142,12 +146,24 @@ def apply(
     edits: ContainerEdits,
     *,
     record: Path,
+    start_time: int | None = None,
     source_pid: int = 1,
     proc: Path = procfs.PROC,
 ) -> Applied:
     """Give the container of ``pid`` the spec's mounts, links and ldcache (idempotent: what
     is there is left; a second call adds nothing). All or nothing: on failure what this call
-    made is undone and :class:`DriverEditsError` raised."""
+    made is undone and :class:`DriverEditsError` raised. ``start_time`` (read now when not
+    given) is recorded with ``pid``: a later :func:`remove` acts on that very process only."""
+    if start_time is None:
+        who = procfs.identity(pid, proc=proc)
+        if who is None:
+            raise DriverEditsError(f"process {pid} is gone")
+        start_time = who.start_time
+    if _shares_root(pid, source_pid, proc):
+        # A process on the host (local mode's kernel), or in a container whose root is the
+        # host's, sees the host's driver already: nothing of the host's is mounted over,
+        # created or re-cached.
+        return Applied((), (), False, (), ())
     plan = _plan(pid, edits, source_pid=source_pid, proc=proc)
     previous = _read_record(record)
     # Only what is missing is ours: a mount or link already there (the runtime's) is never
@@ -156,8 +172,12 @@ def apply(
         m for m in plan.mounts if not bindmounts.is_bound(pid, m, source_pid=source_pid, proc=proc)
     ]
     planned_links = [(link, target) for link, target in plan.links if not _exists(pid, link, proc)]
+    if previous and (previous.get("pid"), previous.get("start_time")) != (pid, start_time):
+        remove(record, proc=proc)  # a record of an earlier process under the same key
+        previous = {}
     intent: dict[str, Any] = {
         "pid": pid,
+        "start_time": start_time,
         "source_pid": source_pid,
         "mounts": _merge(previous.get("mounts", []), [_mount_json(m) for m in planned_mounts]),
         "links": _merge(previous.get("links", []), [[str(p), t] for p, t in planned_links]),
@@ -173,12 +193,12 @@ def apply(
             if _make_link(pid, link, target, proc):
                 made_links.append(link)
         ldcache = False
-        if plan.ldcache_dirs:
+        if plan.ldcache_dirs and (planned_mounts or planned_links):
             # Recorded just before: a cache rebuilt by us is rebuilt again on removal.
             _write_record(record, {**intent, "ldcache": True})
             ldcache = _ldconfig(pid, plan.ldcache_dirs, proc)
     except (MountError, OSError) as e:
-        failures = remove(pid, record=record, proc=proc)
+        failures = remove(record, proc=proc)
         raise DriverEditsError(
             f"giving the container the driver's files failed: {e}"
             + (f"; undo incomplete: {'; '.join(failures)}" if failures else "")
@@ -192,17 +212,20 @@ def apply(
     )
 
 
-def remove(pid: int, *, record: Path, proc: Path = procfs.PROC) -> list[str]:
-    """Undo what :func:`apply` recorded for this container: unmount its mounts (while they
-    still show the host's file), delete its links (while they still point where it made
-    them) and mount points (while empty), rebuild the ldcache, then delete the record.
-    Returns what could not be undone (empty: all of it is gone); a container that is gone
-    has nothing left to undo."""
+def remove(record: Path, *, proc: Path = procfs.PROC) -> list[str]:
+    """Undo what :func:`apply` recorded in ``record``: unmount its mounts (while they still
+    show the host's file), delete its links (while they still point where it made them) and
+    mount points (while empty), rebuild the ldcache, then delete the record. Only the very
+    process recorded (pid *and* start time) is touched: a pid reused by another container is
+    not ours. Returns what could not be undone (empty: all of it is gone); a container that
+    is gone has nothing left to undo."""
     data = _read_record(record)
     if not data:
         return []
+    pid = int(data.get("pid", 0))
+    who = procfs.identity(pid, proc=proc) if pid > 0 else None
     failures: list[str] = []
-    alive = (proc / str(pid)).exists() and data.get("pid") == pid
+    alive = who is not None and who.start_time == data.get("start_time")
     if alive:
         source_pid = int(data.get("source_pid", 1))
         mounts = [_mount_from(m) for m in data.get("mounts", [])]
@@ -253,6 +276,17 @@ def _plan(pid: int, edits: ContainerEdits, *, source_pid: int, proc: Path) -> _P
     if mounts and not any(h for h in edits.hooks if (_hook_command(h) or [""])[0] == _LDCACHE_HOOK):
         ldcache += [str(m.target.parent) for m in mounts if ".so" in m.target.name]
     return _Plan(mounts, tuple(dict.fromkeys(links)), tuple(dict.fromkeys(ldcache)), tuple(skipped))
+
+
+def _shares_root(pid: int, other: int, proc: Path) -> bool:
+    """Whether ``pid`` is in ``other``'s mount namespace or has the same root directory."""
+    try:
+        return any(
+            (proc / str(pid) / name).stat()[1:3] == (proc / str(other) / name).stat()[1:3]
+            for name in ("ns/mnt", "root")
+        )
+    except FileNotFoundError as e:
+        raise DriverEditsError(f"process {pid} is gone") from e
 
 
 def _hook_command(hook: Hook) -> list[str] | None:

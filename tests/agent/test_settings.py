@@ -15,6 +15,7 @@ import pytest
 
 from jupyter_gpu_hotplug.agent.app import AgentApp
 from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
+from jupyter_gpu_hotplug.agent.core.driver_files import DriverFilesMode
 from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
 from jupyter_gpu_hotplug.agent.logs import JsonFormatter, TextFormatter
 from jupyter_gpu_hotplug.agent.settings import (
@@ -83,6 +84,7 @@ def settings(**changes: object) -> AgentSettings:
         ({"simulate": 65}, "simulate"),
         ({"reconcile_interval": -1.0}, "reconcile_interval"),
         ({"lost_grace_seconds": -1.0}, "lost_grace_seconds"),
+        ({"cdi_spec_dirs": (Path("etc/cdi"),)}, "cdi_spec_dirs"),
     ],
 )
 def test_settings_are_checked(changes: dict[str, object], message: str) -> None:
@@ -154,6 +156,21 @@ def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     assert (kubernetes.holder_cpu, kubernetes.holder_memory) == (DEFAULT_HOLDER_CPU, "32Mi")
     assert kubernetes.stray_policy == "revoke"
     assert (resolved.lost_grace_seconds, resolved.lost_policy) == (5.0, LostPolicy.FORCE)
+
+
+def test_driver_files_come_from_the_cdi_spec_unless_simulated_or_told_otherwise() -> None:
+    """Issue 33: a real node's agent checks and gives the driver's libraries by default; a
+    simulation's kernels load the simulation's own library."""
+    assert settings().driver_files_mode is DriverFilesMode.CDI
+    assert settings(simulate=2).driver_files_mode is DriverFilesMode.OFF
+    app = AgentApp()
+    app.initialize(
+        ["--driver-files=check", "--cdi-spec-dir=/host/cdi/0", "--cdi-spec-dir=/host/cdi/1"]
+    )
+    resolved = app.resolved_settings()
+    assert resolved.driver_files_mode is DriverFilesMode.CHECK
+    assert resolved.cdi_spec_dirs == (Path("/host/cdi/0"), Path("/host/cdi/1"))
+    assert resolved.describe()["driver_files"] == "check"
 
 
 def test_tenancy_fails_closed_unless_configured_otherwise() -> None:

@@ -92,9 +92,11 @@ class GpuMachine:
         return self.work_dir / "simulation"
 
     def agent_args(self) -> list[str]:
-        """The agent's arguments that choose its NVML."""
+        """The agent's arguments that choose its NVML. The sandboxes see the machine's own
+        driver, so the agent gives them none (``--driver-files=off``): a GPU machine's minutes
+        prove the GPU, the driver's files are proven on the real node."""
         if not self.simulated:
-            return []
+            return ["--driver-files=off"]
         return [f"--simulate={self.simulate}", f"--simulation-dir={self.simulation_dir}"]
 
     def environ(self, *, host_view: bool = False) -> dict[str, str]:

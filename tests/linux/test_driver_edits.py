@@ -3,6 +3,7 @@ taken back — with the container's own loader proving it, and the attacks it mu
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,7 +111,7 @@ def test_apply_lets_a_new_process_load_libcuda_and_remove_takes_all_of_it_back(
     assert record.is_file()
     assert not host_mounts_mention(LIBCUDA)  # the host's namespace never sees the mount
 
-    assert driver_edits.remove(pid, record=record) == []
+    assert driver_edits.remove(record) == []
 
     assert container.run("probe").startswith("NOLOAD")
     listing = container.run(f"ls {LIB_DIR}").split()
@@ -130,7 +131,7 @@ def test_apply_twice_adds_nothing_and_one_remove_undoes_it(
     assert again.mounts == () and again.links == ()
     mounts = Path(f"/proc/{container.pid}/mountinfo").read_text().splitlines()
     assert len([line for line in mounts if LIBCUDA in line]) == 1
-    assert driver_edits.remove(container.pid, record=record) == []
+    assert driver_edits.remove(record) == []
     assert container.run("probe").startswith("NOLOAD")
 
 
@@ -159,7 +160,7 @@ def test_a_crash_between_two_steps_is_undone_from_the_record(
     assert agent.returncode == -signal.SIGKILL
     assert LIBCUDA in Path(f"/proc/{container.pid}/mountinfo").read_text()  # half-done
 
-    assert driver_edits.remove(container.pid, record=record) == []
+    assert driver_edits.remove(record) == []
 
     assert LIBCUDA not in Path(f"/proc/{container.pid}/mountinfo").read_text()
     assert container.run(f"ls {LIB_DIR}").split() == ["libc.so.6"]
@@ -179,7 +180,7 @@ def test_a_library_the_runtime_mounted_is_left_in_place(driver_root: Path, tmp_p
             container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
         )
         assert applied.mounts == ()
-        driver_edits.remove(container.pid, record=record)
+        driver_edits.remove(record)
         assert container.run("probe").strip() == "LOADED libcuda.so.1 cuInit=0"
 
 
@@ -253,5 +254,45 @@ def test_a_gone_container_leaves_nothing_to_undo(driver_root: Path, tmp_path: Pa
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # poll for the reaped process to vanish from procfs
-    assert driver_edits.remove(pid, record=record) == []
+    assert driver_edits.remove(record) == []
     assert not record.exists()
+
+
+def test_a_process_sharing_the_hosts_root_is_given_nothing(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    """Local mode's kernel on the host (or a container on the host's root filesystem) sees
+    the host's driver: nothing is mounted, created or re-cached on the host's own files."""
+    record = tmp_path / "edits.json"
+    sleeper = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            Path(f"/proc/{sleeper.pid}/ns/mnt").stat().st_ino
+            == Path("/proc/self/ns/mnt").stat().st_ino
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)  # poll until unshare has made its namespace
+        for pid in (os.getpid(), sleeper.pid):
+            applied = driver_edits.apply(
+                pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+            )
+            assert applied == driver_edits.Applied((), (), False, (), ())
+        assert not record.exists()
+        assert not Path(f"{LIB_DIR}/{LIBCUDA}").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_reused_pid_is_not_touched(
+    container: GlibcContainer, driver_root: Path, tmp_path: Path
+) -> None:
+    """The record names pid and start time: another process under the pid is not ours."""
+    record = tmp_path / "edits.json"
+    driver_edits.apply(container.pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "start_time": data["start_time"] + 1}))
+    assert driver_edits.remove(record) == []
+    assert not record.exists()
+    assert container.run("probe").strip() == "LOADED libcuda.so.1 cuInit=0"  # left alone

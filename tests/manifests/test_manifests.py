@@ -122,12 +122,16 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cri": "/run/containerd",
         "state": "/run/gpu-hotplug",
+        "cdi-0": "/etc/cdi",
+        "cdi-1": "/var/run/cdi",
         "host-systemd": "/run/systemd",
         "host-dbus": "/run/dbus",
     }
     read_only = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
     # Written: the device cgroups (the agent's job) and its own state; nothing else.
-    assert read_only == {"host-proc", "pod-resources", "cri", "host-systemd", "host-dbus"}
+    assert read_only == {
+        "host-proc", "pod-resources", "cri", "cdi-0", "cdi-1", "host-systemd", "host-dbus"
+    }  # fmt: skip
     assert "/dev" not in host_paths.values()
 
 

@@ -72,6 +72,8 @@ def _values(cluster: Cluster) -> dict[str, Any]:
             # busybox's sleep stands in for `pause -v`.
             "prepullCommand": ["/bin/sleep", "0"],
         },
+        # busybox-static notebooks: nothing to load (test_cdi_attach.py proves the CDI path).
+        "driverFiles": {"mode": "off"},
         "agent": {
             "extraEnv": nvml.env,
             "extraVolumes": nvml.volumes,

@@ -85,6 +85,9 @@ def _agent_patch(cluster: Cluster, image: AgentImage) -> dict[str, Any]:
         "--pod-resources-socket": str(node.pod_resources_socket),
         "--cri-endpoint": node.cri_endpoint,
         "--holder-image": PAUSE_IMAGE,
+        # The notebook here is busybox-static: no loader, no driver to give it. The driver's
+        # files from the node's CDI spec are proven by test_cdi_attach.py.
+        "--driver-files": "off",
     }
     args = [
         f"{arg.partition('=')[0]}={replaced[arg.partition('=')[0]]}"

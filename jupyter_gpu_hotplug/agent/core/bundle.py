@@ -14,11 +14,12 @@ different node rules.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...linux.mig import MigCaps
 from .checkpoints import Checkpoints
 from .devices import GpuNodes
+from .driver_files import DriverFiles, NoDriverFiles
 from .idle import IdleBook, IdlePolicy
 from .injector import Injector
 from .inventory import Inventory
@@ -63,6 +64,8 @@ class Core:
     policy: TargetPolicy | None = None
     """The backend's tenant policy (Kubernetes: namespace allowlist, per-pod limit); None:
     the per-container limit alone (local mode, where a target is a process)."""
+    driver_files: DriverFiles = field(default_factory=NoDriverFiles)
+    """How a target gets the driver's libraries (``driver_files.py``); nothing by default."""
 
     @classmethod
     def build(
@@ -80,6 +83,7 @@ class Core:
         idle_policy: IdlePolicy | None = None,
         checkpoints: Checkpoints | None = None,
         policy: TargetPolicy | None = None,
+        driver_files: DriverFiles | None = None,
     ) -> Core:
         """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
         MIG tables, None when no slices are handed out; ``idle_policy``: off by default;
@@ -99,4 +103,5 @@ class Core:
             losses=LossBook(),
             checkpoints=checkpoints or Checkpoints(),
             policy=policy,
+            driver_files=driver_files or NoDriverFiles(),
         )

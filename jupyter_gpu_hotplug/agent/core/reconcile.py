@@ -127,11 +127,25 @@ class Reconciler:
             except Exception as e:
                 report.failures.append(f"node sweep: {e}")
                 log.exception("a node sweep failed; retrying on the next pass")
+        await self._sweep_driver_files(report)
         for action, items in report.actions.items():
             self._core.metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:
             self._core.queue.notify()
         return report
+
+    async def _sweep_driver_files(self, report: ReconcileReport) -> None:
+        """Driver files given to containers that hold no GPU any more (a detach that could
+        not finish them, a ``kill -9`` between the grant and its record) are taken back."""
+        holding = {entry.container for entry in self._core.allocator.all_attachments()}
+        try:
+            undone = await self._core.workers.host(self._core.driver_files.sweep, holding)
+        except Exception as e:
+            report.failures.append(f"driver files sweep: {e}")
+            log.exception("the driver files sweep failed; retrying on the next pass")
+            return
+        for record in undone:
+            report.add("driver_files_removed", record)
 
     async def _known_gpus(self) -> list[GpuRecord]:
         """Every GPU the node has or had: the live inventory, the lost ones as last seen, and

@@ -69,6 +69,7 @@ from ..._structs import (
 from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
+from .driver_files import DriverFilesFailed
 from .errors import (
     AgentError,
     Busy,
@@ -347,6 +348,8 @@ class AgentService:
                 policy = self.core.policy
                 limit = None if policy is None else await policy.gpu_limit(container)
                 self._admit(container, request, snapshot, limit)
+                # Before anything is reserved or queued: a GPU it could not use is refused.
+                await self.core.workers.host(self.core.driver_files.check, container)
                 if not request.queued or not self._must_queue(request, snapshot):
                     return await self._attach_locked(container, request, snapshot, deadline)
                 waiter = self.core.queue.join(
@@ -618,9 +621,17 @@ class AgentService:
         try:
             await self._intend_nodes(container, entries, per_entry)
             created = await self.core.workers.host(self.core.injector.grant, container, nodes)
+            await self.core.workers.host(self.core.driver_files.provide, container, nodes)
         except InjectorError as e:
             await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
             raise _attach_error(container, e) from e
+        except DriverFilesFailed as e:
+            await self._undo_reservation(container, uuids, nodes, clean=False)
+            raise TargetNotReady(
+                f"the GPU could not be made usable in {container}: {e}",
+                hint="nothing was left attached; see the agent's log",
+                retryable=False,
+            ) from e
         except BaseException:
             await self._undo_reservation(container, uuids, nodes, clean=False)
             raise
@@ -903,6 +914,8 @@ class AgentService:
         for uuid in uuids:
             self.core.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
         self.core.queue.notify()
+        if not self.core.allocator.attachments_of(container.target):
+            await self._withdraw_driver_files(container)
         log.info(
             "detached %s from %s%s%s",
             ", ".join(uuids),
@@ -910,6 +923,14 @@ class AgentService:
             " (forced)" if force else "",
             self._label,
         )
+
+    async def _withdraw_driver_files(self, container: HostContainer) -> None:
+        """Its last GPU gone, the driver's files go too; a failure is logged, never the
+        detach's (the GPU is already taken back), and the reconciler's sweep retries."""
+        try:
+            await self.core.workers.host(self.core.driver_files.withdraw, container)
+        except Exception:
+            log.exception("taking the driver's files from %s failed; the sweep retries", container)
 
     def _detach_nodes(
         self, container: HostContainer, entries: Sequence[Reservation]
