@@ -129,6 +129,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "driver-files": "AgentApp.driver_files",
         "cdi-spec-dir": "AgentApp.cdi_spec_dirs",
         "cdi-kind": "AgentApp.cdi_kind",
+        "host-root": "AgentApp.host_root",
     }
     flags: dict[str, Any] = {  # noqa: RUF012
         "show-config-json": (
@@ -275,6 +276,12 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         (later ones win, as in CDI). The chart mounts the host's /etc/cdi and /var/run/cdi.""",
     ).tag(config=True)
     cdi_kind = Unicode(DEFAULT_KIND, help="The CDI kind of the node's GPUs.").tag(config=True)
+    host_root = Unicode(
+        "/",
+        help="""Where the agent sees the host's root filesystem (read-only is enough): the CDI
+        spec's host paths, the driver's libraries, are read below it. '/' for an agent on the
+        host; the chart mounts the host's root at /host/root.""",
+    ).tag(config=True)
     state_dir = Unicode(
         str(DEFAULT_STATE_DIR),
         help="""Directory of the ledger, the token and the lock (created with mode 0700). An
@@ -422,6 +429,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             else DriverFilesMode(self.driver_files),
             cdi_spec_dirs=tuple(Path(d) for d in self.cdi_spec_dirs),
             cdi_kind=self.cdi_kind,
+            host_root=Path(self.host_root),
             hooks=TestHooks(pause_at=pause_at),
             kubernetes=self._kubernetes_settings(),
         )

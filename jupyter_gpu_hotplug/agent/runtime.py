@@ -215,6 +215,7 @@ def _driver_files(settings: AgentSettings) -> DriverFiles:
         CdiRegistry(settings.cdi_spec_dirs, kind=settings.cdi_kind),
         settings.state_dir,
         host_proc=settings.host_proc,
+        host_root=settings.host_root,
     )
 
 

@@ -423,6 +423,9 @@ class AgentSettings:
     """Where the node's CDI specs are, as the agent sees them (later directories win)."""
     cdi_kind: str = DEFAULT_KIND
     """The CDI kind of the node's GPUs."""
+    host_root: Path = Path("/")
+    """Where the agent sees the host's root filesystem: the CDI spec's host paths (the driver's
+    libraries) are below it (``/`` on a server; the chart mounts the host's at ``/host/root``)."""
     hooks: TestHooks = field(default_factory=TestHooks)
     kubernetes: KubernetesSettings | None = None
     """Kubernetes mode's settings; given exactly when ``backend`` is ``kubernetes``."""
@@ -439,6 +442,8 @@ class AgentSettings:
                 raise SettingsError(f"metrics_listen {address}: give HOST:PORT or :PORT")
             if address.port != 0 and address in self.listen:
                 raise SettingsError(f"metrics_listen {address}: the API is served there already")
+        if not self.host_root.is_absolute():
+            raise SettingsError(f"host_root {self.host_root} must be an absolute path")
         if not all(d.is_absolute() for d in self.cdi_spec_dirs):
             raise SettingsError("cdi_spec_dirs: give absolute paths")
         if not self.state_dir.is_absolute():
@@ -509,6 +514,7 @@ class AgentSettings:
             "driver_files": str(self.driver_files_mode),
             "cdi_spec_dirs": [str(d) for d in self.cdi_spec_dirs],
             "cdi_kind": self.cdi_kind,
+            "host_root": str(self.host_root),
             "test_pause_at": self.hooks.pause_at,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.describe(),
         }

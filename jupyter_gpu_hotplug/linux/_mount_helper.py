@@ -5,11 +5,12 @@ Why a process of its own: a mount can only be attached to a mount namespace the 
 — the agent has threads. So :mod:`.bindmounts` starts this file (``python -I -S``, standard
 library only: it is run by path, not imported, and imports nothing of the package) and hands it
 open file descriptors, never paths: the source files (``O_PATH``, opened by the parent in the
-source's root), the mount points in the container (``O_PATH``, opened by the parent inside the
-container's root with symlinks refused), and both mount namespaces. Nothing here resolves a
-path that a container could have planted.
+host's root as the agent sees it, in the agent's own mount namespace — the one this process
+starts in), the mount points in the container (``O_PATH``, opened by the parent inside the
+container's root with symlinks refused), and the container's mount namespace. Nothing here
+resolves a path that a container could have planted.
 
-Input (argv[1], JSON): ``{"source_ns": fd, "target_ns": fd, "ops": [...]}``,
+Input (argv[1], JSON): ``{"target_ns": fd, "ops": [...]}``,
 each op ``{"op": "bind", "source": fd, "target": fd, "attrs": int}`` or
 ``{"op": "unmount", "target": fd}``. Output (stdout, JSON): ``{"done": n}`` or
 ``{"done": n, "error": "...", "errno": e}`` — ops before ``n`` took effect, none after.
@@ -87,9 +88,9 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
     done = 0
     fd_dir = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        # Every source is cloned while in the source's namespace (open_tree refuses a mount of
-        # another namespace); the clones are detached trees, attachable anywhere after.
-        _setns(request["source_ns"], "source")
+        # Every source is cloned while still in the agent's namespace, the sources' (open_tree
+        # refuses a mount of another namespace); the clones are detached trees, attachable
+        # anywhere after.
         trees = [_clone(op["source"], op["attrs"]) if op["op"] == "bind" else -1 for op in ops]
         _setns(request["target_ns"], "container's")
         # setns moved our cwd to the namespace's root; the fd directory opened before it is the

@@ -8,9 +8,10 @@ to do it, from outside, and safely.
 How: the mount point is found or made inside the container's root with ``openat2`` under
 ``RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`` (a container may plant links anywhere in its own tree;
 none is ever followed, so a mount can land nowhere but the path asked for), the source is opened
-inside the source's root (the host's, ``/proc/1/root`` for an agent in a pod), and the mount is
-made by :mod:`._mount_helper`, a single-threaded child that clones the source with ``open_tree``
-in the source's mount namespace and attaches the clone with ``move_mount`` in the container's —
+under ``source_root``, the host's root as the agent sees it (``/``; an agent in a pod mounts the
+host's at ``/host``), and the mount is made by :mod:`._mount_helper`, a single-threaded child
+that clones the source with ``open_tree`` in the agent's mount namespace and attaches the clone
+with ``move_mount`` in the container's —
 given only file descriptors. Whether a mount is there is decided by the kernel's answer, never
 by a name: the target shows the source's very inode (device and inode numbers) or it does not.
 
@@ -63,6 +64,7 @@ HELPER_TIMEOUT: Final = 30.0
 _DIR_MODE: Final = 0o755
 _FILE_MODE: Final = 0o644
 _IN_ROOT: Final = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
+ROOT: Final = Path("/")
 _BELOW: Final = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS
 
 
@@ -104,7 +106,7 @@ class MadeMount:
 
 
 def bind(
-    pid: int, mounts: Sequence[BindMount], *, source_pid: int = 1, proc: Path = procfs.PROC
+    pid: int, mounts: Sequence[BindMount], *, source_root: Path = ROOT, proc: Path = procfs.PROC
 ) -> list[MadeMount]:
     """Bind-mount each of ``mounts`` into the mount namespace of ``pid``; those already there
     (the target shows the source's inode) are skipped and not returned.
@@ -116,10 +118,10 @@ def bind(
     try:
         with ExitStack() as fds:
             root = _root_fd(pid, proc, fds)
-            source_root = _root_fd(source_pid, proc, fds)
+            source_root_fd = _open_dir(source_root, fds)
             ops: list[dict[str, int | str]] = []
             for mount in mounts:
-                source = fds.enter_context(_opened(source_root, mount.source, _source=True))
+                source = fds.enter_context(_opened(source_root_fd, mount.source, _source=True))
                 source_stat = os.fstat(source)
                 target, created = _mount_point(root, mount.target, source_stat, fds)
                 if target is None:
@@ -127,39 +129,41 @@ def bind(
                 made.append(MadeMount(mount, created))
                 ops.append({"op": "bind", "source": source, "target": target, "attrs": mount.attrs})
             if ops:
-                _run_helper(pid, source_pid, proc, ops, fds)
+                _run_helper(pid, proc, ops, fds)
     except BaseException:
-        _undo(pid, made, source_pid=source_pid, proc=proc)
+        _undo(pid, made, source_root=source_root, proc=proc)
         raise
     return made
 
 
 def unbind(
-    pid: int, mounts: Sequence[BindMount], *, source_pid: int = 1, proc: Path = procfs.PROC
+    pid: int, mounts: Sequence[BindMount], *, source_root: Path = ROOT, proc: Path = procfs.PROC
 ) -> list[BindMount]:
     """Remove the bind mounts of ``mounts`` that are there (the target shows the source's
     inode), topmost only; the others are left alone. Returns those removed."""
     removed: list[BindMount] = []
     with ExitStack() as fds:
         root = _root_fd(pid, proc, fds)
-        source_root = _root_fd(source_pid, proc, fds)
+        source_root_fd = _open_dir(source_root, fds)
         ops: list[dict[str, int | str]] = []
         for mount in mounts:
-            target = _bound_target(root, source_root, mount, fds)
+            target = _bound_target(root, source_root_fd, mount, fds)
             if target is not None:
                 ops.append({"op": "unmount", "target": target})
                 removed.append(mount)
         if ops:
-            _run_helper(pid, source_pid, proc, ops, fds)
+            _run_helper(pid, proc, ops, fds)
     return removed
 
 
-def is_bound(pid: int, mount: BindMount, *, source_pid: int = 1, proc: Path = procfs.PROC) -> bool:
+def is_bound(
+    pid: int, mount: BindMount, *, source_root: Path = ROOT, proc: Path = procfs.PROC
+) -> bool:
     """Whether ``mount.target`` in the container shows ``mount.source``'s very inode."""
     with ExitStack() as fds:
         root = _root_fd(pid, proc, fds)
-        source_root = _root_fd(source_pid, proc, fds)
-        return _bound_target(root, source_root, mount, fds) is not None
+        source_root_fd = _open_dir(source_root, fds)
+        return _bound_target(root, source_root_fd, mount, fds) is not None
 
 
 def remove_created(pid: int, entries: Sequence[PurePosixPath], *, proc: Path = procfs.PROC) -> None:
@@ -180,11 +184,17 @@ def remove_created(pid: int, entries: Sequence[PurePosixPath], *, proc: Path = p
                     os.unlink(entry.name, dir_fd=parent)
 
 
-def _undo(pid: int, made: Sequence[MadeMount], *, source_pid: int, proc: Path) -> None:
+def _undo(pid: int, made: Sequence[MadeMount], *, source_root: Path, proc: Path) -> None:
     with suppress(MountError, OSError):
-        unbind(pid, [m.mount for m in made], source_pid=source_pid, proc=proc)
+        unbind(pid, [m.mount for m in made], source_root=source_root, proc=proc)
     with suppress(MountError, OSError):
         remove_created(pid, [e for m in made for e in m.created], proc=proc)
+
+
+def _open_dir(path: Path, fds: ExitStack) -> int:
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fds.callback(os.close, fd)
+    return fd
 
 
 def _root_fd(pid: int, proc: Path, fds: ExitStack) -> int:
@@ -312,20 +322,15 @@ def _bound_target(root: int, source_root: int, mount: BindMount, fds: ExitStack)
     return target if (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino) else None
 
 
-def _run_helper(
-    pid: int, source_pid: int, proc: Path, ops: list[dict[str, int | str]], fds: ExitStack
-) -> None:
-    namespaces = []
-    for who in (source_pid, pid):
-        try:
-            fd = os.open(proc / str(who) / "ns" / "mnt", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as e:
-            raise MountError(f"process {who} is gone") from e
-        fds.callback(os.close, fd)
-        namespaces.append(fd)
-    request = {"source_ns": namespaces[0], "target_ns": namespaces[1], "ops": ops}
+def _run_helper(pid: int, proc: Path, ops: list[dict[str, int | str]], fds: ExitStack) -> None:
+    try:
+        namespace = os.open(proc / str(pid) / "ns" / "mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise MountError(f"process {pid} is gone") from e
+    fds.callback(os.close, namespace)
+    request = {"target_ns": namespace, "ops": ops}
     passed = sorted(
-        {*namespaces, *(int(v) for op in ops for k, v in op.items() if k in ("source", "target"))}
+        {namespace, *(int(v) for op in ops for k, v in op.items() if k in ("source", "target"))}
     )
     try:
         result = subprocess.run(

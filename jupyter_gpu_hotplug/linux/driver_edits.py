@@ -147,7 +147,7 @@ def apply(
     *,
     record: Path,
     start_time: int | None = None,
-    source_pid: int = 1,
+    source_root: Path = bindmounts.ROOT,
     proc: Path = procfs.PROC,
 ) -> Applied:
     """Give the container of ``pid`` the spec's mounts, links and ldcache (idempotent: what
@@ -159,17 +159,19 @@ def apply(
         if who is None:
             raise DriverEditsError(f"process {pid} is gone")
         start_time = who.start_time
-    if _shares_root(pid, source_pid, proc):
+    if _shares_root(pid, source_root, proc):
         # A process on the host (local mode's kernel), or in a container whose root is the
         # host's, sees the host's driver already: nothing of the host's is mounted over,
         # created or re-cached.
         return Applied((), (), False, (), ())
-    plan = _plan(pid, edits, source_pid=source_pid, proc=proc)
+    plan = _plan(pid, edits, source_root=source_root)
     previous = _read_record(record)
     # Only what is missing is ours: a mount or link already there (the runtime's) is never
     # recorded, so never taken back.
     planned_mounts = [
-        m for m in plan.mounts if not bindmounts.is_bound(pid, m, source_pid=source_pid, proc=proc)
+        m
+        for m in plan.mounts
+        if not bindmounts.is_bound(pid, m, source_root=source_root, proc=proc)
     ]
     planned_links = [(link, target) for link, target in plan.links if not _exists(pid, link, proc)]
     if previous and (previous.get("pid"), previous.get("start_time")) != (pid, start_time):
@@ -178,7 +180,7 @@ def apply(
     intent: dict[str, Any] = {
         "pid": pid,
         "start_time": start_time,
-        "source_pid": source_pid,
+        "source_root": str(source_root),
         "mounts": _merge(previous.get("mounts", []), [_mount_json(m) for m in planned_mounts]),
         "links": _merge(previous.get("links", []), [[str(p), t] for p, t in planned_links]),
         "created": list(previous.get("created", [])),
@@ -188,7 +190,7 @@ def apply(
     _write_record(record, intent)
     made_links: list[PurePosixPath] = []
     try:
-        made = bindmounts.bind(pid, planned_mounts, source_pid=source_pid, proc=proc)
+        made = bindmounts.bind(pid, planned_mounts, source_root=source_root, proc=proc)
         for link, target in planned_links:
             if _make_link(pid, link, target, proc):
                 made_links.append(link)
@@ -227,10 +229,10 @@ def remove(record: Path, *, proc: Path = procfs.PROC) -> list[str]:
     failures: list[str] = []
     alive = who is not None and who.start_time == data.get("start_time")
     if alive:
-        source_pid = int(data.get("source_pid", 1))
+        source_root = Path(data.get("source_root", "/"))
         mounts = [_mount_from(m) for m in data.get("mounts", [])]
         try:
-            bindmounts.unbind(pid, mounts, source_pid=source_pid, proc=proc)
+            bindmounts.unbind(pid, mounts, source_root=source_root, proc=proc)
         except (MountError, OSError) as e:
             failures.append(f"unmounting the driver's files: {e}")
         for link, target in reversed(data.get("links", [])):
@@ -253,14 +255,14 @@ def remove(record: Path, *, proc: Path = procfs.PROC) -> list[str]:
     return failures
 
 
-def _plan(pid: int, edits: ContainerEdits, *, source_pid: int, proc: Path) -> _Plan:
+def _plan(pid: int, edits: ContainerEdits, *, source_root: Path) -> _Plan:
     mounts = tuple(
         BindMount(m.host_path, m.container_path, tuple(m.options) or ("ro", "nosuid", "nodev"))
         for m in edits.mounts
     )
     links: list[tuple[PurePosixPath, str]] = []
     for mount in mounts:
-        links += _soname_links(mount, source_pid, proc)
+        links += _soname_links(mount, source_root)
     ldcache: list[str] = []
     skipped: list[str] = []
     for hook in edits.hooks:
@@ -278,13 +280,13 @@ def _plan(pid: int, edits: ContainerEdits, *, source_pid: int, proc: Path) -> _P
     return _Plan(mounts, tuple(dict.fromkeys(links)), tuple(dict.fromkeys(ldcache)), tuple(skipped))
 
 
-def _shares_root(pid: int, other: int, proc: Path) -> bool:
-    """Whether ``pid`` is in ``other``'s mount namespace or has the same root directory."""
+def _shares_root(pid: int, source_root: Path, proc: Path) -> bool:
+    """Whether ``pid`` is in the agent's own mount namespace or has the host's root (as the
+    agent sees it, ``source_root``) for its root directory."""
     try:
-        return any(
-            (proc / str(pid) / name).stat()[1:3] == (proc / str(other) / name).stat()[1:3]
-            for name in ("ns/mnt", "root")
-        )
+        return (proc / str(pid) / "ns" / "mnt").stat()[1:3] == (
+            proc / "self" / "ns" / "mnt"
+        ).stat()[1:3] or (proc / str(pid) / "root").stat()[1:3] == source_root.stat()[1:3]
     except FileNotFoundError as e:
         raise DriverEditsError(f"process {pid} is gone") from e
 
@@ -325,10 +327,10 @@ def _folder_args(args: Sequence[str]) -> list[str]:
     return [f for f in folders if f.startswith("/") and ".." not in PurePosixPath(f).parts]
 
 
-def _soname_links(mount: BindMount, source_pid: int, proc: Path) -> list[tuple[PurePosixPath, str]]:
+def _soname_links(mount: BindMount, source_root: Path) -> list[tuple[PurePosixPath, str]]:
     """The links beside ``mount.source`` in the host's driver root that name it
     (``libcuda.so.1 -> libcuda.so.550.54.15``): the same links belong beside the target."""
-    directory = proc / str(source_pid) / "root" / str(mount.source.parent).lstrip("/")
+    directory = source_root / str(mount.source.parent).lstrip("/")
     links = []
     with suppress(OSError):
         for entry in os.scandir(directory):

@@ -143,9 +143,7 @@ def no_libcuda_here() -> None:
 
 @pytest.mark.usefixtures("no_libcuda_here")
 def test_check_mode_refuses_a_target_without_the_driver_naming_the_fix(tmp_path: Path) -> None:
-    files = CdiDriverFiles(
-        DriverFilesMode.CHECK, CdiRegistry([tmp_path]), tmp_path, host_pid=os.getpid()
-    )
+    files = CdiDriverFiles(DriverFilesMode.CHECK, CdiRegistry([tmp_path]), tmp_path)
     with pytest.raises(TargetNotReady, match=r"libcuda\.so\.1") as refused:
         files.check(this_process())
     assert "NVIDIA_VISIBLE_DEVICES=none" in refused.value.message  # the fix is named
@@ -155,9 +153,7 @@ def test_check_mode_refuses_a_target_without_the_driver_naming_the_fix(tmp_path:
 def test_cdi_mode_admits_what_the_nodes_spec_can_give_and_refuses_what_it_cannot(
     tmp_path: Path,
 ) -> None:
-    files = CdiDriverFiles(
-        DriverFilesMode.CDI, CdiRegistry([tmp_path / "cdi"]), tmp_path, host_pid=os.getpid()
-    )
+    files = CdiDriverFiles(DriverFilesMode.CDI, CdiRegistry([tmp_path / "cdi"]), tmp_path)
     with pytest.raises(TargetNotReady, match="no CDI spec"):
         files.check(this_process())
     write(tmp_path / "cdi", "nvidia.json", nvidia_spec())
@@ -171,8 +167,6 @@ def test_a_process_on_the_hosts_root_is_given_nothing_and_leaves_no_record(
     tmp_path: Path,
 ) -> None:
     write(tmp_path / "cdi", "nvidia.json", nvidia_spec(driver_root=str(tmp_path / "driver")))
-    files = CdiDriverFiles(
-        DriverFilesMode.CDI, CdiRegistry([tmp_path / "cdi"]), tmp_path, host_pid=os.getpid()
-    )
+    files = CdiDriverFiles(DriverFilesMode.CDI, CdiRegistry([tmp_path / "cdi"]), tmp_path)
     files.provide(this_process(), [DeviceNode("nvidia0", CharDevice(195, 0))])
     assert not (tmp_path / "driver-files").exists()

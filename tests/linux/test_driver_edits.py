@@ -96,7 +96,7 @@ def test_apply_lets_a_new_process_load_libcuda_and_remove_takes_all_of_it_back(
     assert before.startswith("NOLOAD"), before
     pid = container.pid
 
-    applied = driver_edits.apply(pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+    applied = driver_edits.apply(pid, edits_for(driver_root), record=record, source_root=Path("/"))
 
     assert applied.mounts == (PurePosixPath(f"{LIB_DIR}/{LIBCUDA}"),)
     assert set(applied.links) == {
@@ -126,8 +126,8 @@ def test_apply_twice_adds_nothing_and_one_remove_undoes_it(
 ) -> None:
     record = tmp_path / "edits.json"
     edits = edits_for(driver_root)
-    driver_edits.apply(container.pid, edits, record=record, source_pid=os.getpid())
-    again = driver_edits.apply(container.pid, edits, record=record, source_pid=os.getpid())
+    driver_edits.apply(container.pid, edits, record=record, source_root=Path("/"))
+    again = driver_edits.apply(container.pid, edits, record=record, source_root=Path("/"))
     assert again.mounts == () and again.links == ()
     mounts = Path(f"/proc/{container.pid}/mountinfo").read_text().splitlines()
     assert len([line for line in mounts if LIBCUDA in line]) == 1
@@ -151,7 +151,7 @@ def test_a_crash_between_two_steps_is_undone_from_the_record(
             os.kill(os.getpid(), signal.SIGKILL)
         driver_edits._make_link = crash
         driver_edits.apply({container.pid}, edits_for(Path({str(driver_root)!r})),
-                           record=Path({str(record)!r}), source_pid={os.getpid()})
+                           record=Path({str(record)!r}))
         """
     )
     agent = subprocess.run(
@@ -177,7 +177,7 @@ def test_a_library_the_runtime_mounted_is_left_in_place(driver_root: Path, tmp_p
     with glibc_container(tmp_path / "c", setup=setup) as container:
         record = tmp_path / "edits.json"
         applied = driver_edits.apply(
-            container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+            container.pid, edits_for(driver_root), record=record, source_root=Path("/")
         )
         assert applied.mounts == ()
         driver_edits.remove(record)
@@ -202,7 +202,7 @@ def test_a_planted_symlink_is_refused_and_nothing_is_mounted(
         mounts_before = Path(f"/proc/{container.pid}/mountinfo").read_text()
         with pytest.raises(DriverEditsError, match="symlink"):
             driver_edits.apply(
-                container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+                container.pid, edits_for(driver_root), record=record, source_root=Path("/")
             )
         assert Path(f"/proc/{container.pid}/mountinfo").read_text() == mounts_before
         assert not record.exists()
@@ -215,7 +215,7 @@ def test_a_read_only_root_without_the_mount_point_is_refused_clearly(
         record = tmp_path / "edits.json"
         with pytest.raises(DriverEditsError, match="read-only"):
             driver_edits.apply(
-                container.pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+                container.pid, edits_for(driver_root), record=record, source_root=Path("/")
             )
         assert LIBCUDA not in Path(f"/proc/{container.pid}/mountinfo").read_text()
         assert not record.exists()
@@ -228,7 +228,7 @@ def test_the_preflight_knows_which_container_can_load_libcuda(
     assert driver_edits.provides_library(edits_for(driver_root))
     assert not driver_edits.provides_library(ContainerEdits())
     driver_edits.apply(
-        container.pid, edits_for(driver_root), record=tmp_path / "e.json", source_pid=os.getpid()
+        container.pid, edits_for(driver_root), record=tmp_path / "e.json", source_root=Path("/")
     )
     assert driver_edits.container_has_library(container.pid)
 
@@ -240,17 +240,17 @@ def test_unbind_leaves_a_mount_that_is_not_the_source(
     other = tmp_path / "other.so"
     other.write_text("x")
     mount = bindmounts.BindMount(PurePosixPath(str(other)), PurePosixPath(f"{LIB_DIR}/{LIBCUDA}"))
-    bindmounts.bind(container.pid, [mount], source_pid=os.getpid())
+    bindmounts.bind(container.pid, [mount], source_root=Path("/"))
     ours = bindmounts.BindMount(PurePosixPath(f"{driver_root}{LIB_DIR}/{LIBCUDA}"), mount.target)
-    assert bindmounts.unbind(container.pid, [ours], source_pid=os.getpid()) == []
-    assert bindmounts.is_bound(container.pid, mount, source_pid=os.getpid())
+    assert bindmounts.unbind(container.pid, [ours], source_root=Path("/")) == []
+    assert bindmounts.is_bound(container.pid, mount, source_root=Path("/"))
 
 
 def test_a_gone_container_leaves_nothing_to_undo(driver_root: Path, tmp_path: Path) -> None:
     record = tmp_path / "edits.json"
     with glibc_container(tmp_path / "c") as container:
         pid = container.pid
-        driver_edits.apply(pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+        driver_edits.apply(pid, edits_for(driver_root), record=record, source_root=Path("/"))
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # poll for the reaped process to vanish from procfs
@@ -275,7 +275,7 @@ def test_a_process_sharing_the_hosts_root_is_given_nothing(
             time.sleep(0.02)  # poll until unshare has made its namespace
         for pid in (os.getpid(), sleeper.pid):
             applied = driver_edits.apply(
-                pid, edits_for(driver_root), record=record, source_pid=os.getpid()
+                pid, edits_for(driver_root), record=record, source_root=Path("/")
             )
             assert applied == driver_edits.Applied((), (), False, (), ())
         assert not record.exists()
@@ -290,7 +290,7 @@ def test_a_reused_pid_is_not_touched(
 ) -> None:
     """The record names pid and start time: another process under the pid is not ours."""
     record = tmp_path / "edits.json"
-    driver_edits.apply(container.pid, edits_for(driver_root), record=record, source_pid=os.getpid())
+    driver_edits.apply(container.pid, edits_for(driver_root), record=record, source_root=Path("/"))
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "start_time": data["start_time"] + 1}))
     assert driver_edits.remove(record) == []

@@ -122,6 +122,7 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cri": "/run/containerd",
         "state": "/run/gpu-hotplug",
+        "host-root": "/",
         "cdi-0": "/etc/cdi",
         "cdi-1": "/var/run/cdi",
         "host-systemd": "/run/systemd",
@@ -130,7 +131,8 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
     read_only = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
     # Written: the device cgroups (the agent's job) and its own state; nothing else.
     assert read_only == {
-        "host-proc", "pod-resources", "cri", "cdi-0", "cdi-1", "host-systemd", "host-dbus"
+        "host-proc", "pod-resources", "cri", "cdi-0", "cdi-1", "host-root", "host-systemd",
+        "host-dbus",
     }  # fmt: skip
     assert "/dev" not in host_paths.values()
 

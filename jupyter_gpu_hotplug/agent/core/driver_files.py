@@ -51,7 +51,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RECORD_DIR: Final = "driver-files"
-HOST_INIT: Final = 1
 
 
 class DriverFilesMode(enum.StrEnum):
@@ -109,9 +108,9 @@ class CdiDriverFiles:
     registry: CdiRegistry
     state_dir: Path
     host_proc: Path = procfs.PROC
-    host_pid: int = HOST_INIT
-    """The process whose root and mount namespace the spec's host paths are in: the host's
-    init (the agent runs in the host's pid namespace, in both modes)."""
+    host_root: Path = Path("/")
+    """The host's root as the agent sees it: the spec's host paths are below it (``/`` on a
+    server; the chart mounts the host's at ``/host``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     """One host change at a time: a sweep never undoes what a concurrent attach records."""
     _active: set[ContainerKey] = field(default_factory=set, init=False, repr=False)
@@ -158,7 +157,7 @@ class CdiDriverFiles:
                     edits,
                     record=self._record(target.key),
                     start_time=target.start_time,
-                    source_pid=self.host_pid,
+                    source_root=self.host_root,
                     proc=self.host_proc,
                 )
         except (TargetNotReady, driver_edits.DriverEditsError) as e:
