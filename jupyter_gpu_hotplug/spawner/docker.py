@@ -28,7 +28,7 @@ from traitlets.config import Config
 
 from .._structs import AGENT_URL_ENV, DEFAULT_SOCKET
 from ._config import merged_dict
-from .pieces import NOTEBOOK_SIDE_ENV
+from .pieces import LEGACY_RUNTIME_ENV
 
 __all__ = ["CONTAINER_SOCKET_DIR", "DockerSettings", "configure_dockerspawner"]
 
@@ -64,7 +64,7 @@ class DockerSettings:
 
     @property
     def environment(self) -> dict[str, str]:
-        return {AGENT_URL_ENV: f"unix:{self.container_socket}", **NOTEBOOK_SIDE_ENV}
+        return {AGENT_URL_ENV: f"unix:{self.container_socket}", **LEGACY_RUNTIME_ENV}
 
     @property
     def host_config(self) -> dict[str, str]:

@@ -19,7 +19,7 @@ from traitlets.config import Config
 
 from .._structs import MAX_GPUS_ANNOTATION
 from ._config import current, merged_dict, with_named
-from .pieces import DEFAULT_K8S_AGENT_URL, TOKEN_VOLUME, PodPieces, check_max_gpus
+from .pieces import DEFAULT_K8S_AGENT_URL, TOKEN_VOLUME, DriverSource, PodPieces, check_max_gpus
 
 __all__ = ["PodHook", "configure_kubespawner"]
 
@@ -34,23 +34,28 @@ def configure_kubespawner(
     *,
     max_gpus: int = 1,
     agent_url: str = DEFAULT_K8S_AGENT_URL,
-    runtime_class: str | None = "nvidia",
+    runtime_class: str | None = None,
     token_expiration_seconds: int = 3600,
     profile_max_gpus: Mapping[str, int] | None = None,
+    driver_source: DriverSource = "cdi",
 ) -> PodPieces:
     """Configure ``c.KubeSpawner`` for jupyter-gpu-hotplug; returns what was applied.
 
     ``max_gpus``: the GPUs one server may hot-attach (the pod annotation the agent enforces);
     ``profile_max_gpus``: per ``profile_list`` entry (by slug or display name), overriding it —
-    call this after ``profile_list`` is set. ``runtime_class``: the RuntimeClass that gives
-    notebooks the NVIDIA driver's libraries without a GPU (``None``: the node's default runtime
-    already does). Raises ``ValueError`` for a bad limit or an unknown profile.
+    call this after ``profile_list`` is set. ``driver_source``: ``cdi`` (the default; the GPU
+    Operator's since v25.10) — the agent gives the driver's libraries with the GPU, notebooks
+    need no runtime class and no NVIDIA variable; ``legacy`` — NVIDIA's runtime in legacy mode
+    gives them at start (``NVIDIA_VISIBLE_DEVICES=none``), with ``runtime_class`` (``nvidia``)
+    where it is not the node's default. Raises ``ValueError`` for a bad limit or an unknown
+    profile.
     """
     pieces = PodPieces(
         max_gpus=max_gpus,
         agent_url=agent_url,
         runtime_class=runtime_class,
         token_expiration_seconds=token_expiration_seconds,
+        driver_source=driver_source,
     )
     limits = {
         name: check_max_gpus(value, f"profile_max_gpus[{name!r}]")

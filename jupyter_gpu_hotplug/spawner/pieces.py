@@ -9,7 +9,7 @@ facts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from .._structs import (
     AGENT_PORT,
@@ -21,9 +21,10 @@ from .._structs import (
 
 __all__ = [
     "DEFAULT_K8S_AGENT_URL",
-    "NOTEBOOK_SIDE_ENV",
+    "LEGACY_RUNTIME_ENV",
     "TOKEN_DIR",
     "TOKEN_VOLUME",
+    "DriverSource",
     "PodPieces",
     "check_max_gpus",
 ]
@@ -33,12 +34,17 @@ DEFAULT_K8S_AGENT_URL: Final = f"http://gpu-hotplug-agent.gpu-hotplug.svc:{AGENT
 TOKEN_VOLUME: Final = "gpu-hotplug-token"
 TOKEN_DIR: Final = "/var/run/secrets/gpu-hotplug"
 TOKEN_FILE: Final = "token"
-NOTEBOOK_SIDE_ENV: Final = {
-    # No GPU at start; the NVIDIA runtime still mounts the driver's libraries and tools, so a
-    # GPU attached later works without a restart.
+LEGACY_RUNTIME_ENV: Final = {
+    # NVIDIA's runtime in its legacy mode: no GPU at start, but the driver's libraries and
+    # tools mounted, so a GPU attached later works without a restart. Not for CDI mode (the GPU
+    # Operator's default since v25.10), where "none" names no CDI device and the agent gives
+    # the libraries with the GPU (--driver-files=cdi).
     "NVIDIA_VISIBLE_DEVICES": "none",
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
 }
+DriverSource = Literal["cdi", "legacy"]
+"""Where a notebook's driver libraries come from: the agent, from the node's CDI spec, at
+attach (``cdi``: no runtime class, no NVIDIA variable); NVIDIA's legacy runtime at start."""
 MAX_GPUS_LIMIT: Final = 64
 """A sanity bound on configured limits (more GPUs than any node has is a typo)."""
 
@@ -56,10 +62,13 @@ class PodPieces:
 
     max_gpus: int
     agent_url: str = DEFAULT_K8S_AGENT_URL
-    runtime_class: str | None = "nvidia"
+    runtime_class: str | None = None
     token_expiration_seconds: int = 3600
+    driver_source: DriverSource = "cdi"
 
     def __post_init__(self) -> None:
+        if self.driver_source not in ("cdi", "legacy"):
+            raise ValueError(f"driver_source {self.driver_source!r} is not 'cdi' or 'legacy'")
         check_max_gpus(self.max_gpus, "max_gpus")
         if not self.agent_url.startswith(("http://", "https://", "unix:")):
             raise ValueError(f"agent_url {self.agent_url!r} is not http(s):// or unix:")
@@ -90,7 +99,7 @@ class PodPieces:
         return {
             AGENT_URL_ENV: self.agent_url,
             TOKEN_PATH_ENV: self.token_path,
-            **NOTEBOOK_SIDE_ENV,
+            **(LEGACY_RUNTIME_ENV if self.driver_source == "legacy" else {}),
         }
 
     def annotations(self, max_gpus: int | None = None) -> dict[str, str]:

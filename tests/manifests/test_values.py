@@ -214,7 +214,7 @@ async def test_pods_keep_theirs_and_get_ours(merged: dict[str, Any], profile: st
         assert GPU_TOLERATION not in spec["tolerations"]
     env = env_of(pod)
     assert env["HUB_SETTING"] == "theirs"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # CDI mode: the agent gives the driver
     # Only where the node needs it (commented out in the file): never on every notebook.
     assert spec.get("runtimeClassName") is None
     expected = "4" if profile == "gpu-large" else "1"

@@ -67,11 +67,24 @@ async def test_pod_has_token_env_runtime_class_and_limit() -> None:
     env = env_of(pod)
     assert env[AGENT_URL_ENV] == DEFAULT_K8S_AGENT_URL
     assert env[TOKEN_PATH_ENV] == f"{TOKEN_DIR}/token"
+    # CDI mode (issue 33): the agent gives the driver's libraries with the GPU; nothing of
+    # NVIDIA's runtime on the notebook (under its CDI mode "none" would keep the pod from
+    # starting).
+    assert not any(name.startswith("NVIDIA_") for name in env)
+    assert "runtimeClassName" not in pod["spec"]
+    assert pod["metadata"]["annotations"][MAX_GPUS_ANNOTATION] == "2"
+    # The Kubernetes API would accept it.
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+async def test_the_legacy_runtime_mode_gives_notebooks_the_driver_at_start() -> None:
+    c = Config()
+    configure_kubespawner(c, max_gpus=1, driver_source="legacy", runtime_class="nvidia")
+    pod = await pod_for(c)
+    env = env_of(pod)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert pod["spec"]["runtimeClassName"] == "nvidia"
-    assert pod["metadata"]["annotations"][MAX_GPUS_ANNOTATION] == "2"
-    # The Kubernetes API would accept it.
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
 
@@ -122,7 +135,7 @@ async def test_existing_hook_is_chained_and_runs_first() -> None:
     pod = await pod_for(c)
     assert len(seen) == 1
     assert pod["metadata"]["labels"]["cost-center"] == "ml"
-    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert pod["metadata"]["annotations"][MAX_GPUS_ANNOTATION] == "1"  # ours, after theirs
 
 
 async def test_sync_hook_is_chained() -> None:
