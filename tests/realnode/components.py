@@ -56,7 +56,22 @@ class Components:
     cni_bin_dir: Path
     device_plugin: Path
     helm: Path
+    container_toolkit_dir: Path
+    """NVIDIA Container Toolkit's binaries: ``nvidia-ctk``, ``nvidia-container-runtime``,
+    ``nvidia-cdi-hook`` (the node's CDI mode and its generated spec)."""
     versions: dict[str, str]
+
+    @property
+    def nvidia_ctk(self) -> Path:
+        return self.container_toolkit_dir / "nvidia-ctk"
+
+    @property
+    def nvidia_container_runtime(self) -> Path:
+        return self.container_toolkit_dir / "nvidia-container-runtime"
+
+    @property
+    def nvidia_cdi_hook(self) -> Path:
+        return self.container_toolkit_dir / "nvidia-cdi-hook"
 
     @property
     def path_dirs(self) -> list[str]:
@@ -96,5 +111,6 @@ def find_components() -> Components:
         device_plugin=directory("nvidia-device-plugin", "DEVICE_PLUGIN_VERSION")
         / "nvidia-device-plugin",
         helm=directory("helm", "HELM_VERSION") / "helm",
+        container_toolkit_dir=directory("nvidia-container-toolkit", "CONTAINER_TOOLKIT_VERSION"),
         versions=pinned,
     )
