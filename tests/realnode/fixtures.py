@@ -40,31 +40,46 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, NoReturn
 
 import pytest
 
 from ..fixtures.requirements import ROOT_REASON, has_root_and_cgroups
 from .agent import AgentAccount, NodeAgent, install_agent_account, running_node_agent
 from .cluster import Cluster
-from .components import MissingComponents
+from .components import ContainerToolkit, MissingComponents, find_container_toolkit
 from .node import NodeBusy, RealNode, new_node
 
 REQUIRE_ENV: Final = "JGH_REQUIRE_REAL_NODE"
 
 
+def absent(reason: str) -> NoReturn:
+    """Skip for want of root or the built components, or fail where ``JGH_REQUIRE_REAL_NODE=1``
+    (CI, where they must be there)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
+    pytest.skip(reason)
+
+
+def required_container_toolkit() -> ContainerToolkit:
+    """NVIDIA Container Toolkit for a test that runs it without a node (as root); skipped or
+    failed as ``real_node`` is when it is not built."""
+    if not has_root_and_cgroups():
+        absent(ROOT_REASON)
+    try:
+        return find_container_toolkit()
+    except MissingComponents as error:
+        absent(str(error))
+
+
 @pytest.fixture(scope="session")
 def real_node() -> Iterator[RealNode]:
     if not has_root_and_cgroups():
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {ROOT_REASON}")
-        pytest.skip(ROOT_REASON)
+        absent(ROOT_REASON)
     try:
         node = new_node()
     except MissingComponents as error:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {error}")
-        pytest.skip(str(error))
+        absent(str(error))
     busy = None
     try:
         node.start()
