@@ -43,19 +43,14 @@ def cache_root() -> Path:
 class ContainerToolkit:
     """NVIDIA Container Toolkit's binaries (the node's CDI mode and its generated spec)."""
 
-    directory: Path
+    nvidia_ctk: Path
+    nvidia_container_runtime: Path
+    nvidia_cdi_hook: Path
 
-    @property
-    def nvidia_ctk(self) -> Path:
-        return self.directory / "nvidia-ctk"
-
-    @property
-    def nvidia_container_runtime(self) -> Path:
-        return self.directory / "nvidia-container-runtime"
-
-    @property
-    def nvidia_cdi_hook(self) -> Path:
-        return self.directory / "nvidia-cdi-hook"
+    @classmethod
+    def in_directory(cls, directory: Path) -> ContainerToolkit:
+        names = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook")
+        return cls(*(directory / name for name in names))
 
 
 @dataclass(frozen=True)
@@ -100,7 +95,7 @@ def find_container_toolkit() -> ContainerToolkit:
     """NVIDIA Container Toolkit alone (what a test that only generates a CDI spec needs), or
     ``MissingComponents``."""
     pinned = versions()
-    return ContainerToolkit(
+    return ContainerToolkit.in_directory(
         _component_dir("nvidia-container-toolkit", "CONTAINER_TOOLKIT_VERSION", pinned)
     )
 
