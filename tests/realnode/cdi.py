@@ -85,7 +85,8 @@ def make_dev_root(dev_root: Path, config: FakeNvmlConfig, *, caps_major: int | N
                 nodes.append((dev / "nvidia-caps" / f"nvidia-cap{minor}", caps_major, minor))
     for path, major, minor in nodes:
         if not path.exists():
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.mknod(path, stat.S_IFCHR, os.makedev(major, minor))
+            path.chmod(0o666)  # as the driver's nodes are, whatever the umask
 
 
 def generate_spec(
