@@ -18,6 +18,7 @@ import pytest
 
 from jupyter_gpu_hotplug.nvml.sim import CUDA_LIBRARY_NAME, LIBRARY_NAME
 from jupyter_gpu_hotplug.nvml.sim.driver_root import LIBRARY_DIR, SMI_PATH, versioned_name
+from jupyter_gpu_hotplug.nvml.sim.smi import BANNER
 
 from ..fixtures.requirements import needs_root
 from .cluster import Cluster
@@ -110,6 +111,10 @@ def test_a_gpu_pod_under_runc_gets_its_device_and_the_driver_through_cdi(
     assert CUDA_LIBRARY_NAME in cache
     environ = cdi_cluster.exec(namespace, "runc", ["env"]).stdout.splitlines()
     assert "NVIDIA_VISIBLE_DEVICES=void" in environ
+    # The mounted nvidia-smi runs with the container's own /bin/sh; this busybox image has
+    # no python3 for the simulated one, and it says so as a missing command would.
+    smi = cdi_cluster.exec(namespace, "runc", [f"/{SMI_PATH}", "-L"])
+    assert (smi.exit_code, BANNER in smi.stderr) == (127, True), smi
 
 
 def test_the_nvidia_runtime_class_gives_the_same_gpu(cdi_cluster: Cluster) -> None:
