@@ -1,5 +1,6 @@
 """``python -m tests.realnode up|down|status`` from the repository root, as root: the real node
-by hand (a test session brings up its own). ``up`` builds nothing: run
+by hand (a test session brings up its own); ``up --cdi`` brings it up in ``cdi`` mode (the
+GPU Operator >= 25.10's setup, ``node.NodeMode``). ``up`` builds nothing: run
 ``tests/realnode/build.sh`` first. ``up`` prints the admin kubeconfig to use with ``kubectl``;
 the node keeps running after the command returns (a detached owner process holds it) until
 ``down``. ``down`` also removes a node whose owner was killed (a test session or ``up``).
@@ -20,6 +21,7 @@ from .node import (
     STATE_FILE,
     NodeBusy,
     NodeError,
+    NodeMode,
     new_node,
     node_is_running,
     take_down_recorded,
@@ -29,12 +31,12 @@ READY_KEY = "ready"
 """Written into the state file by the owner: ``true`` once the node is Ready, else the error."""
 
 
-def _up(gpus: int) -> int:
+def _up(gpus: int, mode: NodeMode) -> int:
     if node_is_running():
         print(f"a node is already up ({STATE_FILE}); `python -m tests.realnode down` first")
         return 1
     try:
-        node = new_node(gpus)
+        node = new_node(gpus, mode=mode)
     except (MissingComponents, NodeError) as error:
         print(error, file=sys.stderr)
         return 1
@@ -54,7 +56,7 @@ def _up(gpus: int) -> int:
         if state[READY_KEY] is not True:
             print(f"the node did not come up: {state[READY_KEY]}", file=sys.stderr)
             return 1
-        print(f"node {state['node']} Ready; seconds to each milestone: {state['timings']}")
+        print(f"node {state['node']} Ready ({mode}); seconds to each milestone: {state['timings']}")
         print(f"export KUBECONFIG={state['kubeconfig']}")
         return 0
     os.setsid()
@@ -91,11 +93,19 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the node and wait until it is Ready")
     up.add_argument("--gpus", type=int, default=4, help="simulated GPUs (default 4)")
+    up.add_argument(
+        "--cdi",
+        action="store_const",
+        const="cdi",
+        default="plain",
+        dest="mode",
+        help="CDI mode, as the GPU Operator >= 25.10 sets a node up (default: plain)",
+    )
     sub.add_parser("down", help="stop the node (or a stale one) and remove everything it made")
     sub.add_parser("status", help="say whether a node is up")
     args = parser.parse_args()
     if args.command == "up":
-        return _up(args.gpus)
+        return _up(args.gpus, args.mode)
     if args.command == "down":
         try:
             left = take_down_recorded(stop_live_owner=True)

@@ -116,6 +116,13 @@ build_all() {
     "github.com/NVIDIA/k8s-device-plugin@$DEVICE_PLUGIN_VERSION" - 1 "" \
     "-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$DEVICE_PLUGIN_VERSION" \
     github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin
+  # cgo: nvidia-ctk's `cdi generate --mode nvml` dlopen()s libnvidia-ml.so.1 through go-nvml.
+  build nvidia-container-toolkit "$CONTAINER_TOOLKIT_VERSION" \
+    "github.com/NVIDIA/nvidia-container-toolkit@$CONTAINER_TOOLKIT_VERSION" - 1 "" \
+    "-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${CONTAINER_TOOLKIT_VERSION#v}" \
+    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk \
+    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime \
+    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
   build helm "$HELM_VERSION" "helm.sh/helm/v3@$HELM_VERSION" - 0 "" \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   # promtool (not a node component): `promtool test rules` proves the alerts of k8s/monitoring

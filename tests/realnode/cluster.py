@@ -96,8 +96,10 @@ class Cluster:
         annotations: dict[str, str] | None = None,
         resources: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        runtime_class: str | None = None,
     ) -> dict[str, Any]:
-        """A pod with container ``notebook`` (busybox ``sleep``), Running; returns it."""
+        """A pod with container ``notebook`` (busybox ``sleep``), Running; returns it.
+        ``runtime_class``: its ``runtimeClassName`` (none: the node's default, runc)."""
         container: dict[str, Any] = {
             "name": "notebook",
             "image": TOOLS_IMAGE,
@@ -108,10 +110,12 @@ class Cluster:
             container["resources"] = resources
         if env:
             container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        body = {
+        body: dict[str, Any] = {
             "metadata": {"name": name, "annotations": annotations or {}},
             "spec": {"containers": [container], "terminationGracePeriodSeconds": 1},
         }
+        if runtime_class is not None:
+            body["spec"]["runtimeClassName"] = runtime_class
         self.core.create_namespaced_pod(namespace, body)
         return self.wait_running(namespace, name)
 

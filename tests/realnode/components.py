@@ -40,6 +40,20 @@ def cache_root() -> Path:
 
 
 @dataclass(frozen=True)
+class ContainerToolkit:
+    """NVIDIA Container Toolkit's binaries (the node's CDI mode and its generated spec)."""
+
+    nvidia_ctk: Path
+    nvidia_container_runtime: Path
+    nvidia_cdi_hook: Path
+
+    @classmethod
+    def in_directory(cls, directory: Path) -> ContainerToolkit:
+        names = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook")
+        return cls(*(directory / name for name in names))
+
+
+@dataclass(frozen=True)
 class Components:
     """Absolute paths of every binary the node runs."""
 
@@ -56,6 +70,7 @@ class Components:
     cni_bin_dir: Path
     device_plugin: Path
     helm: Path
+    container_toolkit: ContainerToolkit
     versions: dict[str, str]
 
     @property
@@ -65,19 +80,32 @@ class Components:
         return sorted({str(p.parent) for p in (self.containerd, self.runc, self.crictl)})
 
 
+def _component_dir(name: str, key: str, pinned: dict[str, str]) -> Path:
+    """``bin/<name>-<version>`` once built, else ``MissingComponents`` with the command."""
+    path = cache_root() / "bin" / f"{name}-{pinned[key]}"
+    if not (path / ".built").exists():
+        raise MissingComponents(
+            f"{name} {pinned[key]} is not built in {path}: run `bash {BUILD_SCRIPT}` "
+            "(builds every pinned component from the Go module proxy, once per version)"
+        )
+    return path
+
+
+def find_container_toolkit() -> ContainerToolkit:
+    """NVIDIA Container Toolkit alone (what a test that only generates a CDI spec needs), or
+    ``MissingComponents``."""
+    pinned = versions()
+    return ContainerToolkit.in_directory(
+        _component_dir("nvidia-container-toolkit", "CONTAINER_TOOLKIT_VERSION", pinned)
+    )
+
+
 def find_components() -> Components:
     """The built components, or ``MissingComponents`` saying what to build."""
     pinned = versions()
-    bins = cache_root() / "bin"
 
     def directory(name: str, key: str) -> Path:
-        path = bins / f"{name}-{pinned[key]}"
-        if not (path / ".built").exists():
-            raise MissingComponents(
-                f"{name} {pinned[key]} is not built in {path}: run `bash {BUILD_SCRIPT}` "
-                "(builds every pinned component from the Go module proxy, once per version)"
-            )
-        return path
+        return _component_dir(name, key, pinned)
 
     kubernetes = directory("kubernetes", "KUBERNETES_VERSION")
     containerd = directory("containerd", "CONTAINERD_VERSION")
@@ -96,5 +124,6 @@ def find_components() -> Components:
         device_plugin=directory("nvidia-device-plugin", "DEVICE_PLUGIN_VERSION")
         / "nvidia-device-plugin",
         helm=directory("helm", "HELM_VERSION") / "helm",
+        container_toolkit=find_container_toolkit(),
         versions=pinned,
     )

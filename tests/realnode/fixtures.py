@@ -17,6 +17,12 @@ modules (the Helm chart's, the holder spec's) use them:
     session's node is up, the fixture **fails with the reason** (``NodeBusy``: wait and
     retry); a node left by a killed session is removed first. At the end the session fails
     if teardown had to remove anything by force or anything of the node is left on the host.
+``cdi_cluster`` (module) → ``cluster.Cluster``
+    A node of its own in ``cdi`` mode (``node.NodeMode``: set up as the GPU Operator >= 25.10
+    sets a node up — CDI spec, NVIDIA's runtime as a handler, RuntimeClasses, the plugin's
+    CDI strategies), for one module. Only one node runs per machine, so tests that use it are
+    collected first and their node is down before ``real_node`` starts; do not use both in
+    one module.
 ``cluster`` (session) → ``cluster.Cluster``
     The node as tests use it: ``namespace(prefix, pod_security=...)``,
     ``run_notebook_pod(ns, name, annotations=, resources=, env=)``, ``pod``, ``pods``,
@@ -40,31 +46,48 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, NoReturn
 
 import pytest
 
 from ..fixtures.requirements import ROOT_REASON, has_root_and_cgroups
 from .agent import AgentAccount, NodeAgent, install_agent_account, running_node_agent
 from .cluster import Cluster
-from .components import MissingComponents
-from .node import NodeBusy, RealNode, new_node
+from .components import ContainerToolkit, MissingComponents, find_container_toolkit
+from .node import NodeBusy, NodeMode, RealNode, new_node
 
 REQUIRE_ENV: Final = "JGH_REQUIRE_REAL_NODE"
+CDI_FIXTURE: Final = "cdi_cluster"
 
 
-@pytest.fixture(scope="session")
-def real_node() -> Iterator[RealNode]:
+def absent(reason: str) -> NoReturn:
+    """Skip for want of root or the built components, or fail where ``JGH_REQUIRE_REAL_NODE=1``
+    (CI, where they must be there)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
+    pytest.skip(reason)
+
+
+def required_container_toolkit() -> ContainerToolkit:
+    """NVIDIA Container Toolkit for a test that runs it without a node (as root); skipped or
+    failed as ``real_node`` is when it is not built."""
     if not has_root_and_cgroups():
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {ROOT_REASON}")
-        pytest.skip(ROOT_REASON)
+        absent(ROOT_REASON)
     try:
-        node = new_node()
+        return find_container_toolkit()
     except MissingComponents as error:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {error}")
-        pytest.skip(str(error))
+        absent(str(error))
+
+
+def _running_node(mode: NodeMode) -> Iterator[RealNode]:
+    """A started node of ``mode`` until the generator is closed; then it is stopped and the
+    test fails if anything had to be removed by force or is left on the host."""
+    if not has_root_and_cgroups():
+        absent(ROOT_REASON)
+    try:
+        node = new_node(mode=mode)
+    except MissingComponents as error:
+        absent(str(error))
     busy = None
     try:
         node.start()
@@ -82,12 +105,35 @@ def real_node() -> Iterator[RealNode]:
 
 
 @pytest.fixture(scope="session")
+def real_node() -> Iterator[RealNode]:
+    yield from _running_node("plain")
+
+
+@pytest.fixture(scope="session")
 def cluster(real_node: RealNode) -> Iterator[Cluster]:
     handle = Cluster(real_node)
     try:
         yield handle
     finally:
         handle.close()
+
+
+@pytest.fixture(scope="module")
+def cdi_cluster() -> Iterator[Cluster]:
+    """A node of its own in ``cdi`` mode for one module (see the module docstring)."""
+    for node in _running_node("cdi"):
+        handle = Cluster(node)
+        try:
+            yield handle
+        finally:
+            handle.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on ``cdi_cluster`` first (stable otherwise): one node per machine, so its
+    module's node must be down before the session's ``real_node`` comes up, and it is
+    (a module fixture ends with its module)."""
+    items.sort(key=lambda item: CDI_FIXTURE not in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")

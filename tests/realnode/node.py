@@ -23,7 +23,18 @@ The MIG driver tables NVIDIA's plugin and the agent read are at fixed host paths
 both run in a mount namespace of their own where the node's tables are bound over those
 (``in_driver_namespace``), so the host's ``/proc`` is never touched and nothing outlives them.
 
-Used by ``tests/realnode/fixtures.py`` and by hand: ``python -m tests.realnode up`` /
+The node comes in two modes (``NodeMode``). ``plain`` (the default): NVIDIA's plugin passes
+GPUs to containers as ``NVIDIA_VISIBLE_DEVICES`` and no NVIDIA runtime is installed, so pods get
+no device nodes or driver files. ``cdi``: set up as the GPU Operator >= 25.10 sets a node up —
+a CDI spec that ``nvidia-ctk cdi generate`` wrote for the simulated driver root
+(``jupyter_gpu_hotplug.nvml.sim.driver_root``) in the node's spec directory, containerd's CRI
+reading that directory, NVIDIA's runtime registered as the ``nvidia`` handler in ``cdi`` mode
+but not the default, the ``nvidia`` and ``nvidia-legacy`` RuntimeClasses, and the plugin with
+``DEVICE_LIST_STRATEGY=cdi-annotations,cdi-cri``: a pod under plain runc gets its
+``/dev/nvidia<N>`` and the driver's files through CDI. The plugin writes its own spec to the
+fixed ``/var/run/cdi``; in its private mount namespace that is the node's spec directory.
+
+Used by ``tests/realnode/fixtures.py`` and by hand: ``python -m tests.realnode up [--cdi]`` /
 ``down`` / ``status`` (see ``__main__.py``).
 """
 
@@ -43,7 +54,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 from jupyter_gpu_hotplug.agent.local.simulate import write_caps_tables
 from jupyter_gpu_hotplug.nvml.sim import (
@@ -54,6 +65,7 @@ from jupyter_gpu_hotplug.nvml.sim import (
     with_mig_devices,
     write_config,
 )
+from jupyter_gpu_hotplug.nvml.sim.driver_root import ensure_driver_root
 
 from ..k8s.containerd import (
     cgroup_mount_points,
@@ -66,6 +78,7 @@ from ..k8s.containerd import (
 from ..k8s.cri import CriClient
 from ..k8s.image import PAUSE_IMAGE, write_oci_archive
 from ..manifests.support import kubectl as kubectl_binary
+from .cdi import GeneratedSpec, generate_spec, make_dev_root
 from .components import Components, find_components
 from .pki import Pki, make_pki, write_kubeconfig
 
@@ -112,6 +125,19 @@ TERMINATE_TIMEOUT: Final = 15.0
 """Seconds one of the node's daemons has from SIGTERM to exit before it gets SIGKILL."""
 READY_TIMEOUT: Final = 300.0
 """Upper bound for the node to become Ready on a loaded 2-core machine (never asserted on)."""
+
+
+NodeMode = Literal["plain", "cdi"]
+"""How the node hands GPUs to containers: see the module docstring."""
+NODE_MODES: Final[tuple[NodeMode, ...]] = get_args(NodeMode)
+NVIDIA_RUNTIME: Final = "nvidia"
+"""The containerd runtime handler of NVIDIA's runtime (``cdi`` mode), and its RuntimeClass."""
+RUNTIME_CLASSES: Final = (NVIDIA_RUNTIME, "nvidia-legacy")
+"""What the GPU Operator creates. Only ``nvidia`` has a handler here: ``nvidia-legacy`` needs
+``libnvidia-container``, a C library this tier does not build, so its pods fail to start."""
+CDI_DEVICE_LIST_STRATEGY: Final = "cdi-annotations,cdi-cri"
+"""The plugin's strategy under the GPU Operator >= 25.10 (``DEVICE_LIST_STRATEGY``)."""
+CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
 
 
 class NodeError(RuntimeError):
@@ -210,6 +236,7 @@ class RealNode:
     components: Components
     node_name: str
     gpu_count: int = DEFAULT_GPUS
+    mode: NodeMode = "plain"
     node_ip: str = field(default_factory=lambda: host_address())
     """Where the apiserver listens: the machine's own address (not loopback), so that pods
     reach it as the ``kubernetes`` Service."""
@@ -222,6 +249,10 @@ class RealNode:
     nvml_config_path: Path | None = None
     nvml_library_dir: Path | None = None
     nvml_config: FakeNvmlConfig | None = None
+    caps_major: int | None = None
+    """The simulated ``nvidia-caps`` major (MIG access nodes)."""
+    cdi_spec: GeneratedSpec | None = None
+    """``cdi`` mode: what ``nvidia-ctk cdi generate`` wrote into ``cdi_spec_dir``."""
     _saved_sysctls: dict[str, str] = field(default_factory=dict)
     _made_var_lib_kubelet: bool = False
     _netns_before: set[str] = field(default_factory=set)
@@ -273,11 +304,39 @@ class RealNode:
         """Bound over ``/proc/devices`` in ``in_driver_namespace``: the ``nvidia-caps`` major."""
         return self.directory / "proc-devices"
 
-    def in_driver_namespace(self, argv: list[str]) -> list[str]:
+    @property
+    def cdi_spec_dir(self) -> Path:
+        """``cdi`` mode: the node's ``/var/run/cdi`` (containerd's ``cdi_spec_dirs``)."""
+        return self.directory / "cdi"
+
+    @property
+    def driver_root(self) -> Path:
+        """``cdi`` mode: the node's driver root, as ``/`` is on a node whose driver is installed
+        on the host: a copy of the simulated driver root (``ensure_driver_root``) with the
+        driver's device nodes in its ``dev/`` (``make_dev_root``). One root for both, because
+        NVIDIA's plugin looks for device nodes under the driver root it is given
+        (``DRIVER_ROOT_CTR_PATH``, when that has a ``dev/``), else in ``/dev``. The spec mounts
+        the driver's files from here."""
+        return self.directory / "driver-root"
+
+    @property
+    def nvidia_runtime_config(self) -> Path:
+        """``cdi`` mode: NVIDIA's runtime's ``config.toml`` (``NVIDIA_CTK_CONFIG_FILE_PATH``)."""
+        return self.directory / "nvidia-container-runtime.toml"
+
+    def in_driver_namespace(self, argv: list[str], *, cdi_dir: bool = False) -> list[str]:
         """``argv`` run (same pid: ``unshare`` and ``sh`` exec it) in a private mount namespace
         where the host's ``/proc/driver`` and ``/proc/devices`` are the node's simulated
-        driver tables, which NVIDIA's plugin and the agent read from those fixed paths."""
+        driver tables, which NVIDIA's plugin and the agent read from those fixed paths.
+        ``cdi_dir``: ``/var/run/cdi`` there is the node's spec directory, on a private
+        ``/run`` (the host may have no ``/run/cdi`` to mount over, and must get none)."""
         script = 'mount --bind "$1" /proc/driver && mount --bind "$2" /proc/devices && shift 2'
+        if cdi_dir:
+            script += (
+                " && mount -t tmpfs -o mode=0755 jgh-run /run && mkdir /run/cdi"
+                ' && mount --bind "$1" /run/cdi && shift'
+            )
+            argv = [str(self.cdi_spec_dir), *argv]
         return [
             "unshare",
             "--mount",
@@ -320,6 +379,9 @@ class RealNode:
             self.pki = make_pki(self.directory / "pki", self.node_name, self.node_ip)
             self._kubeconfigs()
             self._save_host_state()
+            self._simulate_gpus()
+            if self.mode == "cdi":
+                self._generate_cdi_spec()
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
@@ -328,6 +390,8 @@ class RealNode:
             self._start_proxy()
             self._start_device_plugin()
             self._wait_node_ready()
+            if self.mode == "cdi":
+                self._create_runtime_classes()
         except BaseException:
             self.stop()
             raise
@@ -576,6 +640,7 @@ state = "{d}/state"
 [{runtime}]
   restrict_oom_score_adj = true
   disable_apparmor = true
+  {f'cdi_spec_dirs = ["{self.cdi_spec_dir}"]' if self.mode == "cdi" else ""}
   [{runtime}.cni]
     bin_dirs = ["{self.components.cni_bin_dir}"]
     conf_dir = "{d}/net.d"
@@ -588,6 +653,46 @@ state = "{d}/state"
     BinaryName = "{self.components.runc}"
     Root = "{d}/runc"
     SystemdCgroup = false
+{self._containerd_cdi_config() if self.mode == "cdi" else ""}"""
+
+    def _containerd_cdi_config(self) -> str:
+        """NVIDIA's runtime as the ``nvidia`` handler beside the default ``runc``, as the GPU
+        Operator's toolkit container configures containerd
+        (``NVIDIA_RUNTIME_SET_AS_DEFAULT=false``). CDI itself needs only ``cdi_spec_dirs``
+        (above): containerd 2.x has no ``enable_cdi``, CDI is always on and the 1.x key is
+        dropped when an old config is migrated."""
+        d = self.containerd_dir
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        nvidia = f"{runtime}.containerd.runtimes.{NVIDIA_RUNTIME}"
+        return f"""  [{nvidia}]
+    runtime_type = "io.containerd.runc.v2"
+    snapshotter = "native"
+  [{nvidia}.options]
+    BinaryName = "{self.components.container_toolkit.nvidia_container_runtime}"
+    Root = "{d}/runc"
+    SystemdCgroup = false
+"""
+
+    def _nvidia_runtime_config_text(self) -> str:
+        """NVIDIA's runtime in ``cdi`` mode (what the toolkit container writes with
+        ``NVIDIA_CONTAINER_RUNTIME_MODE=cdi``): devices from the node's specs, runc below."""
+        toolkit = self.components.container_toolkit
+        return f"""[nvidia-container-runtime]
+mode = "cdi"
+runtimes = ["{self.components.runc}"]
+log-level = "info"
+debug = "{self.log_path("nvidia-container-runtime")}"
+
+[nvidia-container-runtime.modes.cdi]
+spec-dirs = ["{self.cdi_spec_dir}"]
+default-kind = "nvidia.com/gpu"
+annotation-prefixes = ["{CDI_ANNOTATION_PREFIX}"]
+
+[nvidia-ctk]
+path = "{toolkit.nvidia_ctk}"
+
+[nvidia-container-cli]
+root = "{self.driver_root}"
 """
 
     def _cni_config(self) -> str:
@@ -635,10 +740,14 @@ state = "{d}/state"
         (d / "config.toml").write_text(self._containerd_config())
         (d / "net.d" / "10-jgh-node.conflist").write_text(self._cni_config())
         path = ":".join([*self.components.path_dirs, os.environ.get("PATH", "")])
+        env = {"PATH": path}
+        if self.mode == "cdi":  # the shims pass it on to NVIDIA's runtime
+            self.nvidia_runtime_config.write_text(self._nvidia_runtime_config_text())
+            env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(self.nvidia_runtime_config)
         self._spawn(
             "containerd",
             [str(self.components.containerd), "--config", str(d / "config.toml")],
-            env={"PATH": path},
+            env=env,
         )
         self._wait("containerd ready", lambda: bool(self.crictl("info")), 60, "containerd")
         archive = d / "images.tar"
@@ -756,27 +865,70 @@ serializeImagePulls: false
             ],
         )
 
-    def _start_device_plugin(self) -> None:
-        library_dir = ensure_fake_nvml()
-        self.nvml_library_dir = library_dir
+    def _simulate_gpus(self) -> None:
+        """The simulated GPUs (whole ones, then one in MIG mode) and the driver tables beside
+        them, before anything reads them."""
+        self.nvml_library_dir = ensure_fake_nvml()
         config_path = self.directory / "nvml.conf"
         gpus = default_gpus(self.gpu_count + 1, node=self.node_name)
         mig_gpu = with_mig_devices(gpus[-1], MIG_PROFILES, node=self.node_name)
         config = FakeNvmlConfig(gpus=(*gpus[:-1], mig_gpu))
         write_config(config_path, config)
-        write_caps_tables(
+        self.caps_major = write_caps_tables(
             config,
             proc_devices=self.proc_devices,
             mig_minors=self.mig_minors,
             host_proc_devices=Path("/proc/devices"),
         )
         self.nvml_config_path, self.nvml_config = config_path, config
+
+    def _generate_cdi_spec(self) -> None:
+        """``cdi`` mode: the driver root, the driver's device nodes and the spec NVIDIA's
+        toolkit container writes at start (``nvidia-ctk cdi generate``), before containerd
+        reads the spec directory."""
+        assert self.nvml_config is not None
+        shutil.copytree(ensure_driver_root(), self.driver_root, symlinks=True)
+        make_dev_root(self.driver_root, self.nvml_config, caps_major=self.caps_major)
+        self.cdi_spec = generate_spec(
+            self.components.container_toolkit,
+            driver_root=self.driver_root,
+            dev_root=self.driver_root,
+            nvml_environ=self.nvml_environ(),
+            output_dir=self.cdi_spec_dir,
+            wrap=self.in_driver_namespace,
+        )
+        self._mark("CDI spec generated")
+
+    def _device_plugin_settings(self) -> tuple[list[str], dict[str, str]]:
+        """NVIDIA's plugin's flags and environment for this mode."""
+        if self.mode == "plain":
+            return ["--device-list-strategy=envvar", "--pass-device-specs=false"], {}
+        hook = self.components.container_toolkit.nvidia_cdi_hook
+        return [], {
+            # As the GPU Operator (>= 25.10) sets it; the plugin writes its own spec
+            # (k8s.device-plugin.nvidia.com/gpu) from the same driver and device roots.
+            "DEVICE_LIST_STRATEGY": CDI_DEVICE_LIST_STRATEGY,
+            "CDI_ANNOTATION_PREFIX": CDI_ANNOTATION_PREFIX,
+            "NVIDIA_DRIVER_ROOT": str(self.driver_root),
+            # The plugin runs on the host here, so it sees the driver where the host has it
+            # (under the operator: the host's / mounted at /driver-root in its container).
+            "DRIVER_ROOT_CTR_PATH": str(self.driver_root),
+            "NVIDIA_CDI_HOOK_PATH": str(hook),
+            # No GDRCopy, GPUDirect Storage or MOFED driver to describe.
+            "GDRCOPY_ENABLED": "false",
+            "GDS_ENABLED": "false",
+            "MOFED_ENABLED": "false",
+        }
+
+    def _start_device_plugin(self) -> None:
+        assert self.nvml_library_dir is not None
         self._wait(
             "kubelet registration socket",
             lambda: (DEVICE_PLUGIN_DIR / "kubelet.sock").exists(),
             120,
             "kubelet",
         )
+        flags, env = self._device_plugin_settings()
         self._spawn(
             "nvidia-device-plugin",
             self.in_driver_namespace(
@@ -784,17 +936,36 @@ serializeImagePulls: false
                     str(self.components.device_plugin),
                     "--fail-on-init-error=true",
                     "--mig-strategy=mixed",
-                    "--device-list-strategy=envvar",
                     "--device-id-strategy=uuid",
-                    "--pass-device-specs=false",
-                ]
+                    *flags,
+                ],
+                cdi_dir=self.mode == "cdi",
             ),
             env={
                 **self.nvml_environ(),
-                "LD_LIBRARY_PATH": str(library_dir),
+                **env,
+                "LD_LIBRARY_PATH": str(self.nvml_library_dir),
                 # Health checks wait on NVML events, which the simulation does not raise.
                 "DP_DISABLE_HEALTHCHECKS": "all",
             },
+        )
+
+    def _create_runtime_classes(self) -> None:
+        """The RuntimeClasses the GPU Operator creates (``nvidia``, ``nvidia-legacy``)."""
+        classes = [
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": name},
+                "handler": name,
+            }
+            for name in RUNTIME_CLASSES
+        ]
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": classes}),
         )
 
     def _wait_node_ready(self) -> None:
@@ -1027,14 +1198,15 @@ def _remove_proxy_rules() -> None:
                         )
 
 
-def new_node(gpu_count: int = DEFAULT_GPUS) -> RealNode:
-    """A node object for this machine (not started)."""
+def new_node(gpu_count: int = DEFAULT_GPUS, *, mode: NodeMode = "plain") -> RealNode:
+    """A node object for this machine (not started), in ``mode`` (see ``NodeMode``)."""
     directory = Path(f"/tmp/jgh-node-{secrets.token_hex(3)}")
     return RealNode(
         directory=directory,
         components=find_components(),
         node_name=node_name_for_host(),
         gpu_count=gpu_count,
+        mode=mode,
     )
 
 

@@ -6,7 +6,10 @@ The pieces, each in its own module:
 - ``config``: the simulated GPUs (and their MIG devices) as frozen dataclasses and the
   versioned file the library reads; rewrite it (atomically) to change utilisation or hot-plug
   GPUs while processes run. It also writes the ``nvidia-caps`` minors file of a simulated node.
-- ``build``: compiles ``fakenvml.c`` once into a cache keyed by source and compiler.
+- ``build``: compiles ``fakenvml.c`` (and ``fakecuda.c``, a ``libcuda.so.1`` that counts the
+  GPU nodes a process may open) once into a cache keyed by source and compiler.
+- ``driver_root``: a directory laid out as NVIDIA's driver installs itself (versioned
+  libraries, ``nvidia-smi``, ``ld.so.cache``), for NVIDIA's Container Toolkit to describe.
 - ``runtime``: the environment for a child process, or a load into this process.
 
 Everything simulated is labelled: generated GPU names end in ``(simulated)`` and
@@ -18,10 +21,13 @@ from __future__ import annotations
 from .build import (
     CACHE_DIR_ENV,
     COMPILE_FLAGS,
+    CUDA_LIBRARY_NAME,
     LIBRARY_NAME,
     build_key,
     default_cache_dir,
+    ensure_fake_cuda,
     ensure_fake_nvml,
+    fake_cuda_source,
     fake_nvml_source,
     find_compiler,
 )
@@ -54,6 +60,7 @@ from .config import (
 from .errors import FakeNvmlBuildError, FakeNvmlConfigError, FakeNvmlError, FakeNvmlLoadError
 from .runtime import (
     CONFIG_ENV,
+    CUDA_DEV_DIR_ENV,
     DEVICE_FILTER_ENV,
     INIT_ERROR_ENV,
     fake_nvml_environ,
@@ -66,6 +73,8 @@ __all__ = [
     "CACHE_DIR_ENV",
     "COMPILE_FLAGS",
     "CONFIG_ENV",
+    "CUDA_DEV_DIR_ENV",
+    "CUDA_LIBRARY_NAME",
     "DEFAULT_CUDA_DRIVER_VERSION",
     "DEFAULT_DRIVER_VERSION",
     "DEVICE_FILTER_ENV",
@@ -92,7 +101,9 @@ __all__ = [
     "build_key",
     "default_cache_dir",
     "default_gpus",
+    "ensure_fake_cuda",
     "ensure_fake_nvml",
+    "fake_cuda_source",
     "fake_nvml_environ",
     "fake_nvml_source",
     "find_compiler",

@@ -25,6 +25,7 @@ from .errors import FakeNvmlLoadError
 
 __all__ = [
     "CONFIG_ENV",
+    "CUDA_DEV_DIR_ENV",
     "DEVICE_FILTER_ENV",
     "INIT_ERROR_ENV",
     "fake_nvml_environ",
@@ -40,6 +41,10 @@ INIT_ERROR_ENV: Final = "FAKE_NVML_INIT_ERROR"
 DEVICE_FILTER_ENV: Final = "FAKE_NVML_DEVICE_FILTER"
 """A directory (normally ``/dev``): only GPUs whose ``nvidia<minor>`` char node exists there
 are visible, as for NVML inside a container."""
+
+CUDA_DEV_DIR_ENV: Final = "FAKE_CUDA_DEV_DIR"
+"""Where the fake ``libcuda.so.1`` looks for ``nvidia<N>`` nodes (default ``/dev``): tests point
+it at a directory of their own nodes."""
 
 _FAKE_MARKER: Final = "fakeNvmlConfigFormat"
 _LAST_ERROR_BYTES: Final = 512

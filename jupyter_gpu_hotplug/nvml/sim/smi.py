@@ -20,13 +20,23 @@ from typing import Final
 from ..state import GpuMonitor, GpuState, Snapshot
 from .config import SIMULATED_SUFFIX
 
-__all__ = ["BANNER", "COMMAND_NAME", "main", "render", "render_list", "write_command"]
+__all__ = [
+    "BANNER",
+    "COMMAND_NAME",
+    "main",
+    "portable_command",
+    "render",
+    "render_list",
+    "write_command",
+]
 
 COMMAND_NAME: Final = "nvidia-smi"
 BANNER: Final = (
     "SIMULATED nvidia-smi (jupyter-gpu-hotplug): the fake NVML of a simulated node; "
     "no NVIDIA driver or GPU is behind these numbers."
 )
+MODULE: Final = "jupyter_gpu_hotplug.nvml.sim.smi"
+"""What ``python -m`` runs (``__name__`` is ``__main__`` when it does)."""
 _MIB: Final = 1024 * 1024
 _WIDTHS: Final = (41, 24, 22)
 """The three cells of a GPU's row, as in the real table."""
@@ -145,6 +155,31 @@ def write_command(directory: Path, *, python: str = sys.executable) -> Path:
     )
     path.chmod(0o755)
     return path
+
+
+def portable_command() -> str:
+    """The text of an ``nvidia-smi`` that runs ``main`` with whatever ``python3`` is on the
+    ``PATH`` where it runs: the simulated driver root's (``driver_root``), which a CDI spec
+    mounts into containers.
+
+    Why ``/bin/sh`` rather than ``write_command``'s interpreter line: inside a container the
+    host's interpreter path means nothing, and every image has a ``/bin/sh``. It needs this
+    package importable by that ``python3`` (a notebook image with the extension has it); where
+    it is not, it says so and exits 127, as a shell does for a missing command."""
+    return (
+        "#!/bin/sh\n"
+        f"# {BANNER}\n"
+        "for python in python3 python; do\n"
+        '  if command -v "$python" >/dev/null 2>&1 && "$python" -c '
+        "'import jupyter_gpu_hotplug' 2>/dev/null; then\n"
+        f'    exec "$python" -m {MODULE} "$@"\n'
+        "  fi\n"
+        "done\n"
+        f"echo '{BANNER}' >&2\n"
+        "echo 'it needs python3 with jupyter-gpu-hotplug installed, and this container has "
+        "none' >&2\n"
+        "exit 127\n"
+    )
 
 
 if __name__ == "__main__":
