@@ -39,6 +39,10 @@ CGROUP_SUPER_MAGIC: Final = 0x0027E0EB
 """``f_type`` of a cgroup v1 hierarchy (include/uapi/linux/magic.h)."""
 CGROUP2_SUPER_MAGIC: Final = 0x63677270
 """``f_type`` of the cgroup v2 (unified) hierarchy."""
+PROC_SUPER_MAGIC: Final = 0x9FA0
+"""``f_type`` of a procfs."""
+SYSFS_MAGIC: Final = 0x62656572
+"""``f_type`` of a sysfs."""
 TMPFS_MAGIC: Final = 0x01021994
 """``f_type`` of a tmpfs (a container's private ``/dev``; also the host's devtmpfs)."""
 

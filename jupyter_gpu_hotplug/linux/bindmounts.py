@@ -5,9 +5,11 @@ Why this module exists: a hot-attached GPU is useless without the driver's user-
 a GPU has none of them. A runtime mounts them at creation; for a running container the agent has
 to do it, from outside, and safely.
 
-How: the mount point is found or made inside the container's root with ``openat2`` under
-``RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`` (a container may plant links anywhere in its own tree;
-none is ever followed, so a mount can land nowhere but the path asked for), the source is opened
+How: the mount point is found or made inside the container's root with ``openat2``: its
+directories under ``RESOLVE_IN_ROOT`` (a link the image has, ``/var/run -> /run`` in Debian's,
+is followed as a runtime follows it — never out of the container's root, never through a
+``/proc`` magic link, never onto a procfs or sysfs), the mount point itself never through a link
+(``RESOLVE_NO_SYMLINKS`` below its directory). The source is opened
 under ``source_root``, the host's root as the agent sees it (``/``; an agent in a pod mounts the
 host's at ``/host``), and the mount is made by :mod:`._mount_helper`, a single-threaded child
 that clones the source with ``open_tree`` in the agent's mount namespace and attaches the clone
@@ -36,7 +38,16 @@ from pathlib import Path, PurePosixPath
 from typing import Final
 
 from . import procfs
-from ._sys import RESOLVE_BENEATH, RESOLVE_IN_ROOT, RESOLVE_NO_SYMLINKS, openat2
+from ._sys import (
+    PROC_SUPER_MAGIC,
+    RESOLVE_BENEATH,
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    SYSFS_MAGIC,
+    fs_type,
+    openat2,
+)
 
 __all__ = [
     "BindMount",
@@ -63,7 +74,9 @@ HELPER_TIMEOUT: Final = 30.0
 """The helper makes a handful of syscalls; the bound only catches a wedged kernel call."""
 _DIR_MODE: Final = 0o755
 _FILE_MODE: Final = 0o644
-_IN_ROOT: Final = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
+DIRECTORIES: Final = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+"""How a mount point's directories are resolved in a container: links followed, in its root."""
+_KERNEL_FILESYSTEMS: Final = frozenset({PROC_SUPER_MAGIC, SYSFS_MAGIC})
 ROOT: Final = Path("/")
 _BELOW: Final = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS
 
@@ -210,10 +223,11 @@ def _root_fd(pid: int, proc: Path, fds: ExitStack) -> int:
 def _opened(
     root: int, path: PurePosixPath, *, directory: bool = False, _source: bool = False
 ) -> Iterator[int]:
-    """An ``O_PATH`` fd of ``path`` under ``root``: in the container no symlink is followed;
-    a source (the host's driver files, written by root) may be a link, confined to its root."""
+    """An ``O_PATH`` fd of ``path`` under ``root``: a container's directory (links followed in
+    its root), or a source (the host's driver files, written by root; links followed in the
+    host's root)."""
     flags = os.O_PATH | (os.O_DIRECTORY if directory else 0)
-    resolve = RESOLVE_IN_ROOT if _source else _IN_ROOT
+    resolve = RESOLVE_IN_ROOT if _source else DIRECTORIES
     try:
         fd = openat2(root, str(path), flags, resolve=resolve)
     except OSError as e:
@@ -258,17 +272,18 @@ def _mount_point(
 
 
 def _directory(root: int, path: PurePosixPath, created: list[PurePosixPath], fds: ExitStack) -> int:
-    """An fd of directory ``path`` in the container, making the missing ones (``0755``)."""
+    """An fd of directory ``path`` in the container (links followed in its root), making the
+    missing ones (``0755``) below the last that exists; never a procfs or sysfs one."""
     fd = os.dup(root)
     fds.callback(os.close, fd)
     here = PurePosixPath("/")
     for part in path.parts[1:]:
         here /= part
         try:
-            child = openat2(fd, part, os.O_PATH | os.O_DIRECTORY, resolve=_BELOW)
+            child = openat2(root, str(here), os.O_PATH | os.O_DIRECTORY, resolve=DIRECTORIES)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise UnsafeMountTargetError(f"{here} in the container is a symlink") from e
+                raise UnsafeMountTargetError(f"{here} in the container is a link loop") from e
             if e.errno == errno.ENOTDIR:
                 raise UnsafeMountTargetError(f"{here} in the container is not a directory") from e
             if e.errno != errno.ENOENT:
@@ -278,6 +293,8 @@ def _directory(root: int, path: PurePosixPath, created: list[PurePosixPath], fds
             child = openat2(fd, part, os.O_PATH | os.O_DIRECTORY, resolve=_BELOW)
         fds.callback(os.close, child)
         fd = child
+    if fs_type(fd) in _KERNEL_FILESYSTEMS:
+        raise UnsafeMountTargetError(f"{path} in the container is on a procfs or sysfs")
     return fd
 
 
@@ -310,9 +327,12 @@ def _bound_target(root: int, source_root: int, mount: BindMount, fds: ExitStack)
     """An ``O_PATH`` fd of ``mount.target`` when it shows the source's inode, else ``None``."""
     try:
         source = fds.enter_context(_opened(source_root, mount.source, _source=True))
-        target = openat2(root, str(mount.target), os.O_PATH, resolve=_IN_ROOT)
+        parent = fds.enter_context(_opened(root, mount.target.parent, directory=True))
+        target = openat2(parent, mount.target.name, os.O_PATH, resolve=_BELOW)
     except FileNotFoundError:
         return None
+    except UnsafeMountTargetError:
+        return None  # a loop on the way: no mount of ours can be behind it
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             return None  # a link or a file on the way: no mount of ours can be behind it

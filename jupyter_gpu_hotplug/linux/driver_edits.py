@@ -49,8 +49,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from . import bindmounts, procfs
-from ._sys import RESOLVE_IN_ROOT, RESOLVE_NO_SYMLINKS, openat2
-from .bindmounts import BindMount, MountError
+from ._sys import RESOLVE_IN_ROOT, openat2
+from .bindmounts import DIRECTORIES, BindMount, MountError
 from .cdi_spec import ContainerEdits, Hook
 
 __all__ = [
@@ -84,7 +84,6 @@ _LIBRARY_DIRS: Final = (
 the NVIDIA legacy device plugin's path)."""
 _CACHE_FILES: Final = ("/etc/ld.so.cache",)
 _CACHE_LIMIT: Final = 16 * 2**20
-_IN_ROOT: Final = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
 
 
 class DriverEditsError(Exception):
@@ -361,7 +360,7 @@ def _parent_fd(pid: int, path: PurePosixPath, proc: Path) -> int:
     with ExitStack() as stack:
         root = os.open(proc / str(pid) / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         stack.callback(os.close, root)
-        return openat2(root, str(path.parent), os.O_PATH | os.O_DIRECTORY, resolve=_IN_ROOT)
+        return openat2(root, str(path.parent), os.O_PATH | os.O_DIRECTORY, resolve=DIRECTORIES)
 
 
 def _make_link(pid: int, link: PurePosixPath, target: str, proc: Path) -> bool:

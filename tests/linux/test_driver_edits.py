@@ -184,26 +184,45 @@ def test_a_library_the_runtime_mounted_is_left_in_place(driver_root: Path, tmp_p
         assert container.run("probe").strip() == "LOADED libcuda.so.1 cuInit=0"
 
 
+def test_a_symlinked_directory_is_followed_inside_the_container_only(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    """As a runtime follows an image's ``/var/run -> /run``: a link on the way is resolved in
+    the container's root, so even one aimed at the host's ``/etc`` lands in the container's."""
+    plant = 'rm -rf "$R/usr/lib/x86_64-linux-gnu" && ln -s /etc "$R/usr/lib/x86_64-linux-gnu"'
+    host_etc = set(os.listdir("/etc"))
+    with glibc_container(tmp_path / "c", setup=[plant]) as container:
+        record = tmp_path / "edits.json"
+        driver_edits.apply(container.pid, edits_for(driver_root), record=record)
+        assert LIBCUDA in container.run("ls /etc").split()
+        assert set(os.listdir("/etc")) == host_etc and not host_mounts_mention(LIBCUDA)
+        assert driver_edits.remove(record) == []
+        assert LIBCUDA not in container.run("ls /etc").split()
+
+
 @pytest.mark.parametrize(
-    "plant",
+    ("plant", "message"),
     [
-        # the library's directory is a link out of the image's tree (to /etc, or to the host)
-        'rm -rf "$R/usr/lib/x86_64-linux-gnu" && ln -s /etc "$R/usr/lib/x86_64-linux-gnu"',
-        # the mount point itself is a link to a file the container wants overwritten
-        f'ln -s /etc/passwd "$R{LIB_DIR}/{LIBCUDA}"',
+        # the mount point itself is a link to a file the container wants overmounted
+        (f'ln -s /etc/passwd "$R{LIB_DIR}/{LIBCUDA}"', "symlink"),
+        # the library directory leads into the kernel's files
+        (
+            'mkdir "$R/proc" && mount -t proc proc "$R/proc"'
+            ' && rm -rf "$R/usr/lib/x86_64-linux-gnu"'
+            ' && ln -s /proc/self "$R/usr/lib/x86_64-linux-gnu"',
+            "procfs",
+        ),
     ],
-    ids=["directory_symlink", "file_symlink"],
+    ids=["file_symlink", "into_procfs"],
 )
-def test_a_planted_symlink_is_refused_and_nothing_is_mounted(
-    plant: str, driver_root: Path, tmp_path: Path
+def test_a_planted_link_is_refused_and_nothing_is_mounted(
+    plant: str, message: str, driver_root: Path, tmp_path: Path
 ) -> None:
     with glibc_container(tmp_path / "c", setup=[plant]) as container:
         record = tmp_path / "edits.json"
         mounts_before = Path(f"/proc/{container.pid}/mountinfo").read_text()
-        with pytest.raises(DriverEditsError, match="symlink"):
-            driver_edits.apply(
-                container.pid, edits_for(driver_root), record=record, source_root=Path("/")
-            )
+        with pytest.raises(DriverEditsError, match=message):
+            driver_edits.apply(container.pid, edits_for(driver_root), record=record)
         assert Path(f"/proc/{container.pid}/mountinfo").read_text() == mounts_before
         assert not record.exists()
 

@@ -29,6 +29,12 @@ from .node import GPU_RESOURCE, RealNode
 
 HOLDER_LABEL: Final = "gpu-hotplug.jupyter.org/holder"
 AUDIENCE: Final = "gpu-hotplug"
+RESTRICTED_POD: Final = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The pod-level part of what PodSecurity ``restricted`` requires."""
 NOTEBOOKS_LABEL: Final = "gpu-hotplug.jupyter.org/notebooks"
 """The namespace label the agent's default allowlist selects (``--allowed-namespace-selector``)."""
 WAIT: Final = 120.0
@@ -97,12 +103,19 @@ class Cluster:
         resources: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         runtime_class: str | None = None,
+        image: str = TOOLS_IMAGE,
+        host_files: dict[str, str] | None = None,
+        read_only_root: bool = False,
+        restricted: bool = False,
     ) -> dict[str, Any]:
-        """A pod with container ``notebook`` (busybox ``sleep``), Running; returns it.
-        ``runtime_class``: its ``runtimeClassName`` (none: the node's default, runc)."""
+        """A pod with container ``notebook`` (``sleep``, busybox's unless ``image`` says
+        otherwise), Running; returns it. ``runtime_class``: its ``runtimeClassName`` (none: the
+        node's default, runc); ``host_files``: host path → path in the container, read-only;
+        ``restricted``: as PodSecurity ``restricted`` requires (non-root, seccomp, no
+        capabilities, no privilege escalation)."""
         container: dict[str, Any] = {
             "name": "notebook",
-            "image": TOOLS_IMAGE,
+            "image": image,
             "imagePullPolicy": "Never",
             "command": ["sleep", "infinity"],
         }
@@ -110,9 +123,28 @@ class Cluster:
             container["resources"] = resources
         if env:
             container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        context: dict[str, Any] = {"readOnlyRootFilesystem": True} if read_only_root else {}
+        if restricted:
+            context |= {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        if context:
+            container["securityContext"] = context
+        volumes = [
+            {"name": f"host-{i}", "hostPath": {"path": host}}
+            for i, host in enumerate(host_files or {})
+        ]
+        if volumes:
+            container["volumeMounts"] = [
+                {"name": f"host-{i}", "mountPath": path, "readOnly": True}
+                for i, path in enumerate((host_files or {}).values())
+            ]
         body: dict[str, Any] = {
             "metadata": {"name": name, "annotations": annotations or {}},
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 1},
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": 1,
+                **({"volumes": volumes} if volumes else {}),
+                **({"securityContext": RESTRICTED_POD} if restricted else {}),
+            },
         }
         if runtime_class is not None:
             body["spec"]["runtimeClassName"] = runtime_class

@@ -307,33 +307,7 @@ def test_a_holder_is_admitted_and_runs_in_a_podsecurity_restricted_namespace(
     non-root, seccomp RuntimeDefault, no capabilities, no privilege escalation, and limits the
     pause process and runc's init survive."""
     ns = cluster.namespace("strict", pod_security="restricted")
-    cluster.core.create_namespaced_pod(
-        ns,
-        {
-            "metadata": {"name": "nb"},
-            "spec": {
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "notebook",
-                        "image": "localhost/k8stier/busybox:1",
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "infinity"],
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                    }
-                ],
-                "terminationGracePeriodSeconds": 1,
-            },
-        },
-    )
-    cluster.wait_running(ns, "nb")
+    cluster.run_notebook_pod(ns, "nb", restricted=True)
     api = node_agent.as_pod(ns, "nb")
 
     created = api.post("/v1/attachments", {"count": 1})
