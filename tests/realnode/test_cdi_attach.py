@@ -184,9 +184,10 @@ def test_check_mode_refuses_a_notebook_without_the_driver_and_leaves_the_runtime
     cdi_cluster: Cluster, account: AgentAccount
 ) -> None:
     """``--driver-files=check`` (NVIDIA's legacy mode: the runtime mounts the driver at start,
-    stood in for here by the same files mounted read-only, as libnvidia-container mounts them):
-    a notebook without them gets 422 naming the fix; one with them attaches, and its detach
-    leaves them — they are the runtime's."""
+    stood in for here by the same files mounted read-only, as libnvidia-container mounts them —
+    it is not built here): a notebook without them gets 422 naming the fix; one with them sees a
+    driver and no GPU, then exactly its attached GPU (CUDA and NVML), then none again, and its
+    detach leaves the files — they are the runtime's."""
     ns = cdi_cluster.namespace(pod_security="privileged")
     runtime_given = runtime_files(cdi_cluster)
     notebook(cdi_cluster, ns, "bare")
@@ -196,9 +197,17 @@ def test_check_mode_refuses_a_notebook_without_the_driver_and_leaves_the_runtime
         assert (refused.status, refused.error) == (422, "target_not_ready"), refused.body
         assert "NVIDIA_VISIBLE_DEVICES=none" in refused.json()["message"]
 
+        before = probe(cdi_cluster, ns, "legacy")
+        assert before["cuInit"] == 100 and before["nvml"] == [], before  # a driver, no GPU
         created = agent.as_pod(ns, "legacy").post("/v1/attachments", {"count": 1})
         assert created.status == 201, created.body
+        (attachment,) = created.json()["attachments"]
+        after = probe(cdi_cluster, ns, "legacy")
+        assert after["cuInit"] == 0 and after["cuda_devices"] == 1, after
+        assert after["nvml"] == [attachment["uuid"]], after
         assert agent.as_pod(ns, "legacy").delete("/v1/attachments").status == 204
+        gone = probe(cdi_cluster, ns, "legacy")
+        assert gone["cuInit"] == 100 and gone["nvml"] == [], gone
     assert sorted(driver_mounts(cdi_cluster, ns, "legacy")) == sorted(runtime_given.values())
 
 
