@@ -158,19 +158,29 @@ class CdiRegistry:
         self.spec_dirs = tuple(spec_dirs)
         self.kind = kind
         self.specs: tuple[CdiSpec, ...] = ()
+        self._read: dict[Path, tuple[tuple[int, int, int], CdiSpec]] = {}
+        """Each file's (inode, size, mtime) when it was parsed, and its spec: an unchanged
+        file is not parsed again (a spec of a few GPUs is tens of KiB of YAML)."""
 
     def refresh(self) -> tuple[CdiSpec, ...]:
         """Read every ``*.json``/``*.yaml``/``*.yml`` of the directories; a malformed file is
         an error (a node whose spec is broken must say so, not attach half a driver)."""
         found = []
+        read: dict[Path, tuple[tuple[int, int, int], CdiSpec]] = {}
         for directory in self.spec_dirs:
             if not directory.is_dir():
                 continue
             for path in sorted(directory.iterdir()):
-                if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
-                    spec = load_spec(path)
-                    if spec.kind == self.kind:
-                        found.append(spec)
+                if path.suffix not in (".json", ".yaml", ".yml") or not path.is_file():
+                    continue
+                info = path.stat()
+                stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+                known = self._read.get(path)
+                spec = known[1] if known is not None and known[0] == stamp else load_spec(path)
+                read[path] = (stamp, spec)
+                if spec.kind == self.kind:
+                    found.append(spec)
+        self._read = read
         self.specs = tuple(found)
         return self.specs
 

@@ -173,6 +173,9 @@ def apply(
         if not bindmounts.is_bound(pid, m, source_root=source_root, proc=proc)
     ]
     planned_links = [(link, target) for link, target in plan.links if not _exists(pid, link, proc)]
+    if not planned_mounts and not planned_links:
+        # All there already (a reconciliation's check, a second GPU): nothing to record.
+        return Applied((), (), False, tuple(edits.env), plan.skipped)
     if previous and (previous.get("pid"), previous.get("start_time")) != (pid, start_time):
         remove(record, proc=proc)  # a record of an earlier process under the same key
         previous = {}

@@ -119,6 +119,19 @@ async def test_every_reconciliation_sweeps_with_the_containers_that_hold_gpus(
     assert files.swept[-1] == frozenset({entry.container})
 
 
+async def test_a_reconciliation_gives_the_files_to_every_container_holding_gpus(
+    harness: Harness, files: RecordingDriverFiles
+) -> None:
+    """A container replaced under its GPUs (restarted by the kubelet, re-injected) or one whose
+    files someone took away gets them again on the next pass; one without GPUs is left."""
+    harness.host.spawn(100, "kernel-a")
+    harness.host.spawn(200, "kernel-b")
+    await harness.service.attach(ADMIN, request())
+    files.calls.clear()
+    await harness.reconciler.run_once()
+    assert files.calls == [("provide", 100)]
+
+
 # --- CdiDriverFiles's decisions, over this process (no libcuda.so.1 on this host) -------------
 
 

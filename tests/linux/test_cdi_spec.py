@@ -129,3 +129,16 @@ def test_a_malformed_spec_is_refused_naming_the_file(
 def test_not_json_is_an_error_not_a_crash(tmp_path: Path) -> None:
     with pytest.raises(CdiSpecError, match="not JSON"):
         parse_spec("{", path=tmp_path / "x.json")
+
+
+def test_an_unchanged_spec_is_not_parsed_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    path = write(tmp_path / "cdi", "nvidia.json", nvidia_spec("/old"))
+    registry = CdiRegistry([tmp_path / "cdi"])
+    (first,) = registry.refresh()
+    (again,) = registry.refresh()
+    assert again is first
+    path.write_text(json.dumps(nvidia_spec("/newer-root")))
+    (changed,) = registry.refresh()
+    assert str(changed.common.mounts[0].host_path).startswith("/newer-root/")
+    path.unlink()
+    assert registry.refresh() == ()

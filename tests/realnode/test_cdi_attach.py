@@ -280,3 +280,24 @@ def test_holders_run_under_cdi_cri_with_the_toolkits_hooks_in_a_restricted_names
     assert sorted(driver_mounts(cdi_cluster, ns, "nb")) == sorted(spec_files(cdi_cluster).values())
     assert agent.as_pod(ns, "nb").delete("/v1/attachments").status == 204
     assert driver_mounts(cdi_cluster, ns, "nb") == []
+
+
+def test_a_notebook_container_restarted_by_the_kubelet_gets_its_gpu_and_driver_again(
+    cdi_cluster: Cluster, agent: NodeAgent
+) -> None:
+    """The kubelet replaces a crashed container (a fresh root filesystem, none of the files):
+    the reconciler re-injects the GPU and gives the new container the driver's files too."""
+    ns = cdi_cluster.namespace(pod_security="privileged")
+    notebook(cdi_cluster, ns, "nb")
+    api = agent.as_pod(ns, "nb")
+    (attachment,) = api.post("/v1/attachments", {"count": 1}).json()["attachments"]
+
+    cdi_cluster.restart_container(ns, "nb")
+
+    def usable() -> bool:
+        seen = probe(cdi_cluster, ns, "nb")
+        return seen.get("cuda_devices") == 1 and seen.get("nvml") == [attachment["uuid"]]
+
+    eventually(usable, "the new container loads libcuda.so.1 and sees its GPU")
+    assert api.delete("/v1/attachments").status == 204
+    assert has_no_driver(cdi_cluster, ns, "nb")

@@ -45,6 +45,7 @@ from ..._structs import GpuUuid, Target, TargetKey
 from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
+from .driver_files import DriverFilesFailed
 from .injector import (
     DeviceInUse,
     InjectionFailed,
@@ -177,6 +178,7 @@ class Reconciler:
                         await self._releasing(container, row, report)
                     else:
                         await self._granted(container, row, report)
+                await self._driver_files(container, rows, report)
                 await self._strays(container, known, report)
             except TargetGone:
                 # It exited during the pass; the next pass finds out what is left of it.
@@ -207,6 +209,7 @@ class Reconciler:
             nodes = flat(self._core.nodes.of(row.gpu) for row in rows)
             await self._core.workers.host(self._core.injector.grant, current, nodes)
             await self._core.allocator.rebind(uuids, current)
+            # The new container has the GPU's nodes; its driver files follow in _target.
             for uuid in uuids:
                 report.add("reinjected", uuid)
             log.warning("%s was replaced: granted %s to %s", target, ", ".join(uuids), current)
@@ -293,6 +296,21 @@ class Reconciler:
         await self._core.workers.host(self._core.injector.grant, container, nodes)
         report.add("regranted", row.gpu.uuid)
         log.warning("%s had lost access to %s; granted it again", container, row.gpu.uuid)
+
+    async def _driver_files(
+        self, container: HostContainer, rows: list[Reservation], report: ReconcileReport
+    ) -> None:
+        """A container holding GPUs has the driver's files (a replaced container, the one
+        after a restart, gets them here; one that still has them costs a few ``stat``s)."""
+        granted = [row for row in rows if row.state is ReservationState.GRANTED]
+        if not granted or self._core.allocator.get(granted[0].gpu.uuid) is None:
+            return
+        nodes = flat(self._core.nodes.of(row.gpu) for row in granted)
+        try:
+            await self._core.workers.host(self._core.driver_files.provide, container, nodes)
+        except DriverFilesFailed as e:
+            report.failures.append(f"{container}: {e}")
+            log.error("the driver's files could not be given to %s: %s", container, e)
 
     async def _strays(
         self, container: HostContainer, known: list[GpuRecord], report: ReconcileReport
