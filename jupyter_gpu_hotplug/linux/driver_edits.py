@@ -163,7 +163,7 @@ def apply(
         # host's, sees the host's driver already: nothing of the host's is mounted over,
         # created or re-cached.
         return Applied((), (), False, (), ())
-    plan = _plan(pid, edits, source_root=source_root)
+    plan = _plan(edits, source_root=source_root)
     previous = _read_record(record)
     # Only what is missing is ours: a mount or link already there (the runtime's) is never
     # recorded, so never taken back.
@@ -257,7 +257,9 @@ def remove(record: Path, *, proc: Path = procfs.PROC) -> list[str]:
     return failures
 
 
-def _plan(pid: int, edits: ContainerEdits, *, source_root: Path) -> _Plan:
+def _plan(edits: ContainerEdits, *, source_root: Path) -> _Plan:
+    """What ``edits`` ask of a container, as mounts, links and ldcache folders; the hooks that
+    are none of these are named in ``skipped``."""
     mounts = tuple(
         BindMount(m.host_path, m.container_path, tuple(m.options) or ("ro", "nosuid", "nodev"))
         for m in edits.mounts
@@ -277,7 +279,9 @@ def _plan(pid: int, edits: ContainerEdits, *, source_root: Path) -> _Plan:
             ldcache += _folder_args(command[1:]) or [str(m.target.parent) for m in mounts]
         else:
             skipped.append(command[0])
-    if mounts and not any(h for h in edits.hooks if (_hook_command(h) or [""])[0] == _LDCACHE_HOOK):
+    if not ldcache:
+        # A spec without an update-ldcache hook: the libraries it mounts need a cache entry all
+        # the same (a loader reads its cache before its default directories).
         ldcache += [str(m.target.parent) for m in mounts if ".so" in m.target.name]
     return _Plan(mounts, tuple(dict.fromkeys(links)), tuple(dict.fromkeys(ldcache)), tuple(skipped))
 
