@@ -34,8 +34,11 @@ import os
 import re
 import shlex
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from IPython.core.error import UsageError
@@ -54,6 +57,8 @@ from ..client import (
     normalise_selector,
     select_gpus,
 )
+from ..nvml.sim.load import DEFAULT_SECONDS as LOAD_SECONDS
+from ..nvml.sim.load import gpu_nodes
 from ..nvml.state import GpuMonitor
 from . import render, reports
 from .cuda import CudaState, advice, cuda_initialised
@@ -115,6 +120,12 @@ class MagicContext:
     """``None``: a display in a notebook, the terminal otherwise."""
     progress_after: float = PROGRESS_AFTER
     progress_tick: float = PROGRESS_TICK
+    dev: Path = Path("/dev")
+    """Where this kernel's GPU nodes are (``load`` holds them); tests give a directory of
+    their own."""
+    background: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """The load helpers this context started: polled (reaped) at the next ``load``, so none
+    stays a zombie for long."""
 
     @property
     def in_kernel(self) -> bool:
@@ -476,6 +487,55 @@ def _queue(args: argparse.Namespace, context: MagicContext) -> None:
     _show(reports.queue_table(context.client().queued()), context)
 
 
+def load_seconds(text: str) -> float:
+    """``--seconds S`` of ``load``: how long the helper keeps the GPUs busy."""
+    return _seconds(text, what="--seconds", low=0.0, high=MAX_INTERVAL, low_inclusive=False)
+
+
+def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seconds",
+        type=load_seconds,
+        default=LOAD_SECONDS,
+        metavar="S",
+        help=f"how long to keep them busy (default {LOAD_SECONDS:g}; at most {MAX_INTERVAL:g})",
+    )
+
+
+def _load(args: argparse.Namespace, context: MagicContext) -> None:
+    """Start the simulation's load helper in the background, from the kernel.
+
+    Why a subcommand: the documented ``!python -m ...load &`` cannot work in a notebook
+    (ipykernel refuses background processes in ``!`` lines), and a helper run in the
+    foreground blocks the kernel for its whole duration — so a newcomer's charts stayed flat.
+    The helper is a child of this kernel, so it runs in the kernel's sandbox (container)
+    and holds exactly this kernel's GPU nodes, as a training run would.
+    """
+    for process in list(context.background):
+        if process.poll() is not None:
+            context.background.remove(process)
+    nodes = gpu_nodes(context.dev)
+    if not nodes:
+        raise GpuCommandError(
+            f"This kernel has no GPU to keep busy; attach one first ('{PROG} attach')."
+        )
+    argv = [sys.executable, "-m", "jupyter_gpu_hotplug.nvml.sim.load"]
+    argv += ["--seconds", f"{args.seconds:g}"]
+    if context.dev != Path("/dev"):
+        argv += ["--dev", str(context.dev)]
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    context.background.append(process)
+    used = ", ".join(str(node) for node in nodes)
+    print(
+        f"SIMULATED load: process {process.pid} uses {used} for {args.seconds:g} s in the "
+        "background; the GPU panel's charts climb within a few seconds. A plain detach is "
+        f"refused while it runs ('{PROG} detach --force' ends it, as it would a training run)."
+    )
+    print("(On real GPUs this does nothing useful: run real work there.)")
+
+
 def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
@@ -522,6 +582,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         name="queue",
         help="this notebook's places in the wait queue",
         run=_queue,
+    ),
+    Subcommand(
+        name="load",
+        help="simulated GPUs: keep this kernel's GPUs busy for a while",
+        run=_load,
+        add_arguments=_add_load_arguments,
     ),
     Subcommand(
         name="monitor",

@@ -13,6 +13,7 @@ import io
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,9 +46,11 @@ from jupyter_gpu_hotplug.kernel.magic import (
     parse_line,
 )
 from jupyter_gpu_hotplug.kernel.progress import TerminalProgress
+from jupyter_gpu_hotplug.linux.busy import holders_by_device
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
 from tests.fixtures.agent import LocalAgent
-from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
 from .samples import STARTED, attachment, node_gpu
@@ -631,6 +634,55 @@ def test_holds_device_sees_an_open_gpu_node(tmp_path: Path) -> None:
 
     assert holds_device(3, fd_dir=str(fds))
     assert not holds_device(4, fd_dir=str(fds))
+
+
+# --- load (issue 36, item 1) -------------------------------------------------------------
+
+
+@needs_root
+def test_load_keeps_the_kernels_gpu_busy_in_the_background(
+    ipython_shell: InteractiveShell,
+    context: MagicContext,
+    dev: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``%gpu load`` returns at once and leaves a helper holding the GPU's node, as the busy
+    scan (the simulation's "in use") sees it. The documented ``!python -m ...load &`` could
+    not: ipykernel refuses background processes in ``!`` lines, so the demo's charts stayed
+    flat."""
+    node = add_gpu_node(dev, 3)
+    loaded = dataclasses.replace(context, dev=dev)
+    ipython_shell.register_magics(GPUMagics(ipython_shell, context=loaded))
+
+    out = run(ipython_shell, "load --seconds 600", capsys)
+
+    [helper] = loaded.background
+    try:
+        assert f"SIMULATED load: process {helper.pid} uses {node} for 600 s" in out
+        gpu = CharDevice(major=NVIDIA_MAJOR, minor=3)
+        deadline = time.monotonic() + WAIT_S
+        while [h.pid for h in holders_by_device([helper.pid], [gpu])[gpu]] != [helper.pid]:
+            assert helper.poll() is None, "the helper ended early"
+            assert time.monotonic() < deadline, "the helper never held the node"
+            time.sleep(0.05)
+    finally:
+        helper.terminate()
+        helper.wait(timeout=WAIT_S)
+
+
+def test_load_without_a_gpu_says_attach_first(
+    ipython_shell: InteractiveShell,
+    context: MagicContext,
+    dev: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ipython_shell.register_magics(
+        GPUMagics(ipython_shell, context=dataclasses.replace(context, dev=dev))
+    )
+
+    shown = run_refused(ipython_shell, "load", capsys)
+
+    assert "no GPU to keep busy; attach one first ('%gpu attach')" in shown
 
 
 # --- status, list, monitor ----------------------------------------------------------------
