@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +23,7 @@ from playwright.sync_api import Browser, expect
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from tests.demo.conftest import DemoFactory
 from tests.demo.demo_process import DemoProcess
+from tests.demo.leftovers import process_tree
 from tests.fixtures.agent import update_simulated_gpu
 from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
@@ -246,6 +248,40 @@ def test_agent_unreachable_is_shown_then_recovers_without_reload(
     expect(lab.panel).not_to_have_class(re.compile("jp-mod-disconnected"))
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+
+
+def _agent_pid(demo: DemoProcess) -> int:
+    """The demo's node agent (a child of the demo), host pid."""
+    found = [
+        proc.pid
+        for proc in process_tree(demo.process.pid)
+        if "jupyter_gpu_hotplug.agent.app" in Path(f"/proc/{proc.pid}/cmdline").read_text()
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_hung_agent_is_shown_as_disconnected_then_recovers(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    """Issue 36, item 2: a stopped agent keeps its socket, so only the client's timeouts
+    (about 90 s) ended a reading, and until then every view showed the last values as live.
+    Now the stream says "not answering" a few seconds in."""
+    lab = open_lab("hung.ipynb")
+    lab.open_panel()
+    agent = _agent_pid(demo)
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-unreachable"), timeout=SETTLE_MS)
+        expect(lab.summary).to_have_text("GPU: disconnected")
+        expect(lab.panel).to_have_class(re.compile("jp-mod-disconnected"))
+        expect(lab.panel.locator("[role=alert]")).to_contain_text("has not answered for")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+
+    expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-unreachable"), timeout=SETTLE_MS)
+    expect(lab.summary).to_have_text(re.compile(r"^0 attached · \d free$"))
+    expect(lab.panel).not_to_have_class(re.compile("jp-mod-disconnected"))
 
 
 def test_keyboard_only_menu_and_no_serious_accessibility_violation(
