@@ -46,6 +46,7 @@ from .models import (
     attachment_json,
     gpus_json,
 )
+from .releases import ReleaseLog
 from .stream import EventHub, Reading, Subscription
 from .targeting import Target, Targets, targets_for
 from .targets import KernelSandboxes
@@ -144,6 +145,8 @@ class HotplugManager:
         self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
         self._waiting: dict[RequestId, WaitingAttach] = {}
         """This server's attaches waiting for GPUs (``wait_seconds``): the panel's queue."""
+        self._releases = ReleaseLog()
+        """Why watched kernels lost GPUs lately (each reading's ``released``)."""
         self._closed = False
 
     @property
@@ -220,12 +223,40 @@ class HotplugManager:
         try:
             await asyncio.wait([node, snapshot, *attached.values()])
             kernels = await self._kernel_holders()
+            await self._note_releases(whom, attached)
         finally:
             await _settle(node, snapshot, *attached.values())
         reading: dict[str | None, GpusJson | BaseException] = {}
         for kernel_id, target in whom.items():
             reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
         return reading
+
+    async def _note_releases(
+        self,
+        whom: Mapping[str | None, Target | BaseException | None],
+        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+    ) -> None:
+        """Compare each kernel's attachments with its last reading's; for GPUs gone, find
+        out why (one agent call, for the idle policy's releases, only when one is gone)."""
+        for kernel_id, target in whom.items():
+            if not isinstance(target, Target):
+                continue
+            own = attached[target.ref]
+            if own.exception() is not None:
+                continue
+            lost = self._releases.lost(kernel_id, target.ref, own.result())
+            if lost is None:
+                continue
+            before, gone = lost
+            idle: set[str] = set()
+            if before == target.ref:
+                try:
+                    idle = {r.uuid for r in await self.client.idle_releases(before)}
+                except AgentClientError as error:
+                    self._log.debug("cannot read the idle releases: %r", error)
+            self._releases.explain(
+                kernel_id, target=target.ref, before=before, gone=gone, idle=idle
+            )
 
     def _view(
         self,
@@ -252,6 +283,7 @@ class HotplugManager:
             max_count=self.max_count,
             kernels=kernels,
             queue=self._waiting.values(),
+            released=self._releases.recent(kernel_id),
         )
 
     # --- attach and detach ---------------------------------------------------------------------
@@ -351,7 +383,13 @@ class HotplugManager:
         self._check_open()
         target = self.targets.required(request.kernel_id, "detach a GPU")
         if request.uuid is None:
-            await self.client.detach_all(target=target.ref, force=request.force)
+            mine = [a.uuid for a in await self.client.attachments(target.ref)]
+            self._releases.detached_here(mine)
+            try:
+                await self.client.detach_all(target=target.ref, force=request.force)
+            except BaseException:
+                self._releases.not_detached_here(mine)
+                raise
         else:
             if target.ref is not None and request.kernel_id is not None:
                 # The server may act on any process through the agent's token: make sure the
@@ -359,7 +397,12 @@ class HotplugManager:
                 attached = await self.client.attachments(target.ref)
                 if request.uuid not in {attachment.uuid for attachment in attached}:
                     raise GpuNotAttached(request.uuid, kernel_id=request.kernel_id)
-            await self.client.detach(request.uuid, force=request.force)
+            self._releases.detached_here([request.uuid])
+            try:
+                await self.client.detach(request.uuid, force=request.force)
+            except BaseException:
+                self._releases.not_detached_here([request.uuid])
+                raise
         self._log.info(
             "detached %s from %s%s",
             "all GPUs" if request.uuid is None else request.uuid,

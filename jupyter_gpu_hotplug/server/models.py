@@ -31,6 +31,7 @@ from .._structs import (
 )
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
+from .releases import ReleasedJson
 
 __all__ = [
     "AttachJson",
@@ -162,6 +163,9 @@ class GpusJson(TypedDict):
     nvml: NvmlJson
     taken_at: float
     """Seconds since the epoch when the metrics were read."""
+    released: list[ReleasedJson]
+    """GPUs the kernel lost in the last minutes, and why (``releases``): what a page says
+    when a GPU goes that it did not detach itself."""
 
 
 class AttachJson(TypedDict):
@@ -311,6 +315,7 @@ def gpus_json(
     max_count: int,
     kernels: Mapping[int, KernelHolder] | None = None,
     queue: Iterable[WaitingAttach] = (),
+    released: Sequence[ReleasedJson] = (),
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
@@ -339,4 +344,5 @@ def gpus_json(
             cuda_driver_version=snapshot.cuda_driver_version,
         ),
         taken_at=snapshot.taken_at,
+        released=list(released),
     )

@@ -24,7 +24,8 @@ import {
   IGpusReply,
   IGpuMetrics,
   IProgress,
-  INodeGpu
+  INodeGpu,
+  ReleaseReason
 } from './types';
 
 /** One reading of a GPU for its charts; `null`: not offered. */
@@ -126,6 +127,8 @@ export interface IGpuModelOptions {
 export interface IReleased {
   kernelId: string;
   gpus: readonly IAttachedGpu[];
+  /** Why, by UUID, as the server saw it (none from older servers). */
+  reasons: ReadonlyMap<string, ReleaseReason>;
 }
 
 class Watched {
@@ -363,21 +366,30 @@ export class GpuModel implements IDisposable {
   ): Promise<void> {
     const attached = this.state(kernelId)?.reply?.attached ?? [];
     const count = uuid === null ? attached.length : 1;
-    for (const gpu of attached) {
-      if (uuid === null || gpu.uuid === uuid) {
-        this._detaching.add(gpu.uuid);
-      }
+    const taking = attached
+      .map(gpu => gpu.uuid)
+      .filter(candidate => uuid === null || candidate === uuid);
+    for (const gpu of taking) {
+      this._detaching.add(gpu);
     }
-    await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
-      this._request<null>(Endpoints.detach, {
-        method: 'POST',
-        body: JSON.stringify({
-          uuid: uuid ?? 'all',
-          force,
-          kernel_id: kernelId
+    try {
+      await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
+        this._request<null>(Endpoints.detach, {
+          method: 'POST',
+          body: JSON.stringify({
+            uuid: uuid ?? 'all',
+            force,
+            kernel_id: kernelId
+          })
         })
-      })
-    );
+      );
+    } catch (error) {
+      // Refused (busy...): the GPUs stay, and a later loss is not this page's doing.
+      for (const gpu of taking) {
+        this._detaching.delete(gpu);
+      }
+      throw error;
+    }
   }
 
   dispose(): void {
@@ -459,7 +471,10 @@ export class GpuModel implements IDisposable {
       this._detaching.delete(gpu.uuid);
     }
     if (unexpected.length > 0 && watched.state.operation === null) {
-      this._released.emit({ kernelId, gpus: unexpected });
+      const reasons = new Map<string, ReleaseReason>(
+        (reply.released ?? []).map(r => [r.uuid, r.reason])
+      );
+      this._released.emit({ kernelId, gpus: unexpected, reasons });
     }
   }
 

@@ -112,6 +112,20 @@ export interface IGpusReply {
     cuda_driver_version: string | null;
   };
   taken_at: number;
+  /** GPUs the kernel lost lately, and why; absent from older servers. */
+  released?: IReleasedGpu[];
+}
+
+/** Why a GPU left a kernel (`ReleasedJson` of `server/releases.py`). */
+export type ReleaseReason =
+  'kernel_restarted' | 'idle' | 'detached_here' | 'detached_elsewhere';
+
+/** One GPU a kernel lost lately, and why. */
+export interface IReleasedGpu {
+  uuid: string;
+  index: number;
+  reason: ReleaseReason;
+  released_at: number;
 }
 
 /** `POST <base_url>/gpu-hotplug/api/attach` → 201 (`AttachJson`). */

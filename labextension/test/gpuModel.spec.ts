@@ -87,6 +87,21 @@ describe('GpuModel', () => {
     expect(released).toEqual([['GPU-1']]);
   });
 
+  it('announces a loss after a detach of its own was refused', async () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    const released: string[][] = [];
+    model.released.connect((_, r) => released.push(r.gpus.map(g => g.uuid)));
+    const stream = streams.get('k1')!;
+    stream.metrics(reply([gpu(0)]));
+    makeRequest.mockResolvedValueOnce(
+      response(409, { error: 'busy', message: 'in use', retryable: false })
+    );
+    await expect(model.detach('k1', 'GPU-0')).rejects.toBeDefined();
+    stream.metrics(reply([])); // then %gpu detach --force in the notebook
+    expect(released).toEqual([['GPU-0']]);
+  });
+
   it('records stream errors until the next good reading', () => {
     const { model, streams } = setUp();
     model.watch('k1');

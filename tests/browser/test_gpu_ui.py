@@ -199,10 +199,12 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     expect(busy).to_contain_text(str(worker), timeout=SETTLE_MS)
     assert [g["uuid"] for g in owner.attached()] == [g["uuid"] for g in taken]
 
-    # Force, from the notification: the dialog lists what will be ended.
+    # Force, from the notification: the dialog lists what will be ended, and Cancel has
+    # the focus (an Enter out of habit ends nothing; issue 36, item 7).
     busy.locator("button", has_text="Force-detach").click()
     dialog = owner.page.locator(".jp-Dialog")
     expect(dialog).to_contain_text(f"{worker} sleep", timeout=SETTLE_MS)
+    expect(dialog.locator("button", has_text="Cancel")).to_be_focused()
     owner.confirm("End processes and detach")
 
     expect(owner.toast(f"Force-detached GPU {gpu['index']} from owner.ipynb.")).to_be_visible(
@@ -248,6 +250,35 @@ def test_agent_unreachable_is_shown_then_recovers_without_reload(
     expect(lab.panel).not_to_have_class(re.compile("jp-mod-disconnected"))
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+
+
+def test_messages_follow_the_state(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36, item 3: a busy refusal stayed after its GPU was gone (its Force-detach then
+    failed with "not attached"), and a ``%gpu detach`` in the notebook was announced as
+    "the kernel restarted or the GPU sat unused"."""
+    lab = open_lab("stale.ipynb")
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    [gpu] = lab.attached()
+    name = f"GPU {gpu['index']}"
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run(LOAD)  # the load helper holds the GPU: a plain detach is refused
+    lab.choose(f"Detach {name}")
+    lab.confirm("Detach")
+    busy = lab.page.locator(".Toastify__toast--error")
+    expect(busy.locator("button", has_text="Force-detach")).to_be_visible(timeout=SETTLE_MS)
+
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run("%gpu detach all --force")
+
+    expect(busy).to_have_count(0, timeout=SETTLE_MS)
+    expect(
+        lab.toast(
+            f"{name} detached from stale.ipynb by %gpu detach in the notebook or on the "
+            "command line."
+        )
+    ).to_be_visible(timeout=SETTLE_MS)
+    expect(lab.toast("the kernel restarted or the GPU sat unused")).to_have_count(0)
 
 
 def _agent_pid(demo: DemoProcess) -> int:
