@@ -46,6 +46,10 @@ export function menuEntries(
 
   const free = reply?.free ?? 0;
   const allowed = Math.min(free, reply?.max_count ?? free);
+  const attached = reply?.attached ?? [];
+  // Waiting would mean waiting for itself: no GPU this notebook lacks exists.
+  const holdsAll =
+    reply !== null && reply.total > 0 && attached.length >= reply.total;
   for (let count = 1; count <= allowed; count++) {
     attaching.push(
       command(
@@ -65,6 +69,15 @@ export function menuEntries(
         true
       )
     );
+  } else if (allowed === 0 && holdsAll) {
+    attaching.push(
+      command(
+        CommandIds.attach,
+        { kernelId, count: 1 },
+        trans.__('This notebook has every GPU of the node'),
+        false
+      )
+    );
   } else if (allowed === 0) {
     // Both modes can wait: the local agent's fair queue, or Kubernetes'
     // scheduler queueing the holder pod until a GPU frees up.
@@ -82,7 +95,6 @@ export function menuEntries(
     );
   }
 
-  const attached = reply?.attached ?? [];
   for (const gpu of attached) {
     const name = gpuTitle(gpu, attached, trans);
     const args = { kernelId, uuid: gpu.uuid };

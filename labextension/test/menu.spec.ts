@@ -50,6 +50,18 @@ describe('menuEntries', () => {
     }
   );
 
+  it('never offers a notebook that holds every GPU to wait for itself', () => {
+    const all = state(reply([gpu(0), gpu(1)], { free: 0, total: 2 }));
+    expect(summary(all).slice(0, 3)).toEqual([
+      'This notebook has every GPU of the node [off]',
+      '---',
+      'Detach GPU 0'
+    ]);
+    expect(
+      commands(all).some(e => e.args.wait === true || /Wait/.test(e.label))
+    ).toBe(false);
+  });
+
   it('while waiting offers to stop waiting instead', () => {
     const waiting = state(reply([], { free: 0 }), {
       operation: {

@@ -157,6 +157,17 @@ def test_second_notebook_no_free_gpu_busy_gpu_and_force(
     # The status bar sums both: count, mean utilisation, memory used of the total
     # (twice 79.6 GiB, the simulated H100's memory).
     expect(owner.summary).to_have_text(re.compile(r"^2 GPUs · \d+ % · [\d.]+/159 GiB$"))
+    # Holding every GPU, the owner is not offered to wait for itself (issue 36, item 4):
+    # the menu's first active item is a detach.
+    owner.button.click()
+    expect(owner.menu).to_be_visible()
+    expect(owner.menu_item("Wait for a free GPU")).to_have_count(0)
+    expect(owner.menu_item("This notebook has every GPU of the node")).to_have_class(
+        re.compile("lm-mod-disabled")
+    )
+    active = owner.menu.locator(".lm-Menu-item.lm-mod-active .lm-Menu-itemLabel")
+    expect(active).to_have_text(re.compile("^Detach GPU"))
+    owner.page.keyboard.press("Escape")
 
     # The other notebook shows only its own GPUs (none); its panel shows them taken.
     expect(other.button).to_have_attribute(
