@@ -54,6 +54,10 @@ from .validation import AttachRequest, CancelRequest, DetachRequest, KernelId
 
 __all__ = ["HotplugManager"]
 
+AGENT_QUEUE_EVERY: Final = 5
+"""With GPUs free and no wait seen, a watched kernel's queue is read every 5th reading."""
+AGENT_QUEUE_EVERY_NONE_FREE: Final = 2
+"""With no GPU free and no wait seen, every 2nd reading."""
 STREAM_CLOSE_TIMEOUT: Final = 5.0
 """Seconds the server's shutdown waits for open streams to end."""
 
@@ -145,6 +149,11 @@ class HotplugManager:
         self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
         self._waiting: dict[RequestId, WaitingAttach] = {}
         """This server's attaches waiting for GPUs (``wait_seconds``): the panel's queue."""
+        self._agent_waits: dict[str | None, tuple[float, tuple[WaitingAttach, ...]]] = {}
+        """Watched kernels' waits in the agent's queue that this server did not start
+        (``%gpu attach --wait``, the command line), with when they were read: one queue in
+        every view."""
+        self._queue_polls = 0
         self._releases = ReleaseLog()
         """Why watched kernels lost GPUs lately (each reading's ``released``)."""
         self._closed = False
@@ -224,12 +233,80 @@ class HotplugManager:
             await asyncio.wait([node, snapshot, *attached.values()])
             kernels = await self._kernel_holders()
             await self._note_releases(whom, attached)
+            await self._read_agent_queue(whom, node, attached)
         finally:
             await _settle(node, snapshot, *attached.values())
         reading: dict[str | None, GpusJson | BaseException] = {}
         for kernel_id, target in whom.items():
             reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
         return reading
+
+    async def _read_agent_queue(
+        self,
+        whom: Mapping[str | None, Target | BaseException | None],
+        node: asyncio.Future[tuple[Gpu, ...]],
+        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+    ) -> None:
+        """Learn the watched kernels' waits in the agent's queue (local mode), so that a wait
+        the magic or the command line started shows in the panel, the toolbar and the status
+        bar like one started here. Asked at every reading while the kernel is seen waiting,
+        every ``AGENT_QUEUE_EVERY_NONE_FREE``-th while no GPU is free (a wait is likely),
+        and otherwise every ``AGENT_QUEUE_EVERY``-th (a wait for more GPUs than are free),
+        so the stream's cost on the agent grows little (``bench_stream.py``); never for a
+        target whose attachments the agent just refused (it would refuse this too)."""
+        if not self.targets.reports_queue_place:
+            return
+        self._queue_polls += 1
+        no_free = node.exception() is None and not any(g.state == "free" for g in node.result())
+        asked: dict[str | None, Target] = {}
+        for kernel_id, target in whom.items():
+            if not isinstance(target, Target) or target.ref is None:
+                continue
+            if attached[target.ref].exception() is not None:
+                continue
+            every = AGENT_QUEUE_EVERY_NONE_FREE if no_free else AGENT_QUEUE_EVERY
+            seen_waiting = bool(self._agent_waits.get(kernel_id, (0.0, ()))[1])
+            if seen_waiting or self._queue_polls % every == 1 % every:
+                asked[kernel_id] = target
+        if not asked:
+            return
+        answers = await asyncio.gather(
+            *(self.client.queued(target.ref) for target in asked.values()),
+            return_exceptions=True,
+        )
+        for (kernel_id, _target), answer in zip(asked.items(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, AgentClientError):
+                    raise answer
+                self._log.debug("cannot read the queue of kernel %s: %r", kernel_id, answer)
+                continue
+            self._agent_waits[kernel_id] = (
+                time.monotonic(),
+                tuple(
+                    WaitingAttach(
+                        request_id=queued.request_id,
+                        kernel_id=kernel_id,
+                        count=queued.count,
+                        deadline=None,
+                        position=queued.position,
+                        of=queued.length,
+                    )
+                    for queued in answer
+                ),
+            )
+
+    def _queue(self) -> list[WaitingAttach]:
+        """This server's waiting attaches, then the watched kernels' other waits."""
+        queue = list(self._waiting.values())
+        mine = {waiting.request_id for waiting in queue}
+        # A kernel nobody watches any more is not read again: its last answer expires.
+        since = time.monotonic() - 2 * AGENT_QUEUE_EVERY * self.interval
+        for kernel_id, (read_at, waits) in list(self._agent_waits.items()):
+            if read_at < since:
+                del self._agent_waits[kernel_id]
+                continue
+            queue += [waiting for waiting in waits if waiting.request_id not in mine]
+        return queue
 
     async def _note_releases(
         self,
@@ -282,7 +359,7 @@ class HotplugManager:
             snapshot=snapshot.result(),
             max_count=self.max_count,
             kernels=kernels,
-            queue=self._waiting.values(),
+            queue=self._queue(),
             released=self._releases.recent(kernel_id),
         )
 

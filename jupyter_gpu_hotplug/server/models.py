@@ -135,8 +135,10 @@ class QueuedJson(TypedDict):
     """1 is served next; ``None`` until the agent has said."""
     of: int | None
     """How many requests wait on the node."""
-    deadline: float
-    """Seconds since the epoch when the wait ends (``wait_seconds`` after it began)."""
+    deadline: float | None
+    """Seconds since the epoch when the wait ends (``wait_seconds`` after it began);
+    ``None`` for a wait this server did not start (``%gpu attach --wait``, the command
+    line), whose end only the agent knows."""
 
 
 class GpusJson(TypedDict):
@@ -203,7 +205,8 @@ class WaitingAttach:
     request_id: str
     kernel_id: str | None
     count: int
-    deadline: float
+    deadline: float | None
+    """``None``: a wait this server did not start (the magic's, the command line's)."""
     position: int | None = None
     of: int | None = None
 
@@ -302,7 +305,8 @@ def _queued(waiting: WaitingAttach, kernels: Mapping[int, KernelHolder]) -> Queu
 
 
 def _place(entry: QueuedJson) -> tuple[int, float]:
-    return (entry["position"] or 1_000_000, entry["deadline"])
+    deadline = entry["deadline"]
+    return (entry["position"] or 1_000_000, float("inf") if deadline is None else deadline)
 
 
 def gpus_json(

@@ -92,8 +92,14 @@ export function addCommands(ctx: ICommandContext): void {
       (args.label as string) ?? trans.__('Stop waiting for a free GPU'),
     isEnabled: args =>
       enabled(args) &&
-      ctx.model.state(kernelOf(args))?.operation?.waiting === true,
-    execute: args => cancelWait(ctx, kernelOf(args))
+      (typeof args.requestId === 'string' ||
+        ctx.model.state(kernelOf(args))?.operation?.waiting === true),
+    execute: args =>
+      cancelWait(
+        ctx,
+        kernelOf(args),
+        typeof args.requestId === 'string' ? args.requestId : undefined
+      )
   });
   commands.addCommand(CommandIds.openPanel, {
     label: args => (args.label as string) ?? trans.__('Open the GPU panel'),
@@ -419,13 +425,14 @@ async function attach(
 /** Take the kernel's waiting attach out of the queue; the attach's note says the rest. */
 async function cancelWait(
   ctx: ICommandContext,
-  kernelId: string | null
+  kernelId: string | null,
+  requestId?: string
 ): Promise<void> {
   if (kernelId === null) {
     return noKernel(ctx.trans);
   }
   try {
-    await ctx.model.cancel(kernelId);
+    await ctx.model.cancel(kernelId, requestId);
   } catch (error) {
     Notification.error(describeError(error).message, { autoClose: 8000 });
   }

@@ -341,12 +341,16 @@ export class GpuModel implements IDisposable {
    * error, e.g. when the attach was served meanwhile; does nothing when no
    * attach is in flight.
    */
-  async cancel(kernelId: string): Promise<void> {
-    const requestId = this.state(kernelId)?.operation?.requestId;
+  async cancel(kernelId: string, which?: string): Promise<void> {
+    // `which`: a wait of the queue that this page did not start (the magic's).
+    const own = this.state(kernelId)?.operation?.requestId;
+    const requestId = which ?? own;
     if (requestId === undefined) {
       return;
     }
-    this._cancelled.add(requestId);
+    if (requestId === own) {
+      this._cancelled.add(requestId);
+    }
     try {
       await this._request<null>(Endpoints.cancel, {
         method: 'POST',

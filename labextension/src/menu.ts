@@ -60,11 +60,24 @@ export function menuEntries(
       )
     );
   }
+  const queued = (reply?.queue ?? []).find(
+    entry => entry.kernel_id === kernelId && kernelId !== ''
+  );
   if (state?.operation?.waiting && state.operation.kind === 'attach') {
     attaching.push(
       command(
         CommandIds.cancelWait,
         { kernelId },
+        trans.__('Stop waiting for a free GPU'),
+        true
+      )
+    );
+  } else if (queued !== undefined && state?.operation === null) {
+    // Waiting through %gpu attach --wait or the command line.
+    attaching.push(
+      command(
+        CommandIds.cancelWait,
+        { kernelId, requestId: queued.request_id },
         trans.__('Stop waiting for a free GPU'),
         true
       )

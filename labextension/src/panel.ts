@@ -401,14 +401,45 @@ export class GpuPanel extends Widget {
         entry.position === null
           ? trans.__('waiting')
           : trans.__('#%1 of %2', entry.position, entry.of ?? entry.position);
-      item.textContent = trans._n(
-        '%2 %3 waits for %1 GPU · %4',
-        '%2 %3 waits for %1 GPUs · %4',
-        entry.count,
-        place,
-        mine ? trans.__('%1 (this notebook)', who) : who,
-        countdown(entry.deadline, now, trans)
+      const whose = mine ? trans.__('%1 (this notebook)', who) : who;
+      const text = element(
+        'span',
+        `${P}-queuedText`,
+        entry.deadline === null
+          ? trans._n(
+              '%2 %3 waits for %1 GPU',
+              '%2 %3 waits for %1 GPUs',
+              entry.count,
+              place,
+              whose
+            )
+          : trans._n(
+              '%2 %3 waits for %1 GPU · %4',
+              '%2 %3 waits for %1 GPUs · %4',
+              entry.count,
+              place,
+              whose,
+              countdown(entry.deadline, now, trans)
+            )
       );
+      // One queue, whoever started the wait (the toolbar, %gpu attach --wait,
+      // the command line): each entry can be stopped here.
+      const cancel = element(
+        'button',
+        'jp-Button jp-mod-small jp-mod-styled',
+        trans.__('Cancel')
+      );
+      cancel.title = trans.__('Stop this wait for a free GPU');
+      cancel.setAttribute('aria-label', trans.__('Stop the wait of %1', whose));
+      const kernelId = entry.kernel_id;
+      cancel.disabled = kernelId === null && state?.kernelId === undefined;
+      cancel.addEventListener('click', () => {
+        void this._commands.execute(CommandIds.cancelWait, {
+          kernelId: kernelId ?? state?.kernelId ?? '',
+          requestId: entry.request_id
+        });
+      });
+      item.append(text, cancel);
       if (mine) {
         item.dataset.mine = 'true';
       }

@@ -84,8 +84,11 @@ export interface IQueued {
   /** 1 is served next; `null` until the agent has said. */
   position: number | null;
   of: number | null;
-  /** Seconds since the epoch when the wait ends. */
-  deadline: number;
+  /**
+   * Seconds since the epoch when the wait ends; `null` for a wait the server
+   * did not start (`%gpu attach --wait`, the command line).
+   */
+  deadline: number | null;
 }
 
 /**

@@ -62,6 +62,32 @@ describe('menuEntries', () => {
     ).toBe(false);
   });
 
+  it('shows a wait the page did not start, and offers to stop it (issue 36, item 5)', () => {
+    const magic = state(
+      reply([], {
+        free: 0,
+        queue: [
+          {
+            request_id: 'magic-1',
+            kernel_id: 'k1',
+            held_by: null,
+            count: 1,
+            position: 1,
+            of: 2,
+            deadline: null
+          }
+        ]
+      })
+    );
+    expect(buttonLabel(magic, trans)).toBe('queued #1');
+    expect(commands(magic)[0]).toMatchObject({
+      command: CommandIds.cancelWait,
+      args: { kernelId: 'k1', requestId: 'magic-1' },
+      label: 'Stop waiting for a free GPU',
+      enabled: true
+    });
+  });
+
   it('while waiting offers to stop waiting instead', () => {
     const waiting = state(reply([], { free: 0 }), {
       operation: {

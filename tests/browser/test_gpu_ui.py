@@ -422,7 +422,7 @@ def test_wait_in_the_queue_cancel_then_get_the_gpu_another_notebook_frees(
         expect(third.button).to_have_text("queued #1")
         # The panel lists the queue: place, the waiting notebook, a countdown.
         queued = third.panel.locator(".jp-GpuHotplug-panel-queued")
-        expect(queued).to_have_text(
+        expect(queued.locator(".jp-GpuHotplug-panel-queuedText")).to_have_text(
             re.compile(r"^#1 of 1 queue-3\.ipynb \(this notebook\) waits for 1 GPU · .* left$")
         )
         waiting.locator("button", has_text="Cancel").click()
@@ -456,6 +456,36 @@ def _plot_height(lab: GpuLab, uuid: str) -> float:
     box = lab.panel_gpu(uuid).locator(".jp-GpuHotplug-chart-plot").first.bounding_box()
     assert box is not None
     return box["height"]
+
+
+def test_a_wait_of_the_magic_is_in_the_one_queue_and_can_be_cancelled_there(
+    open_lab: OpenLab, demo: DemoProcess
+) -> None:
+    """Issue 36, item 5: ``%gpu attach 1 --wait`` waited in the agent's queue unseen by the
+    panel, the toolbar and the status bar, and no queue row had a Cancel."""
+    with _notebook_sessions(demo, "full-1.ipynb", "full-2.ipynb") as kernels:
+        for kernel_id in kernels:
+            answer = demo.server.request(
+                "POST", "gpu-hotplug/api/attach", {"count": 1, "kernel_id": kernel_id}
+            )
+            assert answer.status == 201, answer
+        lab = open_lab("magic-wait.ipynb", cells=("%gpu attach 1 --wait 300",))
+        lab.open_panel()
+        lab.page.locator(".jp-Cell .jp-InputArea-editor").nth(1).click()
+        lab.page.keyboard.press("Shift+Enter")
+
+        expect(lab.button).to_have_text("queued #1", timeout=SETTLE_MS)
+        expect(lab.summary).to_have_text("GPU: queued #1")
+        queued = lab.panel.locator(".jp-GpuHotplug-panel-queued")
+        expect(queued.locator(".jp-GpuHotplug-panel-queuedText")).to_have_text(
+            "#1 of 1 magic-wait.ipynb (this notebook) waits for 1 GPU"
+        )
+        queued.locator("button", has_text="Cancel").click()
+
+        expect(queued).to_have_count(0, timeout=SETTLE_MS)
+        expect(lab.button).to_have_text("GPU · 0 free", timeout=SETTLE_MS)
+        expect(lab.cell_output(1)).to_contain_text("cancel", timeout=SETTLE_MS)
+        assert lab.attached() == []
 
 
 def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
