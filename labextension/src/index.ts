@@ -3,6 +3,7 @@
  * JupyterLab services. Behaviour lives in the modules imported here.
  */
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -125,6 +126,10 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
         app.shell.add(mainArea, 'main', { mode: 'split-right' });
       }
       app.shell.activateById(MAIN_PANEL_ID);
+      // The same view twice is noise: the side panel makes room for it.
+      if (panel.isVisible && 'collapseRight' in app.shell) {
+        (app.shell as unknown as ILabShell).collapseRight();
+      }
     };
 
     statusBar?.registerStatusItem(GPU_STATUS_ITEM_ID, {

@@ -12,6 +12,7 @@
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandRegistry } from '@lumino/commands';
+import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IChartData, TimeChart } from './chart';
@@ -264,6 +265,9 @@ export class GpuPanel extends Widget {
     this.title.caption = trans.__('GPUs');
     this.node.setAttribute('role', 'region');
     this.node.setAttribute('aria-label', trans.__('GPUs'));
+    // Focusable, so that opening it (Alt+Shift+G, the status bar) moves the
+    // keyboard's focus into it rather than leaving it in the notebook.
+    this.node.tabIndex = -1;
 
     const head = element('header', `${P}-head`);
     const titleRow = element('div', `${P}-titleRow`);
@@ -449,6 +453,14 @@ export class GpuPanel extends Widget {
       element('h3', `${P}-queueTitle`, trans.__('Waiting for a GPU')),
       list
     );
+  }
+
+  /** Activated (opened, or shown in the main area): the focus comes here. */
+  protected onActivateRequest(msg: Message): void {
+    super.onActivateRequest(msg);
+    if (this.isAttached && !this.node.contains(document.activeElement)) {
+      this.node.focus();
+    }
   }
 
   private _summaryText(state: IKernelGpus | null): string {

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -292,6 +293,38 @@ def test_messages_follow_the_state(open_lab: OpenLab, demo: DemoProcess) -> None
     expect(lab.toast("the kernel restarted or the GPU sat unused")).to_have_count(0)
 
 
+def test_the_pages_workspace_stays_with_the_demo_run(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36, item 9: every demo and browser test left a workspace file in the user's
+    ``~/.jupyter/lab/workspaces`` (25 after one CI run), and the user's next JupyterLab
+    reopened their notebooks. They are now kept in the run's own state directory."""
+    lab = open_lab("workspace.ipynb")
+    lab.open_panel()  # a layout change: JupyterLab saves the workspace
+
+    def saved(directory: Path) -> list[Path]:
+        return sorted(directory.glob(f"{lab.workspace}*")) if directory.is_dir() else []
+
+    expect(lab.panel).to_be_visible()
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while not saved(demo.layout.lab_workspaces):
+        assert time.monotonic() < deadline, "no workspace saved in the run's directory"
+        time.sleep(0.2)
+    assert saved(Path.home() / ".jupyter" / "lab" / "workspaces") == []
+
+
+def test_the_toolbar_item_stays_in_a_narrow_notebook(chromium: Browser, demo: DemoProcess) -> None:
+    """Issue 36, item 9: at about 400 px the GPU item fell into the toolbar's "⋯" overflow;
+    it now comes right after Save, so it is among the last to go."""
+    lab = GpuLab.open(chromium, demo, "narrow.ipynb")
+    try:
+        lab.page.set_viewport_size({"width": 420, "height": 760})
+        expect(lab.button).to_be_visible(timeout=SETTLE_MS)
+        overflow = lab.page.locator(".jp-Toolbar-responsive-popup")
+        expect(overflow.locator(TOOLBAR_ITEM)).to_have_count(0)
+        assert lab.log.page_errors == []
+    finally:
+        lab.close()
+
+
 def _agent_pid(demo: DemoProcess) -> int:
     """The demo's node agent (a child of the demo), host pid."""
     found = [
@@ -356,6 +389,8 @@ def test_keyboard_only_menu_and_no_serious_accessibility_violation(
 
     page.keyboard.press("Alt+Shift+G")
     expect(lab.panel.locator("section[data-state='mine']")).to_have_count(1, timeout=SETTLE_MS)
+    # The shortcut moves the keyboard's focus into the panel (issue 36, item 7).
+    expect(lab.panel).to_be_focused()
     assert lab.axe(TOOLBAR_ITEM, PANEL) == []
 
     lab.button.focus()
@@ -552,6 +587,8 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(main.locator(f"section[data-uuid='{gpu['uuid']}']")).to_have_attribute(
         "data-state", "mine"
     )
+    # The side panel made room for it (the same view twice is noise; issue 36, item 9).
+    expect(lab.panel).to_be_hidden()
 
 
 def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> None:
