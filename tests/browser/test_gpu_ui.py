@@ -9,6 +9,7 @@ its own notebooks (their own kernels) in pages of their own and leaves every GPU
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Locator, expect
 
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from tests.demo.conftest import DemoFactory
@@ -523,6 +524,22 @@ def test_a_wait_of_the_magic_is_in_the_one_queue_and_can_be_cancelled_there(
         assert lab.attached() == []
 
 
+LABEL_GAP_PX = 12
+"""The least room between two time labels for them to read as separate (issue 36, item 9)."""
+
+
+def _assert_time_labels_apart(chart: Locator) -> None:
+    """The chart's time labels, left to right, leave ``LABEL_GAP_PX`` between each other."""
+    boxes = [
+        box
+        for label in chart.locator(".jp-GpuHotplug-chart-x text").all()
+        if (box := label.bounding_box()) is not None
+    ]
+    boxes.sort(key=lambda box: box["x"])
+    gaps = [b["x"] - (a["x"] + a["width"]) for a, b in itertools.pairwise(boxes)]
+    assert len(boxes) >= 2 and all(gap >= LABEL_GAP_PX for gap in gaps), gaps
+
+
 def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     open_lab: OpenLab,
 ) -> None:
@@ -566,9 +583,12 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(utilisation.locator(".jp-GpuHotplug-chart-tooltip")).to_contain_text("GPU busy: ")
     expect(memory.locator(".jp-GpuHotplug-chart-tooltip")).to_contain_text("used: ")
 
+    _assert_time_labels_apart(utilisation)
+
     # A time window of 5 minutes instead.
     lab.panel.locator("select").select_option("5")
     expect(utilisation.locator(".jp-GpuHotplug-chart-x text").last).to_have_text("\u22125 min")
+    _assert_time_labels_apart(utilisation)
 
     # A taller page gives the panel, and so the charts, more height.
     before = _plot_height(lab, gpu["uuid"])
