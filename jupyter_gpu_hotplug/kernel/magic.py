@@ -396,7 +396,7 @@ def holds_device(minor: int, *, fd_dir: str = "/proc/self/fd") -> bool:
 
 
 def _force_notice(chosen: Sequence[Attachment]) -> str:
-    names = ", ".join(a.uuid for a in chosen) or "the GPU"
+    names = render.gpu_names(chosen) or "the GPU"
     notice = (
         f"--force: processes of this kernel's container that use {names} will be stopped "
         "(SIGTERM, then SIGKILL) before the release."
@@ -430,16 +430,33 @@ def _detach(args: argparse.Namespace, context: MagicContext) -> None:
             for gpu_uuid in uuids:
                 client.detach(gpu_uuid, force=args.force)
     except Busy as error:
-        hint = ""
-        if error.processes and not args.force:
-            busy = error.uuid or uuids[0]
-            # Named as the user named it: the node's index when the GPU is known here.
-            gpu = next((str(a.index) for a in chosen if a.uuid == busy), busy)
-            if selector == "all":
-                gpu = "all"
-            hint = f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
-        raise GpuCommandError(f"{error.message}{hint}") from error
-    print(f"Detached {_plural(len(uuids))}: {', '.join(uuids)}")
+        raise GpuCommandError(_busy_message(error, chosen, uuids, selector, args.force)) from error
+    known: dict[str, Attachment] = {a.uuid: a for a in chosen}
+    names = ", ".join(f"GPU {known[u].index}" if u in known else u for u in uuids)
+    print(f"Detached {names} ({_plural(len(uuids))}).")
+
+
+def _busy_message(
+    error: Busy,
+    chosen: Sequence[Attachment],
+    uuids: Sequence[str],
+    selector: str | None,
+    force: bool,
+) -> str:
+    """A refused detach in the node's numbering ("GPU 0 is in use by process 42 (python)"):
+    the agent's own words lead with the UUID."""
+    if not error.processes:
+        return error.message
+    busy = error.uuid or (uuids[0] if len(uuids) == 1 else None)
+    in_use = [a for a in chosen if busy is None or a.uuid == busy]
+    subject = render.gpu_names(in_use) or (busy or "the GPU")
+    listing = ", ".join(f"{p.pid} ({p.command})" for p in error.processes)
+    verb = "are" if len(in_use) > 1 else "is"
+    message = f"{subject} {verb} in use by process(es) {listing}."
+    if not force:
+        gpu = "all" if selector == "all" else (str(in_use[0].index) if in_use else busy)
+        message += f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
+    return message
 
 
 def _cuda_line(state: CudaState) -> str:

@@ -272,7 +272,8 @@ def test_attach_says_gpu_ready(
 
     assert agent.calls == [("attach", 1, None)]
     assert out.splitlines()[0] == "Attached 1 GPU to this kernel:"
-    assert f"{UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0" in out
+    assert "  GPU 0  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0  attached at " in out
+    assert out.splitlines()[1].endswith(UUID_A)  # the UUID last, for copying (issue 36)
     assert "GPU ready: CUDA has not started in this kernel" in out
     assert "already initialised" not in out
 
@@ -493,7 +494,7 @@ def test_detach_the_only_gpu(
     out = run(shell, "detach", capsys)
 
     assert ("detach", UUID_A, False) in agent.calls
-    assert out == f"Detached 1 GPU: {UUID_A}\n"
+    assert out == "Detached GPU 0 (1 GPU).\n"
 
 
 def test_detach_with_nothing_attached(
@@ -579,7 +580,7 @@ def test_detach_all(
     out = run(shell, "detach all", capsys)
 
     assert ("detach_all", False) in agent.calls
-    assert out == f"Detached 2 GPUs: {UUID_A}, {UUID_B}\n"
+    assert out == "Detached GPU 0, GPU 1 (2 GPUs).\n"
 
 
 def test_force_says_what_it_will_do(
@@ -590,7 +591,7 @@ def test_force_says_what_it_will_do(
     out = run(shell, f"detach {UUID_A} --force", capsys)
 
     assert out.splitlines()[0] == (
-        f"--force: processes of this kernel's container that use {UUID_A} will be stopped "
+        "--force: processes of this kernel's container that use GPU 0 will be stopped "
         "(SIGTERM, then SIGKILL) before the release."
     )
     assert ("detach", UUID_A, True) in agent.calls
@@ -609,7 +610,7 @@ def test_busy_gpu_suggests_force(shell: InteractiveShell, agent: FakeAgent) -> N
         shell.run_line_magic("gpu", "detach")
 
     assert caught.value.message.splitlines() == [
-        f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
+        "GPU 0 is in use by process(es) 42 (python).",
         "To stop them and detach the GPU: %gpu detach 0 --force",
     ]
 
