@@ -36,6 +36,7 @@ import { GpuStatus, hasStatus } from './gpuStatus';
 import { gpuIcon } from './icons';
 import { LostHolderWarnings } from './lostHolders';
 import { GpuPanel } from './panel';
+import { RestartWarning } from './restartWarning';
 import { readSettings } from './settings';
 import { GpuToolbarButton } from './toolbar';
 
@@ -96,6 +97,13 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
       currentWatch?.dispose();
       currentWatch = kernelId === null ? null : model.watch(kernelId);
     });
+
+    // Restarting the kernel releases its GPUs: JupyterLab's dialog says so.
+    new RestartWarning(
+      model,
+      trans,
+      (translator ?? nullTranslator).load('jupyterlab')
+    );
 
     // A lost holder's warning comes before the agent revokes the GPU.
     new LostHolderWarnings(model, trans, message => {

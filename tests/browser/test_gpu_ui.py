@@ -30,7 +30,7 @@ from tests.fixtures.agent import update_simulated_gpu
 from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
-from .gpu_lab import PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
+from .gpu_lab import DIALOG, PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
 from .screenshots import LOAD, take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
@@ -324,6 +324,28 @@ def test_the_toolbar_item_stays_in_a_narrow_notebook(chromium: Browser, demo: De
         assert lab.log.page_errors == []
     finally:
         lab.close()
+
+
+def test_the_restart_dialog_says_the_gpus_go(open_lab: OpenLab) -> None:
+    """Issue 36, item 7: JupyterLab's "Restart Kernel?" dialog did not say that a restart
+    releases the kernel's GPUs."""
+    lab = open_lab("restart.ipynb")
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    [gpu] = lab.attached()
+    lab.page.locator(".jp-Notebook").first.click()
+    lab.page.keyboard.press("Escape")  # command mode
+    lab.page.keyboard.press("0")
+    lab.page.keyboard.press("0")  # JupyterLab's "restart the kernel" shortcut
+
+    dialog = lab.page.locator(DIALOG)
+    expect(dialog).to_contain_text("Restart Kernel?", timeout=SETTLE_MS)
+    expect(dialog.locator(".jp-GpuHotplug-restartWarning")).to_have_text(
+        f"Its GPU (GPU {gpu['index']}) will be released: the restarted kernel starts without "
+        "a GPU; attach again afterwards."
+    )
+    lab.confirm("Cancel")
+    assert [g["uuid"] for g in lab.attached()] == [gpu["uuid"]]
 
 
 def _agent_pid(demo: DemoProcess) -> int:
