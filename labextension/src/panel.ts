@@ -36,7 +36,7 @@ import {
 } from './gpuModel';
 import { holderLabel, stateLabel } from './holders';
 import { CHART_WINDOWS } from './settings';
-import { IAttachedGpu, INodeGpu, IQueued } from './types';
+import { IAttachedGpu, IGpuMetrics, INodeGpu, IQueued } from './types';
 
 function element<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -62,6 +62,27 @@ interface IGroupContext {
   now: number;
 }
 
+/** "61 °C · 250 W of 700 W" (what NVML offers of them; '' for none). */
+export function vitalsText(
+  metrics: IGpuMetrics | null,
+  trans: TranslationBundle
+): string {
+  const parts: string[] = [];
+  if (metrics?.temperature !== null && metrics?.temperature !== undefined) {
+    parts.push(trans.__('%1 °C', metrics.temperature));
+  }
+  const draw = metrics?.power_draw ?? null;
+  const limit = metrics?.power_limit ?? null;
+  if (draw !== null) {
+    parts.push(
+      limit === null
+        ? trans.__('%1 W', Math.round(draw))
+        : trans.__('%1 W of %2 W', Math.round(draw), Math.round(limit))
+    );
+  }
+  return parts.join(' · ');
+}
+
 /** One GPU of the node: title, state, actions, and its two charts. */
 class GpuGroup {
   constructor(
@@ -79,6 +100,14 @@ class GpuGroup {
     const titles = element('div', `${P}-titles`);
     titles.append(this._name, this._state);
     head.append(titles, this._actions);
+    // What the widget showed and the panel did not: temperature and power
+    // (what nvdashboard users look for), and the notebook's own processes.
+    this._vitals = element('p', `${P}-vitals`);
+    this._processes = element('ul', `${P}-processes`);
+    this._processes.setAttribute(
+      'aria-label',
+      trans.__('Processes of this notebook on the GPU')
+    );
     this._utilization = new TimeChart({
       title: trans.__('Utilisation'),
       unit: '%',
@@ -91,7 +120,7 @@ class GpuGroup {
     });
     const charts = element('div', `${P}-charts`);
     charts.append(this._utilization.node, this._memory.node);
-    this.node.append(head, charts);
+    this.node.append(head, this._vitals, this._processes, charts);
     this.node.setAttribute('aria-labelledby', `${P}-name-${uuid}`);
     this._name.id = `${P}-name-${uuid}`;
   }
@@ -113,6 +142,7 @@ class GpuGroup {
       ? trans.__('last known: %1', label)
       : label;
     this._renderActions(gpu, ctx);
+    this._renderVitals(gpu);
 
     const total = gpu.memory_total || 1;
     const data = (
@@ -179,6 +209,38 @@ class GpuGroup {
     this.node.remove();
   }
 
+  /** "61 °C · 250 W of 700 W"; under a GPU of this notebook, its processes. */
+  private _renderVitals(gpu: INodeGpu): void {
+    const trans = this._trans;
+    const metrics = gpu.metrics ?? null;
+    this._vitals.textContent = vitalsText(metrics, trans);
+    this._vitals.hidden = this._vitals.textContent === '';
+    const processes = gpu.mine ? (metrics?.processes ?? []) : [];
+    const key = processes
+      .map(p => `${p.pid}:${p.name}:${p.used_memory}`)
+      .join('|');
+    if (key !== this._processesKey) {
+      this._processesKey = key;
+      this._processes.replaceChildren(
+        ...processes.map(p =>
+          element(
+            'li',
+            `${P}-process`,
+            p.used_memory === null
+              ? trans.__('%1 (process %2)', p.name ?? '?', p.pid)
+              : trans.__(
+                  '%1 (process %2): %3 GiB',
+                  p.name ?? '?',
+                  p.pid,
+                  gib(p.used_memory)
+                )
+          )
+        )
+      );
+    }
+    this._processes.hidden = processes.length === 0;
+  }
+
   private _renderActions(gpu: INodeGpu, ctx: IGroupContext): void {
     const trans = this._trans;
     const kernelId = ctx.state.kernelId;
@@ -236,6 +298,9 @@ class GpuGroup {
 
   private readonly _name: HTMLHeadingElement;
   private readonly _state: HTMLSpanElement;
+  private readonly _vitals: HTMLParagraphElement;
+  private readonly _processes: HTMLUListElement;
+  private _processesKey = '';
   private readonly _actions: HTMLDivElement;
   private readonly _utilization: TimeChart;
   private readonly _memory: TimeChart;

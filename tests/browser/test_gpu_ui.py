@@ -111,6 +111,10 @@ def test_attach_through_the_toolbar_shows_everywhere_and_detach_takes_it_away(
     expect(lab.summary).to_have_text(re.compile(r"^1 GPU · \d+ % · [\d.]+/80 GiB$"))
     expect(lab.panel_gpu(gpu["uuid"])).to_have_attribute("data-state", "mine")
     expect(lab.panel_gpu(gpu["uuid"])).to_contain_text("this notebook")
+    # Temperature and power, as the widget has them (issue 36's panel).
+    expect(lab.panel_gpu(gpu["uuid"]).locator(".jp-GpuHotplug-panel-vitals")).to_have_text(
+        re.compile(r"^\d+ °C · \d+ W of \d+ W$")
+    )
     line = lab.panel_gpu(gpu["uuid"]).locator("path.jp-GpuHotplug-chart-utilization")
     expect(line).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"), timeout=SETTLE_MS)
     assert lab.run_probe() == f"['{gpu['device']}']"
