@@ -17,6 +17,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IChartData, TimeChart } from './chart';
 import { Classes, CommandIds } from './constants';
+import { chartsCsv, csvFileName } from './csv';
 import {
   countdown,
   gib,
@@ -355,6 +356,16 @@ export class GpuPanel extends Widget {
     });
     windowLabel.appendChild(this._window);
     controls.appendChild(windowLabel);
+    const exportCsv = element(
+      'button',
+      `jp-Button jp-mod-small ${P}-export`,
+      trans.__('Export CSV')
+    );
+    exportCsv.title = trans.__(
+      "Download the charts' readings of the shown window as CSV"
+    );
+    exportCsv.addEventListener('click', () => this._exportCsv());
+    controls.appendChild(exportCsv);
     if (!options.inMainArea) {
       const open = element(
         'button',
@@ -393,6 +404,26 @@ export class GpuPanel extends Widget {
     }
     this._byUuid.clear();
     super.dispose();
+  }
+
+  /** What the charts show, as a CSV download. */
+  private _exportCsv(): void {
+    const state = this._model.state(this._model.current);
+    if (state === null) {
+      return;
+    }
+    const now = this._now();
+    const text = chartsCsv(
+      nodeGpus(state),
+      state.history,
+      this._windowMinutes * 60_000,
+      now
+    );
+    const link = document.createElement('a');
+    link.href = URL.createObjectURL(new Blob([text], { type: 'text/csv' }));
+    link.download = csvFileName(now);
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
   }
 
   private _render(): void {

@@ -626,6 +626,14 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     )
     assert _plot_height(lab, gpu["uuid"]) > before
 
+    # What the charts show, as CSV (issue 36's panel).
+    with page.expect_download() as download:
+        lab.panel.locator("button", has_text="Export CSV").click()
+    assert re.fullmatch(r"gpu-charts-[0-9T-]+Z\.csv", download.value.suggested_filename)
+    rows = Path(download.value.path()).read_text().splitlines()
+    assert rows[0].startswith("time_utc,gpu_index,gpu_uuid,utilization_percent,"), rows[:2]
+    assert any(f",{gpu['index']},{gpu['uuid']}," in row for row in rows[1:]), rows[:5]
+
     # Open in the main area: a dockable tab of its own with the same charts.
     lab.panel.locator("button", has_text="Open in main area").click()
     main = page.locator("#jp-gpu-hotplug-main")
