@@ -35,6 +35,7 @@ from .errors import (
     error_reply,
     internal_error_reply,
 )
+from .history import GpuHistory, HistoryJson
 from .models import (
     AttachJson,
     GpusJson,
@@ -154,6 +155,8 @@ class HotplugManager:
         (``%gpu attach --wait``, the command line), with when they were read: one queue in
         every view."""
         self._queue_polls = 0
+        self._history = GpuHistory()
+        """The node's readings of the last hour (``GET history``): the charts' history."""
         self._releases = ReleaseLog()
         """Why watched kernels lost GPUs lately (each reading's ``released``)."""
         self._closed = False
@@ -232,6 +235,8 @@ class HotplugManager:
         try:
             await asyncio.wait([node, snapshot, *attached.values()])
             kernels = await self._kernel_holders()
+            if snapshot.exception() is None:
+                self._history.record(snapshot.result())
             await self._note_releases(whom, attached)
             await self._read_agent_queue(whom, node, attached)
         finally:
@@ -240,6 +245,11 @@ class HotplugManager:
         for kernel_id, target in whom.items():
             reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
         return reading
+
+    def history(self) -> HistoryJson:
+        """The node's GPU readings of the last hour, as this server took them."""
+        self._check_open()
+        return self._history.json()
 
     async def _read_agent_queue(
         self,

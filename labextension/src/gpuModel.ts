@@ -23,6 +23,7 @@ import {
   IErrorBody,
   IGpusReply,
   IGpuMetrics,
+  IHistoryReply,
   IProgress,
   INodeGpu,
   ReleaseReason
@@ -121,6 +122,8 @@ export interface IGpuModelOptions {
   now?: () => number;
   /** A new request id (tests pass their own). */
   newRequestId?: () => string;
+  /** Load the server's history when a kernel is first watched (default true). */
+  history?: boolean;
 }
 
 /** GPUs a kernel lost without a detach of this page: the agent's idle policy, a restart. */
@@ -150,6 +153,7 @@ class Watched {
 export class GpuModel implements IDisposable {
   constructor(options: IGpuModelOptions) {
     this._request = options.request ?? requestAPI;
+    this._history = options.history ?? true;
     this._openStream = options.openStream ?? openStream;
     this._settings = options.settings;
     this._now = options.now ?? Date.now;
@@ -260,6 +264,9 @@ export class GpuModel implements IDisposable {
       watched = new Watched(kernelId);
       this._watched.set(kernelId, watched);
       this._connect(watched);
+      if (this._history) {
+        void this._loadHistory(kernelId);
+      }
     }
     watched.watchers += 1;
     const entry = watched;
@@ -280,6 +287,42 @@ export class GpuModel implements IDisposable {
         }
       }
     };
+  }
+
+  /**
+   * The server's history of the node's GPUs (the last hour, the same for
+   * every page) before this page's own readings; never rejects (an older
+   * server has none: the charts then start empty, as before).
+   */
+  private async _loadHistory(kernelId: string): Promise<void> {
+    let reply: IHistoryReply;
+    try {
+      reply = await this._request<IHistoryReply>(Endpoints.history, {
+        method: 'GET'
+      });
+    } catch {
+      return;
+    }
+    const state = this.state(kernelId);
+    if (state === null || reply === null || typeof reply.gpus !== 'object') {
+      return;
+    }
+    const history = new Map(state.history);
+    for (const [uuid, readings] of Object.entries(reply.gpus)) {
+      const own = history.get(uuid) ?? [];
+      const first = own.length > 0 ? own[0].time : Infinity;
+      const older: ISample[] = readings
+        .map(([at, utilization, activity, used, total]) => ({
+          time: at * 1000,
+          utilization,
+          memoryActivity: activity,
+          memoryUsed: used,
+          memoryTotal: total
+        }))
+        .filter(sample => sample.time < first);
+      history.set(uuid, [...older, ...own]);
+    }
+    this._update(kernelId, { history });
   }
 
   /** Read the kernel's GPUs now (`GET gpus`); never rejects. */
@@ -514,6 +557,7 @@ export class GpuModel implements IDisposable {
   }
 
   private readonly _request: typeof requestAPI;
+  private readonly _history: boolean;
   private readonly _openStream: StreamOpener;
   private readonly _now: () => number;
   private readonly _newRequestId: () => string;

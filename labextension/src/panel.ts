@@ -84,6 +84,25 @@ export function vitalsText(
   return parts.join(' · ');
 }
 
+/** Points a chart line draws at most (an hour of readings is 3,600). */
+const MAX_POINTS = 720;
+
+/**
+ * At most about `max` of `samples`, evenly spaced, the newest kept: a long
+ * window's line costs no more to draw than a short one's.
+ */
+export function thinned(
+  samples: readonly ISample[],
+  max: number
+): readonly ISample[] {
+  if (samples.length <= max) {
+    return samples;
+  }
+  const step = Math.ceil(samples.length / max);
+  const last = samples.length - 1;
+  return samples.filter((_, i) => (last - i) % step === 0);
+}
+
 /** One GPU of the node: title, state, actions, and its two charts. */
 class GpuGroup {
   constructor(
@@ -144,6 +163,10 @@ class GpuGroup {
       : label;
     this._renderActions(gpu, ctx);
     this._renderVitals(gpu);
+    samples = thinned(
+      samples.filter(s => s.time >= ctx.now - ctx.windowMs),
+      MAX_POINTS
+    );
 
     const total = gpu.memory_total || 1;
     const data = (

@@ -131,6 +131,25 @@ export interface IReleasedGpu {
   released_at: number;
 }
 
+/**
+ * `GET <base_url>/gpu-hotplug/api/history` (`HistoryJson`, server/history.py):
+ * per GPU UUID, readings `[taken_at, utilization_gpu, utilization_memory,
+ * memory_used, memory_total]`, oldest first.
+ */
+export interface IHistoryReply {
+  seconds: number;
+  columns: string[];
+  gpus: {
+    [uuid: string]: [
+      number,
+      number | null,
+      number | null,
+      number | null,
+      number | null
+    ][];
+  };
+}
+
 /** `POST <base_url>/gpu-hotplug/api/attach` → 201 (`AttachJson`). */
 export interface IAttachReply {
   request_id: string;

@@ -16,6 +16,7 @@ function setUp() {
   const model = new GpuModel({
     settings,
     newRequestId: () => 'lab-r',
+    history: false,
     openStream: (kernelId, handlers) => {
       streams.set(kernelId, handlers);
       return { isDisposed: false, dispose: () => undefined };

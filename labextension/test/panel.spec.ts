@@ -1,4 +1,4 @@
-import { vitalsText } from '../src/panel';
+import { thinned, vitalsText } from '../src/panel';
 import { IGpuMetrics } from '../src/types';
 import { trans } from './fixtures';
 
@@ -26,5 +26,21 @@ describe('the panel', () => {
     expect(vitalsText(metrics({ power_draw: 80 }), trans)).toBe('80 W');
     expect(vitalsText(metrics({}), trans)).toBe('');
     expect(vitalsText(null, trans)).toBe('');
+  });
+});
+
+describe('the chart lines', () => {
+  it('draw at most about so many points of a long window, the newest kept', () => {
+    const samples = Array.from({ length: 3600 }, (_, i) => ({
+      time: i * 1000,
+      utilization: i,
+      memoryActivity: null,
+      memoryUsed: null,
+      memoryTotal: null
+    }));
+    const kept = thinned(samples, 720);
+    expect(kept.length).toBeLessThanOrEqual(720);
+    expect(kept[kept.length - 1].utilization).toBe(3599);
+    expect(thinned(samples.slice(0, 10), 720)).toHaveLength(10);
   });
 });

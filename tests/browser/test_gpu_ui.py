@@ -352,6 +352,39 @@ def test_the_restart_dialog_says_the_gpus_go(open_lab: OpenLab) -> None:
     assert [g["uuid"] for g in lab.attached()] == [gpu["uuid"]]
 
 
+def _points(lab: GpuLab, uuid: str) -> int:
+    """How many readings the panel's utilisation line of GPU ``uuid`` draws now."""
+    line = lab.panel_gpu(uuid).locator("path.jp-GpuHotplug-chart-utilization")
+    expect(line).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"), timeout=SETTLE_MS)
+    return (line.get_attribute("d") or "").count("L") + 1
+
+
+def test_the_charts_history_is_the_servers(open_lab: OpenLab) -> None:
+    """Issue 36's panel: the history is kept by the server for an hour, so a reload keeps
+    it and another notebook shows the same; the panel offers 15 min and 1 h windows."""
+    first = open_lab("history-1.ipynb")
+    first.open_panel()
+    uuid = first.panel.locator("section[data-uuid]").first.get_attribute("data-uuid")
+    assert uuid is not None
+    expect(first.panel_gpu(uuid).locator("path.jp-GpuHotplug-chart-utilization")).to_have_attribute(
+        "d", re.compile(r"(L[^L]*){8}"), timeout=SETTLE_MS
+    )
+    seen = _points(first, uuid)
+    expect(first.panel.locator("select option")).to_have_text(
+        ["last 2 min", "last 3 min", "last 4 min", "last 5 min", "last 15 min", "last 60 min"]
+    )
+
+    first.page.reload()
+    first.open_panel()
+    other = open_lab("history-2.ipynb")
+    other.open_panel()
+
+    # Right after loading, both already draw what the server kept (one reading a second:
+    # without the server's history a fresh page starts from one point).
+    assert _points(first, uuid) >= seen
+    assert _points(other, uuid) >= seen
+
+
 def _agent_pid(demo: DemoProcess) -> int:
     """The demo's node agent (a child of the demo), host pid."""
     found = [

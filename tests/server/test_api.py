@@ -82,6 +82,36 @@ async def test_node_view_without_a_kernel(
     assert set(view["nvml"]) == {"status", "message", "driver_version", "cuda_driver_version"}
 
 
+async def test_the_history_is_the_servers_and_reaches_an_hour_back(
+    jp_fetch: Fetch, local_agent: LocalAgent, server_nvml: FakeNvml
+) -> None:
+    """Issue 36: each page kept its own five minutes (a reload emptied the charts, two
+    notebooks showed different histories). The server keeps the node's readings of the last
+    hour, one per reading it takes (at most two a second), for every page alike."""
+    for utilization in (11, 22):
+        for gpu in local_agent.gpus():
+            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization)
+        assert (await call(jp_fetch, "GET", "gpus")).status == 200
+        await asyncio.sleep(0.6)
+
+    reply = await call(jp_fetch, "GET", "history")
+
+    assert reply.status == 200
+    history = reply.json()
+    assert history["seconds"] == 3600
+    assert history["columns"] == [
+        "taken_at",
+        "utilization_gpu",
+        "utilization_memory",
+        "memory_used",
+        "memory_total",
+    ]
+    assert set(history["gpus"]) == {gpu.uuid for gpu in local_agent.gpus()}
+    for readings in history["gpus"].values():
+        assert [reading[1] for reading in readings] == [11, 22]
+        assert readings[0][0] < readings[1][0]
+
+
 BAD_INPUT = [
     pytest.param("attach", b"", "body", "is empty", id="attach-empty"),
     pytest.param("attach", b"{", "body", "not valid JSON", id="attach-not-json"),
