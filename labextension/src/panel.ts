@@ -382,11 +382,12 @@ export class GpuPanel extends Widget {
     const exportCsv = element(
       'button',
       `jp-Button jp-mod-small ${P}-export`,
-      trans.__('Export CSV')
+      trans.__('CSV')
     );
     exportCsv.title = trans.__(
       "Download the charts' readings of the shown window as CSV"
     );
+    exportCsv.setAttribute('aria-label', trans.__('Export the charts as CSV'));
     exportCsv.addEventListener('click', () => this._exportCsv());
     controls.appendChild(exportCsv);
     if (!options.inMainArea) {

@@ -661,7 +661,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
 
     # What the charts show, as CSV (issue 36's panel).
     with page.expect_download() as download:
-        lab.panel.locator("button", has_text="Export CSV").click()
+        lab.panel.get_by_role("button", name="Export the charts as CSV").click()
     assert re.fullmatch(r"gpu-charts-[0-9T-]+Z\.csv", download.value.suggested_filename)
     rows = Path(download.value.path()).read_text().splitlines()
     assert rows[0].startswith("time_utc,gpu_index,gpu_uuid,utilization_percent,"), rows[:2]
