@@ -470,7 +470,9 @@ class HotplugManager:
         self._check_open()
         target = self.targets.required(request.kernel_id, "detach a GPU")
         if request.uuid is None:
-            mine = [a.uuid for a in await self.client.attachments(target.ref)]
+            # What the last reading saw (no extra agent request): a GPU attached since
+            # then and taken by this detach is announced as "detached elsewhere".
+            mine = self._releases.held(request.kernel_id)
             self._releases.detached_here(mine)
             try:
                 await self.client.detach_all(target=target.ref, force=request.force)

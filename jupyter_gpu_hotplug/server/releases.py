@@ -62,6 +62,11 @@ class ReleaseLog:
         for uuid in uuids:
             self._detached_here[uuid] = now
 
+    def held(self, kernel_id: str | None) -> list[str]:
+        """The GPUs ``kernel_id`` held at its last reading (what a "detach all" takes)."""
+        seen = self._seen.get(kernel_id)
+        return [] if seen is None else list(seen.attached)
+
     def not_detached_here(self, uuids: Iterable[str]) -> None:
         """That detach failed: the GPUs stay, and a later loss has another reason."""
         for uuid in uuids:
