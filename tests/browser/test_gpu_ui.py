@@ -274,6 +274,8 @@ def test_messages_follow_the_state(open_lab: OpenLab, demo: DemoProcess) -> None
     failed with "not attached"), and a ``%gpu detach`` in the notebook was announced as
     "the kernel restarted or the GPU sat unused"."""
     lab = open_lab("stale.ipynb")
+    # The previous test's GPUs are freed when its pages close: wait for both.
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [gpu] = lab.attached()
