@@ -174,7 +174,11 @@ def _fail(args: argparse.Namespace, error: Exception) -> int:
 
 
 def _attachment_line(attachment: Attachment) -> str:
-    return f"{attachment.uuid}  {attachment.device:<14} {attachment.name}  (to {attachment.target})"
+    """The node's number first, the UUID last (for copying), as every view gives them."""
+    return (
+        f"GPU {attachment.index}  {attachment.device:<14} {attachment.name}  "
+        f"(to {attachment.target})  {attachment.uuid}"
+    )
 
 
 def run_attach(args: argparse.Namespace) -> int:
@@ -208,9 +212,10 @@ def run_attach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _resolve(client: AgentClient, what: str) -> str:
-    """The UUID that ``what`` (a node index or a UUID beginning) names on this node; raises
-    ``ValueError`` with what to type instead when it names none or several."""
+def _resolve(client: AgentClient, what: str) -> tuple[str, int | None]:
+    """The UUID that ``what`` (a node index or a UUID beginning) names on this node, and its
+    index there (``None``: a full UUID the node does not list); raises ``ValueError`` with
+    what to type instead when it names none or several."""
     from .client import normalise_selector, select_gpus
 
     selector = normalise_selector(what)
@@ -219,9 +224,9 @@ def _resolve(client: AgentClient, what: str) -> str:
     gpus = client.gpus()
     chosen = select_gpus(selector, gpus)
     if len(chosen) == 1:
-        return chosen[0].uuid
+        return chosen[0].uuid, chosen[0].index
     if not chosen and len(selector) == 40:  # a full UUID the node does not list: the agent says
-        return selector
+        return selector, None
     listing = "; ".join(f"{gpu.index} = {gpu.uuid}" for gpu in gpus) or "no GPU"
     which = "no GPU" if not chosen else f"{len(chosen)} GPUs"
     raise ValueError(f"{what!r} names {which} of this node ({listing})")
@@ -231,18 +236,22 @@ def run_detach(args: argparse.Namespace) -> int:
     from .client import AgentClientError
 
     client = _client(args)
+    index: int | None = None
     try:
         if args.what == "all":
             client.detach_all(target=_target(args), force=args.force)
         else:
-            args.what = _resolve(client, args.what)
+            args.what, index = _resolve(client, args.what)
             client.detach(args.what, force=args.force)
     except (AgentClientError, ValueError) as error:
         return _fail(args, error)
     if args.json:
         print(json.dumps({"detached": args.what}))
+    elif args.what == "all":
+        print("detached all GPUs")
     else:
-        print("detached all GPUs" if args.what == "all" else f"detached {args.what}")
+        # The node's number first, as nvidia-smi and every other view give it (issue 36).
+        print(f"detached {args.what}" if index is None else f"detached GPU {index} ({args.what})")
     return EXIT_OK
 
 

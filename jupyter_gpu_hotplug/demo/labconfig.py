@@ -166,7 +166,10 @@ def lab_config(settings: LabSettings) -> dict[str, Any]:
         "root_dir": str(layout.notebooks),
         "jpserver_extensions": {SERVER_EXTENSION: True},
     }
-    config["LabApp"] = {"app_settings_dir": str(layout.lab_settings)}
+    config["LabApp"] = {
+        "app_settings_dir": str(layout.lab_settings),
+        "workspaces_dir": str(layout.lab_workspaces),
+    }
     config["IdentityProvider"] = {"token": settings.token}
     config["GPUHotplug"] = {"agent_url": layout.agent_url, "token_path": str(layout.agent_token)}
     return config

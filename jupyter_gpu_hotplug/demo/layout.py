@@ -117,6 +117,13 @@ class DemoLayout:
         return self.lab_dir / "settings"
 
     @property
+    def lab_workspaces(self) -> Path:
+        """JupyterLab's workspaces of this run: the pages' layouts stay with the run instead
+        of piling up in the user's ``~/.jupyter/lab/workspaces``, where the user's next
+        JupyterLab would reopen the demo's notebooks."""
+        return self.lab_dir / "workspaces"
+
+    @property
     def lab_data(self) -> Path:
         """Put first on the server's ``JUPYTER_PATH``: holds the demo's kernel spec."""
         return self.lab_dir / "data"

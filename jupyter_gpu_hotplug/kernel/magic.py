@@ -34,8 +34,11 @@ import os
 import re
 import shlex
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from IPython.core.error import UsageError
@@ -54,6 +57,8 @@ from ..client import (
     normalise_selector,
     select_gpus,
 )
+from ..nvml.sim.load import DEFAULT_SECONDS as LOAD_SECONDS
+from ..nvml.sim.load import gpu_nodes
 from ..nvml.state import GpuMonitor
 from . import render, reports
 from .cuda import CudaState, advice, cuda_initialised
@@ -115,6 +120,12 @@ class MagicContext:
     """``None``: a display in a notebook, the terminal otherwise."""
     progress_after: float = PROGRESS_AFTER
     progress_tick: float = PROGRESS_TICK
+    dev: Path = Path("/dev")
+    """Where this kernel's GPU nodes are (``load`` holds them); tests give a directory of
+    their own."""
+    background: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """The load helpers this context started: polled (reaped) at the next ``load``, so none
+    stays a zombie for long."""
 
     @property
     def in_kernel(self) -> bool:
@@ -385,7 +396,7 @@ def holds_device(minor: int, *, fd_dir: str = "/proc/self/fd") -> bool:
 
 
 def _force_notice(chosen: Sequence[Attachment]) -> str:
-    names = ", ".join(a.uuid for a in chosen) or "the GPU"
+    names = render.gpu_names(chosen) or "the GPU"
     notice = (
         f"--force: processes of this kernel's container that use {names} will be stopped "
         "(SIGTERM, then SIGKILL) before the release."
@@ -419,16 +430,33 @@ def _detach(args: argparse.Namespace, context: MagicContext) -> None:
             for gpu_uuid in uuids:
                 client.detach(gpu_uuid, force=args.force)
     except Busy as error:
-        hint = ""
-        if error.processes and not args.force:
-            busy = error.uuid or uuids[0]
-            # Named as the user named it: the node's index when the GPU is known here.
-            gpu = next((str(a.index) for a in chosen if a.uuid == busy), busy)
-            if selector == "all":
-                gpu = "all"
-            hint = f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
-        raise GpuCommandError(f"{error.message}{hint}") from error
-    print(f"Detached {_plural(len(uuids))}: {', '.join(uuids)}")
+        raise GpuCommandError(_busy_message(error, chosen, uuids, selector, args.force)) from error
+    known: dict[str, Attachment] = {a.uuid: a for a in chosen}
+    names = ", ".join(f"GPU {known[u].index}" if u in known else u for u in uuids)
+    print(f"Detached {names} ({_plural(len(uuids))}).")
+
+
+def _busy_message(
+    error: Busy,
+    chosen: Sequence[Attachment],
+    uuids: Sequence[str],
+    selector: str | None,
+    force: bool,
+) -> str:
+    """A refused detach in the node's numbering ("GPU 0 is in use by process 42 (python)"):
+    the agent's own words lead with the UUID."""
+    if not error.processes:
+        return error.message
+    busy = error.uuid or (uuids[0] if len(uuids) == 1 else None)
+    in_use = [a for a in chosen if busy is None or a.uuid == busy]
+    subject = render.gpu_names(in_use) or (busy or "the GPU")
+    listing = ", ".join(f"{p.pid} ({p.command})" for p in error.processes)
+    verb = "are" if len(in_use) > 1 else "is"
+    message = f"{subject} {verb} in use by process(es) {listing}."
+    if not force:
+        gpu = "all" if selector == "all" else (str(in_use[0].index) if in_use else busy)
+        message += f"\nTo stop them and detach the GPU: {PROG} detach {gpu} --force"
+    return message
 
 
 def _cuda_line(state: CudaState) -> str:
@@ -474,6 +502,55 @@ def _list(args: argparse.Namespace, context: MagicContext) -> None:
 
 def _queue(args: argparse.Namespace, context: MagicContext) -> None:
     _show(reports.queue_table(context.client().queued()), context)
+
+
+def load_seconds(text: str) -> float:
+    """``--seconds S`` of ``load``: how long the helper keeps the GPUs busy."""
+    return _seconds(text, what="--seconds", low=0.0, high=MAX_INTERVAL, low_inclusive=False)
+
+
+def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seconds",
+        type=load_seconds,
+        default=LOAD_SECONDS,
+        metavar="S",
+        help=f"how long to keep them busy (default {LOAD_SECONDS:g}; at most {MAX_INTERVAL:g})",
+    )
+
+
+def _load(args: argparse.Namespace, context: MagicContext) -> None:
+    """Start the simulation's load helper in the background, from the kernel.
+
+    Why a subcommand: the documented ``!python -m ...load &`` cannot work in a notebook
+    (ipykernel refuses background processes in ``!`` lines), and a helper run in the
+    foreground blocks the kernel for its whole duration — so a newcomer's charts stayed flat.
+    The helper is a child of this kernel, so it runs in the kernel's sandbox (container)
+    and holds exactly this kernel's GPU nodes, as a training run would.
+    """
+    for process in list(context.background):
+        if process.poll() is not None:
+            context.background.remove(process)
+    nodes = gpu_nodes(context.dev)
+    if not nodes:
+        raise GpuCommandError(
+            f"This kernel has no GPU to keep busy; attach one first ('{PROG} attach')."
+        )
+    argv = [sys.executable, "-m", "jupyter_gpu_hotplug.nvml.sim.load"]
+    argv += ["--seconds", f"{args.seconds:g}"]
+    if context.dev != Path("/dev"):
+        argv += ["--dev", str(context.dev)]
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    context.background.append(process)
+    used = ", ".join(str(node) for node in nodes)
+    print(
+        f"SIMULATED load: process {process.pid} uses {used} for {args.seconds:g} s in the "
+        "background; the GPU panel's charts climb within a few seconds. A plain detach is "
+        f"refused while it runs ('{PROG} detach --force' ends it, as it would a training run)."
+    )
+    print("(On real GPUs this does nothing useful: run real work there.)")
 
 
 def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -522,6 +599,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         name="queue",
         help="this notebook's places in the wait queue",
         run=_queue,
+    ),
+    Subcommand(
+        name="load",
+        help="simulated GPUs: keep this kernel's GPUs busy for a while",
+        run=_load,
+        add_arguments=_add_load_arguments,
     ),
     Subcommand(
         name="monitor",

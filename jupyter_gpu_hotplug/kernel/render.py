@@ -165,11 +165,21 @@ def _local_time(moment: datetime) -> str:
     return moment.astimezone().strftime("%H:%M:%S")
 
 
+def gpu_names(attachments: Sequence[Attachment]) -> str:
+    """ "GPU 0, GPU 1": GPUs as every view numbers them (the node's index; issue 36: the
+    magic's messages led with UUIDs that nobody reads)."""
+    return ", ".join(f"GPU {a.index}" for a in attachments)
+
+
 def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
-    """One line per hot-attached GPU (and a warning under one the agent will release)."""
+    """One line per hot-attached GPU, led by its number on the node, its UUID last (for
+    copying); a warning under one the agent will release."""
     lines = []
     for a in attachments:
-        lines.append(f"  {a.uuid}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}")
+        lines.append(
+            f"  GPU {a.index}  {a.name}  {a.device}  attached at {_local_time(a.attached_at)}  "
+            f"{a.uuid}"
+        )
         if a.idle_release is not None:
             why = "unused" if a.idle_release.reason == "idle" else "its lease ends"
             lines.append(

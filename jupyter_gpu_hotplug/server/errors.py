@@ -35,6 +35,7 @@ from ..client import (
 )
 
 __all__ = [
+    "AgentNotAnswering",
     "BodyTooLarge",
     "ErrorReply",
     "GpuNotAttached",
@@ -171,6 +172,27 @@ class RequestNotWaiting(HotplugError):
             f"no attach request {request_id} is waiting for a GPU for {whose}",
             extra={"resource": "queued_request", "name": request_id},
         )
+
+
+class AgentNotAnswering(HotplugError):
+    """The live stream's reading has waited ``seconds`` for the agent, and waits on.
+
+    Why: a stopped or hung agent keeps its socket, so a connection succeeds and only the
+    client's read timeout (times its retries: about 90 s) would end the read. Until then the
+    views kept the last readings as if live; this error tells them at once that the agent
+    is silent (504, as a lost answer), while the reading goes on."""
+
+    code = "agent_timeout"
+    status = 504
+
+    def __init__(self, *, seconds: float) -> None:
+        super().__init__(
+            f"The GPU agent has not answered for {seconds:.0f} s: the GPU readings shown are "
+            "out of date. They come back when it answers; if this lasts, ask your platform "
+            "administrator to look at the agent.",
+            retryable=True,
+        )
+        self.seconds = seconds
 
 
 class ShuttingDown(HotplugError):

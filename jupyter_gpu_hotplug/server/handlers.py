@@ -16,6 +16,7 @@ Routes (relative to the server's ``base_url``; JSON shapes in ``models``):
 - ``GET gpu-hotplug/api/openapi.json`` → this API's OpenAPI document, with this server's
   ``max_count`` and mode (``openapi``)
 - ``GET gpu-hotplug/api/gpus[?kernel_id=K]`` → ``GpusJson``
+- ``GET gpu-hotplug/api/history`` → ``HistoryJson``: the node's readings of the last hour
 - ``POST gpu-hotplug/api/attach`` ``{count, kernel_id?, wait_seconds?, request_id?}`` → 201
   ``AttachJson``
 - ``POST gpu-hotplug/api/detach`` ``{uuid | "all", force?, kernel_id?}`` → 204
@@ -188,6 +189,16 @@ class GpusHandler(GPUHotplugAPIHandler):
         self.finish_json(200, await self.manager.gpus(kernel_id))
 
 
+class HistoryHandler(GPUHotplugAPIHandler):
+    """``GET history``: the node's GPU readings of the last hour, the same for every page
+    (the charts' history survives a reload)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish_json(200, self.manager.history())
+
+
 class AttachHandler(BodyHandler):
     """``POST attach``: attach GPUs; progress is published on the stream meanwhile."""
 
@@ -272,6 +283,7 @@ GPUS_PATH = f"{API_PREFIX}/gpus"
 VERSION_URL = rf"{API_PREFIX}/version"
 OPENAPI_URL = rf"{API_PREFIX}/openapi\.json"
 GPUS_URL = rf"{API_PREFIX}/gpus"
+HISTORY_URL = rf"{API_PREFIX}/history"
 ATTACH_URL = rf"{API_PREFIX}/attach"
 DETACH_URL = rf"{API_PREFIX}/detach"
 CANCEL_URL = rf"{API_PREFIX}/cancel"
@@ -281,6 +293,7 @@ default_handlers: list[tuple[str, type[GPUHotplugAPIHandler]]] = [
     (VERSION_URL, VersionHandler),
     (OPENAPI_URL, OpenAPIHandler),
     (GPUS_URL, GpusHandler),
+    (HISTORY_URL, HistoryHandler),
     (ATTACH_URL, AttachHandler),
     (DETACH_URL, DetachHandler),
     (CANCEL_URL, CancelHandler),

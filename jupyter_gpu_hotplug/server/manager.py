@@ -35,6 +35,7 @@ from .errors import (
     error_reply,
     internal_error_reply,
 )
+from .history import GpuHistory, HistoryJson
 from .models import (
     AttachJson,
     GpusJson,
@@ -46,6 +47,7 @@ from .models import (
     attachment_json,
     gpus_json,
 )
+from .releases import ReleaseLog
 from .stream import EventHub, Reading, Subscription
 from .targeting import Target, Targets, targets_for
 from .targets import KernelSandboxes
@@ -53,6 +55,10 @@ from .validation import AttachRequest, CancelRequest, DetachRequest, KernelId
 
 __all__ = ["HotplugManager"]
 
+AGENT_QUEUE_EVERY: Final = 5
+"""With GPUs free and no wait seen, a watched kernel's queue is read every 5th reading."""
+AGENT_QUEUE_EVERY_NONE_FREE: Final = 2
+"""With no GPU free and no wait seen, every 2nd reading."""
 STREAM_CLOSE_TIMEOUT: Final = 5.0
 """Seconds the server's shutdown waits for open streams to end."""
 
@@ -144,6 +150,15 @@ class HotplugManager:
         self._calls: set[asyncio.Task[tuple[Attachment, ...]]] = set()
         self._waiting: dict[RequestId, WaitingAttach] = {}
         """This server's attaches waiting for GPUs (``wait_seconds``): the panel's queue."""
+        self._agent_waits: dict[str | None, tuple[float, tuple[WaitingAttach, ...]]] = {}
+        """Watched kernels' waits in the agent's queue that this server did not start
+        (``%gpu attach --wait``, the command line), with when they were read: one queue in
+        every view."""
+        self._queue_polls = 0
+        self._history = GpuHistory()
+        """The node's readings of the last hour (``GET history``): the charts' history."""
+        self._releases = ReleaseLog()
+        """Why watched kernels lost GPUs lately (each reading's ``released``)."""
         self._closed = False
 
     @property
@@ -220,12 +235,115 @@ class HotplugManager:
         try:
             await asyncio.wait([node, snapshot, *attached.values()])
             kernels = await self._kernel_holders()
+            if snapshot.exception() is None:
+                self._history.record(snapshot.result())
+            await self._note_releases(whom, attached)
+            await self._read_agent_queue(whom, node, attached)
         finally:
             await _settle(node, snapshot, *attached.values())
         reading: dict[str | None, GpusJson | BaseException] = {}
         for kernel_id, target in whom.items():
             reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
         return reading
+
+    def history(self) -> HistoryJson:
+        """The node's GPU readings of the last hour, as this server took them."""
+        self._check_open()
+        return self._history.json()
+
+    async def _read_agent_queue(
+        self,
+        whom: Mapping[str | None, Target | BaseException | None],
+        node: asyncio.Future[tuple[Gpu, ...]],
+        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+    ) -> None:
+        """Learn the watched kernels' waits in the agent's queue (local mode), so that a wait
+        the magic or the command line started shows in the panel, the toolbar and the status
+        bar like one started here. Asked at every reading while the kernel is seen waiting,
+        every ``AGENT_QUEUE_EVERY_NONE_FREE``-th while no GPU is free (a wait is likely),
+        and otherwise every ``AGENT_QUEUE_EVERY``-th (a wait for more GPUs than are free),
+        so the stream's cost on the agent grows little (``bench_stream.py``); never for a
+        target whose attachments the agent just refused (it would refuse this too)."""
+        if not self.targets.reports_queue_place:
+            return
+        self._queue_polls += 1
+        no_free = node.exception() is None and not any(g.state == "free" for g in node.result())
+        asked: dict[str | None, Target] = {}
+        for kernel_id, target in whom.items():
+            if not isinstance(target, Target) or target.ref is None:
+                continue
+            if attached[target.ref].exception() is not None:
+                continue
+            every = AGENT_QUEUE_EVERY_NONE_FREE if no_free else AGENT_QUEUE_EVERY
+            seen_waiting = bool(self._agent_waits.get(kernel_id, (0.0, ()))[1])
+            if seen_waiting or self._queue_polls % every == 1 % every:
+                asked[kernel_id] = target
+        if not asked:
+            return
+        answers = await asyncio.gather(
+            *(self.client.queued(target.ref) for target in asked.values()),
+            return_exceptions=True,
+        )
+        for (kernel_id, _target), answer in zip(asked.items(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, AgentClientError):
+                    raise answer
+                self._log.debug("cannot read the queue of kernel %s: %r", kernel_id, answer)
+                continue
+            self._agent_waits[kernel_id] = (
+                time.monotonic(),
+                tuple(
+                    WaitingAttach(
+                        request_id=queued.request_id,
+                        kernel_id=kernel_id,
+                        count=queued.count,
+                        deadline=None,
+                        position=queued.position,
+                        of=queued.length,
+                    )
+                    for queued in answer
+                ),
+            )
+
+    def _queue(self) -> list[WaitingAttach]:
+        """This server's waiting attaches, then the watched kernels' other waits."""
+        queue = list(self._waiting.values())
+        mine = {waiting.request_id for waiting in queue}
+        # A kernel nobody watches any more is not read again: its last answer expires.
+        since = time.monotonic() - 2 * AGENT_QUEUE_EVERY * self.interval
+        for kernel_id, (read_at, waits) in list(self._agent_waits.items()):
+            if read_at < since:
+                del self._agent_waits[kernel_id]
+                continue
+            queue += [waiting for waiting in waits if waiting.request_id not in mine]
+        return queue
+
+    async def _note_releases(
+        self,
+        whom: Mapping[str | None, Target | BaseException | None],
+        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+    ) -> None:
+        """Compare each kernel's attachments with its last reading's; for GPUs gone, find
+        out why (one agent call, for the idle policy's releases, only when one is gone)."""
+        for kernel_id, target in whom.items():
+            if not isinstance(target, Target):
+                continue
+            own = attached[target.ref]
+            if own.exception() is not None:
+                continue
+            lost = self._releases.lost(kernel_id, target.ref, own.result())
+            if lost is None:
+                continue
+            before, gone = lost
+            idle: set[str] = set()
+            if before == target.ref:
+                try:
+                    idle = {r.uuid for r in await self.client.idle_releases(before)}
+                except AgentClientError as error:
+                    self._log.debug("cannot read the idle releases: %r", error)
+            self._releases.explain(
+                kernel_id, target=target.ref, before=before, gone=gone, idle=idle
+            )
 
     def _view(
         self,
@@ -251,7 +369,8 @@ class HotplugManager:
             snapshot=snapshot.result(),
             max_count=self.max_count,
             kernels=kernels,
-            queue=self._waiting.values(),
+            queue=self._queue(),
+            released=self._releases.recent(kernel_id),
         )
 
     # --- attach and detach ---------------------------------------------------------------------
@@ -351,7 +470,15 @@ class HotplugManager:
         self._check_open()
         target = self.targets.required(request.kernel_id, "detach a GPU")
         if request.uuid is None:
-            await self.client.detach_all(target=target.ref, force=request.force)
+            # What the last reading saw (no extra agent request): a GPU attached since
+            # then and taken by this detach is announced as "detached elsewhere".
+            mine = self._releases.held(request.kernel_id)
+            self._releases.detached_here(mine)
+            try:
+                await self.client.detach_all(target=target.ref, force=request.force)
+            except BaseException:
+                self._releases.not_detached_here(mine)
+                raise
         else:
             if target.ref is not None and request.kernel_id is not None:
                 # The server may act on any process through the agent's token: make sure the
@@ -359,7 +486,12 @@ class HotplugManager:
                 attached = await self.client.attachments(target.ref)
                 if request.uuid not in {attachment.uuid for attachment in attached}:
                     raise GpuNotAttached(request.uuid, kernel_id=request.kernel_id)
-            await self.client.detach(request.uuid, force=request.force)
+            self._releases.detached_here([request.uuid])
+            try:
+                await self.client.detach(request.uuid, force=request.force)
+            except BaseException:
+                self._releases.not_detached_here([request.uuid])
+                raise
         self._log.info(
             "detached %s from %s%s",
             "all GPUs" if request.uuid is None else request.uuid,

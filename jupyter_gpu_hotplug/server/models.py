@@ -31,6 +31,7 @@ from .._structs import (
 )
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
+from .releases import ReleasedJson
 
 __all__ = [
     "AttachJson",
@@ -134,8 +135,10 @@ class QueuedJson(TypedDict):
     """1 is served next; ``None`` until the agent has said."""
     of: int | None
     """How many requests wait on the node."""
-    deadline: float
-    """Seconds since the epoch when the wait ends (``wait_seconds`` after it began)."""
+    deadline: float | None
+    """Seconds since the epoch when the wait ends (``wait_seconds`` after it began);
+    ``None`` for a wait this server did not start (``%gpu attach --wait``, the command
+    line), whose end only the agent knows."""
 
 
 class GpusJson(TypedDict):
@@ -162,6 +165,9 @@ class GpusJson(TypedDict):
     nvml: NvmlJson
     taken_at: float
     """Seconds since the epoch when the metrics were read."""
+    released: list[ReleasedJson]
+    """GPUs the kernel lost in the last minutes, and why (``releases``): what a page says
+    when a GPU goes that it did not detach itself."""
 
 
 class AttachJson(TypedDict):
@@ -199,7 +205,8 @@ class WaitingAttach:
     request_id: str
     kernel_id: str | None
     count: int
-    deadline: float
+    deadline: float | None
+    """``None``: a wait this server did not start (the magic's, the command line's)."""
     position: int | None = None
     of: int | None = None
 
@@ -298,7 +305,8 @@ def _queued(waiting: WaitingAttach, kernels: Mapping[int, KernelHolder]) -> Queu
 
 
 def _place(entry: QueuedJson) -> tuple[int, float]:
-    return (entry["position"] or 1_000_000, entry["deadline"])
+    deadline = entry["deadline"]
+    return (entry["position"] or 1_000_000, float("inf") if deadline is None else deadline)
 
 
 def gpus_json(
@@ -311,6 +319,7 @@ def gpus_json(
     max_count: int,
     kernels: Mapping[int, KernelHolder] | None = None,
     queue: Iterable[WaitingAttach] = (),
+    released: Sequence[ReleasedJson] = (),
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
@@ -339,4 +348,5 @@ def gpus_json(
             cuda_driver_version=snapshot.cuda_driver_version,
         ),
         taken_at=snapshot.taken_at,
+        released=list(released),
     )

@@ -30,13 +30,15 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .errors import error_reply
+from .errors import AgentNotAnswering, error_reply
 from .models import GpusJson, ProgressJson
 
 __all__ = ["STREAM_PREAMBLE", "EventHub", "Reading", "StreamEvent", "Subscription"]
 
 log = logging.getLogger(__name__)
 
+SILENT_AFTER_MIN: Final = 5.0
+"""Seconds a reading may take before the streams hear that the agent is silent (at least)."""
 RECONNECT_MS: Final = 5000
 STREAM_PREAMBLE: Final = f"retry: {RECONNECT_MS}\n\n".encode()
 """Sent first: tells an ``EventSource`` to reconnect after 5 s if the stream breaks."""
@@ -126,7 +128,10 @@ class EventHub:
 
     ``read``: one reading of every kernel asked about. ``interval``: seconds between two
     polls. ``ends_stream``: failures after which a stream ends (its subject is gone) instead of
-    reporting the error and going on. A stream that opens while an attach is in flight first
+    reporting the error and going on. ``silent_after``: seconds a reading may take before
+    every stream is told the agent is not answering (``AgentNotAnswering``, repeated each
+    interval while the same reading still waits; default: three intervals, at least 5 s).
+    A stream that opens while an attach is in flight first
     receives that attach's latest progress, so a reloaded page still sees it finish.
     """
 
@@ -136,9 +141,13 @@ class EventHub:
         read: ReadAll,
         interval: float,
         ends_stream: tuple[type[BaseException], ...] = (),
+        silent_after: float | None = None,
     ) -> None:
         self._read = read
         self._interval = interval
+        self._silent_after = (
+            max(SILENT_AFTER_MIN, 3 * interval) if silent_after is None else silent_after
+        )
         self._ends_stream = ends_stream
         self._subscriptions: set[Subscription] = set()
         self._in_flight: dict[str, tuple[str | None, StreamEvent]] = {}
@@ -222,7 +231,7 @@ class EventHub:
             self._kick.clear()
             keys = frozenset(subscription.key for subscription in self._subscriptions)
             try:
-                reading = await self._read(keys)
+                reading = await self._read_or_report_silence(keys)
             except Exception as error:  # the reader's own failure: every stream hears of it
                 reading = dict.fromkeys(keys, error)
             self.polls += 1
@@ -230,6 +239,26 @@ class EventHub:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, started + self._interval - loop.time())):
                     await self._kick.wait()
+
+    async def _read_or_report_silence(self, keys: frozenset[str | None]) -> Reading:
+        """One reading; while it waits past ``silent_after``, every open stream is told so,
+        once per interval. The reading is not abandoned: asking again would only wait
+        again, and its answer (or its error) is the truth once it comes."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        read = asyncio.ensure_future(self._read(keys))
+        try:
+            timeout = self._silent_after
+            while not (await asyncio.wait({read}, timeout=timeout))[0]:
+                silent = AgentNotAnswering(seconds=loop.time() - started)
+                watched = frozenset(subscription.key for subscription in self._subscriptions)
+                self._fan_out(dict.fromkeys(watched | keys, silent))
+                timeout = self._interval
+            return read.result()
+        finally:
+            if not read.done():
+                read.cancel()
+                await asyncio.wait({read})  # its cancellation, never raised here
 
     def _fan_out(self, reading: Reading) -> None:
         events: dict[str | None, StreamEvent] = {}

@@ -23,7 +23,7 @@ import { gpuName } from './format';
 import { AttachCancelled, GpuModel, IOperation, IReleased } from './gpuModel';
 import { describeError } from './handler';
 import { waitingMessage } from './menu';
-import { IBusyProcess, IErrorBody } from './types';
+import { IBusyProcess, IErrorBody, ReleaseReason } from './types';
 
 /** What the commands need from the application. */
 export interface ICommandContext {
@@ -65,13 +65,13 @@ export function addCommands(ctx: ICommandContext): void {
   commands.addCommand(CommandIds.detach, {
     label: args => (args.label as string) ?? trans.__('Detach a GPU'),
     isEnabled: args => enabled(args) && typeof args.uuid === 'string',
-    execute: args => detach(ctx, kernelOf(args), args.uuid as string)
+    execute: args => detach(ctx, notes, kernelOf(args), args.uuid as string)
   });
   commands.addCommand(CommandIds.detachAll, {
     label: args =>
       (args.label as string) ?? trans.__('Detach all GPUs of this notebook'),
     isEnabled: enabled,
-    execute: args => detach(ctx, kernelOf(args), null)
+    execute: args => detach(ctx, notes, kernelOf(args), null)
   });
   commands.addCommand(CommandIds.forceDetach, {
     label: args =>
@@ -92,8 +92,14 @@ export function addCommands(ctx: ICommandContext): void {
       (args.label as string) ?? trans.__('Stop waiting for a free GPU'),
     isEnabled: args =>
       enabled(args) &&
-      ctx.model.state(kernelOf(args))?.operation?.waiting === true,
-    execute: args => cancelWait(ctx, kernelOf(args))
+      (typeof args.requestId === 'string' ||
+        ctx.model.state(kernelOf(args))?.operation?.waiting === true),
+    execute: args =>
+      cancelWait(
+        ctx,
+        kernelOf(args),
+        typeof args.requestId === 'string' ? args.requestId : undefined
+      )
   });
   commands.addCommand(CommandIds.openPanel, {
     label: args => (args.label as string) ?? trans.__('Open the GPU panel'),
@@ -177,18 +183,32 @@ export function busyProcesses(value: unknown): IBusyProcess[] | null {
 
 /**
  * Error notes that a later state makes stale: a "no free GPU" error once a GPU
- * is free, any error once the next action on that kernel starts.
+ * is free, a refused detach once its GPUs are gone (its Force-detach would
+ * only fail), any error once the next action on that kernel starts.
  */
 class StaleNotes {
   constructor(private readonly _model: GpuModel) {
     _model.changed.connect((_, kernelId) => this._check(kernelId));
   }
 
-  /** Dismiss note `id` of `kernelId` when it goes stale. */
-  add(kernelId: string, id: string, body: IErrorBody): void {
+  /**
+   * Dismiss note `id` of `kernelId` when it goes stale; `gpus`: the GPUs a
+   * refused detach named (the note goes once none of them is attached).
+   */
+  add(
+    kernelId: string,
+    id: string,
+    body: IErrorBody,
+    gpus: readonly string[] = []
+  ): void {
     const free = this._model.state(kernelId)?.reply?.free ?? 0;
     const list = this._notes.get(kernelId) ?? [];
-    list.push({ id, untilFree: body.error === 'insufficient_gpus', free });
+    list.push({
+      id,
+      untilFree: body.error === 'insufficient_gpus',
+      free,
+      gpus
+    });
     this._notes.set(kernelId, list);
   }
 
@@ -199,9 +219,16 @@ class StaleNotes {
       return;
     }
     const free = state.reply?.free ?? 0;
+    const attached = new Set((state.reply?.attached ?? []).map(g => g.uuid));
     const kept = list.filter(note => {
+      const gone =
+        state.reply !== null &&
+        note.gpus.length > 0 &&
+        !note.gpus.some(uuid => attached.has(uuid));
       const stale =
-        state.operation !== null || (note.untilFree && free > note.free);
+        state.operation !== null ||
+        (note.untilFree && free > note.free) ||
+        gone;
       if (stale) {
         Notification.dismiss(note.id);
       }
@@ -212,22 +239,68 @@ class StaleNotes {
 
   private readonly _notes = new Map<
     string,
-    { id: string; untilFree: boolean; free: number }[]
+    { id: string; untilFree: boolean; free: number; gpus: readonly string[] }[]
   >();
 }
 
-/** "GPU 1 was released from train.ipynb…" for GPUs lost without our detach. */
+/**
+ * "GPU 1 was released from train.ipynb…" for GPUs lost without our detach,
+ * with the reason the server saw (one notification per reason): the kernel
+ * restarted, the agent's idle policy, another page, or the magic or the
+ * command line.
+ */
 function announceRelease(ctx: ICommandContext, released: IReleased): void {
   const { trans } = ctx;
-  const names = released.gpus.map(gpu => gpuName(gpu.index, trans)).join(', ');
-  Notification.info(
-    trans.__(
-      '%1 released from %2 (the kernel restarted or the GPU sat unused).',
-      names,
-      ctx.notebookName(released.kernelId)
-    ),
-    { autoClose: 8000 }
-  );
+  const notebook = ctx.notebookName(released.kernelId);
+  const byReason = new Map<ReleaseReason | null, string[]>();
+  for (const gpu of released.gpus) {
+    const reason = released.reasons.get(gpu.uuid) ?? null;
+    byReason.set(reason, [
+      ...(byReason.get(reason) ?? []),
+      gpuName(gpu.index, trans)
+    ]);
+  }
+  for (const [reason, gpus] of byReason) {
+    const names = gpus.join(', ');
+    let message: string;
+    switch (reason) {
+      case 'kernel_restarted':
+        message = trans.__(
+          '%1 released from %2: the kernel restarted (a new kernel starts without GPUs).',
+          names,
+          notebook
+        );
+        break;
+      case 'idle':
+        message = trans.__(
+          '%1 released from %2: it sat unused, and the GPU service took it back.',
+          names,
+          notebook
+        );
+        break;
+      case 'detached_here':
+        message = trans.__(
+          '%1 detached from %2 (in another tab or window).',
+          names,
+          notebook
+        );
+        break;
+      case 'detached_elsewhere':
+        message = trans.__(
+          '%1 detached from %2 by %gpu detach in the notebook or on the command line.',
+          names,
+          notebook
+        );
+        break;
+      default:
+        message = trans.__(
+          '%1 released from %2 (the kernel restarted or the GPU sat unused).',
+          names,
+          notebook
+        );
+    }
+    Notification.info(message, { autoClose: 8000 });
+  }
 }
 
 async function attach(
@@ -352,13 +425,14 @@ async function attach(
 /** Take the kernel's waiting attach out of the queue; the attach's note says the rest. */
 async function cancelWait(
   ctx: ICommandContext,
-  kernelId: string | null
+  kernelId: string | null,
+  requestId?: string
 ): Promise<void> {
   if (kernelId === null) {
     return noKernel(ctx.trans);
   }
   try {
-    await ctx.model.cancel(kernelId);
+    await ctx.model.cancel(kernelId, requestId);
   } catch (error) {
     Notification.error(describeError(error).message, { autoClose: 8000 });
   }
@@ -366,6 +440,7 @@ async function cancelWait(
 
 async function detach(
   ctx: ICommandContext,
+  notes: StaleNotes,
   kernelId: string | null,
   uuid: string | null
 ): Promise<void> {
@@ -389,7 +464,11 @@ async function detach(
   ) {
     return;
   }
-  await runDetach(ctx, kernelId, uuid, false, what, body =>
+  const named = uuid === null || uuid === '' ? null : uuid;
+  const gpus = (model.state(kernelId)?.reply?.attached ?? [])
+    .map(gpu => gpu.uuid)
+    .filter(candidate => named === null || candidate === named);
+  await runDetach(ctx, notes, kernelId, gpus, uuid, false, what, body =>
     body.error === 'busy'
       ? [
           {
@@ -422,26 +501,48 @@ async function forceDetach(
     return noKernel(trans);
   }
   const what = describeGpus(ctx, kernelId, uuid);
+  const attached = model.state(kernelId)?.reply?.attached ?? [];
+  const named = uuid === null || uuid === '' ? null : uuid;
+  if (
+    model.state(kernelId)?.reply != null &&
+    !attached.some(gpu => named === null || gpu.uuid === named)
+  ) {
+    // A late click on an old notification: nothing left to force.
+    Notification.info(
+      trans.__(
+        '%1 is no longer attached to %2: nothing to detach.',
+        what,
+        ctx.notebookName(kernelId)
+      ),
+      { autoClose: 5000 }
+    );
+    return;
+  }
   const ending = processes ?? knownProcesses(model, kernelId, uuid);
   if (
     !(await confirm(
       trans.__('Force-detach %1?', what),
       processList(ending, trans),
       trans.__('End processes and detach'),
-      trans
+      trans,
+      { focusCancel: true }
     ))
   ) {
     return;
   }
-  await runDetach(ctx, kernelId, uuid, true, what, () => []);
+  await runDetach(ctx, null, kernelId, [], uuid, true, what, () => []);
 }
 
-/** A cancel / warn dialog; whether the user accepted. */
+/**
+ * A cancel / warn dialog; whether the user accepted. `focusCancel`: Cancel has
+ * the focus, so an Enter pressed out of habit ends no process.
+ */
 async function confirm(
   title: string,
   body: string | Widget,
   accept: string,
-  trans: TranslationBundle
+  trans: TranslationBundle,
+  { focusCancel = false }: { focusCancel?: boolean } = {}
 ): Promise<boolean> {
   const answer = await showDialog({
     title,
@@ -449,7 +550,8 @@ async function confirm(
     buttons: [
       Dialog.cancelButton({ label: trans.__('Cancel') }),
       Dialog.warnButton({ label: accept })
-    ]
+    ],
+    defaultButton: focusCancel ? 0 : 1
   });
   return answer.button.accept;
 }
@@ -457,7 +559,9 @@ async function confirm(
 /** Detach with a notification of progress, then of success or of the server's error. */
 async function runDetach(
   ctx: ICommandContext,
+  notes: StaleNotes | null,
   kernelId: string,
+  gpus: readonly string[],
   uuid: string | null,
   force: boolean,
   what: string,
@@ -485,6 +589,7 @@ async function runDetach(
       autoClose: false,
       actions: actionsFor(body)
     });
+    notes?.add(kernelId, note.id, body, gpus);
   }
 }
 

@@ -65,6 +65,7 @@ export const API_NAMESPACE = 'gpu-hotplug/api';
 /** REST endpoints below `API_NAMESPACE`. */
 export const Endpoints = {
   gpus: 'gpus',
+  history: 'history',
   attach: 'attach',
   detach: 'detach',
   cancel: 'cancel',

@@ -105,7 +105,17 @@ export function queuedLabel(
 ): string | null {
   const operation = state?.operation;
   if (operation?.kind !== 'attach' || !operation.waiting) {
-    return null;
+    // A wait this page did not start (%gpu attach --wait, the command line)
+    // is in the server's queue all the same.
+    const queued = (state?.reply?.queue ?? []).find(
+      entry => entry.kernel_id === state?.kernelId
+    );
+    if (queued === undefined || operation?.kind === 'detach') {
+      return null;
+    }
+    return queued.position === null
+      ? trans.__('waiting')
+      : trans.__('queued #%1', queued.position);
   }
   return operation.position === undefined
     ? trans.__('waiting')

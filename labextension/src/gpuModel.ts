@@ -23,8 +23,10 @@ import {
   IErrorBody,
   IGpusReply,
   IGpuMetrics,
+  IHistoryReply,
   IProgress,
-  INodeGpu
+  INodeGpu,
+  ReleaseReason
 } from './types';
 
 /** One reading of a GPU for its charts; `null`: not offered. */
@@ -120,12 +122,16 @@ export interface IGpuModelOptions {
   now?: () => number;
   /** A new request id (tests pass their own). */
   newRequestId?: () => string;
+  /** Load the server's history when a kernel is first watched (default true). */
+  history?: boolean;
 }
 
 /** GPUs a kernel lost without a detach of this page: the agent's idle policy, a restart. */
 export interface IReleased {
   kernelId: string;
   gpus: readonly IAttachedGpu[];
+  /** Why, by UUID, as the server saw it (none from older servers). */
+  reasons: ReadonlyMap<string, ReleaseReason>;
 }
 
 class Watched {
@@ -147,6 +153,7 @@ class Watched {
 export class GpuModel implements IDisposable {
   constructor(options: IGpuModelOptions) {
     this._request = options.request ?? requestAPI;
+    this._history = options.history ?? true;
     this._openStream = options.openStream ?? openStream;
     this._settings = options.settings;
     this._now = options.now ?? Date.now;
@@ -257,6 +264,9 @@ export class GpuModel implements IDisposable {
       watched = new Watched(kernelId);
       this._watched.set(kernelId, watched);
       this._connect(watched);
+      if (this._history) {
+        void this._loadHistory(kernelId);
+      }
     }
     watched.watchers += 1;
     const entry = watched;
@@ -277,6 +287,42 @@ export class GpuModel implements IDisposable {
         }
       }
     };
+  }
+
+  /**
+   * The server's history of the node's GPUs (the last hour, the same for
+   * every page) before this page's own readings; never rejects (an older
+   * server has none: the charts then start empty, as before).
+   */
+  private async _loadHistory(kernelId: string): Promise<void> {
+    let reply: IHistoryReply;
+    try {
+      reply = await this._request<IHistoryReply>(Endpoints.history, {
+        method: 'GET'
+      });
+    } catch {
+      return;
+    }
+    const state = this.state(kernelId);
+    if (state === null || reply === null || typeof reply.gpus !== 'object') {
+      return;
+    }
+    const history = new Map(state.history);
+    for (const [uuid, readings] of Object.entries(reply.gpus)) {
+      const own = history.get(uuid) ?? [];
+      const first = own.length > 0 ? own[0].time : Infinity;
+      const older: ISample[] = readings
+        .map(([at, utilization, activity, used, total]) => ({
+          time: at * 1000,
+          utilization,
+          memoryActivity: activity,
+          memoryUsed: used,
+          memoryTotal: total
+        }))
+        .filter(sample => sample.time < first);
+      history.set(uuid, [...older, ...own]);
+    }
+    this._update(kernelId, { history });
   }
 
   /** Read the kernel's GPUs now (`GET gpus`); never rejects. */
@@ -338,12 +384,16 @@ export class GpuModel implements IDisposable {
    * error, e.g. when the attach was served meanwhile; does nothing when no
    * attach is in flight.
    */
-  async cancel(kernelId: string): Promise<void> {
-    const requestId = this.state(kernelId)?.operation?.requestId;
+  async cancel(kernelId: string, which?: string): Promise<void> {
+    // `which`: a wait of the queue that this page did not start (the magic's).
+    const own = this.state(kernelId)?.operation?.requestId;
+    const requestId = which ?? own;
     if (requestId === undefined) {
       return;
     }
-    this._cancelled.add(requestId);
+    if (requestId === own) {
+      this._cancelled.add(requestId);
+    }
     try {
       await this._request<null>(Endpoints.cancel, {
         method: 'POST',
@@ -363,21 +413,30 @@ export class GpuModel implements IDisposable {
   ): Promise<void> {
     const attached = this.state(kernelId)?.reply?.attached ?? [];
     const count = uuid === null ? attached.length : 1;
-    for (const gpu of attached) {
-      if (uuid === null || gpu.uuid === uuid) {
-        this._detaching.add(gpu.uuid);
-      }
+    const taking = attached
+      .map(gpu => gpu.uuid)
+      .filter(candidate => uuid === null || candidate === uuid);
+    for (const gpu of taking) {
+      this._detaching.add(gpu);
     }
-    await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
-      this._request<null>(Endpoints.detach, {
-        method: 'POST',
-        body: JSON.stringify({
-          uuid: uuid ?? 'all',
-          force,
-          kernel_id: kernelId
+    try {
+      await this._act(kernelId, { kind: 'detach', count, waiting: false }, () =>
+        this._request<null>(Endpoints.detach, {
+          method: 'POST',
+          body: JSON.stringify({
+            uuid: uuid ?? 'all',
+            force,
+            kernel_id: kernelId
+          })
         })
-      })
-    );
+      );
+    } catch (error) {
+      // Refused (busy...): the GPUs stay, and a later loss is not this page's doing.
+      for (const gpu of taking) {
+        this._detaching.delete(gpu);
+      }
+      throw error;
+    }
   }
 
   dispose(): void {
@@ -459,7 +518,10 @@ export class GpuModel implements IDisposable {
       this._detaching.delete(gpu.uuid);
     }
     if (unexpected.length > 0 && watched.state.operation === null) {
-      this._released.emit({ kernelId, gpus: unexpected });
+      const reasons = new Map<string, ReleaseReason>(
+        (reply.released ?? []).map(r => [r.uuid, r.reason])
+      );
+      this._released.emit({ kernelId, gpus: unexpected, reasons });
     }
   }
 
@@ -495,6 +557,7 @@ export class GpuModel implements IDisposable {
   }
 
   private readonly _request: typeof requestAPI;
+  private readonly _history: boolean;
   private readonly _openStream: StreamOpener;
   private readonly _now: () => number;
   private readonly _newRequestId: () => string;

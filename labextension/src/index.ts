@@ -3,6 +3,7 @@
  * JupyterLab services. Behaviour lives in the modules imported here.
  */
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -35,6 +36,7 @@ import { GpuStatus, hasStatus } from './gpuStatus';
 import { gpuIcon } from './icons';
 import { LostHolderWarnings } from './lostHolders';
 import { GpuPanel } from './panel';
+import { RestartWarning } from './restartWarning';
 import { readSettings } from './settings';
 import { GpuToolbarButton } from './toolbar';
 
@@ -96,6 +98,13 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
       currentWatch = kernelId === null ? null : model.watch(kernelId);
     });
 
+    // Restarting the kernel releases its GPUs: JupyterLab's dialog says so.
+    new RestartWarning(
+      model,
+      trans,
+      (translator ?? nullTranslator).load('jupyterlab')
+    );
+
     // A lost holder's warning comes before the agent revokes the GPU.
     new LostHolderWarnings(model, trans, message => {
       Notification.warning(message, { autoClose: false });
@@ -125,6 +134,10 @@ const gpuPlugin: JupyterFrontEndPlugin<void> = {
         app.shell.add(mainArea, 'main', { mode: 'split-right' });
       }
       app.shell.activateById(MAIN_PANEL_ID);
+      // The same view twice is noise: the side panel makes room for it.
+      if (panel.isVisible && 'collapseRight' in app.shell) {
+        (app.shell as unknown as ILabShell).collapseRight();
+      }
     };
 
     statusBar?.registerStatusItem(GPU_STATUS_ITEM_ID, {

@@ -46,6 +46,10 @@ export function menuEntries(
 
   const free = reply?.free ?? 0;
   const allowed = Math.min(free, reply?.max_count ?? free);
+  const attached = reply?.attached ?? [];
+  // Waiting would mean waiting for itself: no GPU this notebook lacks exists.
+  const holdsAll =
+    reply !== null && reply.total > 0 && attached.length >= reply.total;
   for (let count = 1; count <= allowed; count++) {
     attaching.push(
       command(
@@ -56,6 +60,9 @@ export function menuEntries(
       )
     );
   }
+  const queued = (reply?.queue ?? []).find(
+    entry => entry.kernel_id === kernelId && kernelId !== ''
+  );
   if (state?.operation?.waiting && state.operation.kind === 'attach') {
     attaching.push(
       command(
@@ -63,6 +70,25 @@ export function menuEntries(
         { kernelId },
         trans.__('Stop waiting for a free GPU'),
         true
+      )
+    );
+  } else if (queued !== undefined && state?.operation === null) {
+    // Waiting through %gpu attach --wait or the command line.
+    attaching.push(
+      command(
+        CommandIds.cancelWait,
+        { kernelId, requestId: queued.request_id },
+        trans.__('Stop waiting for a free GPU'),
+        true
+      )
+    );
+  } else if (allowed === 0 && holdsAll) {
+    attaching.push(
+      command(
+        CommandIds.attach,
+        { kernelId, count: 1 },
+        trans.__('This notebook has every GPU of the node'),
+        false
       )
     );
   } else if (allowed === 0) {
@@ -82,7 +108,6 @@ export function menuEntries(
     );
   }
 
-  const attached = reply?.attached ?? [];
   for (const gpu of attached) {
     const name = gpuTitle(gpu, attached, trans);
     const args = { kernelId, uuid: gpu.uuid };

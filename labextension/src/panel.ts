@@ -12,10 +12,12 @@
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandRegistry } from '@lumino/commands';
+import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IChartData, TimeChart } from './chart';
 import { Classes, CommandIds } from './constants';
+import { chartsCsv, csvFileName } from './csv';
 import {
   countdown,
   gib,
@@ -35,7 +37,7 @@ import {
 } from './gpuModel';
 import { holderLabel, stateLabel } from './holders';
 import { CHART_WINDOWS } from './settings';
-import { IAttachedGpu, INodeGpu, IQueued } from './types';
+import { IAttachedGpu, IGpuMetrics, INodeGpu, IQueued } from './types';
 
 function element<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -61,6 +63,46 @@ interface IGroupContext {
   now: number;
 }
 
+/** "61 °C · 250 W of 700 W" (what NVML offers of them; '' for none). */
+export function vitalsText(
+  metrics: IGpuMetrics | null,
+  trans: TranslationBundle
+): string {
+  const parts: string[] = [];
+  if (metrics?.temperature !== null && metrics?.temperature !== undefined) {
+    parts.push(trans.__('%1 °C', metrics.temperature));
+  }
+  const draw = metrics?.power_draw ?? null;
+  const limit = metrics?.power_limit ?? null;
+  if (draw !== null) {
+    parts.push(
+      limit === null
+        ? trans.__('%1 W', Math.round(draw))
+        : trans.__('%1 W of %2 W', Math.round(draw), Math.round(limit))
+    );
+  }
+  return parts.join(' · ');
+}
+
+/** Points a chart line draws at most (an hour of readings is 3,600). */
+const MAX_POINTS = 720;
+
+/**
+ * At most about `max` of `samples`, evenly spaced, the newest kept: a long
+ * window's line costs no more to draw than a short one's.
+ */
+export function thinned(
+  samples: readonly ISample[],
+  max: number
+): readonly ISample[] {
+  if (samples.length <= max) {
+    return samples;
+  }
+  const step = Math.ceil(samples.length / max);
+  const last = samples.length - 1;
+  return samples.filter((_, i) => (last - i) % step === 0);
+}
+
 /** One GPU of the node: title, state, actions, and its two charts. */
 class GpuGroup {
   constructor(
@@ -78,6 +120,14 @@ class GpuGroup {
     const titles = element('div', `${P}-titles`);
     titles.append(this._name, this._state);
     head.append(titles, this._actions);
+    // What the widget showed and the panel did not: temperature and power
+    // (what nvdashboard users look for), and the notebook's own processes.
+    this._vitals = element('p', `${P}-vitals`);
+    this._processes = element('ul', `${P}-processes`);
+    this._processes.setAttribute(
+      'aria-label',
+      trans.__('Processes of this notebook on the GPU')
+    );
     this._utilization = new TimeChart({
       title: trans.__('Utilisation'),
       unit: '%',
@@ -90,7 +140,7 @@ class GpuGroup {
     });
     const charts = element('div', `${P}-charts`);
     charts.append(this._utilization.node, this._memory.node);
-    this.node.append(head, charts);
+    this.node.append(head, this._vitals, this._processes, charts);
     this.node.setAttribute('aria-labelledby', `${P}-name-${uuid}`);
     this._name.id = `${P}-name-${uuid}`;
   }
@@ -112,6 +162,11 @@ class GpuGroup {
       ? trans.__('last known: %1', label)
       : label;
     this._renderActions(gpu, ctx);
+    this._renderVitals(gpu);
+    samples = thinned(
+      samples.filter(s => s.time >= ctx.now - ctx.windowMs),
+      MAX_POINTS
+    );
 
     const total = gpu.memory_total || 1;
     const data = (
@@ -178,6 +233,38 @@ class GpuGroup {
     this.node.remove();
   }
 
+  /** "61 °C · 250 W of 700 W"; under a GPU of this notebook, its processes. */
+  private _renderVitals(gpu: INodeGpu): void {
+    const trans = this._trans;
+    const metrics = gpu.metrics ?? null;
+    this._vitals.textContent = vitalsText(metrics, trans);
+    this._vitals.hidden = this._vitals.textContent === '';
+    const processes = gpu.mine ? (metrics?.processes ?? []) : [];
+    const key = processes
+      .map(p => `${p.pid}:${p.name}:${p.used_memory}`)
+      .join('|');
+    if (key !== this._processesKey) {
+      this._processesKey = key;
+      this._processes.replaceChildren(
+        ...processes.map(p =>
+          element(
+            'li',
+            `${P}-process`,
+            p.used_memory === null
+              ? trans.__('%1 (process %2)', p.name ?? '?', p.pid)
+              : trans.__(
+                  '%1 (process %2): %3 GiB',
+                  p.name ?? '?',
+                  p.pid,
+                  gib(p.used_memory)
+                )
+          )
+        )
+      );
+    }
+    this._processes.hidden = processes.length === 0;
+  }
+
   private _renderActions(gpu: INodeGpu, ctx: IGroupContext): void {
     const trans = this._trans;
     const kernelId = ctx.state.kernelId;
@@ -235,6 +322,9 @@ class GpuGroup {
 
   private readonly _name: HTMLHeadingElement;
   private readonly _state: HTMLSpanElement;
+  private readonly _vitals: HTMLParagraphElement;
+  private readonly _processes: HTMLUListElement;
+  private _processesKey = '';
   private readonly _actions: HTMLDivElement;
   private readonly _utilization: TimeChart;
   private readonly _memory: TimeChart;
@@ -264,6 +354,9 @@ export class GpuPanel extends Widget {
     this.title.caption = trans.__('GPUs');
     this.node.setAttribute('role', 'region');
     this.node.setAttribute('aria-label', trans.__('GPUs'));
+    // Focusable, so that opening it (Alt+Shift+G, the status bar) moves the
+    // keyboard's focus into it rather than leaving it in the notebook.
+    this.node.tabIndex = -1;
 
     const head = element('header', `${P}-head`);
     const titleRow = element('div', `${P}-titleRow`);
@@ -286,6 +379,17 @@ export class GpuPanel extends Widget {
     });
     windowLabel.appendChild(this._window);
     controls.appendChild(windowLabel);
+    const exportCsv = element(
+      'button',
+      `jp-Button jp-mod-small ${P}-export`,
+      trans.__('CSV')
+    );
+    exportCsv.title = trans.__(
+      "Download the charts' readings of the shown window as CSV"
+    );
+    exportCsv.setAttribute('aria-label', trans.__('Export the charts as CSV'));
+    exportCsv.addEventListener('click', () => this._exportCsv());
+    controls.appendChild(exportCsv);
     if (!options.inMainArea) {
       const open = element(
         'button',
@@ -324,6 +428,26 @@ export class GpuPanel extends Widget {
     }
     this._byUuid.clear();
     super.dispose();
+  }
+
+  /** What the charts show, as a CSV download. */
+  private _exportCsv(): void {
+    const state = this._model.state(this._model.current);
+    if (state === null) {
+      return;
+    }
+    const now = this._now();
+    const text = chartsCsv(
+      nodeGpus(state),
+      state.history,
+      this._windowMinutes * 60_000,
+      now
+    );
+    const link = document.createElement('a');
+    link.href = URL.createObjectURL(new Blob([text], { type: 'text/csv' }));
+    link.download = csvFileName(now);
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
   }
 
   private _render(): void {
@@ -401,14 +525,45 @@ export class GpuPanel extends Widget {
         entry.position === null
           ? trans.__('waiting')
           : trans.__('#%1 of %2', entry.position, entry.of ?? entry.position);
-      item.textContent = trans._n(
-        '%2 %3 waits for %1 GPU · %4',
-        '%2 %3 waits for %1 GPUs · %4',
-        entry.count,
-        place,
-        mine ? trans.__('%1 (this notebook)', who) : who,
-        countdown(entry.deadline, now, trans)
+      const whose = mine ? trans.__('%1 (this notebook)', who) : who;
+      const text = element(
+        'span',
+        `${P}-queuedText`,
+        entry.deadline === null
+          ? trans._n(
+              '%2 %3 waits for %1 GPU',
+              '%2 %3 waits for %1 GPUs',
+              entry.count,
+              place,
+              whose
+            )
+          : trans._n(
+              '%2 %3 waits for %1 GPU · %4',
+              '%2 %3 waits for %1 GPUs · %4',
+              entry.count,
+              place,
+              whose,
+              countdown(entry.deadline, now, trans)
+            )
       );
+      // One queue, whoever started the wait (the toolbar, %gpu attach --wait,
+      // the command line): each entry can be stopped here.
+      const cancel = element(
+        'button',
+        'jp-Button jp-mod-small jp-mod-styled',
+        trans.__('Cancel')
+      );
+      cancel.title = trans.__('Stop this wait for a free GPU');
+      cancel.setAttribute('aria-label', trans.__('Stop the wait of %1', whose));
+      const kernelId = entry.kernel_id;
+      cancel.disabled = kernelId === null && state?.kernelId === undefined;
+      cancel.addEventListener('click', () => {
+        void this._commands.execute(CommandIds.cancelWait, {
+          kernelId: kernelId ?? state?.kernelId ?? '',
+          requestId: entry.request_id
+        });
+      });
+      item.append(text, cancel);
       if (mine) {
         item.dataset.mine = 'true';
       }
@@ -418,6 +573,14 @@ export class GpuPanel extends Widget {
       element('h3', `${P}-queueTitle`, trans.__('Waiting for a GPU')),
       list
     );
+  }
+
+  /** Activated (opened, or shown in the main area): the focus comes here. */
+  protected onActivateRequest(msg: Message): void {
+    super.onActivateRequest(msg);
+    if (this.isAttached && !this.node.contains(document.activeElement)) {
+      this.node.focus();
+    }
   }
 
   private _summaryText(state: IKernelGpus | null): string {

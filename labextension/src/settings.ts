@@ -21,11 +21,14 @@ export interface IGpuSettings {
   readonly waitSeconds: number;
 }
 
-/** The longest time window the panel offers; the model keeps this much history. */
-export const MAX_CHART_MINUTES = 5;
+/**
+ * The longest time window the panel offers; the model keeps this much
+ * history, and the server keeps as much for every page (`GET history`).
+ */
+export const MAX_CHART_MINUTES = 60;
 
 /** The time windows the panel offers, in minutes. */
-export const CHART_WINDOWS: readonly number[] = [2, 3, 4, 5];
+export const CHART_WINDOWS: readonly number[] = [2, 3, 4, 5, 15, 60];
 
 function field<T>(
   composite: ReadonlyPartialJSONObject,

@@ -83,7 +83,10 @@ export class GpuToolbarButton extends Widget {
     );
     const box = this._button.getBoundingClientRect();
     menu.open(box.left, box.bottom);
-    menu.activeIndex = 0;
+    // The first item that can run (a disabled note such as "every GPU is
+    // here" is skipped).
+    menu.activeIndex = -1;
+    menu.activateNextItem();
     menu.node.focus();
   }
 

@@ -84,8 +84,11 @@ export interface IQueued {
   /** 1 is served next; `null` until the agent has said. */
   position: number | null;
   of: number | null;
-  /** Seconds since the epoch when the wait ends. */
-  deadline: number;
+  /**
+   * Seconds since the epoch when the wait ends; `null` for a wait the server
+   * did not start (`%gpu attach --wait`, the command line).
+   */
+  deadline: number | null;
 }
 
 /**
@@ -112,6 +115,39 @@ export interface IGpusReply {
     cuda_driver_version: string | null;
   };
   taken_at: number;
+  /** GPUs the kernel lost lately, and why; absent from older servers. */
+  released?: IReleasedGpu[];
+}
+
+/** Why a GPU left a kernel (`ReleasedJson` of `server/releases.py`). */
+export type ReleaseReason =
+  'kernel_restarted' | 'idle' | 'detached_here' | 'detached_elsewhere';
+
+/** One GPU a kernel lost lately, and why. */
+export interface IReleasedGpu {
+  uuid: string;
+  index: number;
+  reason: ReleaseReason;
+  released_at: number;
+}
+
+/**
+ * `GET <base_url>/gpu-hotplug/api/history` (`HistoryJson`, server/history.py):
+ * per GPU UUID, readings `[taken_at, utilization_gpu, utilization_memory,
+ * memory_used, memory_total]`, oldest first.
+ */
+export interface IHistoryReply {
+  seconds: number;
+  columns: string[];
+  gpus: {
+    [uuid: string]: [
+      number,
+      number | null,
+      number | null,
+      number | null,
+      number | null
+    ][];
+  };
 }
 
 /** `POST <base_url>/gpu-hotplug/api/attach` → 201 (`AttachJson`). */

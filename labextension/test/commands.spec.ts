@@ -16,6 +16,7 @@ function setUp() {
   const model = new GpuModel({
     settings,
     newRequestId: () => 'lab-r',
+    history: false,
     openStream: (kernelId, handlers) => {
       streams.set(kernelId, handlers);
       return { isDisposed: false, dispose: () => undefined };
@@ -105,6 +106,29 @@ describe('releases nobody here asked for', () => {
     expect(note.info.mock.calls[0][0]).toBe(
       'GPU 1 released from train.ipynb (the kernel restarted or the GPU sat unused).'
     );
+  });
+
+  it('say why, as the server saw it (issue 36, item 3)', () => {
+    const { stream } = setUp();
+    stream.metrics(reply([gpu(0), gpu(1)]));
+    const at = 1;
+    stream.metrics(
+      reply([], {
+        released: [
+          {
+            uuid: gpu(0).uuid,
+            index: 0,
+            reason: 'detached_elsewhere',
+            released_at: at
+          },
+          { uuid: gpu(1).uuid, index: 1, reason: 'idle', released_at: at }
+        ]
+      })
+    );
+    expect(note.info.mock.calls.map(call => call[0])).toEqual([
+      'GPU 0 detached from train.ipynb by %gpu detach in the notebook or on the command line.',
+      'GPU 1 released from train.ipynb: it sat unused, and the GPU service took it back.'
+    ]);
   });
 });
 

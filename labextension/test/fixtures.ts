@@ -59,7 +59,8 @@ export function reply(
     total = 2,
     maxCount = 8,
     node = [] as INodeGpu[],
-    queue = [] as IGpusReply['queue']
+    queue = [] as IGpusReply['queue'],
+    released = undefined as IGpusReply['released']
   } = {}
 ): IGpusReply {
   return {
@@ -70,6 +71,7 @@ export function reply(
     total,
     node,
     queue,
+    ...(released === undefined ? {} : { released }),
     max_count: maxCount,
     simulated: true,
     nvml: {

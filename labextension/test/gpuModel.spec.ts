@@ -8,7 +8,7 @@ import { gpu, node, reply, response, settings as base } from './fixtures';
 
 const makeRequest = ServerConnection.makeRequest as jest.Mock;
 
-function setUp(settings: Partial<IGpuSettings> = {}) {
+function setUp(settings: Partial<IGpuSettings> = {}, history = false) {
   const streams = new Map<string, IStreamHandlers>();
   const disposed: string[] = [];
   let clock = 0;
@@ -17,6 +17,7 @@ function setUp(settings: Partial<IGpuSettings> = {}) {
     settings: { ...base, ...settings },
     now: () => (clock += 1000),
     newRequestId: () => `lab-${++ids}`,
+    history,
     openStream: (kernelId, handlers) => {
       streams.set(kernelId, handlers);
       return {
@@ -52,24 +53,46 @@ describe('GpuModel', () => {
     expect(model.state('k2')?.connection).toBe('connecting');
   });
 
-  it('keeps five minutes of chart history per node GPU, following hot-plug', () => {
+  it('keeps an hour of chart history per node GPU, following hot-plug', () => {
     const { model, streams } = setUp();
     model.watch('k1');
     const stream = streams.get('k1')!;
-    // One reading a second (the fake clock) for six minutes.
-    for (let second = 0; second < 360; second++) {
+    // One reading a second (the fake clock) for 61 minutes.
+    for (let second = 0; second < 3660; second++) {
       stream.metrics(
         reply([gpu(0)], { node: [node(0, true, second % 100), node(1)] })
       );
     }
     const history = model.state('k1')!.history.get('GPU-0')!;
-    expect(history).toHaveLength(301);
-    expect(history[300].utilization).toBe(59);
-    expect(history[300].memoryUsed).toBe(8 * 1024 ** 3);
-    expect(model.state('k1')!.history.get('GPU-1')).toHaveLength(301);
+    expect(history).toHaveLength(3601);
+    expect(history[3600].utilization).toBe(59);
+    expect(history[3600].memoryUsed).toBe(8 * 1024 ** 3);
+    expect(model.state('k1')!.history.get('GPU-1')).toHaveLength(3601);
 
     stream.metrics(reply([gpu(1, 50)], { node: [node(1, true)] })); // GPU 0 gone
     expect([...model.state('k1')!.history.keys()]).toEqual(['GPU-1']);
+  });
+
+  it("starts from the server's history, the same for every page (issue 36)", async () => {
+    const { model, streams } = setUp({}, true);
+    makeRequest.mockResolvedValueOnce(
+      response(200, {
+        seconds: 3600,
+        columns: [],
+        gpus: { 'GPU-0': [[1, 7, 2, 100, 200]] }
+      })
+    );
+    model.watch('k1');
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(makeRequest.mock.calls[0][0]).toContain('gpu-hotplug/api/history');
+    streams
+      .get('k1')!
+      .metrics(reply([gpu(0)], { node: [node(0, true, 30), node(1)] }));
+    const history = model.state('k1')!.history.get('GPU-0')!;
+    expect(history.map(s => [s.time, s.utilization])).toEqual([
+      [1000, 7],
+      [expect.any(Number), 30]
+    ]);
   });
 
   it('announces GPUs the kernel lost without a detach of its own', async () => {
@@ -85,6 +108,21 @@ describe('GpuModel', () => {
     expect(released).toEqual([]);
     stream.metrics(reply([])); // the agent's idle release, a restart
     expect(released).toEqual([['GPU-1']]);
+  });
+
+  it('announces a loss after a detach of its own was refused', async () => {
+    const { model, streams } = setUp();
+    model.watch('k1');
+    const released: string[][] = [];
+    model.released.connect((_, r) => released.push(r.gpus.map(g => g.uuid)));
+    const stream = streams.get('k1')!;
+    stream.metrics(reply([gpu(0)]));
+    makeRequest.mockResolvedValueOnce(
+      response(409, { error: 'busy', message: 'in use', retryable: false })
+    );
+    await expect(model.detach('k1', 'GPU-0')).rejects.toBeDefined();
+    stream.metrics(reply([])); // then %gpu detach --force in the notebook
+    expect(released).toEqual([['GPU-0']]);
   });
 
   it('records stream errors until the next good reading', () => {

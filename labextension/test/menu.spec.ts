@@ -50,6 +50,44 @@ describe('menuEntries', () => {
     }
   );
 
+  it('never offers a notebook that holds every GPU to wait for itself', () => {
+    const all = state(reply([gpu(0), gpu(1)], { free: 0, total: 2 }));
+    expect(summary(all).slice(0, 3)).toEqual([
+      'This notebook has every GPU of the node [off]',
+      '---',
+      'Detach GPU 0'
+    ]);
+    expect(
+      commands(all).some(e => e.args.wait === true || /Wait/.test(e.label))
+    ).toBe(false);
+  });
+
+  it('shows a wait the page did not start, and offers to stop it (issue 36, item 5)', () => {
+    const magic = state(
+      reply([], {
+        free: 0,
+        queue: [
+          {
+            request_id: 'magic-1',
+            kernel_id: 'k1',
+            held_by: null,
+            count: 1,
+            position: 1,
+            of: 2,
+            deadline: null
+          }
+        ]
+      })
+    );
+    expect(buttonLabel(magic, trans)).toBe('queued #1');
+    expect(commands(magic)[0]).toMatchObject({
+      command: CommandIds.cancelWait,
+      args: { kernelId: 'k1', requestId: 'magic-1' },
+      label: 'Stop waiting for a free GPU',
+      enabled: true
+    });
+  });
+
   it('while waiting offers to stop waiting instead', () => {
     const waiting = state(reply([], { free: 0 }), {
       operation: {

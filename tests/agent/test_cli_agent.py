@@ -56,9 +56,9 @@ def test_attach_status_detach_on_the_unix_socket(
     assert out.count("attached -> process 100") == 2
     assert "attached here (2):" in out
 
-    uuid = served.ledger.attachments()[0].gpu.uuid
-    assert main(["detach", uuid, "--agent-url", unix_url]) == 0
-    assert capsys.readouterr().out == f"detached {uuid}\n"
+    gpu = served.ledger.attachments()[0].gpu
+    assert main(["detach", gpu.uuid, "--agent-url", unix_url]) == 0
+    assert capsys.readouterr().out == f"detached GPU {gpu.index} ({gpu.uuid})\n"
     assert main(["detach", "--agent-url", unix_url]) == 0
     assert served.ledger.attachments() == []
 
@@ -139,9 +139,9 @@ def test_detach_by_node_index_or_uuid_beginning(
     capsys.readouterr()
 
     assert main(["detach", str(first.gpu.index), "--agent-url", unix_url]) == 0
-    assert capsys.readouterr().out == f"detached {first.gpu.uuid}\n"
+    assert capsys.readouterr().out == f"detached GPU {first.gpu.index} ({first.gpu.uuid})\n"
     assert main(["detach", second.gpu.uuid[:12], "--agent-url", unix_url]) == 0
-    assert capsys.readouterr().out == f"detached {second.gpu.uuid}\n"
+    assert capsys.readouterr().out == f"detached GPU {second.gpu.index} ({second.gpu.uuid})\n"
     assert main(["detach", "9", "--agent-url", unix_url]) == 1
     assert "'9' names no GPU of this node (0 = GPU-" in capsys.readouterr().err
 

@@ -101,6 +101,8 @@ class GpuLab:
     log: PageLog
     demo: DemoProcess
     notebook: str
+    workspace: str = ""
+    """The JupyterLab workspace the page opened (its own)."""
 
     @classmethod
     def open(
@@ -119,7 +121,7 @@ class GpuLab:
             f"{demo.base_url}/lab/workspaces/{workspace}/tree/{notebook}?token={demo.token}",
             timeout=LOAD_TIMEOUT_MS,
         )
-        lab = cls(page, log, demo, notebook)
+        lab = cls(page, log, demo, notebook, workspace)
         # The kernel is up and the first reading has arrived: the name says how many are free.
         expect(lab.button).to_have_attribute(
             "aria-label", re.compile(r"free$"), timeout=LOAD_TIMEOUT_MS

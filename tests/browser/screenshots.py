@@ -43,10 +43,7 @@ SHOTS: Final = (
 """What is taken per theme (``gpu-<shot>-<theme>.png``)."""
 CHART_READINGS: Final = 30
 """Readings each chart shows before the panel is taken (one a second: half a minute)."""
-LOAD: Final = (
-    "import subprocess, sys; subprocess.Popen([sys.executable, '-m', "
-    "'jupyter_gpu_hotplug.nvml.sim.load', '--seconds', '600'])"
-)
+LOAD: Final = "%gpu load --seconds 600"
 """Run in the kernel: the SIMULATED GPU works while the load helper holds it."""
 SPARK_READINGS: Final = 20
 """Readings the widget's sparkline shows before it is taken."""

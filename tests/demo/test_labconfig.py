@@ -112,7 +112,11 @@ def test_the_server_listens_where_asked_with_a_token_and_the_extension() -> None
         "jpserver_extensions": {"jupyter_gpu_hotplug": True},
     }
     assert config["IdentityProvider"] == {"token": "t0ken"}
-    assert config["LabApp"] == {"app_settings_dir": f"{ROOT}/jupyterlab/settings"}
+    # Workspaces stay with the run, not in the user's ~/.jupyter (issue 36, item 9).
+    assert config["LabApp"] == {
+        "app_settings_dir": f"{ROOT}/jupyterlab/settings",
+        "workspaces_dir": f"{ROOT}/jupyterlab/workspaces",
+    }
     assert config["GPUHotplug"] == {
         "agent_url": f"unix:{ROOT}/agent.sock",
         "token_path": f"{ROOT}/agent/token",

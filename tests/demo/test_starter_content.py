@@ -33,11 +33,21 @@ def test_the_walkthrough_comes_in_order() -> None:
         "%gpu attach 1",
         "!ls -l /dev/nvidia*",
         "import pynvml",
+        "%gpu load --seconds 300",
         "%gpu",
-        "%gpu detach all",
+        "%gpu detach all --force",
     ]
     positions = [first_lines.index(step) for step in steps]
     assert positions == sorted(positions)
+
+
+def test_it_keeps_the_gpu_busy_before_the_monitor() -> None:
+    """A newcomer's first monitor shows a working GPU, not a flat 0 % (issue 36, item 1): the
+    load helper starts from the magic (``!... &`` fails in a kernel), and the detach after it
+    says why it needs ``--force``."""
+    markdown = " ".join(c.source for c in load().cells if c.cell_type == "markdown")
+    assert "`%gpu load` starts a small helper in the background" in markdown.replace("\n", " ")
+    assert "a plain `%gpu detach all` would be refused" in markdown.replace("\n", " ")
 
 
 def test_it_explains_the_cuda_caveat_and_restarts() -> None:

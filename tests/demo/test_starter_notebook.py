@@ -93,6 +93,7 @@ def test_starter_notebook_runs_top_to_bottom_in_the_simulated_demo(
     assert "/dev/nvidia" in by_source["%gpu attach 1"]
     assert "crw" in by_source["!ls -l /dev/nvidia*"], "the GPU's device node is there"
     assert "(simulated)" in by_source["import pynvml"], "NVML lists the attached GPU"
+    assert "SIMULATED load: process" in by_source["%gpu load --seconds 300"], "kept busy"
     assert "no GPU device node left" in by_source["import glob"], "detached again"
     # The notebook gave its GPU back; the demo still holds both, free.
     assert [gpu.state for gpu in demo.agent().gpus()] == ["free", "free"]

@@ -171,11 +171,19 @@ async def kernel(
         await manager.shutdown_kernel(now=True)
 
 
-def _attached(out: str) -> tuple[str, int]:
-    """The UUID and minor an ``%gpu attach 1`` reported."""
-    found = re.search(r"(GPU-[0-9a-f-]{36})  .*  /dev/nvidia(\d+)", out)
+def _index(out: str) -> int:
+    """The node's number of the GPU an ``%gpu attach 1`` reported."""
+    found = re.search(r"^  GPU (\d+)  ", out, re.MULTILINE)
     assert found is not None, out
-    return found.group(1), int(found.group(2))
+    return int(found.group(1))
+
+
+def _attached(out: str) -> tuple[str, int]:
+    """The UUID and minor an ``%gpu attach 1`` reported (the node's number leads, the UUID
+    comes last)."""
+    found = re.search(r"  GPU \d+  .*  /dev/nvidia(\d+)  .*  (GPU-[0-9a-f-]{36})", out)
+    assert found is not None, out
+    return found.group(2), int(found.group(1))
 
 
 async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
@@ -208,7 +216,7 @@ async def test_attach_makes_the_gpu_visible_to_the_kernel_and_detach_removes_it(
         uuid[:12] in line and "attached  this kernel" in line for line in listing.split("\n")
     )
     assert '<table class="gpuhp-table">' in listing_html
-    assert released == f"Detached 1 GPU: {uuid}\n"
+    assert released == f"Detached GPU {_index(attached)} (1 GPU).\n"
     assert after == [[], []]
 
 
@@ -285,7 +293,9 @@ async def test_errors_are_messages_not_tracebacks(kernel: Kernel) -> None:
 async def test_busy_gpu_is_refused_then_force_stops_the_process(
     kernel: Kernel, local_agent: LocalAgent
 ) -> None:
-    uuid, _ = _attached(await kernel.run("%gpu attach 1"))
+    attached = await kernel.run("%gpu attach 1")
+    uuid, _ = _attached(attached)
+    index = _index(attached)
     inner = int(
         await kernel.run(
             "import subprocess\n_child = subprocess.Popen(['sleep', '600'])\nprint(_child.pid)"
@@ -302,10 +312,11 @@ async def test_busy_gpu_is_refused_then_force_stops_the_process(
 
     assert refused.ename == "GpuCommandError"
     assert re.search(r"%gpu detach \d+ --force$", refused.error[-1]), refused.error
+    assert re.match(rf"GPU {index} is in use by process\(es\) ", refused.error[0]), refused.error
     assert forced.splitlines() == [
-        f"--force: processes of this kernel's container that use {uuid} will be stopped "
+        f"--force: processes of this kernel's container that use GPU {index} will be stopped "
         "(SIGTERM, then SIGKILL) before the release.",
-        f"Detached 1 GPU: {uuid}",
+        f"Detached GPU {index} (1 GPU).",
     ]
     assert exited != 0
     assert await kernel.eval("_gpu_nodes()") == []

@@ -13,6 +13,7 @@ import io
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,9 +46,11 @@ from jupyter_gpu_hotplug.kernel.magic import (
     parse_line,
 )
 from jupyter_gpu_hotplug.kernel.progress import TerminalProgress
+from jupyter_gpu_hotplug.linux.busy import holders_by_device
+from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
 from tests.fixtures.agent import LocalAgent
-from tests.fixtures.nvml import FakeNvml
+from tests.fixtures.nvml import FakeNvml, add_gpu_node
 from tests.fixtures.requirements import needs_root
 
 from .samples import STARTED, attachment, node_gpu
@@ -269,7 +272,8 @@ def test_attach_says_gpu_ready(
 
     assert agent.calls == [("attach", 1, None)]
     assert out.splitlines()[0] == "Attached 1 GPU to this kernel:"
-    assert f"{UUID_A}  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0" in out
+    assert "  GPU 0  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0  attached at " in out
+    assert out.splitlines()[1].endswith(UUID_A)  # the UUID last, for copying (issue 36)
     assert "GPU ready: CUDA has not started in this kernel" in out
     assert "already initialised" not in out
 
@@ -490,7 +494,7 @@ def test_detach_the_only_gpu(
     out = run(shell, "detach", capsys)
 
     assert ("detach", UUID_A, False) in agent.calls
-    assert out == f"Detached 1 GPU: {UUID_A}\n"
+    assert out == "Detached GPU 0 (1 GPU).\n"
 
 
 def test_detach_with_nothing_attached(
@@ -576,7 +580,7 @@ def test_detach_all(
     out = run(shell, "detach all", capsys)
 
     assert ("detach_all", False) in agent.calls
-    assert out == f"Detached 2 GPUs: {UUID_A}, {UUID_B}\n"
+    assert out == "Detached GPU 0, GPU 1 (2 GPUs).\n"
 
 
 def test_force_says_what_it_will_do(
@@ -587,7 +591,7 @@ def test_force_says_what_it_will_do(
     out = run(shell, f"detach {UUID_A} --force", capsys)
 
     assert out.splitlines()[0] == (
-        f"--force: processes of this kernel's container that use {UUID_A} will be stopped "
+        "--force: processes of this kernel's container that use GPU 0 will be stopped "
         "(SIGTERM, then SIGKILL) before the release."
     )
     assert ("detach", UUID_A, True) in agent.calls
@@ -606,7 +610,7 @@ def test_busy_gpu_suggests_force(shell: InteractiveShell, agent: FakeAgent) -> N
         shell.run_line_magic("gpu", "detach")
 
     assert caught.value.message.splitlines() == [
-        f"GPU {UUID_A} is in use by process(es) 42 (python); stop them",
+        "GPU 0 is in use by process(es) 42 (python).",
         "To stop them and detach the GPU: %gpu detach 0 --force",
     ]
 
@@ -631,6 +635,55 @@ def test_holds_device_sees_an_open_gpu_node(tmp_path: Path) -> None:
 
     assert holds_device(3, fd_dir=str(fds))
     assert not holds_device(4, fd_dir=str(fds))
+
+
+# --- load (issue 36, item 1) -------------------------------------------------------------
+
+
+@needs_root
+def test_load_keeps_the_kernels_gpu_busy_in_the_background(
+    ipython_shell: InteractiveShell,
+    context: MagicContext,
+    dev: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``%gpu load`` returns at once and leaves a helper holding the GPU's node, as the busy
+    scan (the simulation's "in use") sees it. The documented ``!python -m ...load &`` could
+    not: ipykernel refuses background processes in ``!`` lines, so the demo's charts stayed
+    flat."""
+    node = add_gpu_node(dev, 3)
+    loaded = dataclasses.replace(context, dev=dev)
+    ipython_shell.register_magics(GPUMagics(ipython_shell, context=loaded))
+
+    out = run(ipython_shell, "load --seconds 600", capsys)
+
+    [helper] = loaded.background
+    try:
+        assert f"SIMULATED load: process {helper.pid} uses {node} for 600 s" in out
+        gpu = CharDevice(major=NVIDIA_MAJOR, minor=3)
+        deadline = time.monotonic() + WAIT_S
+        while [h.pid for h in holders_by_device([helper.pid], [gpu])[gpu]] != [helper.pid]:
+            assert helper.poll() is None, "the helper ended early"
+            assert time.monotonic() < deadline, "the helper never held the node"
+            time.sleep(0.05)
+    finally:
+        helper.terminate()
+        helper.wait(timeout=WAIT_S)
+
+
+def test_load_without_a_gpu_says_attach_first(
+    ipython_shell: InteractiveShell,
+    context: MagicContext,
+    dev: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ipython_shell.register_magics(
+        GPUMagics(ipython_shell, context=dataclasses.replace(context, dev=dev))
+    )
+
+    shown = run_refused(ipython_shell, "load", capsys)
+
+    assert "no GPU to keep busy; attach one first ('%gpu attach')" in shown
 
 
 # --- status, list, monitor ----------------------------------------------------------------

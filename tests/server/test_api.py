@@ -16,6 +16,7 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
+from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
@@ -79,6 +80,36 @@ async def test_node_view_without_a_kernel(
     assert (view["mode"], view["kernel_id"], view["attached"]) == ("local", None, [])
     assert (view["free"], view["total"], view["simulated"]) == (2, 2, True)
     assert set(view["nvml"]) == {"status", "message", "driver_version", "cuda_driver_version"}
+
+
+async def test_the_history_is_the_servers_and_reaches_an_hour_back(
+    jp_fetch: Fetch, local_agent: LocalAgent, server_nvml: FakeNvml
+) -> None:
+    """Issue 36: each page kept its own five minutes (a reload emptied the charts, two
+    notebooks showed different histories). The server keeps the node's readings of the last
+    hour, one per reading it takes (at most two a second), for every page alike."""
+    for utilization in (11, 22):
+        for gpu in local_agent.gpus():
+            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization)
+        assert (await call(jp_fetch, "GET", "gpus")).status == 200
+        await asyncio.sleep(0.6)
+
+    reply = await call(jp_fetch, "GET", "history")
+
+    assert reply.status == 200
+    history = reply.json()
+    assert history["seconds"] == 3600
+    assert history["columns"] == [
+        "taken_at",
+        "utilization_gpu",
+        "utilization_memory",
+        "memory_used",
+        "memory_total",
+    ]
+    assert set(history["gpus"]) == {gpu.uuid for gpu in local_agent.gpus()}
+    for readings in history["gpus"].values():
+        assert [reading[1] for reading in readings] == [11, 22]
+        assert readings[0][0] < readings[1][0]
 
 
 BAD_INPUT = [
@@ -391,6 +422,43 @@ async def test_detach_all_and_idempotent_attach(
 
     assert detached.status == 204
     assert not {"nvidia0", "nvidia1"} & set(sandbox.listdir("/dev"))
+
+
+@needs_root
+async def test_every_reading_says_why_a_gpu_left_its_kernel(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    local_agent: LocalAgent,
+    sandbox: SandboxProbe,
+    sandbox_factory: SandboxFactory,
+    kernel: str,
+) -> None:
+    """Issue 36, item 3: pages called every GPU they did not detach "released (the kernel
+    restarted or the GPU sat unused)", also after ``%gpu detach`` or an operator's CLI
+    detach. The readings now carry each loss with the reason the server saw."""
+
+    async def released() -> list[tuple[int, str]]:
+        view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+        return [(r["index"], r["reason"]) for r in view["released"]]
+
+    async def attach_one() -> None:
+        answer = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+        assert answer.status == 201
+        assert await released() is not None  # a reading that holds it
+
+    await attach_one()
+    # From the kernel's side (the magic) or an operator's CLI: past this server.
+    local_agent.client().detach_all(target=PidRef(sandbox.pid))
+    assert await released() == [(0, "detached_elsewhere")]
+
+    await attach_one()
+    answer = await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": kernel})
+    assert answer.status == 204
+    assert (await released())[1:] == [(0, "detached_here")]
+
+    await attach_one()
+    sandboxes_of(jp_serverapp).register(kernel, sandbox_factory().pid)  # a restart
+    assert (await released())[2:] == [(0, "kernel_restarted")]
 
 
 @needs_root

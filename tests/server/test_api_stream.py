@@ -16,9 +16,11 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
+from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.client import InsufficientGpus
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
-from tests.fixtures.sandbox import SandboxProbe
+from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 from tests.fixtures.waiting import DEADLINE, eventually
 
 from .api_support import (
@@ -296,5 +298,53 @@ async def test_a_waiting_attach_shows_its_place_and_can_be_cancelled(
     reply = await asyncio.wait_for(served_later, DEADLINE)
     assert reply.status == 201
     assert [a["uuid"] for a in reply.json()["attachments"]] == [first]
+    await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})
+    await client.close()
+
+
+@needs_root
+async def test_a_wait_started_past_this_server_is_in_the_same_queue(
+    served: Served,
+    jp_fetch: Fetch,
+    local_agent: LocalAgent,
+    sandbox: SandboxProbe,
+    sandbox_factory: SandboxFactory,
+) -> None:
+    """Issue 36, item 5: a wait of ``%gpu attach 1 --wait`` (or the command line) goes from
+    the kernel to the agent, past this server, and was missing from the panel's queue, the
+    toolbar and the status bar. The readings now carry it (no deadline: only the agent
+    knows it), and the server's cancel takes it out of the queue."""
+    holder = sandboxes_of(served.app).register("kernel-h", sandbox.pid)
+    other = sandbox_factory()
+    waiter = sandboxes_of(served.app).register("kernel-w", other.pid)
+    taken = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": holder})
+    assert taken.status == 201
+    client = await _open(served, waiter)
+    agent = local_agent.client()
+    pending = asyncio.create_task(
+        asyncio.to_thread(
+            agent.attach, 1, target=PidRef(other.pid), wait_seconds=60, request_id="magic-1"
+        )
+    )
+
+    reading = await client.events_until(
+        lambda e: e.kind == "metrics" and any(q["request_id"] == "magic-1" for q in e.data["queue"])
+    )
+    (queued,) = reading[-1].data["queue"]
+    assert (queued["kernel_id"], queued["count"], queued["position"], queued["of"]) == (
+        waiter,
+        1,
+        1,
+        1,
+    )
+    assert queued["deadline"] is None
+
+    cancelled = await call(
+        jp_fetch, "POST", "cancel", {"request_id": "magic-1", "kernel_id": waiter}
+    )
+    assert cancelled.status == 204
+    with pytest.raises(InsufficientGpus):
+        await asyncio.wait_for(pending, DEADLINE)
+    await client.events_until(lambda e: e.kind == "metrics" and e.data["queue"] == [])
     await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})
     await client.close()

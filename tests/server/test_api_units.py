@@ -313,6 +313,7 @@ def _view(key: str | None) -> GpusJson:
         simulated=False,
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
         taken_at=0.0,
+        released=[],
     )
 
 
@@ -361,6 +362,52 @@ async def test_a_slow_stream_gets_the_latest_reading_not_a_backlog() -> None:
     assert (await slow.next()) is not None
     hub.remove(slow)
     assert await slow.next() is None  # at most one reading was held
+
+
+class SilentReader(CountingReader):
+    """A reader whose agent stopped answering (SIGSTOP keeps its socket): every read
+    waits until ``answer`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+
+    async def __call__(self, keys: frozenset[str | None]) -> Reading:
+        await self.answer.wait()
+        return await super().__call__(keys)
+
+
+async def test_a_silent_agent_is_reported_while_its_reading_waits() -> None:
+    """Issue 36, item 2: a hung agent looked healthy, its last reading shown as live for the
+    ~90 s of the client's timeouts. The streams now hear ``agent_timeout`` (504, what the
+    views show as disconnected) after ``silent_after``, again each interval, and the
+    reading, once it comes, as usual; the agent is not asked again meanwhile."""
+    reader = SilentReader()
+    hub = EventHub(read=reader, interval=0.01, silent_after=0.05)
+    stream = Subscription(key="k", scope="k")
+    hub.add(stream)
+
+    first, second = await stream.next(), await stream.next()
+    for event in (first, second):
+        assert event is not None and event.kind == "error"
+        assert (event.data["status"], event.data["error"]) == (504, "agent_timeout")
+        assert event.data["retryable"] is True
+        assert "has not answered for" in str(event.data["message"])
+    assert reader.asked == []
+
+    reader.answer.set()
+    while (event := await stream.next()) is not None and event.kind == "error":
+        pass
+    assert event is not None and event.kind == "metrics"
+    hub.remove(stream)
+
+
+def test_the_default_silence_is_three_intervals_and_at_least_five_seconds() -> None:
+    async def never(keys: frozenset[str | None]) -> Reading:
+        raise AssertionError("not read")
+
+    assert EventHub(read=never, interval=1.0)._silent_after == 5.0
+    assert EventHub(read=never, interval=4.0)._silent_after == 12.0
 
 
 async def test_errors_are_events_and_a_gone_kernel_ends_its_stream_only() -> None:

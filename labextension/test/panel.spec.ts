@@ -1,0 +1,46 @@
+import { thinned, vitalsText } from '../src/panel';
+import { IGpuMetrics } from '../src/types';
+import { trans } from './fixtures';
+
+const metrics = (over: Partial<IGpuMetrics>): IGpuMetrics => ({
+  utilization_gpu: 50,
+  utilization_memory: 10,
+  memory_used: 1,
+  memory_total: 2,
+  temperature: null,
+  power_draw: null,
+  power_limit: null,
+  processes: [],
+  lost: false,
+  ...over
+});
+
+describe('the panel', () => {
+  it('shows temperature and power where NVML gives them (issue 36)', () => {
+    expect(
+      vitalsText(
+        metrics({ temperature: 61, power_draw: 249.6, power_limit: 700 }),
+        trans
+      )
+    ).toBe('61 °C · 250 W of 700 W');
+    expect(vitalsText(metrics({ power_draw: 80 }), trans)).toBe('80 W');
+    expect(vitalsText(metrics({}), trans)).toBe('');
+    expect(vitalsText(null, trans)).toBe('');
+  });
+});
+
+describe('the chart lines', () => {
+  it('draw at most about so many points of a long window, the newest kept', () => {
+    const samples = Array.from({ length: 3600 }, (_, i) => ({
+      time: i * 1000,
+      utilization: i,
+      memoryActivity: null,
+      memoryUsed: null,
+      memoryTotal: null
+    }));
+    const kept = thinned(samples, 720);
+    expect(kept.length).toBeLessThanOrEqual(720);
+    expect(kept[kept.length - 1].utilization).toBe(3599);
+    expect(thinned(samples.slice(0, 10), 720)).toHaveLength(10);
+  });
+});
