@@ -264,9 +264,7 @@ def _plan(edits: ContainerEdits, *, source_root: Path) -> _Plan:
         BindMount(m.host_path, m.container_path, tuple(m.options) or ("ro", "nosuid", "nodev"))
         for m in edits.mounts
     )
-    links: list[tuple[PurePosixPath, str]] = []
-    for mount in mounts:
-        links += _soname_links(mount, source_root)
+    links = _soname_links(mounts, source_root)
     ldcache: list[str] = []
     skipped: list[str] = []
     for hook in edits.hooks:
@@ -333,15 +331,26 @@ def _folder_args(args: Sequence[str]) -> list[str]:
     return [f for f in folders if f.startswith("/") and ".." not in PurePosixPath(f).parts]
 
 
-def _soname_links(mount: BindMount, source_root: Path) -> list[tuple[PurePosixPath, str]]:
-    """The links beside ``mount.source`` in the host's driver root that name it
-    (``libcuda.so.1 -> libcuda.so.550.54.15``): the same links belong beside the target."""
-    directory = source_root / str(mount.source.parent).lstrip("/")
+def _soname_links(
+    mounts: Sequence[BindMount], source_root: Path
+) -> list[tuple[PurePosixPath, str]]:
+    """The links beside each mount's source in the host's driver root that name it
+    (``libcuda.so.1 -> libcuda.so.550.54.15``): the same links belong beside its target. Each
+    directory is read once per plan (a host driver's directory has thousands of entries, and a
+    reconciliation plans every GPU-holding container)."""
+    by_directory: dict[PurePosixPath, list[BindMount]] = {}
+    for mount in mounts:
+        by_directory.setdefault(mount.source.parent, []).append(mount)
     links = []
-    with suppress(OSError):
-        for entry in os.scandir(directory):
-            if entry.is_symlink() and os.readlink(entry.path) == mount.source.name:
-                links.append((mount.target.parent / entry.name, mount.target.name))
+    for parent, beside in by_directory.items():
+        by_name = {mount.source.name: mount for mount in beside}
+        with suppress(OSError):
+            for entry in os.scandir(source_root / str(parent).lstrip("/")):
+                if not entry.is_symlink():
+                    continue
+                named = by_name.get(os.readlink(entry.path))
+                if named is not None:
+                    links.append((named.target.parent / entry.name, named.target.name))
     return sorted(links)
 
 
