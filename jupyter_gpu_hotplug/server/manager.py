@@ -394,6 +394,7 @@ class HotplugManager:
                 target=target.ref,
                 wait_seconds=request.wait_seconds,
                 request_id=request_id,
+                gpus=request.gpus,
             )
         )
         self._calls.add(call)

@@ -121,6 +121,9 @@ class NodeGpuJson(TypedDict):
     metrics: MetricsJson | None
     """What it is doing, as this server's NVML sees it (``None``: NVML here cannot see it),
     so the panel charts every GPU of the node, not only the kernel's."""
+    selectable: bool
+    """An attach may name it (``gpus``), so its card offers an Attach of its own; false
+    where the cluster picks the device (Kubernetes) and for a GPU in MIG mode."""
 
 
 class QueuedJson(TypedDict):
@@ -285,6 +288,7 @@ def _node_gpu(
         target=None if gpu.target is None else gpu.target.to_wire(),
         held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
         metrics=None if found is None else found.metrics_json(),
+        selectable=gpu.selectable,
     )
 
 

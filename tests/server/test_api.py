@@ -41,6 +41,8 @@ from .api_support import (
 pytestmark = pytest.mark.slow
 
 GPU0 = "/dev/nvidia0"
+GPU_B = b"GPU-00000001-0000-4000-8000-000000000000"
+"""A well-formed GPU UUID, for bodies refused before the agent is asked."""
 
 
 @pytest.fixture
@@ -134,6 +136,11 @@ BAD_INPUT = [
         "attach", b'{"count": 1, "kernel_id": "../x"}', "kernel_id", "kernel's id", id="kid"
     ),
     pytest.param("attach", b'{"count": 1}', "kernel_id", "name the kernel", id="no-kernel"),
+    pytest.param("attach", b'{"count": 1, "gpus": []}', "gpus", "non-empty array", id="gpus-empty"),
+    pytest.param(
+        "attach", b'{"count": 2, "gpus": ["%s"]}' % GPU_B, "gpus", "count is 2", id="gpus-count"
+    ),
+    pytest.param("attach", b'{"count": 1, "gpus": [1]}', "gpus[0]", "GPU UUID", id="gpus-index"),
     pytest.param("detach", b"{}", "uuid", "uuid is required", id="uuid-missing"),
     pytest.param("detach", b'{"uuid": "GPU-1"}', "uuid", "GPU UUID like", id="uuid-bad"),
     pytest.param("detach", b'{"uuid": 7}', "uuid", "GPU UUID like", id="uuid-number"),
@@ -525,6 +532,42 @@ async def test_forced_detach_that_ends_the_kernel_itself_releases_the_gpu(
     assert not process_running(sandbox.pid, started)
     gpus = await call(jp_fetch, "GET", "gpus")
     assert gpus.json()["free"] == gpus.json()["total"]
+
+
+@needs_root
+async def test_a_named_gpu_is_the_one_attached(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    server_nvml: FakeNvml,
+    sandbox: SandboxProbe,
+    sandbox_factory: SandboxFactory,
+    kernel: str,
+) -> None:
+    # Issue 36 item 6: a GPU card's Attach names its GPU; the second card gets the second GPU.
+    view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+    assert all(gpu["selectable"] for gpu in view["node"])
+    second = view["node"][1]
+
+    attached = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel, "gpus": [second["uuid"]]}
+    )
+
+    assert attached.status == 201
+    assert [a["uuid"] for a in attached.json()["attachments"]] == [second["uuid"]]
+    assert sandbox.stat(f"/dev/nvidia{second['minor']}").rdev == (195, second["minor"])
+    assert sandbox.stat(GPU0).result == "ENOENT"
+    # Another kernel naming it hears which GPU is taken and by whom.
+    other = sandboxes_of(jp_serverapp).register("kernel-b", sandbox_factory().pid)
+    taken = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": other, "gpus": [second["uuid"]]}
+    )
+    error = taken.error(409, "insufficient_gpus")
+    assert error["message"].startswith(f"GPU {second['index']} ({second['uuid']}) is attached to")
+    unknown = "GPU-deadbeef-0000-4000-8000-000000000000"
+    missing = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": other, "gpus": [unknown]}
+    )
+    assert missing.error(404, "not_found")["resource"] == "gpu"
 
 
 @needs_root
