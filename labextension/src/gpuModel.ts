@@ -338,13 +338,15 @@ export class GpuModel implements IDisposable {
   }
 
   /**
-   * Attach `count` GPUs to the kernel. With `waitSeconds`, the server waits
-   * that long for GPUs to become free. Rejects with the request's error.
+   * Attach `count` GPUs to the kernel: those of `gpus` (UUIDs, `count` of
+   * them) when given, else any free ones. With `waitSeconds`, the server waits
+   * that long for them to become free. Rejects with the request's error.
    */
   async attach(
     kernelId: string,
     count: number,
-    waitSeconds?: number
+    waitSeconds?: number,
+    gpus: readonly string[] = []
   ): Promise<IAttachReply> {
     const requestId = this._newRequestId();
     const body: Record<string, unknown> = {
@@ -354,6 +356,9 @@ export class GpuModel implements IDisposable {
     };
     if (waitSeconds !== undefined) {
       body.wait_seconds = waitSeconds;
+    }
+    if (gpus.length > 0) {
+      body.gpus = gpus;
     }
     try {
       return await this._act(

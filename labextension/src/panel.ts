@@ -84,6 +84,38 @@ export function vitalsText(
   return parts.join(' · ');
 }
 
+/**
+ * What a free GPU's card offers: its own Attach, which names the card's GPU
+ * (issue 36: it attached any free one), where the agent can honour a named GPU
+ * (`selectable`); elsewhere a disabled one that says why — in Kubernetes the
+ * cluster's device plugin picks the GPU, and a GPU in MIG mode goes as slices.
+ */
+export function attachOffer(
+  gpu: INodeGpu,
+  mode: 'local' | 'kubernetes' | undefined,
+  name: string,
+  trans: TranslationBundle
+): { offered: boolean; title: string } {
+  if (gpu.selectable === true) {
+    return {
+      offered: true,
+      title: trans.__('Attach %1 to this notebook', name)
+    };
+  }
+  return {
+    offered: false,
+    title:
+      mode === 'kubernetes'
+        ? trans.__(
+            "The cluster's scheduler picks which GPU a notebook gets: use Attach in the toolbar"
+          )
+        : trans.__(
+            '%1 cannot be attached by itself (a GPU in MIG mode is attached as its slices): use Attach in the toolbar',
+            name
+          )
+  };
+}
+
 /** Points a chart line draws at most (an hour of readings is 3,600). */
 const MAX_POINTS = 720;
 
@@ -275,11 +307,12 @@ class GpuGroup {
       title: string,
       command: string,
       args: Record<string, string | number>,
-      destructive = false
+      destructive = false,
+      offered = true
     ) => {
       const node = element('button', 'jp-Button jp-mod-small', text);
       node.title = title;
-      node.disabled = !idle;
+      node.disabled = !idle || !offered;
       if (destructive) {
         node.classList.add(Classes.destructive);
       }
@@ -304,11 +337,14 @@ class GpuGroup {
         true
       );
     } else if (gpu.state === 'free') {
+      const offer = attachOffer(gpu, ctx.state.reply?.mode, name, trans);
       button(
         trans.__('Attach'),
-        trans.__('Attach a free GPU to this notebook'),
+        offer.title,
         CommandIds.attach,
-        { count: 1 }
+        { count: 1, uuid: gpu.uuid },
+        false,
+        offer.offered
       );
     }
     const key = buttons

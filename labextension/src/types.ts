@@ -72,6 +72,12 @@ export interface INodeGpu {
   held_by?: IHeldBy | null;
   /** What it is doing (`null`: the server's NVML cannot see it); absent from older servers. */
   metrics?: IGpuMetrics | null;
+  /**
+   * An attach may name it (`gpus`), so its card's Attach attaches it; false
+   * where the cluster picks the device (Kubernetes). Absent from older servers:
+   * treat as false.
+   */
+  selectable?: boolean;
 }
 
 /** `QueuedJson` (server/models.py): an attach of this server's kernels waiting for GPUs. */

@@ -687,6 +687,28 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(lab.panel).to_be_hidden()
 
 
+def test_a_cards_attach_attaches_that_cards_gpu(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36 item 6: each GPU card's Attach attached *a* free GPU (the first one). The
+    second card's Attach must attach the second GPU, while the first stays free."""
+    lab = open_lab("card.ipynb")
+    lab.open_panel()
+    node = demo.server.request("GET", "gpu-hotplug/api/gpus").body["node"]
+    first, second = node
+    assert first["state"] == second["state"] == "free"
+    card = lab.panel_gpu(second["uuid"])
+    attach = card.get_by_role("button", name="Attach", exact=True)
+    expect(attach).to_have_attribute("title", f"Attach GPU {second['index']} to this notebook")
+
+    attach.click()
+
+    expect(card).to_have_attribute("data-state", "mine", timeout=SETTLE_MS)
+    assert [gpu["uuid"] for gpu in lab.attached()] == [second["uuid"]]
+    expect(lab.panel_gpu(first["uuid"])).to_have_attribute("data-state", "free")
+    expect(lab.toast(f"Attached GPU {second['index']} ({second['device']})")).to_be_visible(
+        timeout=SETTLE_MS
+    )
+
+
 def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> None:
     lab = open_lab("magic.ipynb")
     expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
