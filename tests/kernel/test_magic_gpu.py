@@ -85,7 +85,11 @@ class FakeAgent:
 
     def attach(self, count: int = 1, **kwargs: Any) -> tuple[Attachment, ...]:
         call: tuple[Any, ...] = ("attach", count, kwargs.get("wait_seconds"))
-        self.calls.append(call if kwargs.get("mig") is None else (*call, kwargs["mig"]))
+        if kwargs.get("mig") is not None:
+            call = (*call, kwargs["mig"])
+        if kwargs.get("gpus"):
+            call = (*call, tuple(kwargs["gpus"]))
+        self.calls.append(call)
         self.attach_started.set()
         if not self.release.wait(WAIT_S):
             raise AssertionError("the test never released the attach")
@@ -208,6 +212,8 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach 1 --mig 1g.10gb", "attach", {"count": 1, "mig": "1g.10gb"}),
         ("attach --mig=1g.10gb+me", "attach", {"count": 1, "mig": "1g.10gb+me"}),
         ("attach 2 --idle 300", "attach", {"count": 2, "idle": 300.0}),
+        ("attach --gpu 1", "attach", {"count": 1, "gpu": "1"}),
+        ("attach --gpu gpu-A4BD620B", "attach", {"count": 1, "gpu": "GPU-a4bd620b"}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
         ("detach ALL", "detach", {"gpu": "all", "force": False}),
@@ -246,6 +252,8 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --mig 1g", "--mig takes a MIG profile such as 1g.10gb"),
         ("attach --mig 9g.10gb", "not '9g.10gb'"),
         ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
+        ("attach --gpu all", "--gpu takes a GPU index on the node"),
+        ("attach --gpu GPU-zz", "got 'GPU-zz'"),
         ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -306,6 +314,43 @@ def test_attach_a_mig_slice(
 
     assert agent.calls == [("attach", 1, None, "1g.10gb")]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+
+
+def test_attach_a_named_gpu(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 36 item 6: the node's GPU 1, not any free one.
+    agent.node = [node_gpu(UUID_A, 0, state="free"), node_gpu(UUID_B, 1, state="free")]
+
+    shell.run_line_magic("gpu", "attach --gpu 1 --wait 5")
+
+    assert agent.calls == [("gpus",), ("attach", 1, 5.0, (UUID_B,))]
+    assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--gpu names one GPU: leave N out"):
+        shell.run_line_magic("gpu", "attach 2 --gpu 1")
+
+
+def test_attach_a_named_gpu_that_is_not_there_or_taken(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.node = [node_gpu(UUID_A, 0, state="free"), node_gpu(UUID_C, 1, state="attached")]
+
+    unclear = run_refused(shell, "attach --gpu GPU-a4bd", capsys)
+    missing = run_refused(shell, "attach --gpu 7", capsys)
+    agent.errors["attach"] = InsufficientGpus(
+        f"GPU 1 ({UUID_C}) is attached to another container; name a free GPU",
+        status=409,
+        code="insufficient_gpus",
+        extra={"free": 0, "requested": 1},
+    )
+    taken = run_refused(shell, "attach --gpu 1", capsys)
+
+    assert "--gpu GPU-a4bd: 2 of the node's GPUs match" in unclear
+    assert "--gpu 7: none of the node's GPUs match" in missing
+    assert f"  1  {UUID_C}  attached" in missing
+    assert f"GPU 1 ({UUID_C}) is attached to another container" in taken
+    assert "--wait" not in taken  # the count's advice is not a named GPU's
+    assert [call for call in agent.calls if call[0] == "attach"] == [("attach", 1, None, (UUID_C,))]
 
 
 def test_slow_attach_shows_progress(
