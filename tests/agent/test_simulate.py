@@ -22,7 +22,7 @@ def test_an_unused_gpu_drifts_to_idle_values() -> None:
     rng = random.Random(7)
     gpu = default_gpus(1)[0]
     for _ in range(50):
-        gpu = drift(gpu, False, rng)
+        gpu = drift(gpu, (), rng)
     assert (gpu.utilization_gpu, gpu.utilization_memory, gpu.memory_used) == (0, 0, 0)
     assert gpu.power_usage <= gpu.power_limit // 10
 
@@ -32,10 +32,10 @@ async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path
     used, unused = (gpu.uuid for gpu in read_config(simulation.config_path).gpus)
     asked = 0
 
-    async def in_use() -> set[GpuUuid]:
+    async def in_use() -> dict[GpuUuid, tuple[int, ...]]:
         nonlocal asked
         asked += 1
-        return {used}
+        return {used: (4242, 4243)}
 
     task = asyncio.create_task(
         simulation.animate(interval=0.001, in_use=in_use, rng=random.Random(3))
@@ -51,6 +51,17 @@ async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path
         with contextlib.suppress(asyncio.CancelledError):
             await task
     config = read_config(simulation.config_path)
-    assert config.gpu(used).memory_used > 0
+    busy = config.gpu(used)
+    assert busy.memory_used > 0
+    assert [p.pid for p in busy.processes] == [4242, 4243], "NVML lists the processes using it"
+    assert sum(p.used_memory or 0 for p in busy.processes) == busy.memory_used
+    assert sum(p.sm_util or 0 for p in busy.processes) == busy.utilization_gpu
     idle = config.gpu(unused)
-    assert (idle.utilization_gpu, idle.memory_used) == (0, 0)
+    assert (idle.utilization_gpu, idle.memory_used, idle.processes) == (0, 0, ())
+
+
+def test_a_gpu_nobody_uses_any_more_lists_no_process() -> None:
+    rng = random.Random(5)
+    gpu = drift(default_gpus(1)[0], (7, 8, 9), rng)
+    assert [p.pid for p in gpu.processes] == [7, 8, 9]
+    assert drift(gpu, (), rng).processes == ()
