@@ -1,8 +1,8 @@
 """Who uses a GPU: NVML's processes grouped by the process trees they belong to.
 
 Boundary: reads ``/proc/<pid>/stat`` (each process's parent) and nothing else; takes the
-processes a ``GpuState`` lists and a map of *root* pids (a kernel's process, a notebook
-server's) to owners, and returns each owner's share of the GPU. It knows nothing of Jupyter:
+processes a ``GpuState`` lists and which pids are *roots* (a kernel's process, a notebook
+server's) of which owner, and returns each owner's share of the GPU. It knows nothing of Jupyter:
 the server extension passes its kernels, the ``%gpu`` magic its own kernel.
 
 Why the parent chain: what uses a GPU is rarely the kernel process itself — a training script
@@ -20,16 +20,19 @@ them) is counted only as a sum, so no other tenant's pid or command is ever show
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Generic, TypeVar
 
 from .state import GpuProcess
 
-__all__ = ["GpuUse", "ProcessTree", "Usage", "attribute"]
+__all__ = ["GpuUse", "ProcessTree", "Root", "Usage", "attribute"]
 
 K = TypeVar("K", bound=Hashable)
+
+Root = Callable[[int], K | None]
+"""Whose root a pid is (``None``: not a root): a map's ``get``, or a test of the process."""
 
 MAX_DEPTH: Final = 64
 """Ancestors looked at above a GPU process: deeper trees than this are not a notebook's."""
@@ -103,29 +106,32 @@ class ProcessTree:
         except (IndexError, ValueError):
             return None
 
-    def owner(self, pid: int, roots: Mapping[int, K]) -> K | None:
-        """The first of ``roots`` met walking up from ``pid`` (itself included)."""
+    def owner(self, pid: int, root: Root[K]) -> K | None:
+        """The owner of the first root met walking up from ``pid`` (itself included)."""
         current: int | None = pid
         for _ in range(MAX_DEPTH):
             if current is None or current <= 0:
                 return None
-            if current in roots:
-                return roots[current]
+            found = root(current)
+            if found is not None:
+                return found
             current = self.parent(current)
         return None
 
 
 def attribute(
-    processes: Iterable[GpuProcess], roots: Mapping[int, K], tree: ProcessTree
+    processes: Iterable[GpuProcess], root: Root[K], tree: ProcessTree | None
 ) -> GpuUse[K]:
-    """Group ``processes`` (one GPU's, as NVML lists them) by the root each belongs to."""
+    """Group ``processes`` (one GPU's, as NVML lists them) by the root each belongs to.
+    ``tree``: ``None`` when NVML's pids are known to be another pid namespace's (a process in
+    a sandbox of its own reading the host's pids): then every process is unattributed."""
     by_owner: dict[K, Usage] = {}
     others = unattributed = Usage()
     for process in processes:
-        if not tree.visible(process.pid):
+        if tree is None or not tree.visible(process.pid):
             unattributed = unattributed.plus(process)
             continue
-        owner = tree.owner(process.pid, roots)
+        owner = tree.owner(process.pid, root)
         if owner is None:
             others = others.plus(process)
         else:

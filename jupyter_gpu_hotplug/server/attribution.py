@@ -120,7 +120,7 @@ def attribution_json(
     for gpu in snapshot.gpus:
         if gpu.uuid is None or gpu.processes is None:
             continue  # NVML cannot say who uses it: nothing to attribute
-        use = attribute(gpu.processes, roots, tree)
+        use = attribute(gpu.processes, roots.get, tree)
         server = use.by_owner.get(_Server.SERVER)
         by_kernel = [
             KernelUseJson(**_usage(usage), kernel_id=owner, notebook=names.get(owner))

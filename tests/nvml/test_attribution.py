@@ -66,7 +66,7 @@ def test_processes_are_grouped_by_the_kernel_they_run_below(
         processes = monitor.snapshot().gpus[0].processes
     assert processes is not None
 
-    use = attribute(processes, {a: "a", b: "b"}, ProcessTree())
+    use = attribute(processes, {a: "a", b: "b"}.get, ProcessTree())
 
     assert use.by_owner == {
         "a": Usage(memory_bytes=4 * GIB, sm_util_percent=45, processes=2),
@@ -83,14 +83,14 @@ def test_the_nearest_root_wins(kernels: tuple[int, int, int]) -> None:
     server = tree.parent(a)
     assert server is not None
 
-    assert tree.owner(child, {a: "kernel", server: "server"}) == "kernel"
-    assert tree.owner(a, {server: "server"}) == "server"
+    assert tree.owner(child, {a: "kernel", server: "server"}.get) == "kernel"
+    assert tree.owner(a, {server: "server"}.get) == "server"
 
 
 def test_unknown_memory_stays_unknown() -> None:
     """NVML without memory figures (many containers): ``None``, never a claimed 0."""
     nobody: dict[int, str] = {}
-    use = attribute([GpuProcess(PID_MAX_LIMIT, None, None)], nobody, ProcessTree())
+    use = attribute([GpuProcess(PID_MAX_LIMIT, None, None)], nobody.get, ProcessTree())
 
     assert use.unattributed == Usage(memory_bytes=None, sm_util_percent=None, processes=1)
 
@@ -104,6 +104,6 @@ def test_a_command_with_parentheses_and_spaces_is_parsed(tmp_path: Path) -> None
     tree = ProcessTree(tmp_path)
 
     assert tree.parent(12) == 7
-    assert tree.owner(12, {7: "root"}) == "root"
+    assert tree.owner(12, {7: "root"}.get) == "root"
     assert tree.parent(13) is None
     assert not tree.visible(13)
