@@ -130,8 +130,6 @@ class MagicContext:
     dev: Path = Path("/dev")
     """Where this kernel's GPU nodes are (``load`` holds them); tests give a directory of
     their own."""
-    proc: Path = Path("/proc")
-    """Where process parents are read, to tell which notebook a GPU process belongs to."""
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     """This kernel's environment (whether it runs in a sandbox of its own)."""
     background: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -512,7 +510,7 @@ def _attribution_table(snapshot: Snapshot, context: MagicContext) -> Table | Non
     below this kernel. In a sandbox NVML's pids are the host's, so nothing is named here."""
     names = context.holders()
     sandboxed = SANDBOX_PID_ENV in context.environ
-    tree = None if sandboxed else ProcessTree(context.proc)
+    tree = None if sandboxed else ProcessTree()
     uses = [
         (gpu, attribute(gpu.processes, names.kernel_name, tree))
         for gpu in snapshot.gpus

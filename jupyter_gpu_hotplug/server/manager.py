@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
@@ -124,8 +123,7 @@ class HotplugManager:
     seconds between two ``metrics`` events of a stream, and between two ``waiting`` events of
     an attach in flight. ``max_count``: the most GPUs one request may ask for.
     ``notebooks``: kernel id → notebook path (the server's sessions), so that local mode's
-    holders and every mode's attribution are named by their notebooks. ``proc``: where
-    process parents are read for the attribution.
+    holders and every mode's attribution are named by their notebooks.
     """
 
     def __init__(
@@ -139,11 +137,9 @@ class HotplugManager:
         max_count: int,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
         notebooks: NotebookPaths | None = None,
-        proc: Path = Path("/proc"),
     ) -> None:
         self.client = client
         self._notebooks = notebooks
-        self._proc = proc
         self.sandboxes = sandboxes
         self.targets: Targets = targets_for(mode, sandboxes=sandboxes)
         self.interval = interval
@@ -227,9 +223,7 @@ class HotplugManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._nvml,
-            lambda: attribution_json(
-                snapshot, kernels, server_pid=os.getpid(), tree=ProcessTree(self._proc)
-            ),
+            lambda: attribution_json(snapshot, kernels, server_pid=os.getpid(), tree=ProcessTree()),
         )
 
     async def attribution(self) -> AttributionJson:

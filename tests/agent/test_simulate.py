@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from pathlib import Path
 
 from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.agent.local.simulate import Simulation, drift
-from jupyter_gpu_hotplug.nvml.sim import default_gpus, read_config
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus, read_config
 from tests.fixtures.waiting import eventually
 
 
@@ -60,8 +61,20 @@ async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path
     assert (idle.utilization_gpu, idle.memory_used, idle.processes) == (0, 0, ())
 
 
-def test_a_gpu_nobody_uses_any_more_lists_no_process() -> None:
+def test_a_gpu_lists_its_users_and_the_listed_processes_still_alive() -> None:
+    """The processes that hold a GPU are what NVML lists, until they stop holding it (even if
+    they live on); one listed by someone else (a test, an operator) stays while it lives, and
+    leaves the list when it ends."""
     rng = random.Random(5)
-    gpu = drift(default_gpus(1)[0], (7, 8, 9), rng)
-    assert [p.pid for p in gpu.processes] == [7, 8, 9]
-    assert drift(gpu, (), rng).processes == ()
+    listed = SimulatedProcess(4000, None)
+    gpu = dataclasses.replace(default_gpus(1)[0], processes=(listed,))
+    running = {4000}
+
+    gpu = drift(gpu, (7, 8, 9), rng, alive=running.__contains__)
+    assert [p.pid for p in gpu.processes] == [4000, 7, 8, 9]
+    assert gpu.processes[0] == listed, "kept as it was written"
+
+    gpu = drift(gpu, (), rng, ours=(7, 8, 9), alive=lambda pid: True)
+    assert gpu.processes == (listed,), "the users stopped (alive or not); the other lives on"
+    running.clear()
+    assert drift(gpu, (), rng, alive=running.__contains__).processes == ()

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,6 +179,8 @@ class Simulation:
         others idle).
         """
         rng = rng or random.Random()
+        # The users each GPU's processes were written for last time: ours to replace.
+        listed: Mapping[GpuUuid, Sequence[int]] = {}
         while True:
             await asyncio.sleep(interval)
             try:
@@ -186,9 +188,13 @@ class Simulation:
                 config = await asyncio.to_thread(read_config, self.config_path)
                 moved = dataclasses.replace(
                     config,
-                    gpus=tuple(drift(gpu, busy.get(gpu.uuid, ()), rng) for gpu in config.gpus),
+                    gpus=tuple(
+                        drift(gpu, busy.get(gpu.uuid, ()), rng, ours=listed.get(gpu.uuid, ()))
+                        for gpu in config.gpus
+                    ),
                 )
                 await asyncio.to_thread(write_config, self.config_path, moved)
+                listed = busy
             except Exception:
                 log.exception("SIMULATED: moving the simulated readings failed; trying again")
 
@@ -199,10 +205,23 @@ def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, h
     return max(low, min(high, value + pull + rng.randint(-step, step)))
 
 
-def drift(gpu: SimulatedGpu, pids: Sequence[int], rng: random.Random) -> SimulatedGpu:
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def drift(
+    gpu: SimulatedGpu,
+    pids: Sequence[int],
+    rng: random.Random,
+    *,
+    ours: Collection[int] = (),
+    alive: Callable[[int], bool] = _alive,
+) -> SimulatedGpu:
     """The next readings of one simulated GPU: a GPU that processes ``pids`` use works, any
     other idles. NVML lists those processes, sharing the memory in use and the utilisation
-    evenly (the first ones get the remainders)."""
+    evenly (the first ones get the remainders). ``ours``: the users the last step listed,
+    which this step replaces; a process someone else listed (a test, an operator) stays as
+    it was while it is ``alive``, and leaves the list when it ends, as it does NVML's."""
     busy = bool(pids)
     # Unused: utilisation halves each step to exactly 0 (no noise: an idle GPU reads 0 %).
     utilization = (
@@ -225,12 +244,21 @@ def drift(gpu: SimulatedGpu, pids: Sequence[int], rng: random.Random) -> Simulat
         memory_used=memory_used,
         temperature=temperature,
         power_usage=power,
-        processes=_shares(pids[:MAX_PROCESSES], memory_used, utilization),
+        processes=_others(gpu, {*pids, *ours}, alive) + _shares(pids, memory_used, utilization),
     )
+
+
+def _others(
+    gpu: SimulatedGpu, replaced: Collection[int], alive: Callable[[int], bool]
+) -> tuple[SimulatedProcess, ...]:
+    """The processes someone else listed on ``gpu`` that still live (room left for ours)."""
+    kept = [p for p in gpu.processes if p.pid not in replaced and alive(p.pid)]
+    return tuple(kept[: MAX_PROCESSES - min(len(replaced), MAX_PROCESSES)])
 
 
 def _shares(pids: Sequence[int], memory: int, utilization: int) -> tuple[SimulatedProcess, ...]:
     """``pids`` as NVML's processes, each with an even share of ``memory`` and ``utilization``."""
+    pids = pids[:MAX_PROCESSES]
     if not pids:
         return ()
     memory_each, memory_rest = divmod(memory, len(pids))
