@@ -36,7 +36,7 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
@@ -49,6 +49,7 @@ from .._structs import (
     MAX_WAIT_SECONDS,
     MIG_PROFILE_RE,
     NVIDIA_MAJOR,
+    SANDBOX_PID_ENV,
     GpuUuid,
 )
 from .._version import __version__
@@ -64,9 +65,10 @@ from ..client import (
     normalise_selector,
     select_gpus,
 )
+from ..nvml.attribution import ProcessTree, attribute
 from ..nvml.sim.load import DEFAULT_SECONDS as LOAD_SECONDS
 from ..nvml.sim.load import gpu_nodes
-from ..nvml.state import GpuMonitor
+from ..nvml.state import GpuMonitor, Snapshot
 from . import render, reports
 from .cuda import CudaState, advice, cuda_initialised
 from .errors import GpuCommandError
@@ -130,6 +132,8 @@ class MagicContext:
     dev: Path = Path("/dev")
     """Where this kernel's GPU nodes are (``load`` holds them); tests give a directory of
     their own."""
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    """This kernel's environment (whether it runs in a sandbox of its own)."""
     background: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """The load helpers this context started: polled (reaped) at the next ``load``, so none
     stays a zombie for long."""
@@ -531,7 +535,9 @@ def _show(table: Table, context: MagicContext) -> None:
         print(table.text())
 
 
-def _status_table(context: MagicContext) -> Table:
+def _status_tables(context: MagicContext) -> list[Table]:
+    """This notebook's GPUs and, when a process uses one, which notebook uses how much of
+    each (one NVML read)."""
     client = context.client()
     attachments: Sequence[Attachment] | str
     try:
@@ -541,13 +547,33 @@ def _status_table(context: MagicContext) -> Table:
         attachments, released = error.message, ()
     with context.monitor() as monitor:
         snapshot = monitor.snapshot()
-    return reports.status_table(
+    status = reports.status_table(
         attachments, released, snapshot, cuda_line=_cuda_line(context.cuda())
     )
+    by_notebook = _attribution_table(snapshot, context)
+    return [status] if by_notebook is None else [status, by_notebook]
+
+
+def _attribution_table(snapshot: Snapshot, context: MagicContext) -> Table | None:
+    """Each GPU's processes by the notebook they belong to, as far as this kernel can tell:
+    a process carries its notebook in its environment (inherited from its kernel), or runs
+    below this kernel. In a sandbox NVML's pids are the host's, so nothing is named here."""
+    names = context.holders()
+    sandboxed = SANDBOX_PID_ENV in context.environ
+    tree = None if sandboxed else ProcessTree()
+    uses = [
+        (gpu, attribute(gpu.processes, names.kernel_name, tree))
+        for gpu in snapshot.gpus
+        if gpu.processes and gpu.mig is None
+    ]
+    if not uses:
+        return None
+    return reports.attribution_table(uses, notes=(reports.SANDBOXED_NOTE,) if sandboxed else ())
 
 
 def _status(args: argparse.Namespace, context: MagicContext) -> None:
-    _show(_status_table(context), context)
+    for table in _status_tables(context):
+        _show(table, context)
 
 
 def _list(args: argparse.Namespace, context: MagicContext) -> None:
@@ -620,7 +646,8 @@ def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _monitor(args: argparse.Namespace, context: MagicContext) -> None:
     if not context.in_kernel:
-        print(_status_table(context).text())
+        for table in _status_tables(context):
+            print(table.text())
         print(f"(The live monitor needs a notebook; '{PROG}' there shows it.)")
         return
     from IPython.display import display

@@ -84,6 +84,10 @@ _CAPS_NODE: Final = re.compile(r"nvidia-cap[0-9]+")
 _MIG_PROFILE_PREFIX: Final = "MIG "
 """NVML names GPU instance profiles ``MIG 1g.10gb``; the profile is the rest."""
 _MILLIWATTS_PER_WATT: Final = 1000.0
+PROCESS_SAMPLE_SECONDS: Final = 10.0
+"""How far back a process's utilisation samples count: NVML keeps a short ring of samples
+per GPU; a few seconds cover several of them without reaching back to a finished run."""
+_MICROSECONDS: Final = 1_000_000
 _T = TypeVar("_T")
 
 # NVML answers that mean "this one value is not available here", not "NVML is broken": the GPU
@@ -125,6 +129,9 @@ class GpuProcess:
     """``/proc/<pid>/comm``; ``None`` when that pid is not visible here."""
     used_memory: int | None
     """Bytes; ``None`` when NVML cannot say (common inside containers)."""
+    sm_util: int | None = None
+    """Percent of the GPU's SM time this process used lately (NVML's per-process samples of
+    the last ``PROCESS_SAMPLE_SECONDS``, averaged); ``None`` when NVML has none for it."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +202,7 @@ class GpuState:
             processes=None
             if self.processes is None
             else [
-                GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory)
+                GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory, sm_util=p.sm_util)
                 for p in self.processes
             ],
             lost=self.lost,
@@ -277,6 +284,7 @@ class GpuProcessJson(TypedDict):
     pid: int
     name: str | None
     used_memory: int | None
+    sm_util: int | None
 
 
 class GpuMetricsJson(TypedDict):
@@ -774,6 +782,7 @@ class GpuMonitor:
         graphics = _value(pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
         if compute is None and graphics is None:
             return None
+        utilization = _process_utilization(handle) if compute or graphics else {}
         found: dict[int, GpuProcess] = {}
         for info in [*(compute or ()), *(graphics or ())]:
             if info.pid in found:
@@ -781,7 +790,10 @@ class GpuMonitor:
             if info.pid not in names:
                 names[info.pid] = self._process_name(info.pid)
             found[info.pid] = GpuProcess(
-                pid=info.pid, name=names[info.pid], used_memory=info.usedGpuMemory
+                pid=info.pid,
+                name=names[info.pid],
+                used_memory=info.usedGpuMemory,
+                sm_util=utilization.get(info.pid),
             )
         return tuple(found.values())
 
@@ -792,6 +804,18 @@ class GpuMonitor:
         except OSError:
             # The pid belongs to another pid namespace (NVML reports host pids) or has exited.
             return None
+
+
+def _process_utilization(handle: Any) -> dict[int, int]:
+    """Each process's SM utilisation over the last ``PROCESS_SAMPLE_SECONDS`` (the mean of
+    NVML's samples, by pid); empty when NVML has no samples (``NOT_FOUND``) or does not offer
+    them (MIG devices, old drivers, containers without the permission)."""
+    since = int((time.time() - PROCESS_SAMPLE_SECONDS) * _MICROSECONDS)
+    samples = _found(pynvml.nvmlDeviceGetProcessUtilization, handle, since) or ()
+    by_pid: dict[int, list[int]] = {}
+    for sample in samples:
+        by_pid.setdefault(sample.pid, []).append(sample.smUtil)
+    return {pid: round(sum(values) / len(values)) for pid, values in by_pid.items()}
 
 
 def _summary(count: int, *, lost: int, slices: int = 0) -> tuple[NvmlStatus, str]:

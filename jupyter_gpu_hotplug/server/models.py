@@ -31,6 +31,7 @@ from .._structs import (
 )
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
+from .attribution import GpuAttributionJson
 from .releases import ReleasedJson
 
 __all__ = [
@@ -171,6 +172,9 @@ class GpusJson(TypedDict):
     released: list[ReleasedJson]
     """GPUs the kernel lost in the last minutes, and why (``releases``): what a page says
     when a GPU goes that it did not detach itself."""
+    attribution: list[GpuAttributionJson]
+    """Which kernel of this server uses how much of each GPU (``attribution``), the same in
+    every kernel's view."""
 
 
 class AttachJson(TypedDict):
@@ -324,6 +328,7 @@ def gpus_json(
     kernels: Mapping[int, KernelHolder] | None = None,
     queue: Iterable[WaitingAttach] = (),
     released: Sequence[ReleasedJson] = (),
+    attribution: Sequence[GpuAttributionJson] = (),
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
@@ -353,4 +358,5 @@ def gpus_json(
         ),
         taken_at=snapshot.taken_at,
         released=list(released),
+        attribution=list(attribution),
     )

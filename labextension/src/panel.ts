@@ -15,6 +15,7 @@ import { CommandRegistry } from '@lumino/commands';
 import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { AttributionList, attributionOf } from './attribution';
 import { IChartData, TimeChart } from './chart';
 import { Classes, CommandIds } from './constants';
 import { chartsCsv, csvFileName } from './csv';
@@ -172,7 +173,14 @@ class GpuGroup {
     });
     const charts = element('div', `${P}-charts`);
     charts.append(this._utilization.node, this._memory.node);
-    this.node.append(head, this._vitals, this._processes, charts);
+    this._byKernel = new AttributionList(trans);
+    this.node.append(
+      head,
+      this._vitals,
+      this._processes,
+      this._byKernel.node,
+      charts
+    );
     this.node.setAttribute('aria-labelledby', `${P}-name-${uuid}`);
     this._name.id = `${P}-name-${uuid}`;
   }
@@ -195,6 +203,11 @@ class GpuGroup {
       : label;
     this._renderActions(gpu, ctx);
     this._renderVitals(gpu);
+    const reply = ctx.state.reply;
+    this._byKernel.update(
+      attributionOf(reply, gpu.uuid),
+      reply?.kernel_id ?? null
+    );
     samples = thinned(
       samples.filter(s => s.time >= ctx.now - ctx.windowMs),
       MAX_POINTS
@@ -361,6 +374,7 @@ class GpuGroup {
   private readonly _vitals: HTMLParagraphElement;
   private readonly _processes: HTMLUListElement;
   private _processesKey = '';
+  private readonly _byKernel: AttributionList;
   private readonly _actions: HTMLDivElement;
   private readonly _utilization: TimeChart;
   private readonly _memory: TimeChart;

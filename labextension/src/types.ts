@@ -10,6 +10,8 @@ export interface IGpuProcess {
   pid: number;
   name: string | null;
   used_memory: number | null;
+  /** SM utilisation over the last seconds; absent from older servers. */
+  sm_util?: number | null;
 }
 
 /** `MetricsJson` (server/models.py): what one GPU is doing now; `null`: not offered. */
@@ -123,6 +125,38 @@ export interface IGpusReply {
   taken_at: number;
   /** GPUs the kernel lost lately, and why; absent from older servers. */
   released?: IReleasedGpu[];
+  /** Which kernel of this server uses how much of each GPU; absent from older servers. */
+  attribution?: IGpuAttribution[];
+}
+
+/** `UsageJson` (server/attribution.py): what a group of processes uses of one GPU. */
+export interface IUsage {
+  memory_bytes: number | null;
+  sm_util_percent: number | null;
+  processes: number;
+}
+
+/** `KernelUseJson`: one kernel's processes (it and its descendants) on one GPU. */
+export interface IKernelUse extends IUsage {
+  kernel_id: string;
+  notebook: string | null;
+}
+
+/**
+ * `GpuAttributionJson`: one GPU's processes by kernel of this server, and
+ * what cannot be named (`GET .../attribution`, every reading's `attribution`).
+ */
+export interface IGpuAttribution {
+  uuid: string;
+  /** Most memory first. */
+  kernels: IKernelUse[];
+  /** Other processes of this notebook server; `null`: none. */
+  server: IUsage | null;
+  /** Processes the server sees that are not its own, as a sum only. */
+  other_bytes: number | null;
+  /** Processes whose pid the server cannot see (another pid namespace). */
+  unattributed_bytes: number | null;
+  unattributed_processes: number;
 }
 
 /** Why a GPU left a kernel (`ReleasedJson` of `server/releases.py`). */

@@ -779,3 +779,32 @@ def test_screenshots_of_the_real_demo(open_lab: OpenLab, demo: DemoProcess, tmp_
     out = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
     for path in take_all(open_lab, demo, out):
         assert path.stat().st_size > 2000, path
+
+
+def test_the_panel_says_which_notebook_uses_a_gpu(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36: with two notebooks each holding a GPU, the one running the load helper is
+    named under its GPU, with its memory, on both pages (highlighted on its own), and the
+    other notebook's idle GPU names nobody."""
+    busy = open_lab("busy.ipynb")
+    idle = open_lab("idle.ipynb")
+    busy.choose("Attach 1 GPU")
+    idle.choose("Attach 1 GPU")
+    [used] = busy.attached()
+    [unused] = idle.attached()
+    with demo.server.connect(busy.kernel_id()) as kernel:
+        kernel.run(LOAD)
+    busy.open_panel()
+    idle.open_panel()
+
+    rows = ".jp-GpuHotplug-panel-byKernel-row"
+    busy_rows = f"{rows}[data-kernel-id='{busy.kernel_id()}']"
+    own = busy.panel_gpu(used["uuid"]).locator(busy_rows)
+    expect(own).to_have_count(1, timeout=SETTLE_MS)
+    expect(own).to_have_attribute("aria-current", "true")
+    expect(own).to_have_text(re.compile(r"^busy\.ipynb \(this notebook\)[\d.]+ GiB"))
+    seen_elsewhere = idle.panel_gpu(used["uuid"]).locator(busy_rows)
+    expect(seen_elsewhere).to_have_text(re.compile(r"^busy\.ipynb[\d.]+ GiB"), timeout=SETTLE_MS)
+    expect(seen_elsewhere).not_to_have_attribute("aria-current", "true")
+    for lab in (busy, idle):
+        expect(lab.panel_gpu(unused["uuid"]).locator(rows)).to_have_count(0)
+        expect(lab.page.locator(f"{rows}[data-kernel-id='{idle.kernel_id()}']")).to_have_count(0)

@@ -128,6 +128,11 @@ class TestValidation:
         with pytest.raises(FakeNvmlConfigError):
             SimulatedProcess(pid, used)
 
+    @pytest.mark.parametrize("util", [-1, 101])
+    def test_process_utilisation_is_a_percentage(self, util: int) -> None:
+        with pytest.raises(FakeNvmlConfigError, match="sm_util"):
+            SimulatedProcess(1, 1, util)
+
     def test_bus_id_normalised_to_nvml_spelling(self) -> None:
         assert gpu(pci_bus_id="0:1a:3.1").pci_bus_id == "00000000:1A:03.1"
         assert gpu(pci_bus_id="1a:00.0").pci_bus_id == "00000000:1A:00.0"
@@ -213,10 +218,14 @@ def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
         power_limit=draw(st.integers(0, 2**32 - 1)),
         compute_capability=(draw(st.integers(0, 99)), draw(st.integers(0, 99))),
         processes=tuple(
-            SimulatedProcess(pid, used)
-            for pid, used in draw(
+            SimulatedProcess(pid, used, util)
+            for pid, used, util in draw(
                 st.lists(
-                    st.tuples(st.integers(1, 2**32 - 1), st.none() | st.integers(0, 2**64 - 2)),
+                    st.tuples(
+                        st.integers(1, 2**32 - 1),
+                        st.none() | st.integers(0, 2**64 - 2),
+                        st.none() | st.integers(0, 100),
+                    ),
                     max_size=5,
                 )
             )
@@ -291,6 +300,11 @@ class TestFormat:
                 "version=1\n[gpu]\nuuid=a\nminor=0\nprocesses=1:2,,3:4\n",
                 r":2: process : expected pid:used_bytes",
                 id="empty-process",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\nprocesses=1:2:101\n",
+                r":2: process 1:2:101: sm_util=101 is outside 0..100",
+                id="process-util",
             ),
             pytest.param(
                 "version=1\n[gpu]\nuuid=a\nminor=0\nmemory_used=5\n",

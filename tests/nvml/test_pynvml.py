@@ -66,6 +66,15 @@ def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
     assert [(p.pid, p.usedGpuMemory) for p in processes] == [
         (p.pid, p.used_memory) for p in gpu.processes
     ] + [(p.pid, p.used_memory) for device in gpu.mig_devices for p in device.processes]
+    sampled = [(p.pid, p.sm_util) for p in gpu.processes if p.sm_util is not None]
+    if sampled:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [
+            (pid, util, util * 2 // 3) for pid, util in sampled
+        ]
+    else:
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
     assert_reports_mig(gpu, handle)
 
@@ -171,6 +180,15 @@ class TestReporting:
                     assert_reports(gpu, pynvml.nvmlDeviceGetHandleByIndex(index))
         finally:
             pynvml.nvmlShutdown()
+
+    def test_process_samples_are_newer_than_the_callers_last(self, nvml: FakeNvml) -> None:
+        """A sample carries the config's mtime: asking for newer ones than that finds none."""
+        nvml.update_gpu(nvml.gpus[0].uuid, processes=(SimulatedProcess(7, 1, 50),))
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        (sample,) = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert (sample.pid, sample.smUtil) == (7, 50)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetProcessUtilization(handle, sample.timeStamp)
 
     def test_mig_is_not_supported(self, nvml: FakeNvml) -> None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)

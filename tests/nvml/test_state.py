@@ -410,6 +410,27 @@ def test_process_names_come_from_proc(fake_nvml: FakeNvml, dev: Path, tmp_path: 
     assert processes == (GpuProcess(101, "python3", 2**20), GpuProcess(102, None, None))
 
 
+def test_process_utilisation_comes_from_nvml_samples(
+    fake_nvml: FakeNvml, monitor: GpuMonitor
+) -> None:
+    """``nvmlDeviceGetProcessUtilization``: a process with a sample gets its SM share, one
+    without (or a GPU with no samples at all: NOT_FOUND) gets ``None``."""
+    first, second = fake_nvml.gpus[:2]
+    fake_nvml.update_gpu(
+        first.uuid,
+        processes=(SimulatedProcess(101, 2**20, 40), SimulatedProcess(102, 2**21)),
+    )
+    fake_nvml.update_gpu(second.uuid, processes=(SimulatedProcess(103, 2**22),))
+
+    gpus = monitor.snapshot().gpus
+
+    def usage(gpu: GpuState) -> list[tuple[int, int | None, int | None]]:
+        return [(p.pid, p.used_memory, p.sm_util) for p in gpu.processes or ()]
+
+    assert usage(gpus[0]) == [(101, 2**20, 40), (102, 2**21, None)]
+    assert usage(gpus[1]) == [(103, 2**22, None)]
+
+
 def test_snapshots_from_many_threads(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
     uuid = fake_nvml.gpus[0].uuid
     seen: list[int | None] = []
@@ -455,6 +476,7 @@ def test_to_json(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
         "pid": PID_MAX_LIMIT,
         "name": None,
         "used_memory": None,
+        "sm_util": None,
     }
     assert data["gpus"][1]["uuid"] == fake_nvml.gpus[1].uuid
 

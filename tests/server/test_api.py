@@ -16,7 +16,7 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
-from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
@@ -579,3 +579,60 @@ async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel:
     error = reply.error(409, "insufficient_gpus")
     assert (error["free"], error["requested"]) == (1, 2)
     assert error["retryable"] is True
+
+
+@needs_root
+async def test_attribution_names_the_kernel_whose_process_uses_the_gpu(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    local_agent: LocalAgent,
+    server_nvml: FakeNvml,
+    sandbox_factory: SandboxFactory,
+    kernel: str,
+    sandbox: SandboxProbe,
+) -> None:
+    """Issue 36: which kernel uses how much of each GPU. A worker below kernel A's sandbox and
+    kernel B's sandbox itself are on the GPU with their memory and SM samples; a pid this
+    server cannot see is unattributed, a process outside the server only a sum."""
+    other = sandboxes_of(jp_serverapp).register("kernel-b", sandbox_factory().pid)
+    uuid = local_agent.gpus()[0].uuid
+    worker = sandbox.spawn(["/bin/sleep", "600"])
+    other_pid = sandboxes_of(jp_serverapp).pid_of(other)
+    gib = 2**30
+    local_agent.update_gpu(
+        uuid,
+        processes=(
+            SimulatedProcess(worker, 3 * gib, 60),
+            SimulatedProcess(other_pid, gib, 10),
+            SimulatedProcess(PID_MAX_LIMIT, 2 * gib, 5),
+            SimulatedProcess(1, 4 * gib),
+        ),
+    )
+
+    reply = await call(jp_fetch, "GET", "attribution")
+
+    assert reply.status == 200
+    gpu = next(gpu for gpu in reply.json()["gpus"] if gpu["uuid"] == uuid)
+    assert gpu["kernels"] == [
+        {
+            "kernel_id": "kernel-a",
+            "notebook": None,
+            "memory_bytes": 3 * gib,
+            "sm_util_percent": 60,
+            "processes": 1,
+        },
+        {
+            "kernel_id": "kernel-b",
+            "notebook": None,
+            "memory_bytes": gib,
+            "sm_util_percent": 10,
+            "processes": 1,
+        },
+    ]
+    assert (gpu["unattributed_bytes"], gpu["unattributed_processes"]) == (2 * gib, 1)
+    assert (gpu["other_bytes"], gpu["server"]) == (4 * gib, None)
+    assert str(PID_MAX_LIMIT) not in reply.body.decode(), "no pid of anyone else is shown"
+    view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+    assert [entry["uuid"] for entry in view["attribution"]] == [
+        entry["uuid"] for entry in reply.json()["gpus"]
+    ], "every reading carries the same attribution"

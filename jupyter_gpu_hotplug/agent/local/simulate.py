@@ -10,7 +10,10 @@ while a process of the container it is attached to *uses* it — holds its ``/de
 open, as a CUDA program would (with no driver, the demo's load helper
 ``python -m jupyter_gpu_hotplug.nvml.sim.load`` holds it with ``O_PATH``) — found by the same
 device-node scan that makes a detach refuse a busy GPU. Otherwise it idles: 0 %, no memory in
-use, idle power. Every line it logs says SIMULATED.
+use, idle power. Every line it logs says SIMULATED. The processes that hold a GPU are what its
+NVML lists on it, with the GPU's memory in use and its utilisation shared among them (the
+per-process samples of ``nvmlDeviceGetProcessUtilization``), so per-kernel attribution has the
+same inputs as on hardware: pids as the agent (the host) sees them.
 
 Processes that should see the simulated GPUs (kernels in sandboxes) get ``environ()``: the
 library path, the config, and the device filter that hides GPUs whose ``/dev/nvidia<minor>``
@@ -32,8 +35,10 @@ from ..._structs import GpuUuid
 from ...linux.devnodes import parse_proc_devices
 from ...nvml.sim import (
     CONFIG_ENV,
+    MAX_PROCESSES,
     FakeNvmlConfig,
     SimulatedGpu,
+    SimulatedProcess,
     default_gpus,
     ensure_fake_nvml,
     fake_nvml_environ,
@@ -165,23 +170,31 @@ class Simulation:
         self,
         *,
         interval: float,
-        in_use: Callable[[], Awaitable[Collection[GpuUuid]]],
+        in_use: Callable[[], Awaitable[Mapping[GpuUuid, Sequence[int]]]],
         rng: random.Random | None = None,
     ) -> None:
         """Move the simulated readings every ``interval`` seconds until cancelled.
 
-        ``in_use``: the GPUs a process uses now (they work; the others idle).
+        ``in_use``: the GPUs a process uses now, with the pids that use each (they work; the
+        others idle).
         """
         rng = rng or random.Random()
+        # The users each GPU's processes were written for last time: ours to replace.
+        listed: Mapping[GpuUuid, Sequence[int]] = {}
         while True:
             await asyncio.sleep(interval)
             try:
-                busy = set(await in_use())
+                busy = await in_use()
                 config = await asyncio.to_thread(read_config, self.config_path)
                 moved = dataclasses.replace(
-                    config, gpus=tuple(drift(gpu, gpu.uuid in busy, rng) for gpu in config.gpus)
+                    config,
+                    gpus=tuple(
+                        drift(gpu, busy.get(gpu.uuid, ()), rng, ours=listed.get(gpu.uuid, ()))
+                        for gpu in config.gpus
+                    ),
                 )
                 await asyncio.to_thread(write_config, self.config_path, moved)
+                listed = busy
             except Exception:
                 log.exception("SIMULATED: moving the simulated readings failed; trying again")
 
@@ -192,8 +205,24 @@ def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, h
     return max(low, min(high, value + pull + rng.randint(-step, step)))
 
 
-def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
-    """The next readings of one simulated GPU: a GPU in use works, any other idles."""
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def drift(
+    gpu: SimulatedGpu,
+    pids: Sequence[int],
+    rng: random.Random,
+    *,
+    ours: Collection[int] = (),
+    alive: Callable[[int], bool] = _alive,
+) -> SimulatedGpu:
+    """The next readings of one simulated GPU: a GPU that processes ``pids`` use works, any
+    other idles. NVML lists those processes, sharing the memory in use and the utilisation
+    evenly (the first ones get the remainders). ``ours``: the users the last step listed,
+    which this step replaces; a process someone else listed (a test, an operator) stays as
+    it was while it is ``alive``, and leaves the list when it ends, as it does NVML's."""
+    busy = bool(pids)
     # Unused: utilisation halves each step to exactly 0 (no noise: an idle GPU reads 0 %).
     utilization = (
         _toward(gpu.utilization_gpu, rng.randint(55, 98), rng, step=6, low=0, high=100)
@@ -215,4 +244,30 @@ def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
         memory_used=memory_used,
         temperature=temperature,
         power_usage=power,
+        processes=_others(gpu, {*pids, *ours}, alive) + _shares(pids, memory_used, utilization),
+    )
+
+
+def _others(
+    gpu: SimulatedGpu, replaced: Collection[int], alive: Callable[[int], bool]
+) -> tuple[SimulatedProcess, ...]:
+    """The processes someone else listed on ``gpu`` that still live (room left for ours)."""
+    kept = [p for p in gpu.processes if p.pid not in replaced and alive(p.pid)]
+    return tuple(kept[: MAX_PROCESSES - min(len(replaced), MAX_PROCESSES)])
+
+
+def _shares(pids: Sequence[int], memory: int, utilization: int) -> tuple[SimulatedProcess, ...]:
+    """``pids`` as NVML's processes, each with an even share of ``memory`` and ``utilization``."""
+    pids = pids[:MAX_PROCESSES]
+    if not pids:
+        return ()
+    memory_each, memory_rest = divmod(memory, len(pids))
+    util_each, util_rest = divmod(utilization, len(pids))
+    return tuple(
+        SimulatedProcess(
+            pid,
+            memory_each + (i < memory_rest),
+            util_each + (i < util_rest),
+        )
+        for i, pid in enumerate(pids)
     )

@@ -30,7 +30,7 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     power_usage=69000
     power_limit=700000
     compute_capability=9.0
-    processes=4242:1073741824,4243:na
+    processes=4242:1073741824:55,4243:na
     lost=0
     mig=enabled
 
@@ -48,7 +48,10 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     processes=
 
 Every ``[gpu]`` section needs ``uuid`` and ``minor``; other keys default as in
-``SimulatedGpu``. A process's memory of ``na`` means NVML reports it as not available.
+``SimulatedGpu``. A process's memory of ``na`` means NVML reports it as not available; a
+third field (``pid:bytes:55``) is its SM utilisation in percent, the one sample
+``nvmlDeviceGetProcessUtilization`` answers for it (a GPU's processes only: NVML has no
+per-process samples on a MIG device).
 A ``[mig]`` section is a MIG device (one GPU instance with one compute instance) of the
 ``[gpu]`` above it, which needs ``mig=enabled``; it needs ``uuid``, ``profile``,
 ``gpu_instance_id`` and the two ``nvidia-caps`` minors, other keys default as in
@@ -178,11 +181,16 @@ class SimulatedProcess:
     used_memory: int | None
     """Bytes of GPU memory the process holds; ``None``: NVML reports it as not available (its
     2**64 - 1 sentinel, which pynvml turns into ``None``), as it does in many containers."""
+    sm_util: int | None = None
+    """Percent of the GPU's SM time this process used (its sample in
+    ``nvmlDeviceGetProcessUtilization``); ``None``: no sample."""
 
     def __post_init__(self) -> None:
         _check_int("pid", self.pid, _UINT_MAX, minimum=1)
         if self.used_memory is not None:
             _check_int("used_memory", self.used_memory, _ULLONG_MAX - 1)
+        if self.sm_util is not None:
+            _check_int("sm_util", self.sm_util, 100)
 
 
 class MigMode(enum.StrEnum):
@@ -262,6 +270,8 @@ class SimulatedMigDevice:
         _check_int("memory_used", self.memory_used, self.memory_total)
         if len(self.processes) > MAX_PROCESSES:
             raise FakeNvmlConfigError(f"MIG {self.uuid}: more than {MAX_PROCESSES} processes")
+        if any(process.sm_util is not None for process in self.processes):
+            raise FakeNvmlConfigError(f"MIG {self.uuid}: a MIG device's process has no sm_util")
         object.__setattr__(self, "processes", tuple(self.processes))
         if not self.name:
             object.__setattr__(self, "name", f"NVIDIA MIG {self.profile}{SIMULATED_SUFFIX}")
@@ -552,10 +562,14 @@ def _render_gpu(gpu: SimulatedGpu) -> Iterator[str]:
         yield from _render_mig(device)
 
 
+def _render_process(process: SimulatedProcess) -> str:
+    used = _NOT_AVAILABLE if process.used_memory is None else process.used_memory
+    util = "" if process.sm_util is None else f":{process.sm_util}"
+    return f"{process.pid}:{used}{util}"
+
+
 def _render_processes(processes: Iterable[SimulatedProcess]) -> str:
-    return "processes=" + ",".join(
-        f"{p.pid}:{_NOT_AVAILABLE if p.used_memory is None else p.used_memory}" for p in processes
-    )
+    return "processes=" + ",".join(_render_process(p) for p in processes)
 
 
 def _render_mig(device: SimulatedMigDevice) -> Iterator[str]:
@@ -726,12 +740,14 @@ class _Parser:
         return tuple(self.process(item) for item in value.split(",")) if value else ()
 
     def process(self, item: str) -> SimulatedProcess:
-        pid, sep, used = (part.strip(_WHITESPACE) for part in item.partition(":"))
+        pid, sep, rest = (part.strip(_WHITESPACE) for part in item.partition(":"))
         if not sep:
             raise self.fail(f"process {item.strip(_WHITESPACE)}: expected pid:used_bytes")
+        used, util_sep, util = (part.strip(_WHITESPACE) for part in rest.partition(":"))
         try:
             used_memory = None if used == _NOT_AVAILABLE else self.uint("used_memory", used)
-            return SimulatedProcess(self.uint("pid", pid), used_memory)
+            sm_util = self.uint("sm_util", util) if util_sep else None
+            return SimulatedProcess(self.uint("pid", pid), used_memory, sm_util)
         except FakeNvmlConfigError as error:
             raise self.fail(f"process {item.strip(_WHITESPACE)}: {error}") from error
 

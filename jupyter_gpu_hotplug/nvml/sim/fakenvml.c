@@ -62,7 +62,11 @@
  *     compute_capability=9.0        major.minor (default 9.0)
  *     processes=4242:1073741824,... compute processes as pid:used_bytes; `pid:na`
  *                                   reports the memory as not available (pynvml
- *                                   gives None), as NVML does in many containers
+ *                                   gives None), as NVML does in many containers;
+ *                                   `pid:used_bytes:sm` adds the process's SM
+ *                                   utilisation (percent, 0..100) to
+ *                                   nvmlDeviceGetProcessUtilization (a process
+ *                                   without it has no sample there)
  *     lost=0                        1: the GPU "fell off the bus": every query
  *                                   returns 15 (NVML_ERROR_GPU_IS_LOST)
  *     mig=unsupported               nvmlDeviceGetMigMode: unsupported (the
@@ -84,7 +88,9 @@
  *     name=...                      default "NVIDIA MIG <profile> (simulated)"
  *     memory_total=0                bytes; the GPU's MIG devices together hold
  *     memory_used=0                 at most its memory_total
- *     processes=...                 as for a GPU; the GPU's own list adds them
+ *     processes=...                 as for a GPU (without utilisation: NVML
+ *                                   has no per-process samples on a MIG
+ *                                   device); the GPU's own list adds them
  *
  *   GPUs are enumerated (NVML index) in file order among the visible ones;
  *   MIG devices (nvmlDeviceGetMigDeviceHandleByIndex) in file order among the
@@ -119,6 +125,15 @@
  *   the profile ids are those of A100/H100 (1g 19, 2g 14, 3g 9, 4g 5, 7g 0).
  *   Creating or destroying instances and changing the MIG mode are not
  *   simulated: rewrite the config instead.
+ *
+ * PROCESS UTILISATION
+ *
+ *   nvmlDeviceGetProcessUtilization answers one sample per process that has an
+ *   `sm` value, stamped with the config file's mtime (in microseconds since
+ *   the epoch: a writer that moves the readings makes a new sample); memUtil
+ *   is two thirds of smUtil, as the simulation's GPU-wide readings have it.
+ *   No sample newer than the caller's timestamp: NOT_FOUND, as on hardware.
+ *   A MIG device: NOT_SUPPORTED.
  *
  * All entry points are thread-safe (one mutex guards all state).
  * Not simulated: graphics processes (always none), every function not defined
@@ -305,9 +320,12 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout differs from p
 #define MAX_CAPS_MINOR ((1u << 20) - 1)
 #define SIMULATED_SUFFIX " (simulated)"
 
+#define NO_SM_UTIL 0xFFFFFFFFu /* a process without a utilisation sample */
+
 struct sim_process {
     unsigned int pid;
     unsigned long long used_memory;
+    unsigned int sm_util; /* percent, or NO_SM_UTIL */
 };
 
 enum mig_mode { MIG_UNSUPPORTED, MIG_DISABLED, MIG_ENABLED };
@@ -530,7 +548,7 @@ static int set_text(struct parser *p, char *dst, const char *key, const char *va
 }
 
 static int parse_processes(struct parser *p, struct sim_process *procs, unsigned int *nprocs,
-                           char *value)
+                           char *value, int with_util)
 {
     *nprocs = 0;
     if (*value == '\0')
@@ -541,6 +559,16 @@ static int parse_processes(struct parser *p, struct sim_process *procs, unsigned
         if (!colon)
             return parse_fail(p, "process %s: expected pid:used_bytes", tok);
         *colon = '\0';
+        char *util_colon = strchr(colon + 1, ':');
+        unsigned int sm = NO_SM_UTIL;
+        if (util_colon) {
+            *util_colon = '\0';
+            if (!with_util)
+                return parse_fail(p, "process %s: a MIG device's process has no utilisation", tok);
+            if (parse_uint(trim(util_colon + 1), 100, &sm) != 0)
+                return parse_fail(p, "process %s: utilisation %s: expected 0..100", tok,
+                                  trim(util_colon + 1));
+        }
         unsigned int pid;
         unsigned long long used = NVML_VALUE_NOT_AVAILABLE_ULL;
         const char *used_text = trim(colon + 1);
@@ -551,6 +579,7 @@ static int parse_processes(struct parser *p, struct sim_process *procs, unsigned
             return parse_fail(p, "more than %d processes", MAX_PROCS);
         procs[*nprocs].pid = pid;
         procs[*nprocs].used_memory = used;
+        procs[*nprocs].sm_util = sm;
         (*nprocs)++;
     }
     return 0;
@@ -657,7 +686,7 @@ static int set_gpu_key(struct parser *p, struct gpu_spec *g, enum gpu_key k, cha
         return 0;
     }
     case K_PROCESSES:
-        return parse_processes(p, g->procs, &g->nprocs, value);
+        return parse_processes(p, g->procs, &g->nprocs, value, 1);
     case K_LOST:
         if (parse_bool(value, &g->lost) != 0)
             return parse_fail(p, "lost %s: expected 0 or 1", value);
@@ -735,7 +764,7 @@ static int set_mig_key(struct parser *p, struct mig_spec *m, enum mig_key k, cha
             return parse_fail(p, "%s %s: expected bytes", mig_keys[k], value);
         return 0;
     case M_PROCESSES:
-        return parse_processes(p, m->procs, &m->nprocs, value);
+        return parse_processes(p, m->procs, &m->nprocs, value, 0);
     case M_MIG_KEY_COUNT:
         break;
     }
@@ -1800,6 +1829,61 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, u
                                                           nvmlProcessInfo_t *infos)
 {
     return get_processes(device, count, infos, 1);
+}
+
+/* nvmlProcessUtilizationSample_t */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* When the loaded config's readings were taken (its mtime), in microseconds
+ * since the epoch. */
+static unsigned long long sample_time_us(void)
+{
+    pthread_mutex_lock(&st.lock);
+    struct timespec taken = st.loaded.st_mtim;
+    pthread_mutex_unlock(&st.lock);
+    return (unsigned long long)taken.tv_sec * 1000000ull + (unsigned long long)taken.tv_nsec / 1000ull;
+}
+
+/* One sample per process of the GPU that has a utilisation, stamped with the
+ * config's mtime; NVML's two-call protocol as for the process lists. */
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                 nvmlProcessUtilizationSample_t *utilization,
+                                                 unsigned int *count,
+                                                 unsigned long long lastSeenTimeStamp)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    WITH_GPU(device, g);
+    unsigned long long stamp = sample_time_us();
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < g.nprocs; i++)
+        n += g.procs[i].sm_util != NO_SM_UTIL;
+    if (n == 0 || stamp <= lastSeenTimeStamp) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int at = 0;
+    for (unsigned int i = 0; i < g.nprocs; i++) {
+        if (g.procs[i].sm_util == NO_SM_UTIL)
+            continue;
+        utilization[at].pid = g.procs[i].pid;
+        utilization[at].timeStamp = stamp;
+        utilization[at].smUtil = g.procs[i].sm_util;
+        utilization[at].memUtil = g.procs[i].sm_util * 2 / 3;
+        utilization[at].encUtil = 0;
+        utilization[at].decUtil = 0;
+        at++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
 }
 
 /* ----- topology ----- */
