@@ -18,7 +18,7 @@ arrives.
 Two lighter reads serve callers that need no metrics (the node agent hands GPUs out by
 identity on every attach, and asks who uses one GPU before taking it away): ``roster()`` reads
 who each GPU is and whether it still answers (one NVML query per GPU instead of a snapshot's
-seven), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plug and lost GPUs
+ten), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plug and lost GPUs
 exactly as ``snapshot()`` does, because all three share the same initialisation and
 enumeration.
 

@@ -537,6 +537,8 @@ _METRIC_READS = (
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetFieldValues",
 )
 
 
