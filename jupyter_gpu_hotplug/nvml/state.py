@@ -494,12 +494,14 @@ _Count = tuple[int, int]
 
 
 def _count(field: Any) -> _Count | None:
-    """One ``nvmlFieldValue_t``'s count; ``None`` for a value that is not available (a GPU
-    without NVLink answers NOT_SUPPORTED here, inside a successful call)."""
+    """One ``nvmlFieldValue_t``'s count, or ``None``: a GPU without NVLink answers
+    NOT_SUPPORTED here, inside a successful call. Any other error of one field is about that
+    value only (a driver that will not sum the links answers INVALID_ARGUMENT), so it is
+    ``None`` too rather than a broken NVML; only a lost GPU is the GPU's."""
+    if field.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
+        raise _GpuLost
     if field.nvmlReturn != pynvml.NVML_SUCCESS:
-        if field.nvmlReturn in _VALUE_UNAVAILABLE:
-            return None
-        _raise_for(pynvml.NVMLError(field.nvmlReturn))
+        return None
     return field.timestamp, field.value.ullVal
 
 

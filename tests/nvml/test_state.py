@@ -179,9 +179,9 @@ def test_nvlink_traffic_is_a_rate_between_two_snapshots(
     assert unlinked.metrics_json()["nvlink_tx"] is None
 
 
-def _nvlink_counts(*readings: tuple[int, int]) -> object:
+def _nvlink_counts(*readings: tuple[int, int], code: int = pynvml.NVML_SUCCESS) -> object:
     """``nvmlDeviceGetFieldValues`` answering these (microseconds, KiB) in turn, for TX and
-    RX alike."""
+    RX alike, each field with ``code``."""
     answers = iter(readings)
 
     def read(handle: object, fields: list[tuple[int, int]]) -> list[object]:
@@ -189,12 +189,37 @@ def _nvlink_counts(*readings: tuple[int, int]) -> object:
         value = pynvml.c_nvmlValue_t(ullVal=kib)
         return [
             pynvml.c_nvmlFieldValue_t(
-                fieldId=field, scopeId=scope, timestamp=at, nvmlReturn=0, value=value
+                fieldId=field, scopeId=scope, timestamp=at, nvmlReturn=code, value=value
             )
             for field, scope in fields
         ]
 
     return read
+
+
+@pytest.mark.parametrize(
+    ("code", "lost"),
+    [(pynvml.NVML_ERROR_INVALID_ARGUMENT, False), (pynvml.NVML_ERROR_GPU_IS_LOST, True)],
+)
+def test_an_nvlink_field_error_is_that_values_own(
+    fake_nvml: FakeNvml,
+    monitor: GpuMonitor,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+    lost: bool,
+) -> None:
+    """A field NVML will not give (a driver that does not sum the links) is ``None`` and the
+    rest of the reading stands; a field saying the GPU is lost marks the GPU lost."""
+    monkeypatch.setattr(
+        pynvml, "nvmlDeviceGetFieldValues", _nvlink_counts((1, 1), (1, 1), code=code)
+    )
+
+    snapshot = monitor.snapshot()
+
+    assert snapshot.status is NvmlStatus.OK
+    gpu = snapshot.gpus[0]
+    assert (gpu.lost, gpu.nvlink_tx, gpu.nvlink_rx) == (lost, None, None)
+    assert (gpu.utilization_gpu is None) is lost
 
 
 def test_nvlink_rate_arithmetic(

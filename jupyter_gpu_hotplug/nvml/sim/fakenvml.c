@@ -133,9 +133,9 @@
  *   (138, 139) as NVML does: a running count of KiB, for one link (scopeId <
  *   nvlinks) or all links together (scopeId UINT_MAX), with a timestamp in
  *   microseconds.  Readers turn two counts into a rate.  The library counts
- *   per GPU at the configured rates, from the GPU's first such query, each
- *   rate for as long as it was in the config; one link's count is the
- *   total's share.  Other fields are NOT_SUPPORTED.
+ *   per GPU at the configured rates, from the GPU's first such query or config
+ *   change, each rate for as long as it was in the config; one link's count is
+ *   the total's share.  Other fields are NOT_SUPPORTED.
  *   Topology is not simulated: nvmlDeviceGetNvLinkState stays NOT_SUPPORTED
  *   for every GPU, so NVIDIA's device plugin sees the same board either way.
  *
