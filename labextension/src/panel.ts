@@ -1,6 +1,6 @@
 /**
- * The GPU panel: every GPU of the node as a group of two time charts
- * (utilisation in %, memory in GiB) with its state, who holds it and the
+ * The GPU panel: every GPU of the node as a group of time charts
+ * (utilisation %, memory GiB; traffic: `traffic.ts`) with its state, who holds it and the
  * actions the current notebook may take on it (attach, detach, force-detach);
  * the queue of waiting attaches with their notebooks and countdowns; a clear
  * disconnected state. The same widget serves the right side panel and, opened

@@ -343,6 +343,8 @@ def test_the_restart_dialog_says_the_gpus_go(open_lab: OpenLab) -> None:
     """Issue 36, item 7: JupyterLab's "Restart Kernel?" dialog did not say that a restart
     releases the kernel's GPUs."""
     lab = open_lab("restart.ipynb")
+    # An earlier test's GPUs are freed when its pages close (a force-detach): wait for both.
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [gpu] = lab.attached()
