@@ -41,6 +41,12 @@ export interface ISample {
   memoryUsed: number | null;
   /** Bytes. */
   memoryTotal: number | null;
+  /** Bytes/s over PCIe, sent and received. */
+  pcieTx: number | null;
+  pcieRx: number | null;
+  /** Bytes/s over all NVLinks; `null` on a GPU without NVLink. */
+  nvlinkTx: number | null;
+  nvlinkRx: number | null;
 }
 
 /**
@@ -312,13 +318,19 @@ export class GpuModel implements IDisposable {
       const own = history.get(uuid) ?? [];
       const first = own.length > 0 ? own[0].time : Infinity;
       const older: ISample[] = readings
-        .map(([at, utilization, activity, used, total]) => ({
-          time: at * 1000,
-          utilization,
-          memoryActivity: activity,
-          memoryUsed: used,
-          memoryTotal: total
-        }))
+        .map(
+          ([at, utilization, activity, used, total, ...traffic]): ISample => ({
+            time: at * 1000,
+            utilization,
+            memoryActivity: activity,
+            memoryUsed: used,
+            memoryTotal: total,
+            pcieTx: traffic[0] ?? null,
+            pcieRx: traffic[1] ?? null,
+            nvlinkTx: traffic[2] ?? null,
+            nvlinkRx: traffic[3] ?? null
+          })
+        )
         .filter(sample => sample.time < first);
       history.set(uuid, [...older, ...own]);
     }
@@ -589,7 +601,11 @@ function toSample(time: number, metrics: IGpuMetrics | null): ISample {
     utilization: metrics?.utilization_gpu ?? null,
     memoryActivity: metrics?.utilization_memory ?? null,
     memoryUsed: metrics?.memory_used ?? null,
-    memoryTotal: metrics?.memory_total ?? null
+    memoryTotal: metrics?.memory_total ?? null,
+    pcieTx: metrics?.pcie_tx ?? null,
+    pcieRx: metrics?.pcie_rx ?? null,
+    nvlinkTx: metrics?.nvlink_tx ?? null,
+    nvlinkRx: metrics?.nvlink_rx ?? null
   };
 }
 

@@ -1,6 +1,6 @@
 /**
- * The GPU panel: every GPU of the node as a group of two time charts
- * (utilisation in %, memory in GiB) with its state, who holds it and the
+ * The GPU panel: every GPU of the node as a group of time charts
+ * (utilisation %, memory GiB; traffic: `traffic.ts`) with its state, who holds it and the
  * actions the current notebook may take on it (attach, detach, force-detach);
  * the queue of waiting attaches with their notebooks and countdowns; a clear
  * disconnected state. The same widget serves the right side panel and, opened
@@ -38,6 +38,7 @@ import {
 } from './gpuModel';
 import { holderLabel, stateLabel } from './holders';
 import { CHART_WINDOWS } from './settings';
+import { TrafficCharts } from './traffic';
 import { IAttachedGpu, IGpuMetrics, INodeGpu, IQueued } from './types';
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -164,15 +165,20 @@ class GpuGroup {
     this._utilization = new TimeChart({
       title: trans.__('Utilisation'),
       unit: '%',
-      onHover: time => this._memory.hover(time)
+      onHover: time => this._hover(time)
     });
     this._memory = new TimeChart({
       title: trans.__('Memory'),
       unit: 'GiB',
-      onHover: time => this._utilization.hover(time)
+      onHover: time => this._hover(time)
     });
+    this._traffic = new TrafficCharts(trans, time => this._hover(time));
     const charts = element('div', `${P}-charts`);
-    charts.append(this._utilization.node, this._memory.node);
+    charts.append(
+      this._utilization.node,
+      this._memory.node,
+      ...this._traffic.charts.map(chart => chart.node)
+    );
     this._byKernel = new AttributionList(trans);
     this.node.append(
       head,
@@ -270,12 +276,25 @@ class GpuGroup {
         value => `${gib(value * GIB)} GiB`
       )
     );
+    this._traffic.update(samples, ctx);
   }
 
   dispose(): void {
     this._utilization.dispose();
     this._memory.dispose();
+    this._traffic.dispose();
     this.node.remove();
+  }
+
+  /** Linked tooltips: the time under the pointer in one chart, shown in all. */
+  private _hover(time: number | null): void {
+    for (const chart of [
+      this._utilization,
+      this._memory,
+      ...this._traffic.charts
+    ]) {
+      chart.hover(time);
+    }
   }
 
   /** "61 °C · 250 W of 700 W"; under a GPU of this notebook, its processes. */
@@ -378,6 +397,7 @@ class GpuGroup {
   private readonly _actions: HTMLDivElement;
   private readonly _utilization: TimeChart;
   private readonly _memory: TimeChart;
+  private readonly _traffic: TrafficCharts;
   private _actionsKey = '';
 }
 

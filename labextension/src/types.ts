@@ -23,6 +23,12 @@ export interface IGpuMetrics {
   temperature: number | null;
   power_draw: number | null;
   power_limit: number | null;
+  /** Bytes/s over PCIe; absent from older servers. */
+  pcie_tx?: number | null;
+  pcie_rx?: number | null;
+  /** Bytes/s over all NVLinks; `null` on a GPU without NVLink. */
+  nvlink_tx?: number | null;
+  nvlink_rx?: number | null;
   processes: IGpuProcess[] | null;
   lost: boolean;
 }
@@ -174,7 +180,8 @@ export interface IReleasedGpu {
 /**
  * `GET <base_url>/gpu-hotplug/api/history` (`HistoryJson`, server/history.py):
  * per GPU UUID, readings `[taken_at, utilization_gpu, utilization_memory,
- * memory_used, memory_total]`, oldest first.
+ * memory_used, memory_total, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx]`, oldest
+ * first (older servers send the first five).
  */
 export interface IHistoryReply {
   seconds: number;
@@ -185,7 +192,11 @@ export interface IHistoryReply {
       number | null,
       number | null,
       number | null,
-      number | null
+      number | null,
+      (number | null)?,
+      (number | null)?,
+      (number | null)?,
+      (number | null)?
     ][];
   };
 }

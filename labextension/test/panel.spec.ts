@@ -69,7 +69,11 @@ describe('the chart lines', () => {
       utilization: i,
       memoryActivity: null,
       memoryUsed: null,
-      memoryTotal: null
+      memoryTotal: null,
+      pcieTx: null,
+      pcieRx: null,
+      nvlinkTx: null,
+      nvlinkRx: null
     }));
     const kept = thinned(samples, 720);
     expect(kept.length).toBeLessThanOrEqual(720);

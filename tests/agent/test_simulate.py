@@ -28,6 +28,30 @@ def test_an_unused_gpu_drifts_to_idle_values() -> None:
     assert gpu.power_usage <= gpu.power_limit // 10
 
 
+def test_traffic_rises_with_load_and_nvlink_only_where_there_are_links() -> None:
+    """PCIe traffic follows the work (received more than sent, as a job's input does), NVLink
+    traffic exists only on a GPU with NVLinks, and both fall to exactly 0 when it idles."""
+    rng = random.Random(5)
+    linked, unlinked = default_gpus(2)
+    linked = dataclasses.replace(linked, nvlinks=18)
+    for _ in range(10):
+        linked, unlinked = drift(linked, [101], rng), drift(unlinked, [102], rng)
+    assert linked.pcie_rx > linked.pcie_tx > 0
+    assert unlinked.pcie_rx > 0
+    assert linked.nvlink_tx > 0 and linked.nvlink_rx > 0
+    assert (unlinked.nvlink_tx, unlinked.nvlink_rx) == (0, 0)
+    for _ in range(60):
+        linked = drift(linked, (), rng)
+    assert (linked.pcie_tx, linked.pcie_rx, linked.nvlink_tx, linked.nvlink_rx) == (0, 0, 0, 0)
+
+
+def test_nvlink_gpus_are_the_first(tmp_path: Path, fake_nvml_library: Path) -> None:
+    simulation = Simulation.prepare(
+        tmp_path / "sim", 3, cache_dir=fake_nvml_library.parent, nvlink_gpus=1
+    )
+    assert [gpu.nvlinks for gpu in read_config(simulation.config_path).gpus] == [18, 0, 0]
+
+
 async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path) -> None:
     simulation = Simulation.prepare(tmp_path / "sim", 2, cache_dir=fake_nvml_library.parent)
     used, unused = (gpu.uuid for gpu in read_config(simulation.config_path).gpus)

@@ -343,6 +343,8 @@ def test_the_restart_dialog_says_the_gpus_go(open_lab: OpenLab) -> None:
     """Issue 36, item 7: JupyterLab's "Restart Kernel?" dialog did not say that a restart
     releases the kernel's GPUs."""
     lab = open_lab("restart.ipynb")
+    # An earlier test's GPUs are freed when its pages close (a force-detach): wait for both.
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [gpu] = lab.attached()
@@ -623,7 +625,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(group).to_have_attribute("data-state", "mine")
 
     # Axes with labelled ticks and units, a legend per chart.
-    utilisation, memory = group.locator(".jp-GpuHotplug-chart").all()
+    utilisation, memory = group.locator(".jp-GpuHotplug-chart").all()[:2]
     expect(utilisation.locator(".jp-GpuHotplug-chart-title")).to_have_text("Utilisation (%)")
     expect(memory.locator(".jp-GpuHotplug-chart-title")).to_have_text("Memory (GiB)")
     # The y axis reaches the whole range: 100 %, and the GPU's 79.6 GiB (a round tick above).
@@ -674,6 +676,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     assert re.fullmatch(r"gpu-charts-[0-9T-]+Z\.csv", download.value.suggested_filename)
     rows = Path(download.value.path()).read_text().splitlines()
     assert rows[0].startswith("time_utc,gpu_index,gpu_uuid,utilization_percent,"), rows[:2]
+    assert rows[0].endswith(",nvlink_tx_bytes_per_second,nvlink_rx_bytes_per_second"), rows[0]
     assert any(f",{gpu['index']},{gpu['uuid']}," in row for row in rows[1:]), rows[:5]
 
     # Open in the main area: a dockable tab of its own with the same charts.
@@ -707,6 +710,58 @@ def test_a_cards_attach_attaches_that_cards_gpu(open_lab: OpenLab, demo: DemoPro
     expect(lab.toast(f"Attached GPU {second['index']} ({second['device']})")).to_be_visible(
         timeout=SETTLE_MS
     )
+
+
+def _traffic_chart(lab: GpuLab, uuid: str, link: str) -> Locator:
+    """GPU ``uuid``'s ``pcie`` or ``nvlink`` chart in the panel."""
+    return lab.panel_gpu(uuid).locator(f".jp-GpuHotplug-chart[data-chart='{link}']")
+
+
+NONZERO_RATE = r"[1-9][\d.]* [kMGT]?B/s"
+"""A rate above 0 as the charts write it ("2.3 GB/s", "640 kB/s")."""
+
+
+def test_pcie_and_nvlink_charts_under_load(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36: nvdashboard's PCIe and NVLink throughput. Under the load helper, each GPU's
+    PCIe chart shows received and sent bytes/s above 0, in a unit that reaches them; the
+    demo's GPU 0 has NVLinks and an NVLink chart, GPU 1 has none — no chart rather than a
+    flat 0. Hovering one chart shows the same moment in the traffic charts too."""
+    lab = open_lab("traffic.ipynb")
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
+    lab.open_panel()
+    lab.choose("Attach 2 GPUs")
+    expect(lab.button).to_have_text("GPU \u00d72", timeout=SETTLE_MS)
+    linked, unlinked = sorted(lab.attached(), key=lambda gpu: gpu["index"])
+    assert (linked["index"], unlinked["index"]) == (0, 1)
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run(LOAD)
+
+    for gpu in (linked, unlinked):
+        pcie = _traffic_chart(lab, gpu["uuid"], "pcie")
+        expect(pcie.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
+            "aria-label",
+            re.compile(rf"^PCIe, last 2 min: received {NONZERO_RATE}, sent {NONZERO_RATE}$"),
+            timeout=SETTLE_MS,
+        )
+        expect(pcie.locator(".jp-GpuHotplug-chart-title")).to_have_text(
+            re.compile(r"^PCIe \([kMGT]?B/s\)$")
+        )
+        expect(pcie.locator(".jp-GpuHotplug-chart-legend li")).to_have_text(["received", "sent"])
+    nvlink = _traffic_chart(lab, linked["uuid"], "nvlink")
+    expect(nvlink.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
+        "aria-label",
+        re.compile(rf"^NVLink, last 2 min: received {NONZERO_RATE}, sent {NONZERO_RATE}$"),
+        timeout=SETTLE_MS,
+    )
+    expect(nvlink).to_be_visible()
+    expect(_traffic_chart(lab, unlinked["uuid"], "nvlink")).to_be_hidden()
+
+    utilisation = lab.panel_gpu(linked["uuid"]).locator(".jp-GpuHotplug-chart").first
+    box = utilisation.locator("svg.jp-GpuHotplug-chart-svg").bounding_box()
+    assert box is not None
+    lab.page.mouse.move(box["x"] + box["width"] - 14, box["y"] + box["height"] / 2)
+    tooltip = _traffic_chart(lab, linked["uuid"], "pcie").locator(".jp-GpuHotplug-chart-tooltip")
+    expect(tooltip).to_contain_text("received: ")
 
 
 def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> None:

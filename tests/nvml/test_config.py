@@ -16,6 +16,7 @@ from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.nvml.sim import (
     H100_SXM,
     MAX_GPU_MINOR,
+    MAX_NVLINKS,
     SIMULATED_SUFFIX,
     FakeNvmlConfig,
     FakeNvmlConfigError,
@@ -113,6 +114,9 @@ class TestValidation:
             pytest.param({"pci_bus_id": "0:100:00.0"}, "out of range", id="bus-id-range"),
             pytest.param({"compute_capability": (9,)}, "compute_capability", id="cc"),
             pytest.param({"power_usage": -1}, "power_usage", id="negative"),
+            pytest.param({"pcie_rx": 2**32}, "pcie_rx", id="pcie>uint"),
+            pytest.param({"nvlinks": MAX_NVLINKS + 1}, "nvlinks=37 is outside", id="links>36"),
+            pytest.param({"nvlink_tx": 1}, "NVLink traffic but nvlinks=0", id="traffic-no-link"),
         ],
     )
     def test_rejected(self, changes: dict[str, Any], message: str) -> None:
@@ -233,7 +237,18 @@ def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
         lost=draw(st.booleans()),
         mig=MigMode.ENABLED if devices else draw(st.sampled_from(MigMode)),
         mig_devices=devices,
+        pcie_tx=draw(st.integers(0, 2**32 - 1)),
+        pcie_rx=draw(st.integers(0, 2**32 - 1)),
+        **draw(nvlink_traffic()),
     )
+
+
+@st.composite
+def nvlink_traffic(draw: st.DrawFn) -> dict[str, int]:
+    """No NVLink, or some links with any traffic."""
+    links = draw(st.integers(0, MAX_NVLINKS))
+    rates = st.integers(0, 2**64 - 1) if links else st.just(0)
+    return {"nvlinks": links, "nvlink_tx": draw(rates), "nvlink_rx": draw(rates)}
 
 
 @st.composite
@@ -305,6 +320,16 @@ class TestFormat:
                 "version=1\n[gpu]\nuuid=a\nminor=0\nprocesses=1:2:101\n",
                 r":2: process 1:2:101: sm_util=101 is outside 0..100",
                 id="process-util",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\nnvlink_rx=5\n",
+                r":2: GPU a has NVLink traffic but nvlinks=0",
+                id="traffic-no-link",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\npcie_tx=-1\n",
+                r":2: pcie_tx -1: expected a whole number",
+                id="pcie-negative",
             ),
             pytest.param(
                 "version=1\n[gpu]\nuuid=a\nminor=0\nmemory_used=5\n",

@@ -36,6 +36,13 @@ def nvml(fake_nvml: FakeNvml) -> Iterator[FakeNvml]:
     pynvml.nvmlShutdown()
 
 
+ALL_LINKS = 0xFFFFFFFF
+NVLINK_TOTALS = [
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+]
+
+
 def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
     """Every simulated field, read back through pynvml's public functions."""
     assert pynvml.nvmlDeviceGetUUID(handle) == gpu.uuid
@@ -76,6 +83,11 @@ def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
         with pytest.raises(pynvml.NVMLError_NotFound):
             pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
+    assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) == gpu.pcie_tx
+    assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) == gpu.pcie_rx
+    fields = pynvml.nvmlDeviceGetFieldValues(handle, NVLINK_TOTALS)
+    expected = pynvml.NVML_SUCCESS if gpu.nvlinks else pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert [field.nvmlReturn for field in fields] == [expected, expected]
     assert_reports_mig(gpu, handle)
 
 
@@ -208,6 +220,43 @@ class TestReporting:
                 pynvml.nvmlDeviceGetNvLinkRemotePciInfo(first, link)
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
             pynvml.nvmlDeviceGetNvLinkState(first, pynvml.NVML_NVLINK_MAX_LINKS)
+
+    def test_pcie_throughput_counters(self, nvml: FakeNvml) -> None:
+        nvml.update_gpu(nvml.gpus[0].uuid, pcie_tx=125_000, pcie_rx=2_400_000)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 125_000
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) == (
+            2_400_000
+        )
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_COUNT)
+
+    def test_nvlink_counts_grow_at_the_configured_rates(self, nvml: FakeNvml) -> None:
+        """NVML's running KiB counts, per link and in total; TX and RX count over the same
+        time, so their steps keep the configured ratio whatever time passed."""
+        nvml.update_gpu(nvml.gpus[0].uuid, nvlinks=4, nvlink_tx=3_000_000_000, nvlink_rx=10**9)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        first_tx, first_rx = pynvml.nvmlDeviceGetFieldValues(handle, NVLINK_TOTALS)
+        fields = [*NVLINK_TOTALS, (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 3)]
+        tx, rx, link = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+        assert [f.nvmlReturn for f in (tx, rx, link)] == [pynvml.NVML_SUCCESS] * 3
+        assert tx.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        sent = tx.value.ullVal - first_tx.value.ullVal
+        received = rx.value.ullVal - first_rx.value.ullVal
+        assert received > 0
+        assert sent // 3 in range(received - 1, received + 2)
+        assert link.value.ullVal == tx.value.ullVal // 4
+        assert tx.timestamp >= first_tx.timestamp > 0
+        beyond = pynvml.nvmlDeviceGetFieldValues(
+            handle, [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 4)]
+        )
+        assert beyond[0].nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+    def test_nvlink_fields_not_supported_without_links(self, nvml: FakeNvml) -> None:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        fields = [*NVLINK_TOTALS, (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0)]
+        answers = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+        assert [f.nvmlReturn for f in answers] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 3
 
     def test_unknown_uuid_is_not_found(self, nvml: FakeNvml) -> None:
         with pytest.raises(pynvml.NVMLError_NotFound):

@@ -17,7 +17,7 @@ from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef
-from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
 from tests.fixtures.agent import LocalAgent
@@ -53,15 +53,6 @@ def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path 
 
 
 @pytest.fixture
-def server_nvml(
-    fake_nvml: FakeNvml, local_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
-) -> FakeNvml:
-    """This process's NVML reads the agent's simulated node, as a demo's server does."""
-    monkeypatch.setenv(CONFIG_ENV, str(local_agent.simulation_config))
-    return fake_nvml
-
-
-@pytest.fixture
 def kernel(jp_serverapp: ServerApp, sandbox: SandboxProbe) -> str:
     """A kernel id mapped to a probe sandbox."""
     return sandboxes_of(jp_serverapp).register("kernel-a", sandbox.pid)
@@ -90,9 +81,11 @@ async def test_the_history_is_the_servers_and_reaches_an_hour_back(
     """Issue 36: each page kept its own five minutes (a reload emptied the charts, two
     notebooks showed different histories). The server keeps the node's readings of the last
     hour, one per reading it takes (at most two a second), for every page alike."""
+    linked, unlinked = local_agent.gpus()
+    local_agent.update_gpu(linked.uuid, nvlinks=18, nvlink_tx=10**6, nvlink_rx=10**6)
     for utilization in (11, 22):
         for gpu in local_agent.gpus():
-            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization)
+            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization, pcie_rx=utilization)
         assert (await call(jp_fetch, "GET", "gpus")).status == 200
         await asyncio.sleep(0.6)
 
@@ -107,11 +100,19 @@ async def test_the_history_is_the_servers_and_reaches_an_hour_back(
         "utilization_memory",
         "memory_used",
         "memory_total",
+        "pcie_tx",
+        "pcie_rx",
+        "nvlink_tx",
+        "nvlink_rx",
     ]
     assert set(history["gpus"]) == {gpu.uuid for gpu in local_agent.gpus()}
     for readings in history["gpus"].values():
         assert [reading[1] for reading in readings] == [11, 22]
+        assert [reading[6] for reading in readings] == [11 * 1024, 22 * 1024]  # bytes/s
         assert readings[0][0] < readings[1][0]
+    # NVLink: a rate from the second reading on where the GPU has links; none where not.
+    assert history["gpus"][linked.uuid][1][7] > 0
+    assert [reading[7:] for reading in history["gpus"][unlinked.uuid]] == [[None, None]] * 2
 
 
 BAD_INPUT = [

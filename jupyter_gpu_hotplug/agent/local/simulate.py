@@ -5,7 +5,8 @@ agent must run its real code paths (pynvml, the inventory, the engine with NVIDI
 This module prepares a simulated node before NVML is first initialised — builds the fake
 ``libnvidia-ml.so.1`` if needed, writes the config with ``default_gpus(N)`` (stable UUIDs,
 minors ``0..N-1``) and makes the fake the NVML of this process — and then keeps it alive: a
-periodic task moves utilisation, memory use, temperature and power. A simulated GPU works only
+periodic task moves utilisation, memory use, temperature, power and the PCIe and NVLink
+traffic. A simulated GPU works only
 while a process of the container it is attached to *uses* it — holds its ``/dev/nvidia<minor>``
 open, as a CUDA program would (with no driver, the demo's load helper
 ``python -m jupyter_gpu_hotplug.nvml.sim.load`` holds it with ``O_PATH``) — found by the same
@@ -46,6 +47,7 @@ from ...nvml.sim import (
     read_config,
     render_mig_minors,
     with_mig_devices,
+    with_nvlinks,
     write_config,
 )
 
@@ -67,6 +69,12 @@ _LOCAL_MAJORS = range(240, 255)
 """Char majors Linux keeps for local use: the simulated ``nvidia-caps`` major is a free one,
 so a capability node opens with ENXIO where the cgroup allows it, as a GPU's node does."""
 _CACHE_NAME = "build"
+_PCIE_KB_PER_PERCENT = 120_000
+"""PCIe traffic received per percent of utilisation (KB/s): about 12 GB/s at 100 %, what a
+training job's input pipeline moves over PCIe Gen5 (~50 GB/s usable); sent is a quarter."""
+_NVLINK_KIB_PER_PERCENT = 3_000_000
+"""NVLink traffic each way per percent (KiB/s): about 300 GiB/s at 100 %, a collective-heavy
+job on an H100 SXM (450 GB/s each way at most)."""
 
 
 def write_caps_tables(
@@ -107,13 +115,15 @@ class Simulation:
         cache_dir: Path | None = None,
         node: str = "simulated-node",
         mig_profiles: Sequence[str] = (),
+        nvlink_gpus: int = 0,
         host_proc_devices: Path = Path("/proc/devices"),
     ) -> Simulation:
         """Build the fake NVML (once), write ``count`` idle GPUs to ``directory``'s config.
 
         ``mig_profiles`` puts GPU 0 in MIG mode with one slice per profile, and writes the
         node's capability tables beside the config: a ``devices`` file with an ``nvidia-caps``
-        major that ``host_proc_devices`` does not list, and ``mig-minors``.
+        major that ``host_proc_devices`` does not list, and ``mig-minors``. ``nvlink_gpus``:
+        how many GPUs, from GPU 0, have NVLinks (18, as an H100 SXM); the others are PCIe-only.
 
         The directory is made world-readable (0755): processes of other users must load the
         library and read the config. Raises ``nvml.sim.FakeNvmlError`` subclasses.
@@ -125,6 +135,7 @@ class Simulation:
         gpus = list(default_gpus(count, node=node))
         if mig_profiles and gpus:
             gpus[0] = with_mig_devices(gpus[0], mig_profiles, node=node)
+        gpus[:nvlink_gpus] = [with_nvlinks(gpu) for gpu in gpus[:nvlink_gpus]]
         config = FakeNvmlConfig(gpus=tuple(gpus))
         write_config(config_path, config)
         log.warning(
@@ -237,6 +248,14 @@ def drift(
     idle_power = gpu.power_limit // 10
     power_goal = idle_power + (gpu.power_limit - idle_power) * utilization // 100
     power = max(0, min(gpu.power_limit or power_goal, (gpu.power_usage + power_goal) // 2))
+
+    def traffic(now: int, per_percent: int) -> int:
+        """Half way to what this utilisation moves (±15 %): an idle GPU's traffic halves
+        to exactly 0, as its utilisation does."""
+        goal = utilization * per_percent * rng.randint(85, 115) // 100 if busy else 0
+        return (now + goal) // 2
+
+    linked = gpu.nvlinks > 0
     return dataclasses.replace(
         gpu,
         utilization_gpu=utilization,
@@ -245,6 +264,10 @@ def drift(
         temperature=temperature,
         power_usage=power,
         processes=_others(gpu, {*pids, *ours}, alive) + _shares(pids, memory_used, utilization),
+        pcie_tx=traffic(gpu.pcie_tx, _PCIE_KB_PER_PERCENT // 4),
+        pcie_rx=traffic(gpu.pcie_rx, _PCIE_KB_PER_PERCENT),
+        nvlink_tx=traffic(gpu.nvlink_tx, _NVLINK_KIB_PER_PERCENT) if linked else 0,
+        nvlink_rx=traffic(gpu.nvlink_rx, _NVLINK_KIB_PER_PERCENT) if linked else 0,
     )
 
 

@@ -33,6 +33,11 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     processes=4242:1073741824:55,4243:na
     lost=0
     mig=enabled
+    pcie_tx=125000
+    pcie_rx=2400000
+    nvlinks=18
+    nvlink_tx=0
+    nvlink_rx=0
 
     [mig]
     uuid=MIG-0b4c9a5e-...
@@ -57,6 +62,10 @@ A ``[mig]`` section is a MIG device (one GPU instance with one compute instance)
 ``gpu_instance_id`` and the two ``nvidia-caps`` minors, other keys default as in
 ``SimulatedMigDevice``. MIG sections came after version 1 was first written; they were added
 to it compatibly (an older reader rejects them loudly as an unknown section).
+``pcie_tx``/``pcie_rx`` are KB/s, as ``nvmlDeviceGetPcieThroughput`` reports them;
+``nvlinks`` is how many NVLinks the GPU has (0: none, its NVLink fields are not supported) and
+``nvlink_tx``/``nvlink_rx`` the KiB/s over all of them, which the library turns into NVML's
+running counts. These keys, too, were added to version 1 compatibly (all default to 0).
 Unknown or repeated keys are errors, so a typo cannot pass silently.
 """
 
@@ -84,6 +93,7 @@ __all__ = [
     "MAX_GPUS",
     "MAX_GPU_MINOR",
     "MAX_MIG_DEVICES",
+    "MAX_NVLINKS",
     "MAX_PROCESSES",
     "SIMULATED_SUFFIX",
     "FakeNvmlConfig",
@@ -100,6 +110,7 @@ __all__ = [
     "render_config",
     "render_mig_minors",
     "with_mig_devices",
+    "with_nvlinks",
     "write_config",
 ]
 
@@ -118,6 +129,8 @@ MAX_GPU_MINOR: Final = 254
 MAX_MIG_DEVICES: Final = 7
 """MIG devices per GPU: what ``nvmlDeviceGetMaxMigDeviceCount`` reports for an A100 or H100
 in MIG mode (seven 1g slices)."""
+MAX_NVLINKS: Final = 36
+"""NVLinks per GPU at most (``NVML_NVLINK_MAX_LINKS``); an H100 SXM has 18."""
 MIG_SLICE_COUNTS: Final = (1, 2, 3, 4, 7)
 """Compute slices of the GPU instance profiles the simulator offers (``<n>g.<m>gb``)."""
 
@@ -320,6 +333,16 @@ class SimulatedGpu:
     mig: MigMode = MigMode.UNSUPPORTED
     mig_devices: tuple[SimulatedMigDevice, ...] = ()
     """In MIG device index order; only with ``mig=ENABLED``."""
+    pcie_tx: int = 0
+    """KB/s sent over PCIe, as ``nvmlDeviceGetPcieThroughput`` reports."""
+    pcie_rx: int = 0
+    """KB/s received over PCIe."""
+    nvlinks: int = 0
+    """NVLinks of the GPU; 0: none, and NVML answers NOT_SUPPORTED for its NVLink fields."""
+    nvlink_tx: int = 0
+    """KiB/s sent over all NVLinks together; more than 0 needs ``nvlinks``."""
+    nvlink_rx: int = 0
+    """KiB/s received over all NVLinks together."""
 
     def __post_init__(self) -> None:
         _check_text("uuid", self.uuid, _MAX_TEXT_BYTES)
@@ -339,6 +362,13 @@ class SimulatedGpu:
             _check_int("compute_capability", part, 99)
         if not isinstance(self.lost, bool):
             raise FakeNvmlConfigError("lost must be a bool")
+        _check_int("pcie_tx", self.pcie_tx, _UINT_MAX)
+        _check_int("pcie_rx", self.pcie_rx, _UINT_MAX)
+        _check_int("nvlinks", self.nvlinks, MAX_NVLINKS)
+        _check_int("nvlink_tx", self.nvlink_tx, _ULLONG_MAX)
+        _check_int("nvlink_rx", self.nvlink_rx, _ULLONG_MAX)
+        if not self.nvlinks and (self.nvlink_tx or self.nvlink_rx):
+            raise FakeNvmlConfigError(f"GPU {self.uuid} has NVLink traffic but nvlinks=0")
         if len(self.processes) > MAX_PROCESSES:
             raise FakeNvmlConfigError(f"GPU {self.uuid}: more than {MAX_PROCESSES} processes")
         object.__setattr__(self, "mig", MigMode(self.mig))
@@ -508,6 +538,11 @@ def with_mig_devices(
     return dataclasses.replace(gpu, mig=MigMode.ENABLED, mig_devices=tuple(devices))
 
 
+def with_nvlinks(gpu: SimulatedGpu, links: int = 18) -> SimulatedGpu:
+    """``gpu`` with ``links`` NVLinks (an H100 SXM's 18 by default), idle."""
+    return dataclasses.replace(gpu, nvlinks=links)
+
+
 def render_mig_minors(config: FakeNvmlConfig) -> str:
     """``/proc/driver/nvidia-caps/mig-minors`` for a simulated node: ``config``, ``monitor`` and
     every GPU and compute instance access file that MIG-capable GPUs can have, numbered as
@@ -558,6 +593,11 @@ def _render_gpu(gpu: SimulatedGpu) -> Iterator[str]:
     yield _render_processes(gpu.processes)
     yield f"lost={int(gpu.lost)}"
     yield f"mig={gpu.mig}"
+    yield f"pcie_tx={gpu.pcie_tx}"
+    yield f"pcie_rx={gpu.pcie_rx}"
+    yield f"nvlinks={gpu.nvlinks}"
+    yield f"nvlink_tx={gpu.nvlink_tx}"
+    yield f"nvlink_rx={gpu.nvlink_rx}"
     for device in gpu.mig_devices:
         yield from _render_mig(device)
 
