@@ -15,6 +15,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { Endpoints } from './constants';
 import { apiUrl, describeError, requestAPI } from './handler';
+import { newRequestId } from './requestId';
 import { IGpuSettings, MAX_CHART_MINUTES } from './settings';
 import { GpuStream, IStreamHandlers } from './stream';
 import {
@@ -163,8 +164,7 @@ export class GpuModel implements IDisposable {
     this._openStream = options.openStream ?? openStream;
     this._settings = options.settings;
     this._now = options.now ?? Date.now;
-    this._newRequestId =
-      options.newRequestId ?? (() => `lab-${crypto.randomUUID()}`);
+    this._newRequestId = options.newRequestId ?? newRequestId;
   }
 
   get settings(): IGpuSettings {
