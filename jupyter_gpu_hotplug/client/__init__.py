@@ -60,6 +60,7 @@ from .models import (
     IdleRelease,
     LostHolderNotice,
     QueuedRequest,
+    plain_free,
 )
 from .selection import is_index, normalise_selector, select_gpus
 
@@ -99,5 +100,6 @@ __all__ = [
     "Unauthenticated",
     "is_index",
     "normalise_selector",
+    "plain_free",
     "select_gpus",
 ]
