@@ -365,7 +365,7 @@ def _named_gpu(selector: str, client: AgentClient) -> Gpu:
     gpus = client.gpus()
     chosen = select_gpus(selector, gpus)
     if is_index(selector):
-        chosen = [gpu for gpu in chosen if gpu.uuid.startswith("GPU-")]
+        chosen = [gpu for gpu in chosen if gpu.kind != "mig_slice"]
     if len(chosen) == 1:
         return chosen[0]
     listing = "\n".join(f"  {gpu.index}  {gpu.uuid}  {gpu.state}" for gpu in gpus)
