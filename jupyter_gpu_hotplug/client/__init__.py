@@ -61,6 +61,7 @@ from .models import (
     LostHolderNotice,
     QueuedRequest,
     plain_free,
+    plain_total,
 )
 from .selection import is_index, normalise_selector, select_gpus
 
@@ -101,5 +102,6 @@ __all__ = [
     "is_index",
     "normalise_selector",
     "plain_free",
+    "plain_total",
     "select_gpus",
 ]

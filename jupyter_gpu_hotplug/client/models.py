@@ -44,6 +44,7 @@ __all__ = [
     "parse_idle_releases",
     "parse_queue",
     "plain_free",
+    "plain_total",
 ]
 
 _GPU_STATES: Final[frozenset[str]] = frozenset(get_args(GpuState))
@@ -154,6 +155,12 @@ def plain_free(gpus: Iterable[Gpu]) -> int:
     only where the agent hands out that profile alone; counting them made "N free" promise an
     "Attach 1 GPU" that fails. Every "N free" counts this."""
     return sum(1 for gpu in gpus if gpu.plain_attach and gpu.state == "free")
+
+
+def plain_total(gpus: Iterable[Gpu]) -> int:
+    """How many of ``gpus`` an attach of ``count`` alone may get, free or not: the most it
+    could ever get, the "of N" beside ``plain_free``."""
+    return sum(1 for gpu in gpus if gpu.plain_attach)
 
 
 @dataclass(frozen=True)

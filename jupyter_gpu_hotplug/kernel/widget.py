@@ -54,6 +54,7 @@ from ..client import (
     InsufficientGpus,
     InvalidRequest,
     plain_free,
+    plain_total,
 )
 from ..nvml.state import GpuMonitor, GpuState, Snapshot
 from . import render
@@ -348,11 +349,7 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         self.attach_button.tooltip = (
             "No GPU is free on this node" if none_free else "Attach this many GPUs to this kernel"
         )
-        reason = (
-            render.no_free_gpu_html(sum(gpu.plain_attach for gpu in node or ()))
-            if none_free
-            else ""
-        )
+        reason = render.no_free_gpu_html(plain_total(node or ())) if none_free else ""
         if self.attach_reason.value != reason:
             self.attach_reason.value = reason
 

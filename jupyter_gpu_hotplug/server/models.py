@@ -30,7 +30,7 @@ from .._structs import (
     format_timestamp,
 )
 from .._structs import GpuState as GpuStateName
-from ..client import Attachment, Gpu, plain_free
+from ..client import Attachment, Gpu, plain_free, plain_total
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 from .attribution import GpuAttributionJson
 from .releases import ReleasedJson
@@ -356,7 +356,7 @@ def gpus_json(
         kernel_id=kernel_id,
         attached=attached,
         free=plain_free(node),
-        total=sum(1 for gpu in node if gpu.plain_attach),
+        total=plain_total(node),
         node=[
             _node_gpu(gpu, known, seen, mine=gpu.uuid in mine) for gpu in sorted(node, key=_index)
         ],
