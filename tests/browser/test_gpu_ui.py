@@ -662,7 +662,8 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
 
     # A taller page gives the panel, and so the charts, more height.
     before = _plot_height(lab, gpu["uuid"])
-    page.set_viewport_size({"width": 1280, "height": 1300})
+    # Tall enough for both GPUs' four charts, attribution and vitals to leave room to grow.
+    page.set_viewport_size({"width": 1280, "height": 2600})
     page.wait_for_function(
         "([sel, h]) => document.querySelector(sel).getBoundingClientRect().height > h",
         arg=[f"section[data-uuid='{gpu['uuid']}'] .jp-GpuHotplug-chart-plot", before],
