@@ -65,6 +65,18 @@ def test_build_script_has_no_registry_step(directory: str) -> None:
     assert "ARG BASE=localhost/" in containerfile
 
 
+@pytest.mark.parametrize("directory", ["image", "image/notebook", "image/hub"])
+def test_the_locked_wheels_have_a_layer_before_this_trees_wheel(directory: str) -> None:
+    """A rebuild with the same lock reuses the layer where pip installed the locked wheels:
+    they are copied and installed before this tree's wheel is copied in."""
+    lines = (REPO / directory / "Containerfile").read_text().splitlines()
+    deps = lines.index("COPY deps/ /tmp/deps/")
+    install = next(i for i, line in enumerate(lines) if "-r /tmp/deps/requirements.lock" in line)
+    wheel = lines.index("COPY wheel/ /tmp/wheel/")
+    assert deps < install < wheel
+    assert not any("wheel/" in line for line in lines[:deps] if not line.startswith("#"))
+
+
 NOTEBOOK_SIDE = ("jupyter_server", "ipywidgets", "IPython", "jupyter_client", "jupyterlab")
 """The core dependencies only the notebook side imports (issue 35: not in the agent image)."""
 
