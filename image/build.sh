@@ -2,6 +2,7 @@
 # Build one of the project's images from this source tree, with no registry:
 #
 #   bash image/build.sh [--image agent|notebook|hub] [--tag TAG] [--save ARCHIVE] [--sbom FILE]
+#                       [--wheel WHEEL]
 #
 #   agent     the node agent (image/Containerfile)          localhost/jupyter-gpu-hotplug-agent:<version>
 #   notebook  a user's notebook server for JupyterHub       localhost/jupyter-gpu-hotplug-notebook:<version>
@@ -14,8 +15,9 @@
 #    and python3-venv (and, for the hub, nodejs) only, docs and locales left out; the tarball
 #    is cached under $JGH_IMAGE_CACHE (default ~/.cache/jupyter-gpu-hotplug/image) and
 #    `podman import`ed;
-# 2. the wheel of this tree (python -m build, which builds the JupyterLab extension) and the
-#    wheels pinned by the image's requirements.lock, every file checked against the lock's
+# 2. the wheel of this tree (python -m build, which builds the JupyterLab extension; --wheel
+#    gives one already built from this tree, as the tests do to build it once for every image)
+#    and the wheels pinned by the image's requirements.lock, every file checked against the lock's
 #    hashes, chosen by pip for the base's own Python (its exact version, read from the base's
 #    dpkg status) and platform; they are kept under $JGH_IMAGE_CACHE in a directory named by
 #    the lock's hash, so an unchanged lock downloads nothing;
@@ -40,17 +42,19 @@ python=${PYTHON:-python3}
 read -r -a podman <<<"${PODMAN:-podman}"
 cache=${JGH_IMAGE_CACHE:-$HOME/.cache/jupyter-gpu-hotplug/image}
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/jupyter_gpu_hotplug/_version.py")
-usage="usage: $0 [--image agent|notebook|hub] [--tag TAG] [--save ARCHIVE] [--sbom FILE]"
+usage="usage: $0 [--image agent|notebook|hub] [--tag TAG] [--save ARCHIVE] [--sbom FILE] [--wheel WHEEL]"
 image=agent
 tag=""
 save=""
 sbom=""
+wheel=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --image) image=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
     --save) save=$2; shift 2 ;;
     --sbom) sbom=$2; shift 2 ;;
+    --wheel) wheel=$2; shift 2 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -175,11 +179,16 @@ tmp=$(mktemp -d "$cache/build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 work=$tmp/context
 mkdir "$work"
-log "wheel: python -m build"
-nice "$python" -m build --wheel --outdir "$work/wheel" "$repo" >"$tmp/build.log" 2>&1 || {
-  cat "$tmp/build.log" >&2
-  exit 1
-}
+if [ -n "$wheel" ]; then
+  mkdir "$work/wheel"
+  cp "$wheel" "$work/wheel/"
+else
+  log "wheel: python -m build"
+  nice "$python" -m build --wheel --outdir "$work/wheel" "$repo" >"$tmp/build.log" 2>&1 || {
+    cat "$tmp/build.log" >&2
+    exit 1
+  }
+fi
 locked_wheels "$base_python"
 if [ "$image" = hub ]; then proxy_modules; fi
 log "podman build $tag"
