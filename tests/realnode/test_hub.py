@@ -116,7 +116,7 @@ def test_hub_spawns_a_cpu_notebook_whose_kernel_attaches_a_gpu_through_its_nodes
             assert kernel.run(NVML_PROBE).json() == [attachment["uuid"]]
         (holder,) = hub.cluster.holders(NAMESPACE)
         assert holder["spec"]["nodeName"] == hub.cluster.node_name
-        detached = extension(hub, "alice", "POST", "detach", {})
+        detached = extension(hub, "alice", "POST", "detach", {"uuid": "all"})
         assert detached.status == 204, detached
         eventually(lambda: hub.cluster.holders(NAMESPACE) == [], "the detach frees the GPU")
         assert "NVML Shared Library Not Found" in nvml_in(hub, pod)

@@ -58,9 +58,9 @@ c.ConfigurableHTTPProxy.api_url = (
     f"http://{os.environ['PROXY_API_SERVICE_HOST']}:{os.environ['PROXY_API_SERVICE_PORT']}"
 )
 
-# Users: a fixed password (z2jh's hub.config.DummyAuthenticator.password), named users only.
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = os.environ["HUB_USER_PASSWORD"]
+# Users: one shared password (JupyterHub's SharedPasswordAuthenticator), named users only.
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = os.environ["HUB_USER_PASSWORD"]
 c.Authenticator.allowed_users = set(hub.get("allowedUsers", []))
 c.Authenticator.admin_users = set(hub.get("adminUsers", []))
 
