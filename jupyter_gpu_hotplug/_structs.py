@@ -173,6 +173,10 @@ class GpuInfo(TypedDict):
     state: GpuState
     target: TargetWire | None
     simulated: bool
+    selectable: bool
+    """An attach may name this GPU (``AttachRequestBody.gpus``): false where the cluster picks
+    the device (Kubernetes: the kubelet's device plugin) and for a GPU in MIG mode (handed out
+    only as its slices)."""
 
 
 class GpuList(TypedDict):
@@ -270,6 +274,8 @@ class AttachRequestBody(_AttachRequestRequired, total=False):
     request_id: str
     idle_release_seconds: float
     mig: str
+    gpus: list[GpuUuid]
+    """Attach exactly these GPUs (or MIG slices), ``count`` of them."""
 
 
 ErrorCode = Literal[
@@ -783,17 +789,39 @@ def check_request_id(value: object) -> RequestId:
     return RequestId(value)
 
 
-def check_gpu_uuid(value: object, *, alternatives: str = "") -> GpuUuid:
+def check_gpu_uuid(value: object, *, alternatives: str = "", field: str = "uuid") -> GpuUuid:
     """A GPU or MIG UUID as NVML writes it (``GPU_UUID_RE``); ``alternatives`` names what else
     the field accepts, for the message (``'"all" or '``)."""
     if not isinstance(value, str) or GPU_UUID_RE.fullmatch(value) is None:
         raise WireFormatError(
-            f"uuid must be {alternatives}a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
-            f"or MIG-... with lowercase hex digits (as nvidia-smi -L prints it), "
-            f"got {describe_value(value)}",
-            field="uuid",
+            f"{field} must be {alternatives}a GPU UUID like "
+            f"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-... with lowercase hex digits "
+            f"(as nvidia-smi -L prints it), got {describe_value(value)}",
+            field=field,
         )
     return GpuUuid(value)
+
+
+def check_named_gpus(value: object, *, count: int) -> tuple[GpuUuid, ...]:
+    """The GPUs an attach names (``gpus``): ``count`` different GPU or MIG UUIDs, so that the
+    request says the same thing twice rather than two things that may disagree."""
+    if not isinstance(value, list) or not value:
+        raise WireFormatError(
+            f"gpus must be a non-empty array of GPU UUIDs (as the GPU list names them), "
+            f"got {describe_value(value)}",
+            field="gpus",
+        )
+    if len(value) != count:
+        raise WireFormatError(
+            f"gpus names {len(value)} GPU(s) but count is {count}; give as many as count",
+            field="gpus",
+        )
+    uuids = tuple(
+        check_gpu_uuid(item, field=f"gpus[{position}]") for position, item in enumerate(value)
+    )
+    if len(set(uuids)) != len(uuids):
+        raise WireFormatError("gpus names a GPU more than once", field="gpus")
+    return uuids
 
 
 # --- HTTP, the same way in both APIs --------------------------------------------------------------

@@ -113,6 +113,12 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="let the agent take the GPUs back after S seconds unused",
     )
+    parser.add_argument(
+        "--gpu",
+        metavar="INDEX|UUID",
+        help="attach this GPU of the node (its index as 'status' and the host's nvidia-smi "
+        "show it, or its UUID) rather than any free one; not in Kubernetes mode",
+    )
     _common(parser)
 
 
@@ -182,22 +188,38 @@ def _attachment_line(attachment: Attachment) -> str:
 
 
 def run_attach(args: argparse.Namespace) -> int:
-    from .client import AgentClientError, InsufficientGpus
+    from .client import AgentClientError, InsufficientGpus, normalise_selector
 
     if args.count < 1:
         print("error: the count must be at least 1", file=sys.stderr)
         return 2
+    if args.gpu is not None and (args.count != 1 or normalise_selector(args.gpu) is None):
+        print(
+            "error: --gpu names one GPU, by its index (0, 1, ...) or UUID: leave the count out",
+            file=sys.stderr,
+        )
+        return 2
+    client = _client(args)
     try:
-        attached = _client(args).attach(
+        named = [] if args.gpu is None else [_resolve(client, args.gpu)[0]]
+        attached = client.attach(
             args.count,
             target=_target(args),
             request_id=args.request_id,
             wait_seconds=args.wait,
             mig=args.mig,
             idle_release_seconds=args.idle,
+            gpus=named,
         )
+    except ValueError as error:
+        return _fail(args, error)
     except AgentClientError as error:
-        if isinstance(error, InsufficientGpus) and args.wait is None and not args.json:
+        if (
+            isinstance(error, InsufficientGpus)
+            and error.retryable
+            and args.wait is None
+            and not args.json
+        ):
             print(f"error: {error.message}", file=sys.stderr)
             print("to wait for one in the queue: add --wait SECONDS", file=sys.stderr)
             return EXIT_FAILED

@@ -100,6 +100,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         "socket-group": "AgentApp.socket_group",
         "simulate": "AgentApp.simulate",
         "simulate-mig": "AgentApp.simulate_mig",
+        "simulate-nvlink": "AgentApp.simulate_nvlink",
         "simulation-dir": "AgentApp.simulation_dir",
         "reconcile-interval": "AgentApp.reconcile_interval",
         "idle-release": "AgentApp.idle_release_seconds",
@@ -327,6 +328,11 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
         help="With --simulate: comma-separated MIG profiles (e.g. 1g.10gb,1g.10gb) that put "
         "simulated GPU 0 in MIG mode with one slice each.",
     ).tag(config=True)
+    simulate_nvlink = Int(
+        0,
+        help="With --simulate: how many simulated GPUs, from GPU 0, have NVLinks (18 each, "
+        "as an H100 SXM); the others are PCIe-only.",
+    ).tag(config=True)
     simulation_interval = Float(
         2.0, help="Seconds between two moves of the simulated readings (0: never move)."
     ).tag(config=True)
@@ -414,6 +420,7 @@ jupyter gpu-hotplug agent --listen=unix:/run/gpu-hotplug/agent.sock --listen=:84
             socket_group=_group_id(self.socket_group) if self.socket_group else None,
             simulate=self.simulate,
             simulate_mig=tuple(p.strip() for p in self.simulate_mig.split(",") if p.strip()),
+            simulate_nvlink=self.simulate_nvlink,
             simulation_dir=Path(self.simulation_dir) if self.simulation_dir else None,
             simulation_interval=self.simulation_interval,
             reconcile_interval=self.reconcile_interval,

@@ -436,6 +436,7 @@ def _nvml(
             settings.simulation_dir or settings.state_dir / "simulation",
             settings.simulate,
             mig_profiles=settings.simulate_mig,
+            nvlink_gpus=settings.simulate_nvlink,
             host_proc_devices=settings.host_proc / "devices",
         )
         simulation.load_in_process()

@@ -395,6 +395,8 @@ class AgentSettings:
     world-readable, because sandboxed kernels of other users load them too."""
     simulate_mig: tuple[str, ...] = ()
     """MIG profiles of simulated GPU 0 (``1g.10gb``...): it is in MIG mode with one slice each."""
+    simulate_nvlink: int = 0
+    """How many simulated GPUs, from GPU 0, have NVLinks (and NVLink traffic when used)."""
     simulation_interval: float = 2.0
     """Seconds between two moves of simulated utilisation, temperature and power."""
     reconcile_interval: float = 10.0
@@ -458,6 +460,11 @@ class AgentSettings:
             raise SettingsError(f"socket_mode {self.socket_mode:#o} is not a permission mode")
         if not 0 <= self.simulate <= 64:
             raise SettingsError(f"simulate must be from 0 to 64 GPUs, got {self.simulate}")
+        if not 0 <= self.simulate_nvlink <= self.simulate:
+            raise SettingsError(
+                f"simulate_nvlink must be from 0 to simulate ({self.simulate}) GPUs, "
+                f"got {self.simulate_nvlink}"
+            )
         if self.idle_check_interval <= 0:
             raise SettingsError("idle_check_interval must be more than 0 seconds")
         for name in (
@@ -502,6 +509,7 @@ class AgentSettings:
             "simulate": self.simulate,
             "simulation_dir": None if self.simulation_dir is None else str(self.simulation_dir),
             "simulate_mig": list(self.simulate_mig),
+            "simulate_nvlink": self.simulate_nvlink,
             "simulation_interval": self.simulation_interval,
             "reconcile_interval": self.reconcile_interval,
             "force_grace": self.force_grace,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Sequence
 from typing import TypeVar
 
 from .._structs import GpuUuid
@@ -108,6 +109,7 @@ class AsyncAgentClient(BaseAgentClient):
         request_id: str | None = None,
         mig: str | None = None,
         idle_release_seconds: float | None = None,
+        gpus: Sequence[GpuUuid | str] = (),
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
@@ -115,6 +117,8 @@ class AsyncAgentClient(BaseAgentClient):
         may retry a lost answer without attaching twice. ``mig`` (e.g. ``"1g.10gb"``)
         attaches MIG slices of that profile instead of whole GPUs; ``idle_release_seconds``
         asks the agent to release them after that long unused (never later than its policy).
+        ``gpus`` names the GPUs (UUIDs, ``count`` of them) to attach instead of any free ones;
+        the agent refuses it where the cluster picks the device (``Gpu.selectable``).
         """
         return await self._call(
             attach_call(
@@ -124,6 +128,7 @@ class AsyncAgentClient(BaseAgentClient):
                 request_id=request_id,
                 mig=mig,
                 idle_release_seconds=idle_release_seconds,
+                gpus=[GpuUuid(uuid) for uuid in gpus],
             )
         )
 

@@ -29,7 +29,7 @@ import re
 import ssl
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Generic, Literal, Self, TypeAlias, TypeVar
@@ -211,11 +211,16 @@ def attach(
     request_id: str | None,
     mig: str | None = None,
     idle_release_seconds: float | None = None,
+    gpus: Sequence[GpuUuid] = (),
 ) -> ApiCall[tuple[Attachment, ...]]:
     """``request_id`` defaults to a new one: every attach is safe to repeat. ``mig``: attach
     MIG slices of that profile (``1g.10gb``) instead of whole GPUs. ``idle_release_seconds``:
-    ask the agent to release them after that long unused (if stricter than its own policy)."""
+    ask the agent to release them after that long unused (if stricter than its own policy).
+    ``gpus``: attach exactly these (``count`` of them; ``Gpu.selectable`` says where the agent
+    can)."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
+    if gpus:
+        body["gpus"] = list(gpus)
     if target is not None:
         body["target"] = target.to_wire()
     if wait_seconds is not None:
@@ -225,6 +230,8 @@ def attach(
     if idle_release_seconds is not None:
         body["idle_release_seconds"] = idle_release_seconds
     what = f"GPU{'' if count == 1 else 's'}" if mig is None else f"MIG {mig} slice(s)"
+    if gpus:
+        what += f" ({', '.join(gpus)})"
     return ApiCall(
         f"attach {count} {what} to {_subject(target)}",
         "POST",

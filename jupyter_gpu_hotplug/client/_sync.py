@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from collections.abc import Sequence
 from typing import TypeVar
 
 from .._structs import GpuUuid
@@ -106,6 +107,7 @@ class AgentClient(BaseAgentClient):
         request_id: str | None = None,
         mig: str | None = None,
         idle_release_seconds: float | None = None,
+        gpus: Sequence[GpuUuid | str] = (),
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
@@ -113,6 +115,8 @@ class AgentClient(BaseAgentClient):
         may retry a lost answer without attaching twice. ``mig`` (e.g. ``"1g.10gb"``)
         attaches MIG slices of that profile instead of whole GPUs; ``idle_release_seconds``
         asks the agent to release them after that long unused (never later than its policy).
+        ``gpus`` names the GPUs (UUIDs, ``count`` of them) to attach instead of any free ones;
+        the agent refuses it where the cluster picks the device (``Gpu.selectable``).
         """
         return self._call(
             attach_call(
@@ -122,6 +126,7 @@ class AgentClient(BaseAgentClient):
                 request_id=request_id,
                 mig=mig,
                 idle_release_seconds=idle_release_seconds,
+                gpus=[GpuUuid(uuid) for uuid in gpus],
             )
         )
 

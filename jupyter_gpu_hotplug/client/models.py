@@ -96,6 +96,9 @@ class Gpu:
     simulated: bool
     raw: GpuInfo = field(repr=False, compare=False)
     """The wire object, as received."""
+    selectable: bool = False
+    """An attach may name this GPU (``attach(gpus=...)``); an agent that does not say (one
+    older than the member) cannot honour a named GPU, so a missing member reads as False."""
 
     @property
     def device(self) -> str:
@@ -119,6 +122,7 @@ class Gpu:
             target=None if target is None else _target(target, f"{where}.target"),
             simulated=_member(wire, "simulated", bool, where),
             raw=cast(GpuInfo, wire),
+            selectable="selectable" in wire and _member(wire, "selectable", bool, where),
         )
 
 

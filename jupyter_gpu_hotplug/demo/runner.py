@@ -72,6 +72,9 @@ EXIT_FAILED: Final = 1
 RECONCILE_INTERVAL: Final = 2.0
 """Seconds between the demo agent's reconciliations: a restarted kernel's old GPUs come back
 within about this long (the provisioner gives a restarted kernel a new sandbox and pid)."""
+NVLINK_GPUS: Final = 1
+"""Simulated GPUs (from GPU 0) with NVLinks: the others are PCIe-only, so the panel shows an
+NVLink chart under one GPU and not under another, as on a mixed node."""
 AGENT_READY_TIMEOUT: Final = 60.0
 LAB_READY_TIMEOUT: Final = 120.0
 LAB_STOP_TIMEOUT: Final = 60.0
@@ -283,7 +286,11 @@ class DemoRun:
             f"--reconcile-interval={RECONCILE_INTERVAL:g}",
         ]
         if mode.simulated:
-            argv += [f"--simulate={mode.simulate}", f"--simulation-dir={layout.simulation_dir}"]
+            argv += [
+                f"--simulate={mode.simulate}",
+                f"--simulate-nvlink={min(NVLINK_GPUS, mode.simulate)}",
+                f"--simulation-dir={layout.simulation_dir}",
+            ]
         return argv
 
     async def _start_agent(self, mode: GpuMode) -> tuple[Gpu, ...]:

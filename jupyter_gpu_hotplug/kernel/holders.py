@@ -105,11 +105,19 @@ class HolderNames:
         if isinstance(target, PodTarget):
             return f"pod {target.namespace}/{target.name}"
         assert isinstance(target, PidRef)
-        if target.pid == self.own_pid:
+        return self.kernel_name(target.pid) or f"process {target.pid}"
+
+    def kernel_name(self, pid: int) -> str | None:
+        """``this notebook`` (or ``this kernel``) for this kernel's pid, the short name of
+        the notebook whose session ``pid`` carries (a kernel, or a process it started: the
+        environment is inherited), ``None`` for a process of no notebook."""
+        if pid == self.own_pid:
             return "this notebook" if self.own_notebook else "this kernel"
-        notebook = self._session_of(target.pid)
+        notebook = self._session_of(pid)
         if notebook is None:
-            return f"process {target.pid}"
+            return None
+        if notebook == self.own_notebook:
+            return "this notebook"
         short = self._short(notebook)
         # A path outside this notebook's folder: its file name is what the user knows.
         return os.path.basename(short) if os.path.isabs(short) else short

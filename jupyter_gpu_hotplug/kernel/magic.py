@@ -36,7 +36,7 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING, Final, NoReturn
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from .._structs import MAX_IDLE_RELEASE_SECONDS, MAX_WAIT_SECONDS, MIG_PROFILE_RE, NVIDIA_MAJOR
+from .._structs import (
+    MAX_IDLE_RELEASE_SECONDS,
+    MAX_WAIT_SECONDS,
+    MIG_PROFILE_RE,
+    NVIDIA_MAJOR,
+    SANDBOX_PID_ENV,
+    GpuUuid,
+)
 from .._version import __version__
 from ..client import (
     AgentClient,
@@ -54,12 +61,14 @@ from ..client import (
     Gpu,
     InsufficientGpus,
     InvalidRequest,
+    is_index,
     normalise_selector,
     select_gpus,
 )
+from ..nvml.attribution import ProcessTree, attribute
 from ..nvml.sim.load import DEFAULT_SECONDS as LOAD_SECONDS
 from ..nvml.sim.load import gpu_nodes
-from ..nvml.state import GpuMonitor
+from ..nvml.state import GpuMonitor, Snapshot
 from . import render, reports
 from .cuda import CudaState, advice, cuda_initialised
 from .errors import GpuCommandError
@@ -123,6 +132,8 @@ class MagicContext:
     dev: Path = Path("/dev")
     """Where this kernel's GPU nodes are (``load`` holds them); tests give a directory of
     their own."""
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    """This kernel's environment (whether it runs in a sandbox of its own)."""
     background: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """The load helpers this context started: polled (reaped) at the next ``load``, so none
     stays a zombie for long."""
@@ -216,6 +227,18 @@ def refresh_interval(text: str) -> float:
     )
 
 
+def one_gpu(text: str) -> str:
+    """``--gpu`` of ``attach``: one GPU of the node, by its index or its UUID (or the unique
+    beginning of one)."""
+    normalised = normalise_selector(text)
+    if normalised is None:
+        raise argparse.ArgumentTypeError(
+            f"--gpu takes a GPU index on the node (0, 1, ... as '{PROG} list' shows), a GPU "
+            f"UUID or the beginning of one, got {text!r}"
+        )
+    return normalised
+
+
 def gpu_selector(text: str) -> str:
     """``detach``'s argument: ``all``, a GPU's index on the node, a GPU/MIG UUID, or the unique
     beginning of one."""
@@ -290,6 +313,15 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         help="let the agent take the GPUs back after S seconds unused (it never waits longer "
         "than its own idle policy)",
     )
+    parser.add_argument(
+        "--gpu",
+        type=one_gpu,
+        default=None,
+        metavar="INDEX|UUID",
+        help="attach this GPU of the node (its index as the GPU panel, '%%gpu list' and the "
+        "host's nvidia-smi number it, or its UUID) rather than any free one; not where the "
+        "cluster picks the GPU (Kubernetes)",
+    )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
@@ -297,10 +329,20 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     client = context.client()
     limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
     what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
+    named: list[GpuUuid] = []
+    if args.gpu is not None:
+        if count != 1:
+            raise UsageError(f"{PROG} attach --gpu names one GPU: leave N out")
+        gpu = _named_gpu(args.gpu, client)
+        named, what = [gpu.uuid], f"GPU {gpu.index} ({gpu.uuid})"
     try:
         attachments = wait_with_progress(
             lambda: client.attach(
-                count, wait_seconds=args.wait, mig=args.mig, idle_release_seconds=args.idle
+                count,
+                wait_seconds=args.wait,
+                mig=args.mig,
+                idle_release_seconds=args.idle,
+                gpus=named,
             ),
             label=f"Attaching {what}{limit}",
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
@@ -309,12 +351,29 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
             tick=context.progress_tick,
         )
     except (InsufficientGpus, InvalidRequest) as error:
-        if isinstance(error, InvalidRequest) and error.field != "count":
-            raise
+        if named or (isinstance(error, InvalidRequest) and error.field != "count"):
+            raise  # a named GPU's refusal names it already
         raise GpuCommandError(_too_many(count, client, error)) from error
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))
     print(advice(context.cuda(), attached=len(attachments)))
+
+
+def _named_gpu(selector: str, client: AgentClient) -> Gpu:
+    """The one GPU of the node ``selector`` names (``--gpu``), as the agent lists it. A GPU
+    in MIG mode shares its index with its slices: the index names the GPU, a UUID a slice."""
+    gpus = client.gpus()
+    chosen = select_gpus(selector, gpus)
+    if is_index(selector):
+        chosen = [gpu for gpu in chosen if gpu.uuid.startswith("GPU-")]
+    if len(chosen) == 1:
+        return chosen[0]
+    listing = "\n".join(f"  {gpu.index}  {gpu.uuid}  {gpu.state}" for gpu in gpus)
+    which = "none" if not chosen else f"{len(chosen)}"
+    raise GpuCommandError(
+        f"{PROG} attach --gpu {selector}: {which} of the node's GPUs match; name one by its "
+        f"index or a longer UUID:\n{listing}"
+    )
 
 
 def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
@@ -476,7 +535,9 @@ def _show(table: Table, context: MagicContext) -> None:
         print(table.text())
 
 
-def _status_table(context: MagicContext) -> Table:
+def _status_tables(context: MagicContext) -> list[Table]:
+    """This notebook's GPUs and, when a process uses one, which notebook uses how much of
+    each (one NVML read)."""
     client = context.client()
     attachments: Sequence[Attachment] | str
     try:
@@ -486,13 +547,33 @@ def _status_table(context: MagicContext) -> Table:
         attachments, released = error.message, ()
     with context.monitor() as monitor:
         snapshot = monitor.snapshot()
-    return reports.status_table(
+    status = reports.status_table(
         attachments, released, snapshot, cuda_line=_cuda_line(context.cuda())
     )
+    by_notebook = _attribution_table(snapshot, context)
+    return [status] if by_notebook is None else [status, by_notebook]
+
+
+def _attribution_table(snapshot: Snapshot, context: MagicContext) -> Table | None:
+    """Each GPU's processes by the notebook they belong to, as far as this kernel can tell:
+    a process carries its notebook in its environment (inherited from its kernel), or runs
+    below this kernel. In a sandbox NVML's pids are the host's, so nothing is named here."""
+    names = context.holders()
+    sandboxed = SANDBOX_PID_ENV in context.environ
+    tree = None if sandboxed else ProcessTree()
+    uses = [
+        (gpu, attribute(gpu.processes, names.kernel_name, tree))
+        for gpu in snapshot.gpus
+        if gpu.processes and gpu.mig is None
+    ]
+    if not uses:
+        return None
+    return reports.attribution_table(uses, notes=(reports.SANDBOXED_NOTE,) if sandboxed else ())
 
 
 def _status(args: argparse.Namespace, context: MagicContext) -> None:
-    _show(_status_table(context), context)
+    for table in _status_tables(context):
+        _show(table, context)
 
 
 def _list(args: argparse.Namespace, context: MagicContext) -> None:
@@ -565,7 +646,8 @@ def _add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _monitor(args: argparse.Namespace, context: MagicContext) -> None:
     if not context.in_kernel:
-        print(_status_table(context).text())
+        for table in _status_tables(context):
+            print(table.text())
         print(f"(The live monitor needs a notebook; '{PROG}' there shows it.)")
         return
     from IPython.display import display

@@ -15,11 +15,12 @@ from datetime import datetime
 
 from .._structs import TargetRef
 from ..client import Attachment, Gpu, IdleRelease, QueuedRequest
-from ..nvml.state import Snapshot
+from ..nvml.attribution import GpuUse, Usage
+from ..nvml.state import GpuState, Snapshot
 from .render import human_bytes, model_name, percent
 from .tables import Table, Uuid
 
-__all__ = ["node_table", "queue_table", "status_table"]
+__all__ = ["attribution_table", "node_table", "queue_table", "status_table"]
 
 _WAIT_HINT = "'%gpu attach N --wait 120' waits in the queue (first come, first served)."
 
@@ -135,4 +136,49 @@ def queue_table(waiting: Sequence[QueuedRequest]) -> Table:
         ],
         flexible=frozenset({"REQUEST"}),
         empty=f"This notebook is not waiting for a GPU. {_WAIT_HINT}",
+    )
+
+
+_UNATTRIBUTED_NOTE = (
+    "Unattributed: NVML named processes by pids this kernel cannot see (another pid "
+    "namespace: in a container NVML may report the host's pids); they are not guessed at."
+)
+SANDBOXED_NOTE = (
+    "This kernel runs in a sandbox with its own pid namespace, so NVML's pids (the host's) "
+    "mean nothing here: the GPU panel, which the notebook server feeds, names the kernels."
+)
+
+
+def _most_memory(item: tuple[str, Usage]) -> tuple[int, str]:
+    return (-(item[1].memory_bytes or 0), item[0])
+
+
+def attribution_table(
+    uses: Sequence[tuple[GpuState, GpuUse[str]]], *, notes: Sequence[str] = ()
+) -> Table:
+    """Which notebook uses how much of each GPU this kernel sees (``uses``: each GPU with its
+    processes grouped by notebook name); groups nobody can be named for are sums."""
+    rows: list[tuple[str | Uuid, ...]] = []
+    unattributed = False
+    for gpu, use in uses:
+        named = sorted(use.by_owner.items(), key=_most_memory)
+        groups = [*named, ("other processes", use.others), ("unattributed", use.unattributed)]
+        for who, usage in groups:
+            if usage.processes:
+                rows.append(
+                    (
+                        str(gpu.index),
+                        Uuid(gpu.uuid or "?"),
+                        who,
+                        human_bytes(usage.memory_bytes),
+                        percent(usage.sm_util_percent),
+                    )
+                )
+        unattributed = unattributed or use.unattributed.processes > 0
+    return Table(
+        title="GPU use by notebook",
+        columns=("CUDA", "ID", "WHO", "MEMORY", "SM"),
+        rows=rows,
+        notes=(*notes, *((_UNATTRIBUTED_NOTE,) if unattributed else ())),
+        flexible=frozenset({"WHO"}),
     )

@@ -3,7 +3,8 @@
 Boundary: reads NVML (through ``pynvml``), lists the device directory and reads
 ``/proc/<pid>/comm``; returns frozen values. It knows nothing of the agent: the server
 extension, the ``%gpu`` magic and the monitor widget all take their metrics from here, so there
-is one place that turns NVML into "uuid, utilisation, memory, temperature, power, processes".
+is one place that turns NVML into "uuid, utilisation, memory, temperature, power, PCIe and
+NVLink traffic, processes".
 
 Why it exists, and why it re-initialises NVML: a hot-attached GPU appears as a new
 ``/dev/nvidia<minor>`` in the running container, but NVML enumerates devices when it is
@@ -17,7 +18,7 @@ arrives.
 Two lighter reads serve callers that need no metrics (the node agent hands GPUs out by
 identity on every attach, and asks who uses one GPU before taking it away): ``roster()`` reads
 who each GPU is and whether it still answers (one NVML query per GPU instead of a snapshot's
-seven), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plug and lost GPUs
+ten), ``processes(minor)`` reads the processes of one GPU. Both follow hot-plug and lost GPUs
 exactly as ``snapshot()`` does, because all three share the same initialisation and
 enumeration.
 
@@ -84,6 +85,18 @@ _CAPS_NODE: Final = re.compile(r"nvidia-cap[0-9]+")
 _MIG_PROFILE_PREFIX: Final = "MIG "
 """NVML names GPU instance profiles ``MIG 1g.10gb``; the profile is the rest."""
 _MILLIWATTS_PER_WATT: Final = 1000.0
+PROCESS_SAMPLE_SECONDS: Final = 10.0
+"""How far back a process's utilisation samples count: NVML keeps a short ring of samples
+per GPU; a few seconds cover several of them without reaching back to a finished run."""
+_MICROSECONDS: Final = 1_000_000
+_BYTES_PER_KB: Final = 1024
+"""NVML's PCIe throughput is in "KB/s" and its NVLink counts in KiB; both are 1024 bytes."""
+_ALL_LINKS: Final = 0xFFFFFFFF
+"""``scopeId`` of an NVLink throughput field for the sum over all links (``UINT_MAX``)."""
+_NVLINK_FIELDS: Final = (
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+)
 _T = TypeVar("_T")
 
 # NVML answers that mean "this one value is not available here", not "NVML is broken": the GPU
@@ -125,6 +138,9 @@ class GpuProcess:
     """``/proc/<pid>/comm``; ``None`` when that pid is not visible here."""
     used_memory: int | None
     """Bytes; ``None`` when NVML cannot say (common inside containers)."""
+    sm_util: int | None = None
+    """Percent of the GPU's SM time this process used lately (NVML's per-process samples of
+    the last ``PROCESS_SAMPLE_SECONDS``, averaged); ``None`` when NVML has none for it."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,16 @@ class GpuState:
     """The GPU stopped answering (``GPU_IS_LOST``); its metrics are then all ``None``."""
     mig: MigSlice | None = None
     """Set for a MIG slice; ``None`` for a whole GPU."""
+    pcie_tx: int | None = None
+    """Bytes/s the GPU sent over PCIe (NVML samples about 20 ms); ``None`` for a slice."""
+    pcie_rx: int | None = None
+    """Bytes/s the GPU received over PCIe."""
+    nvlink_tx: int | None = None
+    """Bytes/s sent over all NVLinks since the previous snapshot; ``None`` on a GPU without
+    NVLink (NVML says NOT_SUPPORTED), and at a monitor's first reading of a GPU (a rate needs
+    two of NVML's running counts)."""
+    nvlink_rx: int | None = None
+    """Bytes/s received over all NVLinks, as ``nvlink_tx``."""
 
     def metrics_json(self) -> GpuMetricsJson:
         """What the GPU is doing, without who it is: the server extension joins this to the
@@ -192,10 +218,14 @@ class GpuState:
             temperature=self.temperature,
             power_draw=self.power_draw,
             power_limit=self.power_limit,
+            pcie_tx=self.pcie_tx,
+            pcie_rx=self.pcie_rx,
+            nvlink_tx=self.nvlink_tx,
+            nvlink_rx=self.nvlink_rx,
             processes=None
             if self.processes is None
             else [
-                GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory)
+                GpuProcessJson(pid=p.pid, name=p.name, used_memory=p.used_memory, sm_util=p.sm_util)
                 for p in self.processes
             ],
             lost=self.lost,
@@ -277,6 +307,7 @@ class GpuProcessJson(TypedDict):
     pid: int
     name: str | None
     used_memory: int | None
+    sm_util: int | None
 
 
 class GpuMetricsJson(TypedDict):
@@ -289,6 +320,10 @@ class GpuMetricsJson(TypedDict):
     temperature: int | None
     power_draw: float | None
     power_limit: float | None
+    pcie_tx: int | None
+    pcie_rx: int | None
+    nvlink_tx: int | None
+    nvlink_rx: int | None
     processes: list[GpuProcessJson] | None
     lost: bool
 
@@ -462,6 +497,30 @@ def _lost_state(device: _Device, *, simulated: bool) -> GpuState:
     )
 
 
+_Count = tuple[int, int]
+"""An NVLink field's reading: (microseconds since the epoch, KiB so far)."""
+
+
+def _count(field: Any) -> _Count | None:
+    """One ``nvmlFieldValue_t``'s count, or ``None``: a GPU without NVLink answers
+    NOT_SUPPORTED here, inside a successful call. Any other error of one field is about that
+    value only (a driver that will not sum the links answers INVALID_ARGUMENT), so it is
+    ``None`` too rather than a broken NVML; only a lost GPU is the GPU's."""
+    if field.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
+        raise _GpuLost
+    if field.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    return field.timestamp, field.value.ullVal
+
+
+def _rate(before: _Count | None, now: _Count | None) -> int | None:
+    """Bytes/s between two counts; ``None`` without both, or when the count went back (the
+    driver was reloaded) or no time passed."""
+    if before is None or now is None or now[0] <= before[0] or now[1] < before[1]:
+        return None
+    return (now[1] - before[1]) * _BYTES_PER_KB * 1_000_000 // (now[0] - before[0])
+
+
 def _watts(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / _MILLIWATTS_PER_WATT
 
@@ -510,6 +569,8 @@ class GpuMonitor:
         self._driver_version: str | None = None
         self._cuda_driver_version: str | None = None
         self._simulated = False
+        self._nvlink_counts: dict[GpuUuid | None, tuple[_Count | None, _Count | None]] = {}
+        """Per GPU, NVML's last NVLink counts (TX, RX): a rate is the step to the next ones."""
 
     @property
     def init_count(self) -> int:
@@ -747,6 +808,9 @@ class GpuMonitor:
             power_draw = _value(pynvml.nvmlDeviceGetPowerUsage, handle)
             power_limit = _value(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
             processes = self._processes(handle, names)
+            pcie_tx, pcie_rx, nvlink_tx, nvlink_rx = (
+                (None,) * 4 if device.mig is not None else self._traffic(device)
+            )
         except _GpuLost:
             self._stale = True
             return _lost_state(device, simulated=simulated)
@@ -765,6 +829,32 @@ class GpuMonitor:
             processes=processes,
             simulated=simulated,
             mig=device.mig,
+            pcie_tx=pcie_tx,
+            pcie_rx=pcie_rx,
+            nvlink_tx=nvlink_tx,
+            nvlink_rx=nvlink_rx,
+        )
+
+    def _traffic(self, device: _Device) -> tuple[int | None, int | None, int | None, int | None]:
+        """Bytes/s over PCIe (TX, RX) and over all NVLinks (TX, RX) of a whole GPU.
+
+        PCIe is NVML's own rate. NVLink is read as NVML's running counts of KiB with their
+        timestamps (``nvmlDeviceGetFieldValues``: one call for both directions, where the
+        older per-link utilisation counters are deprecated and absent on current GPUs); the
+        rate is the step from this monitor's previous counts of the GPU.
+        """
+        handle = device.handle
+        pcie_tx = _value(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        pcie_rx = _value(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        fields = _value(pynvml.nvmlDeviceGetFieldValues, handle, _NVLINK_FIELDS)
+        counts = (None, None) if fields is None else (_count(fields[0]), _count(fields[1]))
+        before = self._nvlink_counts.get(device.uuid, (None, None))
+        self._nvlink_counts[device.uuid] = counts
+        return (
+            None if pcie_tx is None else pcie_tx * _BYTES_PER_KB,
+            None if pcie_rx is None else pcie_rx * _BYTES_PER_KB,
+            _rate(before[0], counts[0]),
+            _rate(before[1], counts[1]),
         )
 
     def _processes(
@@ -774,6 +864,7 @@ class GpuMonitor:
         graphics = _value(pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
         if compute is None and graphics is None:
             return None
+        utilization = _process_utilization(handle) if compute or graphics else {}
         found: dict[int, GpuProcess] = {}
         for info in [*(compute or ()), *(graphics or ())]:
             if info.pid in found:
@@ -781,7 +872,10 @@ class GpuMonitor:
             if info.pid not in names:
                 names[info.pid] = self._process_name(info.pid)
             found[info.pid] = GpuProcess(
-                pid=info.pid, name=names[info.pid], used_memory=info.usedGpuMemory
+                pid=info.pid,
+                name=names[info.pid],
+                used_memory=info.usedGpuMemory,
+                sm_util=utilization.get(info.pid),
             )
         return tuple(found.values())
 
@@ -792,6 +886,18 @@ class GpuMonitor:
         except OSError:
             # The pid belongs to another pid namespace (NVML reports host pids) or has exited.
             return None
+
+
+def _process_utilization(handle: Any) -> dict[int, int]:
+    """Each process's SM utilisation over the last ``PROCESS_SAMPLE_SECONDS`` (the mean of
+    NVML's samples, by pid); empty when NVML has no samples (``NOT_FOUND``) or does not offer
+    them (MIG devices, old drivers, containers without the permission)."""
+    since = int((time.time() - PROCESS_SAMPLE_SECONDS) * _MICROSECONDS)
+    samples = _found(pynvml.nvmlDeviceGetProcessUtilization, handle, since) or ()
+    by_pid: dict[int, list[int]] = {}
+    for sample in samples:
+        by_pid.setdefault(sample.pid, []).append(sample.smUtil)
+    return {pid: round(sum(values) / len(values)) for pid, values in by_pid.items()}
 
 
 def _summary(count: int, *, lost: int, slices: int = 0) -> tuple[NvmlStatus, str]:

@@ -17,6 +17,8 @@ Routes (relative to the server's ``base_url``; JSON shapes in ``models``):
   ``max_count`` and mode (``openapi``)
 - ``GET gpu-hotplug/api/gpus[?kernel_id=K]`` → ``GpusJson``
 - ``GET gpu-hotplug/api/history`` → ``HistoryJson``: the node's readings of the last hour
+- ``GET gpu-hotplug/api/attribution`` → ``AttributionJson``: which kernel of this server
+  uses how much of each GPU
 - ``POST gpu-hotplug/api/attach`` ``{count, kernel_id?, wait_seconds?, request_id?}`` → 201
   ``AttachJson``
 - ``POST gpu-hotplug/api/detach`` ``{uuid | "all", force?, kernel_id?}`` → 204
@@ -199,6 +201,16 @@ class HistoryHandler(GPUHotplugAPIHandler):
         self.finish_json(200, self.manager.history())
 
 
+class AttributionHandler(GPUHotplugAPIHandler):
+    """``GET attribution``: each GPU's processes by kernel of this server (memory, SM
+    utilisation), for a user with several notebooks deciding which to stop."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish_json(200, await self.manager.attribution())
+
+
 class AttachHandler(BodyHandler):
     """``POST attach``: attach GPUs; progress is published on the stream meanwhile."""
 
@@ -284,6 +296,7 @@ VERSION_URL = rf"{API_PREFIX}/version"
 OPENAPI_URL = rf"{API_PREFIX}/openapi\.json"
 GPUS_URL = rf"{API_PREFIX}/gpus"
 HISTORY_URL = rf"{API_PREFIX}/history"
+ATTRIBUTION_URL = rf"{API_PREFIX}/attribution"
 ATTACH_URL = rf"{API_PREFIX}/attach"
 DETACH_URL = rf"{API_PREFIX}/detach"
 CANCEL_URL = rf"{API_PREFIX}/cancel"
@@ -294,6 +307,7 @@ default_handlers: list[tuple[str, type[GPUHotplugAPIHandler]]] = [
     (OPENAPI_URL, OpenAPIHandler),
     (GPUS_URL, GpusHandler),
     (HISTORY_URL, HistoryHandler),
+    (ATTRIBUTION_URL, AttributionHandler),
     (ATTACH_URL, AttachHandler),
     (DETACH_URL, DetachHandler),
     (CANCEL_URL, CancelHandler),

@@ -5,7 +5,7 @@ Boundary: pure bookkeeping over NVML snapshots (``nvml.state.Snapshot``); no I/O
 Why the server keeps it: each page used to keep its own five minutes, so a reload emptied
 the charts and two notebooks showed different histories of the same GPU. The server reads
 the node's GPUs once per interval for every stream anyway; keeping those readings for an
-hour costs a few hundred kilobytes (3,600 readings of 5 numbers per GPU) and makes the
+hour costs about a megabyte per GPU (3,600 readings of 9 numbers) and makes the
 history the same in every notebook and survive a reload. Readings are taken while a page
 watches (the stream's poller runs only then), so a gap means nobody looked.
 """
@@ -23,8 +23,20 @@ __all__ = ["HISTORY_SECONDS", "GpuHistory", "HistoryJson"]
 HISTORY_SECONDS: Final = 3600.0
 """How far back the history reaches: the panel's longest window (1 h)."""
 
-Reading = tuple[float, int | None, int | None, int | None, int | None]
-"""``(taken_at, utilization %, memory bandwidth %, memory used, memory total)``."""
+Reading = tuple[
+    float,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+]
+"""``(taken_at, utilization %, memory bandwidth %, memory used, memory total, PCIe TX, PCIe
+RX, NVLink TX, NVLink RX)``: bytes and bytes/s; ``None`` where NVML gave nothing (NVLink on a
+GPU without it)."""
 
 
 class HistoryJson(TypedDict):
@@ -42,6 +54,10 @@ COLUMNS: Final = [
     "utilization_memory",
     "memory_used",
     "memory_total",
+    "pcie_tx",
+    "pcie_rx",
+    "nvlink_tx",
+    "nvlink_rx",
 ]
 
 
@@ -64,7 +80,17 @@ class GpuHistory:
             if readings and at - readings[-1][0] < self._min_gap:
                 continue
             readings.append(
-                (at, gpu.utilization_gpu, gpu.utilization_memory, gpu.memory_used, gpu.memory_total)
+                (
+                    at,
+                    gpu.utilization_gpu,
+                    gpu.utilization_memory,
+                    gpu.memory_used,
+                    gpu.memory_total,
+                    gpu.pcie_tx,
+                    gpu.pcie_rx,
+                    gpu.nvlink_tx,
+                    gpu.nvlink_rx,
+                )
             )
         self._forget(before=at - self._seconds)
 

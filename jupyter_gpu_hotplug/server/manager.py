@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,7 +26,9 @@ from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
 from ..client import AgentClientError, AsyncAgentClient, Attachment, Gpu
+from ..nvml.attribution import ProcessTree
 from ..nvml.state import GpuMonitor, Snapshot
+from .attribution import AttributionJson, GpuAttributionJson, attribution_json
 from .errors import (
     GpuNotAttached,
     HotplugError,
@@ -120,7 +123,7 @@ class HotplugManager:
     seconds between two ``metrics`` events of a stream, and between two ``waiting`` events of
     an attach in flight. ``max_count``: the most GPUs one request may ask for.
     ``notebooks``: kernel id → notebook path (the server's sessions), so that local mode's
-    holders are named by their notebooks.
+    holders and every mode's attribution are named by their notebooks.
     """
 
     def __init__(
@@ -187,21 +190,47 @@ class HotplugManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._nvml, self._monitor.snapshot)
 
-    async def _kernel_holders(self) -> dict[int, KernelHolder]:
-        """This server's kernels that may hold GPUs, by pid, with their notebooks (none in
-        Kubernetes mode). A label only: when the sessions cannot be read, kernels are named
-        by their ids."""
-        by_pid = self.targets.kernels_by_pid()
-        paths: Mapping[str, str] = {}
-        if by_pid and self._notebooks is not None:
-            try:
-                paths = await self._notebooks()
-            except Exception as error:  # the answer must not fail for want of a label
-                self._log.warning("cannot read the notebook sessions: %r", error)
+    async def _notebook_paths(self) -> Mapping[str, str]:
+        """Kernel id → notebook path; empty when the sessions cannot be read (a label only:
+        the answer must not fail for want of one)."""
+        if self._notebooks is None:
+            return {}
+        try:
+            return await self._notebooks()
+        except Exception as error:
+            self._log.warning("cannot read the notebook sessions: %r", error)
+            return {}
+
+    @staticmethod
+    def _named(by_pid: Mapping[int, KernelId], paths: Mapping[str, str]) -> dict[int, KernelHolder]:
         return {
             pid: KernelHolder(kernel_id=kernel_id, path=paths.get(kernel_id))
             for pid, kernel_id in by_pid.items()
         }
+
+    def _kernel_holders(self, paths: Mapping[str, str]) -> dict[int, KernelHolder]:
+        """This server's kernels that may hold GPUs, by pid, with their notebooks (none in
+        Kubernetes mode). Kernels whose session cannot be read are named by their ids."""
+        return self._named(self.targets.kernels_by_pid(), paths)
+
+    async def _attribution(
+        self, snapshot: Snapshot, paths: Mapping[str, str]
+    ) -> list[GpuAttributionJson]:
+        """Which kernel uses how much of each GPU of ``snapshot`` (``attribution``): every
+        kernel of this server, sandboxed or not, by its outermost process. The ``/proc`` walk
+        runs beside the NVML reads, off the event loop."""
+        kernels = self._named(self.sandboxes.kernel_processes(), paths)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._nvml,
+            lambda: attribution_json(snapshot, kernels, server_pid=os.getpid(), tree=ProcessTree()),
+        )
+
+    async def attribution(self) -> AttributionJson:
+        """``GET attribution``: the GPUs this server sees, each by kernel."""
+        snapshot = await self._snapshot()
+        gpus = await self._attribution(snapshot, await self._notebook_paths())
+        return AttributionJson(gpus=gpus, taken_at=snapshot.taken_at)
 
     async def gpus(self, kernel_id: KernelId | None) -> GpusJson:
         """The target's GPUs with live metrics, the node's GPUs with who holds them, and
@@ -232,18 +261,23 @@ class HotplugManager:
         attached = {
             target: asyncio.ensure_future(self.client.attachments(target)) for target in asked
         }
+        attribution: list[GpuAttributionJson] = []
         try:
             await asyncio.wait([node, snapshot, *attached.values()])
-            kernels = await self._kernel_holders()
+            paths = await self._notebook_paths()
+            kernels = self._kernel_holders(paths)
             if snapshot.exception() is None:
                 self._history.record(snapshot.result())
+                attribution = await self._attribution(snapshot.result(), paths)
             await self._note_releases(whom, attached)
             await self._read_agent_queue(whom, node, attached)
         finally:
             await _settle(node, snapshot, *attached.values())
         reading: dict[str | None, GpusJson | BaseException] = {}
         for kernel_id, target in whom.items():
-            reading[kernel_id] = self._view(kernel_id, target, node, snapshot, attached, kernels)
+            reading[kernel_id] = self._view(
+                kernel_id, target, node, snapshot, attached, kernels, attribution
+            )
         return reading
 
     def history(self) -> HistoryJson:
@@ -353,6 +387,7 @@ class HotplugManager:
         snapshot: asyncio.Future[Snapshot],
         attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
         kernels: Mapping[int, KernelHolder],
+        attribution: list[GpuAttributionJson],
     ) -> GpusJson | BaseException:
         """One kernel's part of a reading; its failure, first the kernel's own, if any."""
         if isinstance(target, BaseException):
@@ -371,6 +406,7 @@ class HotplugManager:
             kernels=kernels,
             queue=self._queue(),
             released=self._releases.recent(kernel_id),
+            attribution=attribution,
         )
 
     # --- attach and detach ---------------------------------------------------------------------
@@ -394,6 +430,7 @@ class HotplugManager:
                 target=target.ref,
                 wait_seconds=request.wait_seconds,
                 request_id=request_id,
+                gpus=request.gpus,
             )
         )
         self._calls.add(call)

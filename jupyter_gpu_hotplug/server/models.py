@@ -31,6 +31,7 @@ from .._structs import (
 )
 from ..client import Attachment, Gpu
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
+from .attribution import GpuAttributionJson
 from .releases import ReleasedJson
 
 __all__ = [
@@ -121,6 +122,9 @@ class NodeGpuJson(TypedDict):
     metrics: MetricsJson | None
     """What it is doing, as this server's NVML sees it (``None``: NVML here cannot see it),
     so the panel charts every GPU of the node, not only the kernel's."""
+    selectable: bool
+    """An attach may name it (``gpus``), so its card offers an Attach of its own; false
+    where the cluster picks the device (Kubernetes) and for a GPU in MIG mode."""
 
 
 class QueuedJson(TypedDict):
@@ -168,6 +172,9 @@ class GpusJson(TypedDict):
     released: list[ReleasedJson]
     """GPUs the kernel lost in the last minutes, and why (``releases``): what a page says
     when a GPU goes that it did not detach itself."""
+    attribution: list[GpuAttributionJson]
+    """Which kernel of this server uses how much of each GPU (``attribution``), the same in
+    every kernel's view."""
 
 
 class AttachJson(TypedDict):
@@ -285,6 +292,7 @@ def _node_gpu(
         target=None if gpu.target is None else gpu.target.to_wire(),
         held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
         metrics=None if found is None else found.metrics_json(),
+        selectable=gpu.selectable,
     )
 
 
@@ -320,6 +328,7 @@ def gpus_json(
     kernels: Mapping[int, KernelHolder] | None = None,
     queue: Iterable[WaitingAttach] = (),
     released: Sequence[ReleasedJson] = (),
+    attribution: Sequence[GpuAttributionJson] = (),
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
@@ -349,4 +358,5 @@ def gpus_json(
         ),
         taken_at=snapshot.taken_at,
         released=list(released),
+        attribution=list(attribution),
     )

@@ -25,6 +25,7 @@ from .._structs import (
     RequestId,
     check_count,
     check_gpu_uuid,
+    check_named_gpus,
     check_names,
     check_request_id,
     check_required,
@@ -59,7 +60,7 @@ MAX_BODY_BYTES: Final = 16 * 1024
 _KERNEL_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 DETACH_ALL: Final = "all"
 
-_ATTACH_FIELDS: Final = ("count", "kernel_id", "request_id", "wait_seconds")
+_ATTACH_FIELDS: Final = ("count", "gpus", "kernel_id", "request_id", "wait_seconds")
 _DETACH_FIELDS: Final = ("force", "kernel_id", "uuid")
 _CANCEL_FIELDS: Final = ("kernel_id", "request_id")
 _QUERY_FIELDS: Final = ("kernel_id",)
@@ -76,6 +77,9 @@ class AttachRequest:
     request_id: RequestId | None = None
     """Chosen by the caller to follow this attach on the stream and to retry it safely;
     ``None``: the server picks one."""
+    gpus: tuple[GpuUuid, ...] = ()
+    """The GPUs to attach (a GPU card's Attach names its own), ``count`` of them; empty: any
+    free ones. The agent refuses it where the cluster picks the device (``selectable``)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def _optional_kernel_id(obj: Mapping[str, object]) -> KernelId | None:
 
 
 def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
-    """``{"count": N, "kernel_id"?, "wait_seconds"?, "request_id"?}``."""
+    """``{"count": N, "gpus"?: [UUID, ...], "kernel_id"?, "wait_seconds"?, "request_id"?}``."""
     obj = _json_object(body)
     _only(obj, _ATTACH_FIELDS, where="member")
     count = _checked(
@@ -146,11 +150,13 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         else _checked(check_seconds, raw_wait, field="wait_seconds", maximum=MAX_WAIT_SECONDS)
     )
     request_id = obj.get("request_id")
+    gpus = obj.get("gpus")
     return AttachRequest(
         count=count,
         kernel_id=_optional_kernel_id(obj),
         wait_seconds=wait_seconds,
         request_id=None if request_id is None else _checked(check_request_id, request_id),
+        gpus=() if gpus is None else _checked(check_named_gpus, gpus, count=count),
     )
 
 

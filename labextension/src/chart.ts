@@ -51,6 +51,8 @@ export interface IChartData {
   now: number;
   /** How a value reads in the tooltip ("37 %", "12 GiB"). */
   format: (value: number) => string;
+  /** The y axis's unit now, for a chart whose unit follows its values ("MB/s"). */
+  unit?: string;
 }
 
 /** Up to `count` + 1 round steps from 0 to at least `max` (0, 20, 40…). */
@@ -161,6 +163,7 @@ export class TimeChart {
     heading.className = `${Classes.chart}-title`;
     heading.textContent = `${options.title} (${options.unit})`;
     heading.setAttribute('aria-hidden', 'true');
+    this._heading = heading;
     this.node.append(heading, plot, this._legend);
     this._svg.addEventListener('mousemove', event => {
       const box = this._svg.getBoundingClientRect();
@@ -183,6 +186,9 @@ export class TimeChart {
   /** New data: redraws the chart and the legend. */
   update(data: IChartData): void {
     this._data = data;
+    if (data.unit !== undefined) {
+      this._heading.textContent = `${this._title} (${data.unit})`;
+    }
     this._drawLegend();
     this._draw();
   }
@@ -424,6 +430,7 @@ export class TimeChart {
   private readonly _title: string;
   private readonly _onHover: (time: number | null) => void;
   private readonly _svg: SVGSVGElement;
+  private readonly _heading: HTMLDivElement;
   private readonly _plot: HTMLDivElement;
   private readonly _legend: HTMLUListElement;
   private readonly _tooltip: HTMLDivElement;

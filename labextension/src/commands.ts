@@ -313,17 +313,33 @@ async function attach(
   if (kernelId === null) {
     return noKernel(trans);
   }
+  // A GPU card's Attach names its GPU (`uuid`): that one, not any free one.
+  const uuid = typeof args.uuid === 'string' ? args.uuid : null;
   const count =
-    typeof args.count === 'number' ? args.count : model.settings.defaultCount;
+    uuid !== null
+      ? 1
+      : typeof args.count === 'number'
+        ? args.count
+        : model.settings.defaultCount;
   const wait = args.wait === true;
   const notebook = ctx.notebookName(kernelId);
+  const named =
+    uuid === null
+      ? null
+      : model.state(kernelId)?.reply?.node?.find(gpu => gpu.uuid === uuid);
   const note = new ProgressNote(
-    trans._n(
-      'Attaching %1 GPU to %2…',
-      'Attaching %1 GPUs to %2…',
-      count,
-      notebook
-    )
+    uuid === null
+      ? trans._n(
+          'Attaching %1 GPU to %2…',
+          'Attaching %1 GPUs to %2…',
+          count,
+          notebook
+        )
+      : trans.__(
+          'Attaching %1 to %2…',
+          named ? gpuName(named.index, trans) : uuid,
+          notebook
+        )
   );
   // Each new place in the queue updates the note; it offers to stop waiting.
   let shown: IOperation | null = null;
@@ -361,7 +377,8 @@ async function attach(
   const pending = model.attach(
     kernelId,
     count,
-    wait ? model.settings.waitSeconds : undefined
+    wait ? model.settings.waitSeconds : undefined,
+    uuid === null ? [] : [uuid]
   );
   try {
     const reply = await pending;
@@ -393,7 +410,9 @@ async function attach(
       return;
     }
     const body = describeError(error);
-    const offerWait = body.error === 'insufficient_gpus' && !wait;
+    // Not retryable: waiting cannot help (a named GPU the notebook has already).
+    const offerWait =
+      body.error === 'insufficient_gpus' && !wait && body.retryable !== false;
     await note.finish({
       message: `${notebook}: ${body.message}`,
       type: 'error',
@@ -401,7 +420,10 @@ async function attach(
       actions: offerWait
         ? [
             {
-              label: trans.__('Wait for a free GPU'),
+              label:
+                uuid === null
+                  ? trans.__('Wait for a free GPU')
+                  : trans.__('Wait for this GPU'),
               caption: trans.__(
                 'Wait in the queue (up to %1 s) and attach when one is free',
                 model.settings.waitSeconds
@@ -410,7 +432,8 @@ async function attach(
                 void ctx.commands.execute(CommandIds.attach, {
                   kernelId,
                   count,
-                  wait: true
+                  wait: true,
+                  ...(uuid === null ? {} : { uuid })
                 })
             }
           ]

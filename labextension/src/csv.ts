@@ -8,7 +8,8 @@ import { INodeGpu } from './types';
 
 /** The header row, in the units the charts use. */
 export const CSV_HEADER =
-  'time_utc,gpu_index,gpu_uuid,utilization_percent,memory_bandwidth_percent,memory_used_bytes,memory_total_bytes';
+  'time_utc,gpu_index,gpu_uuid,utilization_percent,memory_bandwidth_percent,memory_used_bytes,memory_total_bytes,' +
+  'pcie_tx_bytes_per_second,pcie_rx_bytes_per_second,nvlink_tx_bytes_per_second,nvlink_rx_bytes_per_second';
 
 function cell(value: number | null): string {
   return value === null ? '' : String(value);
@@ -40,7 +41,11 @@ export function chartsCsv(
           cell(sample.utilization),
           cell(sample.memoryActivity),
           cell(sample.memoryUsed),
-          cell(sample.memoryTotal)
+          cell(sample.memoryTotal),
+          cell(sample.pcieTx),
+          cell(sample.pcieRx),
+          cell(sample.nvlinkTx),
+          cell(sample.nvlinkRx)
         ].join(',')
       );
     }

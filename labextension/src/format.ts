@@ -21,6 +21,28 @@ export function gib(bytes: number): string {
   return value < 10 ? value.toFixed(1) : value.toFixed(0);
 }
 
+/** Decimal units of a rate, as PCIe and NVLink speeds are quoted. */
+const RATE_UNITS = ['B/s', 'kB/s', 'MB/s', 'GB/s', 'TB/s'];
+
+/**
+ * The unit a chart of rates up to `max` bytes/s counts in, and its size in
+ * bytes/s: the largest unit that `max` reaches (B/s for 0).
+ */
+export function rateUnit(max: number): { unit: string; size: number } {
+  let at = 0;
+  while (at < RATE_UNITS.length - 1 && max >= 1000 ** (at + 1)) {
+    at += 1;
+  }
+  return { unit: RATE_UNITS[at], size: 1000 ** at };
+}
+
+/** "12.3 GB/s", "640 kB/s": one decimal below 10, as `gib`. */
+export function bytesPerSecond(value: number): string {
+  const { unit, size } = rateUnit(value);
+  const scaled = value / size;
+  return `${scaled < 10 && size > 1 ? scaled.toFixed(1) : scaled.toFixed(0)} ${unit}`;
+}
+
 /** "77 %". */
 export function percent(value: number): string {
   return `${Math.round(value)} %`;

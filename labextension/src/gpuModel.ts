@@ -15,6 +15,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { Endpoints } from './constants';
 import { apiUrl, describeError, requestAPI } from './handler';
+import { newRequestId } from './requestId';
 import { IGpuSettings, MAX_CHART_MINUTES } from './settings';
 import { GpuStream, IStreamHandlers } from './stream';
 import {
@@ -41,6 +42,12 @@ export interface ISample {
   memoryUsed: number | null;
   /** Bytes. */
   memoryTotal: number | null;
+  /** Bytes/s over PCIe, sent and received. */
+  pcieTx: number | null;
+  pcieRx: number | null;
+  /** Bytes/s over all NVLinks; `null` on a GPU without NVLink. */
+  nvlinkTx: number | null;
+  nvlinkRx: number | null;
 }
 
 /**
@@ -157,8 +164,7 @@ export class GpuModel implements IDisposable {
     this._openStream = options.openStream ?? openStream;
     this._settings = options.settings;
     this._now = options.now ?? Date.now;
-    this._newRequestId =
-      options.newRequestId ?? (() => `lab-${crypto.randomUUID()}`);
+    this._newRequestId = options.newRequestId ?? newRequestId;
   }
 
   get settings(): IGpuSettings {
@@ -312,13 +318,19 @@ export class GpuModel implements IDisposable {
       const own = history.get(uuid) ?? [];
       const first = own.length > 0 ? own[0].time : Infinity;
       const older: ISample[] = readings
-        .map(([at, utilization, activity, used, total]) => ({
-          time: at * 1000,
-          utilization,
-          memoryActivity: activity,
-          memoryUsed: used,
-          memoryTotal: total
-        }))
+        .map(
+          ([at, utilization, activity, used, total, ...traffic]): ISample => ({
+            time: at * 1000,
+            utilization,
+            memoryActivity: activity,
+            memoryUsed: used,
+            memoryTotal: total,
+            pcieTx: traffic[0] ?? null,
+            pcieRx: traffic[1] ?? null,
+            nvlinkTx: traffic[2] ?? null,
+            nvlinkRx: traffic[3] ?? null
+          })
+        )
         .filter(sample => sample.time < first);
       history.set(uuid, [...older, ...own]);
     }
@@ -338,13 +350,15 @@ export class GpuModel implements IDisposable {
   }
 
   /**
-   * Attach `count` GPUs to the kernel. With `waitSeconds`, the server waits
-   * that long for GPUs to become free. Rejects with the request's error.
+   * Attach `count` GPUs to the kernel: those of `gpus` (UUIDs, `count` of
+   * them) when given, else any free ones. With `waitSeconds`, the server waits
+   * that long for them to become free. Rejects with the request's error.
    */
   async attach(
     kernelId: string,
     count: number,
-    waitSeconds?: number
+    waitSeconds?: number,
+    gpus: readonly string[] = []
   ): Promise<IAttachReply> {
     const requestId = this._newRequestId();
     const body: Record<string, unknown> = {
@@ -354,6 +368,9 @@ export class GpuModel implements IDisposable {
     };
     if (waitSeconds !== undefined) {
       body.wait_seconds = waitSeconds;
+    }
+    if (gpus.length > 0) {
+      body.gpus = gpus;
     }
     try {
       return await this._act(
@@ -584,7 +601,11 @@ function toSample(time: number, metrics: IGpuMetrics | null): ISample {
     utilization: metrics?.utilization_gpu ?? null,
     memoryActivity: metrics?.utilization_memory ?? null,
     memoryUsed: metrics?.memory_used ?? null,
-    memoryTotal: metrics?.memory_total ?? null
+    memoryTotal: metrics?.memory_total ?? null,
+    pcieTx: metrics?.pcie_tx ?? null,
+    pcieRx: metrics?.pcie_rx ?? null,
+    nvlinkTx: metrics?.nvlink_tx ?? null,
+    nvlinkRx: metrics?.nvlink_rx ?? null
   };
 }
 

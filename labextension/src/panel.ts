@@ -1,6 +1,6 @@
 /**
- * The GPU panel: every GPU of the node as a group of two time charts
- * (utilisation in %, memory in GiB) with its state, who holds it and the
+ * The GPU panel: every GPU of the node as a group of time charts
+ * (utilisation %, memory GiB; traffic: `traffic.ts`) with its state, who holds it and the
  * actions the current notebook may take on it (attach, detach, force-detach);
  * the queue of waiting attaches with their notebooks and countdowns; a clear
  * disconnected state. The same widget serves the right side panel and, opened
@@ -15,6 +15,7 @@ import { CommandRegistry } from '@lumino/commands';
 import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { AttributionList, attributionOf } from './attribution';
 import { IChartData, TimeChart } from './chart';
 import { Classes, CommandIds } from './constants';
 import { chartsCsv, csvFileName } from './csv';
@@ -37,6 +38,7 @@ import {
 } from './gpuModel';
 import { holderLabel, stateLabel } from './holders';
 import { CHART_WINDOWS } from './settings';
+import { TrafficCharts } from './traffic';
 import { IAttachedGpu, IGpuMetrics, INodeGpu, IQueued } from './types';
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -82,6 +84,38 @@ export function vitalsText(
     );
   }
   return parts.join(' · ');
+}
+
+/**
+ * What a free GPU's card offers: its own Attach, which names the card's GPU
+ * (issue 36: it attached any free one), where the agent can honour a named GPU
+ * (`selectable`); elsewhere a disabled one that says why — in Kubernetes the
+ * cluster's device plugin picks the GPU, and a GPU in MIG mode goes as slices.
+ */
+export function attachOffer(
+  gpu: INodeGpu,
+  mode: 'local' | 'kubernetes' | undefined,
+  name: string,
+  trans: TranslationBundle
+): { offered: boolean; title: string } {
+  if (gpu.selectable === true) {
+    return {
+      offered: true,
+      title: trans.__('Attach %1 to this notebook', name)
+    };
+  }
+  return {
+    offered: false,
+    title:
+      mode === 'kubernetes'
+        ? trans.__(
+            "The cluster's scheduler picks which GPU a notebook gets: use Attach in the toolbar"
+          )
+        : trans.__(
+            '%1 cannot be attached by itself (a GPU in MIG mode is attached as its slices): use Attach in the toolbar',
+            name
+          )
+  };
 }
 
 /** Points a chart line draws at most (an hour of readings is 3,600). */
@@ -131,16 +165,28 @@ class GpuGroup {
     this._utilization = new TimeChart({
       title: trans.__('Utilisation'),
       unit: '%',
-      onHover: time => this._memory.hover(time)
+      onHover: time => this._hover(time)
     });
     this._memory = new TimeChart({
       title: trans.__('Memory'),
       unit: 'GiB',
-      onHover: time => this._utilization.hover(time)
+      onHover: time => this._hover(time)
     });
+    this._traffic = new TrafficCharts(trans, time => this._hover(time));
     const charts = element('div', `${P}-charts`);
-    charts.append(this._utilization.node, this._memory.node);
-    this.node.append(head, this._vitals, this._processes, charts);
+    charts.append(
+      this._utilization.node,
+      this._memory.node,
+      ...this._traffic.charts.map(chart => chart.node)
+    );
+    this._byKernel = new AttributionList(trans);
+    this.node.append(
+      head,
+      this._vitals,
+      this._processes,
+      this._byKernel.node,
+      charts
+    );
     this.node.setAttribute('aria-labelledby', `${P}-name-${uuid}`);
     this._name.id = `${P}-name-${uuid}`;
   }
@@ -163,6 +209,11 @@ class GpuGroup {
       : label;
     this._renderActions(gpu, ctx);
     this._renderVitals(gpu);
+    const reply = ctx.state.reply;
+    this._byKernel.update(
+      attributionOf(reply, gpu.uuid),
+      reply?.kernel_id ?? null
+    );
     samples = thinned(
       samples.filter(s => s.time >= ctx.now - ctx.windowMs),
       MAX_POINTS
@@ -225,12 +276,25 @@ class GpuGroup {
         value => `${gib(value * GIB)} GiB`
       )
     );
+    this._traffic.update(samples, ctx);
   }
 
   dispose(): void {
     this._utilization.dispose();
     this._memory.dispose();
+    this._traffic.dispose();
     this.node.remove();
+  }
+
+  /** Linked tooltips: the time under the pointer in one chart, shown in all. */
+  private _hover(time: number | null): void {
+    for (const chart of [
+      this._utilization,
+      this._memory,
+      ...this._traffic.charts
+    ]) {
+      chart.hover(time);
+    }
   }
 
   /** "61 °C · 250 W of 700 W"; under a GPU of this notebook, its processes. */
@@ -275,11 +339,12 @@ class GpuGroup {
       title: string,
       command: string,
       args: Record<string, string | number>,
-      destructive = false
+      destructive = false,
+      offered = true
     ) => {
       const node = element('button', 'jp-Button jp-mod-small', text);
       node.title = title;
-      node.disabled = !idle;
+      node.disabled = !idle || !offered;
       if (destructive) {
         node.classList.add(Classes.destructive);
       }
@@ -304,11 +369,14 @@ class GpuGroup {
         true
       );
     } else if (gpu.state === 'free') {
+      const offer = attachOffer(gpu, ctx.state.reply?.mode, name, trans);
       button(
         trans.__('Attach'),
-        trans.__('Attach a free GPU to this notebook'),
+        offer.title,
         CommandIds.attach,
-        { count: 1 }
+        { count: 1, uuid: gpu.uuid },
+        false,
+        offer.offered
       );
     }
     const key = buttons
@@ -325,9 +393,11 @@ class GpuGroup {
   private readonly _vitals: HTMLParagraphElement;
   private readonly _processes: HTMLUListElement;
   private _processesKey = '';
+  private readonly _byKernel: AttributionList;
   private readonly _actions: HTMLDivElement;
   private readonly _utilization: TimeChart;
   private readonly _memory: TimeChart;
+  private readonly _traffic: TrafficCharts;
   private _actionsKey = '';
 }
 

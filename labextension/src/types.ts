@@ -10,6 +10,8 @@ export interface IGpuProcess {
   pid: number;
   name: string | null;
   used_memory: number | null;
+  /** SM utilisation over the last seconds; absent from older servers. */
+  sm_util?: number | null;
 }
 
 /** `MetricsJson` (server/models.py): what one GPU is doing now; `null`: not offered. */
@@ -21,6 +23,12 @@ export interface IGpuMetrics {
   temperature: number | null;
   power_draw: number | null;
   power_limit: number | null;
+  /** Bytes/s over PCIe; absent from older servers. */
+  pcie_tx?: number | null;
+  pcie_rx?: number | null;
+  /** Bytes/s over all NVLinks; `null` on a GPU without NVLink. */
+  nvlink_tx?: number | null;
+  nvlink_rx?: number | null;
   processes: IGpuProcess[] | null;
   lost: boolean;
 }
@@ -72,6 +80,12 @@ export interface INodeGpu {
   held_by?: IHeldBy | null;
   /** What it is doing (`null`: the server's NVML cannot see it); absent from older servers. */
   metrics?: IGpuMetrics | null;
+  /**
+   * An attach may name it (`gpus`), so its card's Attach attaches it; false
+   * where the cluster picks the device (Kubernetes). Absent from older servers:
+   * treat as false.
+   */
+  selectable?: boolean;
 }
 
 /** `QueuedJson` (server/models.py): an attach of this server's kernels waiting for GPUs. */
@@ -117,6 +131,38 @@ export interface IGpusReply {
   taken_at: number;
   /** GPUs the kernel lost lately, and why; absent from older servers. */
   released?: IReleasedGpu[];
+  /** Which kernel of this server uses how much of each GPU; absent from older servers. */
+  attribution?: IGpuAttribution[];
+}
+
+/** `UsageJson` (server/attribution.py): what a group of processes uses of one GPU. */
+export interface IUsage {
+  memory_bytes: number | null;
+  sm_util_percent: number | null;
+  processes: number;
+}
+
+/** `KernelUseJson`: one kernel's processes (it and its descendants) on one GPU. */
+export interface IKernelUse extends IUsage {
+  kernel_id: string;
+  notebook: string | null;
+}
+
+/**
+ * `GpuAttributionJson`: one GPU's processes by kernel of this server, and
+ * what cannot be named (`GET .../attribution`, every reading's `attribution`).
+ */
+export interface IGpuAttribution {
+  uuid: string;
+  /** Most memory first. */
+  kernels: IKernelUse[];
+  /** Other processes of this notebook server; `null`: none. */
+  server: IUsage | null;
+  /** Processes the server sees that are not its own, as a sum only. */
+  other_bytes: number | null;
+  /** Processes whose pid the server cannot see (another pid namespace). */
+  unattributed_bytes: number | null;
+  unattributed_processes: number;
 }
 
 /** Why a GPU left a kernel (`ReleasedJson` of `server/releases.py`). */
@@ -134,7 +180,8 @@ export interface IReleasedGpu {
 /**
  * `GET <base_url>/gpu-hotplug/api/history` (`HistoryJson`, server/history.py):
  * per GPU UUID, readings `[taken_at, utilization_gpu, utilization_memory,
- * memory_used, memory_total]`, oldest first.
+ * memory_used, memory_total, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx]`, oldest
+ * first (older servers send the first five).
  */
 export interface IHistoryReply {
   seconds: number;
@@ -145,7 +192,11 @@ export interface IHistoryReply {
       number | null,
       number | null,
       number | null,
-      number | null
+      number | null,
+      (number | null)?,
+      (number | null)?,
+      (number | null)?,
+      (number | null)?
     ][];
   };
 }

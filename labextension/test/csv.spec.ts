@@ -17,7 +17,11 @@ const sample = (time: number, utilization: number | null): ISample => ({
   utilization,
   memoryActivity: 5,
   memoryUsed: 1024,
-  memoryTotal: 2048
+  memoryTotal: 2048,
+  pcieTx: 1000,
+  pcieRx: 3000,
+  nvlinkTx: null,
+  nvlinkRx: null
 });
 
 describe('CSV export of the charts (issue 36)', () => {
@@ -31,8 +35,8 @@ describe('CSV export of the charts (issue 36)', () => {
       chartsCsv([node(1), node(0)], history, 120_000, now).split('\n')
     ).toEqual([
       CSV_HEADER,
-      '2026-11-28T11:59:58.000Z,0,GPU-0,,5,1024,2048',
-      '2026-11-28T11:59:59.000Z,1,GPU-1,40,5,1024,2048',
+      '2026-11-28T11:59:58.000Z,0,GPU-0,,5,1024,2048,1000,3000,,',
+      '2026-11-28T11:59:59.000Z,1,GPU-1,40,5,1024,2048,1000,3000,,',
       ''
     ]);
   });

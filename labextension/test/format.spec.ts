@@ -1,5 +1,6 @@
 import {
   announcement,
+  bytesPerSecond,
   countdown,
   cudaIndex,
   gib,
@@ -7,6 +8,7 @@ import {
   memoryNearLimit,
   modelName,
   notebookName,
+  rateUnit,
   shortUuid,
   statusSummary
 } from '../src/format';
@@ -83,6 +85,15 @@ describe('formatters', () => {
     expect(modelName('NVIDIA H100 80GB HBM3 (simulated)')).toBe(
       'NVIDIA H100 80GB HBM3'
     );
+  });
+
+  it('write rates in the decimal unit they reach (PCIe, NVLink)', () => {
+    expect(bytesPerSecond(0)).toBe('0 B/s');
+    expect(bytesPerSecond(640)).toBe('640 B/s');
+    expect(bytesPerSecond(12_345_678)).toBe('12 MB/s');
+    expect(bytesPerSecond(2_460_000_000)).toBe('2.5 GB/s');
+    expect(rateUnit(999)).toEqual({ unit: 'B/s', size: 1 });
+    expect(rateUnit(300e9)).toEqual({ unit: 'GB/s', size: 1e9 });
   });
 
   it('count down to a deadline', () => {

@@ -1,6 +1,6 @@
 import { ServerConnection } from '@jupyterlab/services';
 
-import { AttachCancelled, GpuModel } from '../src/gpuModel';
+import { AttachCancelled, GpuModel, ISample } from '../src/gpuModel';
 import { IGpuSettings } from '../src/settings';
 import { ApiError, describeError } from '../src/handler';
 import { IStreamHandlers } from '../src/stream';
@@ -79,7 +79,10 @@ describe('GpuModel', () => {
       response(200, {
         seconds: 3600,
         columns: [],
-        gpus: { 'GPU-0': [[1, 7, 2, 100, 200]] }
+        gpus: {
+          'GPU-0': [[1, 7, 2, 100, 200]], // an older server: no traffic
+          'GPU-1': [[1, 7, 2, 100, 200, 10, 20, 30, null]]
+        }
       })
     );
     model.watch('k1');
@@ -93,6 +96,15 @@ describe('GpuModel', () => {
       [1000, 7],
       [expect.any(Number), 30]
     ]);
+    const traffic = (s: ISample) => [
+      s.pcieTx,
+      s.pcieRx,
+      s.nvlinkTx,
+      s.nvlinkRx
+    ];
+    expect(traffic(history[0])).toEqual([null, null, null, null]);
+    const linked = model.state('k1')!.history.get('GPU-1')!;
+    expect(traffic(linked[0])).toEqual([10, 20, 30, null]);
   });
 
   it('announces GPUs the kernel lost without a detach of its own', async () => {

@@ -1,5 +1,5 @@
-import { thinned, vitalsText } from '../src/panel';
-import { IGpuMetrics } from '../src/types';
+import { attachOffer, thinned, vitalsText } from '../src/panel';
+import { IGpuMetrics, INodeGpu } from '../src/types';
 import { trans } from './fixtures';
 
 const metrics = (over: Partial<IGpuMetrics>): IGpuMetrics => ({
@@ -29,6 +29,39 @@ describe('the panel', () => {
   });
 });
 
+describe("a free GPU's card", () => {
+  const gpu = (selectable?: boolean): INodeGpu => ({
+    uuid: 'GPU-00000001-0000-4000-8000-000000000000',
+    index: 1,
+    minor: 1,
+    name: 'NVIDIA H100',
+    memory_total: 1,
+    state: 'free',
+    mine: false,
+    ...(selectable === undefined ? {} : { selectable })
+  });
+
+  it('offers to attach that GPU where the agent can name it (issue 36)', () => {
+    expect(attachOffer(gpu(true), 'local', 'GPU 1', trans)).toEqual({
+      offered: true,
+      title: 'Attach GPU 1 to this notebook'
+    });
+  });
+
+  it('says the scheduler picks in Kubernetes, and offers nothing', () => {
+    const offer = attachOffer(gpu(false), 'kubernetes', 'GPU 1', trans);
+    expect(offer.offered).toBe(false);
+    expect(offer.title).toContain("cluster's scheduler picks");
+    expect(offer.title).toContain('toolbar');
+  });
+
+  it('offers nothing for a GPU an older server does not call selectable', () => {
+    const offer = attachOffer(gpu(), 'local', 'GPU 1', trans);
+    expect(offer.offered).toBe(false);
+    expect(offer.title).toContain('MIG mode');
+  });
+});
+
 describe('the chart lines', () => {
   it('draw at most about so many points of a long window, the newest kept', () => {
     const samples = Array.from({ length: 3600 }, (_, i) => ({
@@ -36,7 +69,11 @@ describe('the chart lines', () => {
       utilization: i,
       memoryActivity: null,
       memoryUsed: null,
-      memoryTotal: null
+      memoryTotal: null,
+      pcieTx: null,
+      pcieRx: null,
+      nvlinkTx: null,
+      nvlinkRx: null
     }));
     const kept = thinned(samples, 720);
     expect(kept.length).toBeLessThanOrEqual(720);

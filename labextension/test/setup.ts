@@ -4,8 +4,8 @@
  * - `DragEvent`, which `@lumino/dragdrop` (loaded by `@lumino/widgets`)
  *   subclasses at import time; a plain `MouseEvent` subclass is enough for
  *   modules that never drag;
- * - `crypto.randomUUID` (browsers have it in secure contexts); the model makes
- *   its request ids with it, so the tests get Node's.
+ * - Web Crypto where jsdom has none (the model's request ids use
+ *   `crypto.getRandomValues`), so the tests get Node's.
  */
 import { webcrypto } from 'crypto';
 
@@ -15,7 +15,7 @@ if (typeof (globalThis as { DragEvent?: unknown }).DragEvent === 'undefined') {
   ) {};
 }
 
-if (typeof globalThis.crypto?.randomUUID !== 'function') {
+if (typeof globalThis.crypto?.getRandomValues !== 'function') {
   Object.defineProperty(globalThis, 'crypto', {
     value: webcrypto,
     configurable: true

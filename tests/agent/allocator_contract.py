@@ -124,6 +124,29 @@ class AllocatorContract:
         assert allocator.attachments_of(second.target) == []
         assert _uuids(allocator.all_attachments()) == _uuids(taken)
 
+    async def test_a_selectable_allocator_takes_exactly_its_candidates(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        # What a request naming its GPUs rests on (the service passes only the named ones as
+        # candidates); an allocator whose cluster picks the device says so instead, and the
+        # service refuses such requests before it is asked.
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        if not allocator.selectable:
+            pytest.skip("the cluster picks the device: named GPUs are refused by the service")
+        first, second = setup.containers[:2]
+        named = setup.candidates[2]
+
+        (entry,) = await allocator.reserve(
+            first, 1, request_id=None, deadline=time.monotonic() + 60, candidates=[named]
+        )
+        assert entry.gpu == named and entry.container == first.key
+        with pytest.raises(InsufficientGpus):
+            await allocator.reserve(
+                second, 1, request_id=None, deadline=time.monotonic() + 60, candidates=[named]
+            )
+        assert allocator.attachments_of(second.target) == []
+
     async def test_request_ids_are_recorded_not_interpreted(
         self, allocator_setup: AllocatorSetup
     ) -> None:

@@ -380,6 +380,8 @@ class MemoryAllocator:
 
     store: dict[GpuUuid, Reservation] = field(default_factory=dict)
     _view: dict[GpuUuid, Reservation] | None = None
+    selectable: bool = True
+    """False plays an allocator whose cluster picks the device (Kubernetes)."""
 
     async def load(self) -> None:
         self._view = self.store

@@ -63,6 +63,25 @@ def test_attach_status_detach_on_the_unix_socket(
     assert served.ledger.attachments() == []
 
 
+def test_attach_a_named_gpu(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 36 item 6: the node's GPU 2, not the first free one.
+    assert main(["attach", "--gpu", "2", "--agent-url", unix_url]) == 0
+    assert "/dev/nvidia2" in capsys.readouterr().out
+    assert [e.gpu.index for e in served.ledger.attachments()] == [2]
+
+    assert main(["attach", "--gpu", "2", "--agent-url", unix_url]) == 1
+    err = capsys.readouterr().err
+    assert "GPU 2 (" in err and "is already attached to process 100" in err
+    assert "--wait" not in err  # waiting cannot help: it is this container's already
+    assert main(["attach", "--gpu", "9", "--agent-url", unix_url]) == 1
+    assert "'9' names no GPU of this node" in capsys.readouterr().err
+    assert main(["attach", "2", "--gpu", "1", "--agent-url", unix_url]) == 2
+    assert main(["attach", "--gpu", "all", "--agent-url", unix_url]) == 2
+    assert "--gpu names one GPU" in capsys.readouterr().err
+
+
 def test_json_output(
     served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

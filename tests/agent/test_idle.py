@@ -298,9 +298,9 @@ async def test_held_gpus_are_those_a_process_holds_open_not_nvml_busy_ones(idle:
     first, held = await idle.attach(100)
     _, other = await idle.attach(200)
     idle.usage[other] = 90
-    assert await idle.releaser.held_gpus() == set()
+    assert await idle.releaser.held_gpus() == {}
 
     [entry] = idle.harness.allocator.attachments_of(first.target)
     idle.harness.injector.hold(first, entry.gpu.minor, pid=101)
 
-    assert await idle.releaser.held_gpus() == {held}
+    assert await idle.releaser.held_gpus() == {held: (101,)}

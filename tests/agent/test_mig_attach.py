@@ -192,3 +192,60 @@ async def test_a_lost_slice_goes_through_the_same_rule_as_a_detach(
     assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[kept])
     assert harness.allocator.get(GpuUuid(lost)) is None
     assert await harness.service.take_back(entry, force=False) is None, "already released"
+
+
+async def test_a_named_slice_is_the_one_attached(harness: Harness, node: FakeNvmlConfig) -> None:
+    # A MIG- UUID names its slice as mig names a profile: the target gets that slice's nodes.
+    kernel = harness.host.spawn(100, "kernel-100")
+    second = node.gpus[0].mig_devices[1].uuid
+
+    result = await harness.service.attach(
+        ADMIN,
+        AttachRequest(
+            count=1, target=PidRef(100), wait_seconds=60, request_id=None, gpus=(second,)
+        ),
+    )
+
+    assert [a["uuid"] for a in result["attachments"]] == [second]
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 1)
+    # With mig, the slice must be of that profile.
+    harness.host.spawn(200, "kernel-200")
+    first = node.gpus[0].mig_devices[0].uuid
+    both = AttachRequest(
+        count=1, target=PidRef(200), wait_seconds=60, request_id=None, gpus=(first,), mig=PROFILE
+    )
+    assert (await harness.service.attach(ADMIN, both))["attachments"][0]["uuid"] == first
+
+
+async def test_a_gpu_in_mig_mode_cannot_be_named_whole(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    harness.host.spawn(100, "kernel-100")
+    parent = harness.inventory.gpus[0]
+    whole = harness.inventory.gpus[-1]
+
+    with pytest.raises(InvalidRequest) as caught:
+        await harness.service.attach(
+            ADMIN,
+            AttachRequest(
+                count=1, target=PidRef(100), wait_seconds=60, request_id=None, gpus=(parent.uuid,)
+            ),
+        )
+    assert caught.value.field == "gpus"
+    assert "is in MIG mode" in caught.value.message
+    with pytest.raises(InvalidRequest, match="not a MIG slice of profile"):
+        await harness.service.attach(
+            ADMIN,
+            AttachRequest(
+                count=1,
+                target=PidRef(100),
+                wait_seconds=60,
+                request_id=None,
+                gpus=(whole.uuid,),
+                mig=PROFILE,
+            ),
+        )
+    listed = {g["uuid"]: g["selectable"] for g in (await harness.service.gpus(ADMIN))["gpus"]}
+    assert not listed[parent.uuid] and listed[whole.uuid]
+    assert all(listed[device.uuid] for device in node.gpus[0].mig_devices)
+    assert harness.ledger.attachments() == []

@@ -417,6 +417,41 @@ def test_insufficient_and_busy_are_409(served: ServedAgent) -> None:
     assert served.ledger.attachments() == []
 
 
+def test_a_named_gpu_over_http(served: ServedAgent) -> None:
+    # Issue 36 item 6: the GPU list says which GPUs may be named; naming one attaches it;
+    # a taken one is 409 naming it by index, an unknown one 404 gpu, a malformed one 400.
+    served.host.spawn(100, "kernel-a")
+    served.host.spawn(200, "kernel-b")
+    gpus = served.tcp.get("/v1/gpus").json()["gpus"]
+    assert all(g["selectable"] for g in gpus)
+    second = gpus[1]["uuid"]
+
+    attached = served.tcp.post(
+        "/v1/attachments", {"count": 1, "gpus": [second], "target": {"pid": 100}}
+    )
+    assert attached.status == 201
+    assert [a["uuid"] for a in attached.json()["attachments"]] == [second]
+
+    taken = served.tcp.post(
+        "/v1/attachments", {"count": 1, "gpus": [second], "target": {"pid": 200}}
+    )
+    assert (taken.status, taken.error) == (409, "insufficient_gpus")
+    assert taken.json()["message"].startswith(f"GPU 1 ({second}) is attached to process 100")
+
+    unknown = "GPU-deadbeef-0000-4000-8000-000000000000"
+    missing = served.tcp.post(
+        "/v1/attachments", {"count": 1, "gpus": [unknown], "target": {"pid": 200}}
+    )
+    assert (missing.status, missing.error) == (404, "not_found")
+    assert (missing.json()["resource"], missing.json()["name"]) == ("gpu", unknown)
+
+    mismatched = served.tcp.post(
+        "/v1/attachments", {"count": 2, "gpus": [second], "target": {"pid": 200}}
+    )
+    assert (mismatched.status, mismatched.json()["field"]) == (400, "gpus")
+    assert [e.gpu.uuid for e in served.ledger.attachments()] == [second]
+
+
 def test_over_the_per_target_limit_is_403(tmp_path: Path) -> None:
     with serve_agent(tmp_path, gpus=4, max_gpus=1) as served:
         served.host.spawn(100, "kernel-a")

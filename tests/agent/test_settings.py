@@ -82,6 +82,11 @@ def settings(**changes: object) -> AgentSettings:
         ({"device_major": 0}, "device_major"),
         ({"socket_mode": 0o1000}, "socket_mode"),
         ({"simulate": 65}, "simulate"),
+        (
+            {"simulate": 2, "simulate_nvlink": 3},
+            r"simulate_nvlink must be from 0 to simulate \(2\)",
+        ),
+        ({"simulate_nvlink": -1}, "simulate_nvlink"),
         ({"reconcile_interval": -1.0}, "reconcile_interval"),
         ({"lost_grace_seconds": -1.0}, "lost_grace_seconds"),
         ({"cdi_spec_dirs": (Path("etc/cdi"),)}, "cdi_spec_dirs"),

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from pathlib import Path
 
 from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.agent.local.simulate import Simulation, drift
-from jupyter_gpu_hotplug.nvml.sim import default_gpus, read_config
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess, default_gpus, read_config
 from tests.fixtures.waiting import eventually
 
 
@@ -22,9 +23,33 @@ def test_an_unused_gpu_drifts_to_idle_values() -> None:
     rng = random.Random(7)
     gpu = default_gpus(1)[0]
     for _ in range(50):
-        gpu = drift(gpu, False, rng)
+        gpu = drift(gpu, (), rng)
     assert (gpu.utilization_gpu, gpu.utilization_memory, gpu.memory_used) == (0, 0, 0)
     assert gpu.power_usage <= gpu.power_limit // 10
+
+
+def test_traffic_rises_with_load_and_nvlink_only_where_there_are_links() -> None:
+    """PCIe traffic follows the work (received more than sent, as a job's input does), NVLink
+    traffic exists only on a GPU with NVLinks, and both fall to exactly 0 when it idles."""
+    rng = random.Random(5)
+    linked, unlinked = default_gpus(2)
+    linked = dataclasses.replace(linked, nvlinks=18)
+    for _ in range(10):
+        linked, unlinked = drift(linked, [101], rng), drift(unlinked, [102], rng)
+    assert linked.pcie_rx > linked.pcie_tx > 0
+    assert unlinked.pcie_rx > 0
+    assert linked.nvlink_tx > 0 and linked.nvlink_rx > 0
+    assert (unlinked.nvlink_tx, unlinked.nvlink_rx) == (0, 0)
+    for _ in range(60):
+        linked = drift(linked, (), rng)
+    assert (linked.pcie_tx, linked.pcie_rx, linked.nvlink_tx, linked.nvlink_rx) == (0, 0, 0, 0)
+
+
+def test_nvlink_gpus_are_the_first(tmp_path: Path, fake_nvml_library: Path) -> None:
+    simulation = Simulation.prepare(
+        tmp_path / "sim", 3, cache_dir=fake_nvml_library.parent, nvlink_gpus=1
+    )
+    assert [gpu.nvlinks for gpu in read_config(simulation.config_path).gpus] == [18, 0, 0]
 
 
 async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path) -> None:
@@ -32,10 +57,10 @@ async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path
     used, unused = (gpu.uuid for gpu in read_config(simulation.config_path).gpus)
     asked = 0
 
-    async def in_use() -> set[GpuUuid]:
+    async def in_use() -> dict[GpuUuid, tuple[int, ...]]:
         nonlocal asked
         asked += 1
-        return {used}
+        return {used: (4242, 4243)}
 
     task = asyncio.create_task(
         simulation.animate(interval=0.001, in_use=in_use, rng=random.Random(3))
@@ -51,6 +76,29 @@ async def test_only_the_gpu_in_use_works(tmp_path: Path, fake_nvml_library: Path
         with contextlib.suppress(asyncio.CancelledError):
             await task
     config = read_config(simulation.config_path)
-    assert config.gpu(used).memory_used > 0
+    busy = config.gpu(used)
+    assert busy.memory_used > 0
+    assert [p.pid for p in busy.processes] == [4242, 4243], "NVML lists the processes using it"
+    assert sum(p.used_memory or 0 for p in busy.processes) == busy.memory_used
+    assert sum(p.sm_util or 0 for p in busy.processes) == busy.utilization_gpu
     idle = config.gpu(unused)
-    assert (idle.utilization_gpu, idle.memory_used) == (0, 0)
+    assert (idle.utilization_gpu, idle.memory_used, idle.processes) == (0, 0, ())
+
+
+def test_a_gpu_lists_its_users_and_the_listed_processes_still_alive() -> None:
+    """The processes that hold a GPU are what NVML lists, until they stop holding it (even if
+    they live on); one listed by someone else (a test, an operator) stays while it lives, and
+    leaves the list when it ends."""
+    rng = random.Random(5)
+    listed = SimulatedProcess(4000, None)
+    gpu = dataclasses.replace(default_gpus(1)[0], processes=(listed,))
+    running = {4000}
+
+    gpu = drift(gpu, (7, 8, 9), rng, alive=running.__contains__)
+    assert [p.pid for p in gpu.processes] == [4000, 7, 8, 9]
+    assert gpu.processes[0] == listed, "kept as it was written"
+
+    gpu = drift(gpu, (), rng, ours=(7, 8, 9), alive=lambda pid: True)
+    assert gpu.processes == (listed,), "the users stopped (alive or not); the other lives on"
+    running.clear()
+    assert drift(gpu, (), rng, alive=running.__contains__).processes == ()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jupyter_gpu_hotplug._structs import (
     DEFAULT_WAIT_SECONDS,
     PID_MAX_LIMIT,
+    GpuUuid,
     PidRef,
     PodTarget,
     RequestId,
@@ -46,6 +47,9 @@ def pod(**members: object) -> dict[str, object]:
 
 
 # --- bodies that parse --------------------------------------------------------------------------
+
+NAMED = ["GPU-0123abcd-4567-89ef-0123-456789abcdef", "MIG-0123abcd-4567-89ef-0123-456789abcdef"]
+"""A GPU and a MIG slice, as an attach may name them."""
 
 VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
     ("count-only", b'{"count": 1}', AttachRequest(1, None, DEFAULT_WAIT_SECONDS, None)),
@@ -95,6 +99,11 @@ VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
         AttachRequest(1, PodTarget("n" * 63, "p" * 253, "c" * 63), 60.0, None),
     ),
     (
+        "named",
+        body({"count": 2, "gpus": NAMED}),
+        AttachRequest(2, None, 60.0, None, gpus=tuple(GpuUuid(u) for u in NAMED)),
+    ),
+    (
         "request-id-128",
         body({"count": 1, "request_id": "r" * 128}),
         AttachRequest(1, None, 60.0, RequestId("r" * 128)),
@@ -137,7 +146,15 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("duplicate", b'{"count": 1, "count": 2}', "count", "appears twice"),
     ("unknown-huge", body({"count": 1, "x" * 5000: 1}), "x" * 61 + "...", "unknown member(s)"),
     ("duplicate-nested", b'{"count": 1, "target": {"pid": 5, "pid": 6}}', "pid", "appears twice"),
-    ("unknown", b'{"count": 1, "gpus": 2}', "gpus", 'unknown member(s) of the request body "gpus"'),
+    ("unknown", b'{"count": 1, "gpu": 2}', "gpu", 'unknown member(s) of the request body "gpu"'),
+    ("gpus-not-array", b'{"count": 1, "gpus": 2}', "gpus", "non-empty array of GPU UUIDs"),
+    ("gpus-empty", b'{"count": 1, "gpus": []}', "gpus", "got an array"),
+    ("gpus-string", body({"count": 1, "gpus": NAMED[0]}), "gpus", "non-empty array"),
+    ("gpus-fewer", body({"count": 2, "gpus": NAMED[:1]}), "gpus", "names 1 GPU(s) but count is 2"),
+    ("gpus-more", body({"count": 1, "gpus": NAMED}), "gpus", "names 2 GPU(s) but count is 1"),
+    ("gpus-twice", body({"count": 2, "gpus": [NAMED[0]] * 2}), "gpus", "more than once"),
+    ("gpus-upper", body({"count": 1, "gpus": [NAMED[0].upper()]}), "gpus[0]", "lowercase hex"),
+    ("gpus-index", b'{"count": 2, "gpus": ["%s", 1]}' % NAMED[0].encode(), "gpus[1]", "got 1"),
     ("unknown-several", b'{"count": 1, "b": 1, "a": 1}', "a", '"a", "b"'),
     ("missing-count", b"{}", "count", "count is required"),
     ("count-zero", b'{"count": 0}', "count", "at least 1"),

@@ -343,6 +343,8 @@ def test_the_restart_dialog_says_the_gpus_go(open_lab: OpenLab) -> None:
     """Issue 36, item 7: JupyterLab's "Restart Kernel?" dialog did not say that a restart
     releases the kernel's GPUs."""
     lab = open_lab("restart.ipynb")
+    # An earlier test's GPUs are freed when its pages close (a force-detach): wait for both.
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [gpu] = lab.attached()
@@ -623,7 +625,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     expect(group).to_have_attribute("data-state", "mine")
 
     # Axes with labelled ticks and units, a legend per chart.
-    utilisation, memory = group.locator(".jp-GpuHotplug-chart").all()
+    utilisation, memory = group.locator(".jp-GpuHotplug-chart").all()[:2]
     expect(utilisation.locator(".jp-GpuHotplug-chart-title")).to_have_text("Utilisation (%)")
     expect(memory.locator(".jp-GpuHotplug-chart-title")).to_have_text("Memory (GiB)")
     # The y axis reaches the whole range: 100 %, and the GPU's 79.6 GiB (a round tick above).
@@ -674,6 +676,7 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     assert re.fullmatch(r"gpu-charts-[0-9T-]+Z\.csv", download.value.suggested_filename)
     rows = Path(download.value.path()).read_text().splitlines()
     assert rows[0].startswith("time_utc,gpu_index,gpu_uuid,utilization_percent,"), rows[:2]
+    assert rows[0].endswith(",nvlink_tx_bytes_per_second,nvlink_rx_bytes_per_second"), rows[0]
     assert any(f",{gpu['index']},{gpu['uuid']}," in row for row in rows[1:]), rows[:5]
 
     # Open in the main area: a dockable tab of its own with the same charts.
@@ -685,6 +688,80 @@ def test_panel_charts_have_axes_legend_tooltip_and_grow_with_the_panel(
     )
     # The side panel made room for it (the same view twice is noise; issue 36, item 9).
     expect(lab.panel).to_be_hidden()
+
+
+def test_a_cards_attach_attaches_that_cards_gpu(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36 item 6: each GPU card's Attach attached *a* free GPU (the first one). The
+    second card's Attach must attach the second GPU, while the first stays free."""
+    lab = open_lab("card.ipynb")
+    lab.open_panel()
+    node = demo.server.request("GET", "gpu-hotplug/api/gpus").body["node"]
+    first, second = node
+    assert first["state"] == second["state"] == "free"
+    card = lab.panel_gpu(second["uuid"])
+    attach = card.get_by_role("button", name="Attach", exact=True)
+    expect(attach).to_have_attribute("title", f"Attach GPU {second['index']} to this notebook")
+
+    attach.click()
+
+    expect(card).to_have_attribute("data-state", "mine", timeout=SETTLE_MS)
+    assert [gpu["uuid"] for gpu in lab.attached()] == [second["uuid"]]
+    expect(lab.panel_gpu(first["uuid"])).to_have_attribute("data-state", "free")
+    expect(lab.toast(f"Attached GPU {second['index']} ({second['device']})")).to_be_visible(
+        timeout=SETTLE_MS
+    )
+
+
+def _traffic_chart(lab: GpuLab, uuid: str, link: str) -> Locator:
+    """GPU ``uuid``'s ``pcie`` or ``nvlink`` chart in the panel."""
+    return lab.panel_gpu(uuid).locator(f".jp-GpuHotplug-chart[data-chart='{link}']")
+
+
+NONZERO_RATE = r"[1-9][\d.]* [kMGT]?B/s"
+"""A rate above 0 as the charts write it ("2.3 GB/s", "640 kB/s")."""
+
+
+def test_pcie_and_nvlink_charts_under_load(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36: nvdashboard's PCIe and NVLink throughput. Under the load helper, each GPU's
+    PCIe chart shows received and sent bytes/s above 0, in a unit that reaches them; the
+    demo's GPU 0 has NVLinks and an NVLink chart, GPU 1 has none — no chart rather than a
+    flat 0. Hovering one chart shows the same moment in the traffic charts too."""
+    lab = open_lab("traffic.ipynb")
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
+    lab.open_panel()
+    lab.choose("Attach 2 GPUs")
+    expect(lab.button).to_have_text("GPU \u00d72", timeout=SETTLE_MS)
+    linked, unlinked = sorted(lab.attached(), key=lambda gpu: gpu["index"])
+    assert (linked["index"], unlinked["index"]) == (0, 1)
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        kernel.run(LOAD)
+
+    for gpu in (linked, unlinked):
+        pcie = _traffic_chart(lab, gpu["uuid"], "pcie")
+        expect(pcie.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
+            "aria-label",
+            re.compile(rf"^PCIe, last 2 min: received {NONZERO_RATE}, sent {NONZERO_RATE}$"),
+            timeout=SETTLE_MS,
+        )
+        expect(pcie.locator(".jp-GpuHotplug-chart-title")).to_have_text(
+            re.compile(r"^PCIe \([kMGT]?B/s\)$")
+        )
+        expect(pcie.locator(".jp-GpuHotplug-chart-legend li")).to_have_text(["received", "sent"])
+    nvlink = _traffic_chart(lab, linked["uuid"], "nvlink")
+    expect(nvlink.locator("svg.jp-GpuHotplug-chart-svg")).to_have_attribute(
+        "aria-label",
+        re.compile(rf"^NVLink, last 2 min: received {NONZERO_RATE}, sent {NONZERO_RATE}$"),
+        timeout=SETTLE_MS,
+    )
+    expect(nvlink).to_be_visible()
+    expect(_traffic_chart(lab, unlinked["uuid"], "nvlink")).to_be_hidden()
+
+    utilisation = lab.panel_gpu(linked["uuid"]).locator(".jp-GpuHotplug-chart").first
+    box = utilisation.locator("svg.jp-GpuHotplug-chart-svg").bounding_box()
+    assert box is not None
+    lab.page.mouse.move(box["x"] + box["width"] - 14, box["y"] + box["height"] / 2)
+    tooltip = _traffic_chart(lab, linked["uuid"], "pcie").locator(".jp-GpuHotplug-chart-tooltip")
+    expect(tooltip).to_contain_text("received: ")
 
 
 def test_magic_detach_by_node_index(open_lab: OpenLab, demo: DemoProcess) -> None:
@@ -757,3 +834,32 @@ def test_screenshots_of_the_real_demo(open_lab: OpenLab, demo: DemoProcess, tmp_
     out = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
     for path in take_all(open_lab, demo, out):
         assert path.stat().st_size > 2000, path
+
+
+def test_the_panel_says_which_notebook_uses_a_gpu(open_lab: OpenLab, demo: DemoProcess) -> None:
+    """Issue 36: with two notebooks each holding a GPU, the one running the load helper is
+    named under its GPU, with its memory, on both pages (highlighted on its own), and the
+    other notebook's idle GPU names nobody."""
+    busy = open_lab("busy.ipynb")
+    idle = open_lab("idle.ipynb")
+    busy.choose("Attach 1 GPU")
+    idle.choose("Attach 1 GPU")
+    [used] = busy.attached()
+    [unused] = idle.attached()
+    with demo.server.connect(busy.kernel_id()) as kernel:
+        kernel.run(LOAD)
+    busy.open_panel()
+    idle.open_panel()
+
+    rows = ".jp-GpuHotplug-panel-byKernel-row"
+    busy_rows = f"{rows}[data-kernel-id='{busy.kernel_id()}']"
+    own = busy.panel_gpu(used["uuid"]).locator(busy_rows)
+    expect(own).to_have_count(1, timeout=SETTLE_MS)
+    expect(own).to_have_attribute("aria-current", "true")
+    expect(own).to_have_text(re.compile(r"^busy\.ipynb \(this notebook\)[\d.]+ GiB"))
+    seen_elsewhere = idle.panel_gpu(used["uuid"]).locator(busy_rows)
+    expect(seen_elsewhere).to_have_text(re.compile(r"^busy\.ipynb[\d.]+ GiB"), timeout=SETTLE_MS)
+    expect(seen_elsewhere).not_to_have_attribute("aria-current", "true")
+    for lab in (busy, idle):
+        expect(lab.panel_gpu(unused["uuid"]).locator(rows)).to_have_count(0)
+        expect(lab.page.locator(f"{rows}[data-kernel-id='{idle.kernel_id()}']")).to_have_count(0)

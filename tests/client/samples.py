@@ -29,6 +29,7 @@ GPUS: Final = GpuList(
             state="attached",
             target=POD.to_wire(),
             simulated=False,
+            selectable=True,
         ),
         GpuInfo(
             uuid=UUID_B,
@@ -39,6 +40,7 @@ GPUS: Final = GpuList(
             state="free",
             target=None,
             simulated=True,
+            selectable=True,
         ),
     ]
 )

@@ -67,6 +67,7 @@ async def test_gpus(api: Api, stub: StubAgent) -> None:
             target=samples.POD,
             simulated=False,
             raw=samples.GPUS["gpus"][0],
+            selectable=True,
         ),
         Gpu(
             uuid=samples.UUID_B,
@@ -78,6 +79,7 @@ async def test_gpus(api: Api, stub: StubAgent) -> None:
             target=None,
             simulated=True,
             raw=samples.GPUS["gpus"][1],
+            selectable=True,
         ),
     )
     assert gpus[0].device == "/dev/nvidia3"
@@ -143,6 +145,18 @@ async def test_attach_sends_the_contract_body(api: Api, stub: StubAgent) -> None
         "wait_seconds": 12.5,
         "request_id": "my-request.1",
     }
+    check_attach_request(body)
+
+
+async def test_attach_names_its_gpus(api: Api, stub: StubAgent) -> None:
+    stub.respond("POST", "/v1/attachments", 201, samples.LOCAL_ATTACHMENTS)
+    second = samples.GPUS["gpus"][1]["uuid"]
+
+    await api("attach", 1, target=PidRef(4242), gpus=[second], request_id="r.2")
+
+    (request,) = stub.requests
+    body = request.json()
+    assert body == {"count": 1, "target": {"pid": 4242}, "request_id": "r.2", "gpus": [second]}
     check_attach_request(body)
 
 

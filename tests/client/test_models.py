@@ -116,12 +116,24 @@ def test_every_attachment_member_is_required(member: str) -> None:
         parse_attachments(body)
 
 
-@pytest.mark.parametrize("member", sorted(samples.GPUS["gpus"][0]))
+@pytest.mark.parametrize("member", sorted(set(samples.GPUS["gpus"][0]) - {"selectable"}))
 def test_every_gpu_member_is_required(member: str) -> None:
     body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
     del body["gpus"][0][member]
 
     with pytest.raises(ValueError, match=rf"gpus\[0\].{member} is missing"):
+        parse_gpus(body)
+
+
+def test_selectable_is_read_and_an_older_agents_silence_means_false() -> None:
+    # An agent older than the member cannot honour a named GPU (it refuses the field).
+    body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
+    assert [gpu.selectable for gpu in parse_gpus(body)] == [True, True]
+    body["gpus"][0]["selectable"] = False
+    del body["gpus"][1]["selectable"]
+    assert [gpu.selectable for gpu in parse_gpus(body)] == [False, False]
+    body["gpus"][0]["selectable"] = "yes"
+    with pytest.raises(ValueError, match=r"gpus\[0\]\.selectable must be bool"):
         parse_gpus(body)
 
 

@@ -10,6 +10,13 @@ by the victim sandbox's (``GPU_HOTPLUG_FUZZ_VICTIM_PID``), unless it cannot name
 And once the victim holds every GPU, a valid attach with ``wait_seconds`` waits in the agent's
 queue for as long as it says (up to 600 s): a valid wait is shortened to ``_MAX_WAIT`` so that
 the run stays bounded (an invalid one is kept, to be refused).
+
+And an attach naming its GPUs must name ``count`` of them, a rule between two members that
+JSON Schema cannot state (the documents say it in words): where ``count`` is a positive
+integer and ``gpus`` an array, the array is cut or filled up (with UUIDs no node has) to
+``count`` entries (or, for a count too large to name, left out), so that a request the
+schema calls valid is one the APIs accept; ``count`` itself is never changed, so an invalid
+one is still refused.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from tests.fuzz.schemathesis_run import VICTIM_ENV
 
 _PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 _MAX_WAIT = 0.2
+_MAX_NAMED = 256
+"""The most GPUs a fuzzed attach names (more than any node has)."""
 
 
 def _victim() -> int | None:
@@ -53,6 +62,25 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     target = body.get("target")
     if isinstance(target, dict) and "pid" in target:
         target["pid"] = _safe(target["pid"], victim)
+    _name_count_gpus(body)
     wait = body.get("wait_seconds")
     if isinstance(wait, int | float) and not isinstance(wait, bool) and _MAX_WAIT < wait <= 600:
         body["wait_seconds"] = _MAX_WAIT
+
+
+def _name_count_gpus(body: dict[str, Any]) -> None:
+    """``gpus`` cut or filled up to ``count`` entries (module docstring)."""
+    count, gpus = body.get("count"), body.get("gpus")
+    if not isinstance(gpus, list) or not gpus or isinstance(count, bool):
+        return
+    if not isinstance(count, int) or count < 1:
+        return
+    if count > _MAX_NAMED:
+        # So many UUIDs would not fit a body: the request asks for any GPUs instead (a
+        # count no node has is refused all the same).
+        del body["gpus"]
+        return
+    del gpus[count:]
+    filler = (f"GPU-ffffffff-0000-4000-8000-{i:012x}" for i in range(2 * _MAX_NAMED))
+    gpus.extend(uuid for uuid in filler if uuid not in gpus)
+    del gpus[count:]

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import os
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +24,13 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, GpuUuid, PidRef
+from jupyter_gpu_hotplug._structs import (
+    NVIDIA_MAJOR,
+    PID_MAX_LIMIT,
+    SANDBOX_PID_ENV,
+    GpuUuid,
+    PidRef,
+)
 from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
@@ -48,6 +55,7 @@ from jupyter_gpu_hotplug.kernel.magic import (
 from jupyter_gpu_hotplug.kernel.progress import TerminalProgress
 from jupyter_gpu_hotplug.linux.busy import holders_by_device
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from jupyter_gpu_hotplug.nvml.state import GpuMonitor
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.nvml import FakeNvml, add_gpu_node
@@ -85,7 +93,11 @@ class FakeAgent:
 
     def attach(self, count: int = 1, **kwargs: Any) -> tuple[Attachment, ...]:
         call: tuple[Any, ...] = ("attach", count, kwargs.get("wait_seconds"))
-        self.calls.append(call if kwargs.get("mig") is None else (*call, kwargs["mig"]))
+        if kwargs.get("mig") is not None:
+            call = (*call, kwargs["mig"])
+        if kwargs.get("gpus"):
+            call = (*call, tuple(kwargs["gpus"]))
+        self.calls.append(call)
         self.attach_started.set()
         if not self.release.wait(WAIT_S):
             raise AssertionError("the test never released the attach")
@@ -208,6 +220,8 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach 1 --mig 1g.10gb", "attach", {"count": 1, "mig": "1g.10gb"}),
         ("attach --mig=1g.10gb+me", "attach", {"count": 1, "mig": "1g.10gb+me"}),
         ("attach 2 --idle 300", "attach", {"count": 2, "idle": 300.0}),
+        ("attach --gpu 1", "attach", {"count": 1, "gpu": "1"}),
+        ("attach --gpu gpu-A4BD620B", "attach", {"count": 1, "gpu": "GPU-a4bd620b"}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
         ("detach ALL", "detach", {"gpu": "all", "force": False}),
@@ -246,6 +260,8 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --mig 1g", "--mig takes a MIG profile such as 1g.10gb"),
         ("attach --mig 9g.10gb", "not '9g.10gb'"),
         ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
+        ("attach --gpu all", "--gpu takes a GPU index on the node"),
+        ("attach --gpu GPU-zz", "got 'GPU-zz'"),
         ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -306,6 +322,43 @@ def test_attach_a_mig_slice(
 
     assert agent.calls == [("attach", 1, None, "1g.10gb")]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+
+
+def test_attach_a_named_gpu(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 36 item 6: the node's GPU 1, not any free one.
+    agent.node = [node_gpu(UUID_A, 0, state="free"), node_gpu(UUID_B, 1, state="free")]
+
+    shell.run_line_magic("gpu", "attach --gpu 1 --wait 5")
+
+    assert agent.calls == [("gpus",), ("attach", 1, 5.0, (UUID_B,))]
+    assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--gpu names one GPU: leave N out"):
+        shell.run_line_magic("gpu", "attach 2 --gpu 1")
+
+
+def test_attach_a_named_gpu_that_is_not_there_or_taken(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.node = [node_gpu(UUID_A, 0, state="free"), node_gpu(UUID_C, 1, state="attached")]
+
+    unclear = run_refused(shell, "attach --gpu GPU-a4bd", capsys)
+    missing = run_refused(shell, "attach --gpu 7", capsys)
+    agent.errors["attach"] = InsufficientGpus(
+        f"GPU 1 ({UUID_C}) is attached to another container; name a free GPU",
+        status=409,
+        code="insufficient_gpus",
+        extra={"free": 0, "requested": 1},
+    )
+    taken = run_refused(shell, "attach --gpu 1", capsys)
+
+    assert "--gpu GPU-a4bd: 2 of the node's GPUs match" in unclear
+    assert "--gpu 7: none of the node's GPUs match" in missing
+    assert f"  1  {UUID_C}  attached" in missing
+    assert f"GPU 1 ({UUID_C}) is attached to another container" in taken
+    assert "--wait" not in taken  # the count's advice is not a named GPU's
+    assert [call for call in agent.calls if call[0] == "attach"] == [("attach", 1, None, (UUID_C,))]
 
 
 def test_slow_attach_shows_progress(
@@ -839,3 +892,84 @@ def test_status_from_a_real_agent(
     assert out.startswith("GPU agent: ")  # the shell is not in a container: no attachments
     assert "\nThis kernel sees (NVML): " in out
     assert "\nCUDA: " in out
+
+
+@pytest.fixture
+def gpu_users() -> Iterator[tuple[int, int]]:
+    """Two processes on a GPU: one below this "kernel" (the test process), one of another
+    notebook (its session in its environment, as jupyter_server starts kernels)."""
+    mine = subprocess.Popen(["sleep", "600"])
+    other = subprocess.Popen(
+        ["sleep", "600"], env={**os.environ, "JPY_SESSION_NAME": "/work/team/other.ipynb"}
+    )
+    try:
+        yield mine.pid, other.pid
+    finally:
+        for process in (mine, other):
+            process.kill()
+            process.wait()
+
+
+StatusOf = Callable[..., str]
+
+
+@pytest.fixture
+def status_of(
+    shell: InteractiveShell,
+    context: MagicContext,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> StatusOf:
+    """``%gpu status`` with this test's NVML (and ``changes`` to the context)."""
+
+    def status(**changes: Any) -> str:
+        changed = dataclasses.replace(
+            context, monitor=lambda: GpuMonitor(dev_dir=tmp_path), **changes
+        )
+        shell.register_magics(GPUMagics(shell, context=changed))
+        return run(shell, "status", capsys)
+
+    return status
+
+
+def test_status_says_which_notebook_uses_each_gpu(
+    status_of: StatusOf, fake_nvml: FakeNvml, gpu_users: tuple[int, int]
+) -> None:
+    """Issue 36: ``%gpu status`` shows the same attribution as the panel, from this kernel's
+    side: its own processes, another notebook's by name, the rest as sums."""
+    mine, other = gpu_users
+    fake_nvml.update_gpu(
+        fake_nvml.gpus[0].uuid,
+        processes=(
+            SimulatedProcess(mine, 3 * 2**30, 40),
+            SimulatedProcess(other, 2**30, 10),
+            SimulatedProcess(PID_MAX_LIMIT, 2 * 2**30),
+        ),
+    )
+    lines = status_of().splitlines()
+
+    at = lines.index("GPU use by notebook")
+    assert lines[at + 1].split() == ["CUDA", "ID", "WHO", "MEMORY", "SM"]
+    rows = [line.split(None, 2)[2] for line in lines[at + 2 : at + 5]]
+    assert [row.rsplit(None, 4)[0] for row in rows] == [
+        "this notebook",
+        "team/other.ipynb",
+        "unattributed",
+    ]
+    assert rows[0].split()[-4:] == ["3.0", "GiB", "40", "%"]
+    assert str(PID_MAX_LIMIT) not in "\n".join(lines), "no pid it cannot see is shown"
+    assert "Unattributed: NVML named processes by pids this kernel cannot see" in " ".join(lines)
+
+
+def test_status_in_a_sandbox_names_no_process(
+    status_of: StatusOf, fake_nvml: FakeNvml, gpu_users: tuple[int, int]
+) -> None:
+    """In a sandbox of its own NVML's pids are the host's: a pid that happens to exist here
+    is another process, so nothing is named (the panel does it, from the server)."""
+    mine, _ = gpu_users
+    fake_nvml.update_gpu(fake_nvml.gpus[0].uuid, processes=(SimulatedProcess(mine, 2**30),))
+    text = status_of(environ={SANDBOX_PID_ENV: "4242"})
+
+    assert "this notebook" not in text.split("GPU use by notebook")[1].split("\n")[2]
+    assert "unattributed" in text
+    assert "own pid namespace" in text

@@ -16,6 +16,7 @@ from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.nvml.sim import (
     H100_SXM,
     MAX_GPU_MINOR,
+    MAX_NVLINKS,
     SIMULATED_SUFFIX,
     FakeNvmlConfig,
     FakeNvmlConfigError,
@@ -113,6 +114,9 @@ class TestValidation:
             pytest.param({"pci_bus_id": "0:100:00.0"}, "out of range", id="bus-id-range"),
             pytest.param({"compute_capability": (9,)}, "compute_capability", id="cc"),
             pytest.param({"power_usage": -1}, "power_usage", id="negative"),
+            pytest.param({"pcie_rx": 2**32}, "pcie_rx", id="pcie>uint"),
+            pytest.param({"nvlinks": MAX_NVLINKS + 1}, "nvlinks=37 is outside", id="links>36"),
+            pytest.param({"nvlink_tx": 1}, "NVLink traffic but nvlinks=0", id="traffic-no-link"),
         ],
     )
     def test_rejected(self, changes: dict[str, Any], message: str) -> None:
@@ -127,6 +131,11 @@ class TestValidation:
     def test_process_rejected(self, pid: int, used: int) -> None:
         with pytest.raises(FakeNvmlConfigError):
             SimulatedProcess(pid, used)
+
+    @pytest.mark.parametrize("util", [-1, 101])
+    def test_process_utilisation_is_a_percentage(self, util: int) -> None:
+        with pytest.raises(FakeNvmlConfigError, match="sm_util"):
+            SimulatedProcess(1, 1, util)
 
     def test_bus_id_normalised_to_nvml_spelling(self) -> None:
         assert gpu(pci_bus_id="0:1a:3.1").pci_bus_id == "00000000:1A:03.1"
@@ -213,10 +222,14 @@ def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
         power_limit=draw(st.integers(0, 2**32 - 1)),
         compute_capability=(draw(st.integers(0, 99)), draw(st.integers(0, 99))),
         processes=tuple(
-            SimulatedProcess(pid, used)
-            for pid, used in draw(
+            SimulatedProcess(pid, used, util)
+            for pid, used, util in draw(
                 st.lists(
-                    st.tuples(st.integers(1, 2**32 - 1), st.none() | st.integers(0, 2**64 - 2)),
+                    st.tuples(
+                        st.integers(1, 2**32 - 1),
+                        st.none() | st.integers(0, 2**64 - 2),
+                        st.none() | st.integers(0, 100),
+                    ),
                     max_size=5,
                 )
             )
@@ -224,7 +237,18 @@ def simulated_gpus(draw: st.DrawFn, index: int, minor: int) -> SimulatedGpu:
         lost=draw(st.booleans()),
         mig=MigMode.ENABLED if devices else draw(st.sampled_from(MigMode)),
         mig_devices=devices,
+        pcie_tx=draw(st.integers(0, 2**32 - 1)),
+        pcie_rx=draw(st.integers(0, 2**32 - 1)),
+        **draw(nvlink_traffic()),
     )
+
+
+@st.composite
+def nvlink_traffic(draw: st.DrawFn) -> dict[str, int]:
+    """No NVLink, or some links with any traffic."""
+    links = draw(st.integers(0, MAX_NVLINKS))
+    rates = st.integers(0, 2**64 - 1) if links else st.just(0)
+    return {"nvlinks": links, "nvlink_tx": draw(rates), "nvlink_rx": draw(rates)}
 
 
 @st.composite
@@ -291,6 +315,21 @@ class TestFormat:
                 "version=1\n[gpu]\nuuid=a\nminor=0\nprocesses=1:2,,3:4\n",
                 r":2: process : expected pid:used_bytes",
                 id="empty-process",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\nprocesses=1:2:101\n",
+                r":2: process 1:2:101: sm_util=101 is outside 0..100",
+                id="process-util",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\nnvlink_rx=5\n",
+                r":2: GPU a has NVLink traffic but nvlinks=0",
+                id="traffic-no-link",
+            ),
+            pytest.param(
+                "version=1\n[gpu]\nuuid=a\nminor=0\npcie_tx=-1\n",
+                r":2: pcie_tx -1: expected a whole number",
+                id="pcie-negative",
             ),
             pytest.param(
                 "version=1\n[gpu]\nuuid=a\nminor=0\nmemory_used=5\n",

@@ -36,6 +36,13 @@ def nvml(fake_nvml: FakeNvml) -> Iterator[FakeNvml]:
     pynvml.nvmlShutdown()
 
 
+ALL_LINKS = 0xFFFFFFFF
+NVLINK_TOTALS = [
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+]
+
+
 def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
     """Every simulated field, read back through pynvml's public functions."""
     assert pynvml.nvmlDeviceGetUUID(handle) == gpu.uuid
@@ -66,7 +73,21 @@ def assert_reports(gpu: SimulatedGpu, handle: object) -> None:
     assert [(p.pid, p.usedGpuMemory) for p in processes] == [
         (p.pid, p.used_memory) for p in gpu.processes
     ] + [(p.pid, p.used_memory) for device in gpu.mig_devices for p in device.processes]
+    sampled = [(p.pid, p.sm_util) for p in gpu.processes if p.sm_util is not None]
+    if sampled:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [
+            (pid, util, util * 2 // 3) for pid, util in sampled
+        ]
+    else:
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
+    assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) == gpu.pcie_tx
+    assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) == gpu.pcie_rx
+    fields = pynvml.nvmlDeviceGetFieldValues(handle, NVLINK_TOTALS)
+    expected = pynvml.NVML_SUCCESS if gpu.nvlinks else pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert [field.nvmlReturn for field in fields] == [expected, expected]
     assert_reports_mig(gpu, handle)
 
 
@@ -172,6 +193,15 @@ class TestReporting:
         finally:
             pynvml.nvmlShutdown()
 
+    def test_process_samples_are_newer_than_the_callers_last(self, nvml: FakeNvml) -> None:
+        """A sample carries the config's mtime: asking for newer ones than that finds none."""
+        nvml.update_gpu(nvml.gpus[0].uuid, processes=(SimulatedProcess(7, 1, 50),))
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        (sample,) = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert (sample.pid, sample.smUtil) == (7, 50)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetProcessUtilization(handle, sample.timeStamp)
+
     def test_mig_is_not_supported(self, nvml: FakeNvml) -> None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         with pytest.raises(pynvml.NVMLError_NotSupported):
@@ -190,6 +220,43 @@ class TestReporting:
                 pynvml.nvmlDeviceGetNvLinkRemotePciInfo(first, link)
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
             pynvml.nvmlDeviceGetNvLinkState(first, pynvml.NVML_NVLINK_MAX_LINKS)
+
+    def test_pcie_throughput_counters(self, nvml: FakeNvml) -> None:
+        nvml.update_gpu(nvml.gpus[0].uuid, pcie_tx=125_000, pcie_rx=2_400_000)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 125_000
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) == (
+            2_400_000
+        )
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_COUNT)
+
+    def test_nvlink_counts_grow_at_the_configured_rates(self, nvml: FakeNvml) -> None:
+        """NVML's running KiB counts, per link and in total; TX and RX count over the same
+        time, so their steps keep the configured ratio whatever time passed."""
+        nvml.update_gpu(nvml.gpus[0].uuid, nvlinks=4, nvlink_tx=3_000_000_000, nvlink_rx=10**9)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        first_tx, first_rx = pynvml.nvmlDeviceGetFieldValues(handle, NVLINK_TOTALS)
+        fields = [*NVLINK_TOTALS, (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 3)]
+        tx, rx, link = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+        assert [f.nvmlReturn for f in (tx, rx, link)] == [pynvml.NVML_SUCCESS] * 3
+        assert tx.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        sent = tx.value.ullVal - first_tx.value.ullVal
+        received = rx.value.ullVal - first_rx.value.ullVal
+        assert received > 0
+        assert sent // 3 in range(received - 1, received + 2)
+        assert link.value.ullVal == tx.value.ullVal // 4
+        assert tx.timestamp >= first_tx.timestamp > 0
+        beyond = pynvml.nvmlDeviceGetFieldValues(
+            handle, [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 4)]
+        )
+        assert beyond[0].nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+    def test_nvlink_fields_not_supported_without_links(self, nvml: FakeNvml) -> None:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        fields = [*NVLINK_TOTALS, (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0)]
+        answers = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+        assert [f.nvmlReturn for f in answers] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 3
 
     def test_unknown_uuid_is_not_found(self, nvml: FakeNvml) -> None:
         with pytest.raises(pynvml.NVMLError_NotFound):

@@ -81,6 +81,8 @@ def busy_node() -> FakeNvmlConfig:
                 utilization_memory=41,
                 temperature=64,
                 power_usage=512_345,
+                pcie_tx=125_000,
+                pcie_rx=2_400_000,
                 processes=(
                     SimulatedProcess(os.getpid(), 10 * 2**30),
                     SimulatedProcess(PID_MAX_LIMIT, None),
@@ -119,6 +121,8 @@ def test_snapshot_matches_the_simulated_node(fake_nvml: FakeNvml, monitor: GpuMo
                 GpuProcess(PID_MAX_LIMIT, None, None),  # no process can have it: no name
             ),
             simulated=True,
+            pcie_tx=125_000 * 1024,  # NVML's KB/s, in bytes/s
+            pcie_rx=2_400_000 * 1024,
         ),
         GpuState(
             uuid=second.uuid,
@@ -134,6 +138,8 @@ def test_snapshot_matches_the_simulated_node(fake_nvml: FakeNvml, monitor: GpuMo
             power_limit=700.0,
             processes=(),
             simulated=True,
+            pcie_tx=0,
+            pcie_rx=0,
         ),
     )
     assert (snapshot.status, snapshot.message) == (NvmlStatus.OK, "2 GPUs")
@@ -150,6 +156,91 @@ def test_metrics_follow_the_gpus(fake_nvml: FakeNvml, monitor: GpuMonitor) -> No
 
     assert (state.utilization_gpu, state.temperature, state.power_draw) == (55, 70, 250.5)
     assert monitor.init_count == 1, "metrics need no re-initialisation"
+
+
+def test_nvlink_traffic_is_a_rate_between_two_snapshots(
+    fake_nvml: FakeNvml, monitor: GpuMonitor
+) -> None:
+    """A GPU with NVLinks: no rate at the first reading (one count), then bytes/s from
+    NVML's running counts; TX and RX cover the same time, so they keep the configured ratio.
+    A GPU without NVLink reads ``None``, never 0."""
+    fake_nvml.update_gpu(
+        fake_nvml.gpus[0].uuid, nvlinks=18, nvlink_tx=4_000_000_000, nvlink_rx=10**9
+    )
+
+    first = monitor.snapshot().gpus
+    linked, unlinked = monitor.snapshot().gpus
+
+    assert (first[0].nvlink_tx, first[0].nvlink_rx) == (None, None)
+    assert linked.nvlink_tx is not None and linked.nvlink_rx is not None
+    assert linked.nvlink_rx > 0
+    assert abs(linked.nvlink_tx - 4 * linked.nvlink_rx) <= linked.nvlink_tx // 100
+    assert (unlinked.nvlink_tx, unlinked.nvlink_rx) == (None, None)
+    assert unlinked.metrics_json()["nvlink_tx"] is None
+
+
+def _nvlink_counts(*readings: tuple[int, int], code: int = pynvml.NVML_SUCCESS) -> object:
+    """``nvmlDeviceGetFieldValues`` answering these (microseconds, KiB) in turn, for TX and
+    RX alike, each field with ``code``."""
+    answers = iter(readings)
+
+    def read(handle: object, fields: list[tuple[int, int]]) -> list[object]:
+        at, kib = next(answers)
+        value = pynvml.c_nvmlValue_t(ullVal=kib)
+        return [
+            pynvml.c_nvmlFieldValue_t(
+                fieldId=field, scopeId=scope, timestamp=at, nvmlReturn=code, value=value
+            )
+            for field, scope in fields
+        ]
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("code", "lost"),
+    [(pynvml.NVML_ERROR_INVALID_ARGUMENT, False), (pynvml.NVML_ERROR_GPU_IS_LOST, True)],
+)
+def test_an_nvlink_field_error_is_that_values_own(
+    fake_nvml: FakeNvml,
+    monitor: GpuMonitor,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+    lost: bool,
+) -> None:
+    """A field NVML will not give (a driver that does not sum the links) is ``None`` and the
+    rest of the reading stands; a field saying the GPU is lost marks the GPU lost."""
+    monkeypatch.setattr(
+        pynvml, "nvmlDeviceGetFieldValues", _nvlink_counts((1, 1), (1, 1), code=code)
+    )
+
+    snapshot = monitor.snapshot()
+
+    assert snapshot.status is NvmlStatus.OK
+    gpu = snapshot.gpus[0]
+    assert (gpu.lost, gpu.nvlink_tx, gpu.nvlink_rx) == (lost, None, None)
+    assert (gpu.utilization_gpu is None) is lost
+
+
+def test_nvlink_rate_arithmetic(
+    fake_nvml: FakeNvml, monitor: GpuMonitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 KiB in 2 s is 102,400 bytes/s; a count that went back (a driver reload) gives no
+    rate, and the next step counts from it."""
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetFieldValues",
+        _nvlink_counts(
+            *[(1_000_000, 100)] * 2,
+            *[(3_000_000, 300)] * 2,
+            *[(4_000_000, 5)] * 2,
+            *[(5_000_000, 15)] * 2,
+        ),
+    )
+
+    rates = [monitor.snapshot().gpus[0].nvlink_tx for _ in range(4)]
+
+    assert rates == [None, 102_400, None, 10 * 1024]
 
 
 def test_nothing_is_discovered_before_the_first_snapshot(fake_nvml: FakeNvml, dev: Path) -> None:
@@ -361,6 +452,8 @@ def test_unavailable_values_are_none(
         "nvmlDeviceGetTemperature",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetFieldValues",
     ):
         monkeypatch.setattr(pynvml, read, _raises(code))
 
@@ -372,6 +465,7 @@ def test_unavailable_values_are_none(
         None,
         None,
     )
+    assert (state.pcie_tx, state.pcie_rx, state.nvlink_tx, state.nvlink_rx) == (None,) * 4
     assert state.memory_total == fake_nvml.gpus[0].memory_total
     assert state.utilization_gpu == 0
 
@@ -408,6 +502,27 @@ def test_process_names_come_from_proc(fake_nvml: FakeNvml, dev: Path, tmp_path: 
         processes = monitor.snapshot().gpus[0].processes
 
     assert processes == (GpuProcess(101, "python3", 2**20), GpuProcess(102, None, None))
+
+
+def test_process_utilisation_comes_from_nvml_samples(
+    fake_nvml: FakeNvml, monitor: GpuMonitor
+) -> None:
+    """``nvmlDeviceGetProcessUtilization``: a process with a sample gets its SM share, one
+    without (or a GPU with no samples at all: NOT_FOUND) gets ``None``."""
+    first, second = fake_nvml.gpus[:2]
+    fake_nvml.update_gpu(
+        first.uuid,
+        processes=(SimulatedProcess(101, 2**20, 40), SimulatedProcess(102, 2**21)),
+    )
+    fake_nvml.update_gpu(second.uuid, processes=(SimulatedProcess(103, 2**22),))
+
+    gpus = monitor.snapshot().gpus
+
+    def usage(gpu: GpuState) -> list[tuple[int, int | None, int | None]]:
+        return [(p.pid, p.used_memory, p.sm_util) for p in gpu.processes or ()]
+
+    assert usage(gpus[0]) == [(101, 2**20, 40), (102, 2**21, None)]
+    assert usage(gpus[1]) == [(103, 2**22, None)]
 
 
 def test_snapshots_from_many_threads(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
@@ -455,6 +570,7 @@ def test_to_json(fake_nvml: FakeNvml, monitor: GpuMonitor) -> None:
         "pid": PID_MAX_LIMIT,
         "name": None,
         "used_memory": None,
+        "sm_util": None,
     }
     assert data["gpus"][1]["uuid"] == fake_nvml.gpus[1].uuid
 
@@ -468,6 +584,8 @@ _METRIC_READS = (
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetFieldValues",
 )
 
 

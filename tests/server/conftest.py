@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_hotplug.client import AGENT_URL_ENV, TOKEN_PATH_ENV
+from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV
 from jupyter_gpu_hotplug.server.config import KUBERNETES_ENV, MODE_ENV
 from tests.fixtures.agent import LocalAgent
+from tests.fixtures.nvml import FakeNvml
 
 
 @pytest.fixture
@@ -33,3 +35,12 @@ def agent_url(local_agent: LocalAgent) -> str:
 @pytest.fixture
 def token_path(local_agent: LocalAgent) -> Path | None:
     return local_agent.token_path
+
+
+@pytest.fixture
+def server_nvml(
+    fake_nvml: FakeNvml, local_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
+) -> FakeNvml:
+    """This process's NVML reads the agent's simulated node, as a demo's server does."""
+    monkeypatch.setenv(CONFIG_ENV, str(local_agent.simulation_config))
+    return fake_nvml

@@ -16,8 +16,8 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
-from jupyter_gpu_hotplug._structs import PidRef
-from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
+from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef
+from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
 from tests.fixtures.agent import LocalAgent
@@ -41,6 +41,8 @@ from .api_support import (
 pytestmark = pytest.mark.slow
 
 GPU0 = "/dev/nvidia0"
+GPU_B = b"GPU-00000001-0000-4000-8000-000000000000"
+"""A well-formed GPU UUID, for bodies refused before the agent is asked."""
 
 
 @pytest.fixture
@@ -48,15 +50,6 @@ def jp_server_config(jp_server_config: Config, agent_url: str, token_path: Path 
     return local_mode(
         jp_server_config, agent_url=agent_url, token_path=token_path, metrics_interval=0.1
     )
-
-
-@pytest.fixture
-def server_nvml(
-    fake_nvml: FakeNvml, local_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
-) -> FakeNvml:
-    """This process's NVML reads the agent's simulated node, as a demo's server does."""
-    monkeypatch.setenv(CONFIG_ENV, str(local_agent.simulation_config))
-    return fake_nvml
 
 
 @pytest.fixture
@@ -88,9 +81,11 @@ async def test_the_history_is_the_servers_and_reaches_an_hour_back(
     """Issue 36: each page kept its own five minutes (a reload emptied the charts, two
     notebooks showed different histories). The server keeps the node's readings of the last
     hour, one per reading it takes (at most two a second), for every page alike."""
+    linked, unlinked = local_agent.gpus()
+    local_agent.update_gpu(linked.uuid, nvlinks=18, nvlink_tx=10**6, nvlink_rx=10**6)
     for utilization in (11, 22):
         for gpu in local_agent.gpus():
-            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization)
+            local_agent.update_gpu(gpu.uuid, utilization_gpu=utilization, pcie_rx=utilization)
         assert (await call(jp_fetch, "GET", "gpus")).status == 200
         await asyncio.sleep(0.6)
 
@@ -105,11 +100,19 @@ async def test_the_history_is_the_servers_and_reaches_an_hour_back(
         "utilization_memory",
         "memory_used",
         "memory_total",
+        "pcie_tx",
+        "pcie_rx",
+        "nvlink_tx",
+        "nvlink_rx",
     ]
     assert set(history["gpus"]) == {gpu.uuid for gpu in local_agent.gpus()}
     for readings in history["gpus"].values():
         assert [reading[1] for reading in readings] == [11, 22]
+        assert [reading[6] for reading in readings] == [11 * 1024, 22 * 1024]  # bytes/s
         assert readings[0][0] < readings[1][0]
+    # NVLink: a rate from the second reading on where the GPU has links; none where not.
+    assert history["gpus"][linked.uuid][1][7] > 0
+    assert [reading[7:] for reading in history["gpus"][unlinked.uuid]] == [[None, None]] * 2
 
 
 BAD_INPUT = [
@@ -134,6 +137,11 @@ BAD_INPUT = [
         "attach", b'{"count": 1, "kernel_id": "../x"}', "kernel_id", "kernel's id", id="kid"
     ),
     pytest.param("attach", b'{"count": 1}', "kernel_id", "name the kernel", id="no-kernel"),
+    pytest.param("attach", b'{"count": 1, "gpus": []}', "gpus", "non-empty array", id="gpus-empty"),
+    pytest.param(
+        "attach", b'{"count": 2, "gpus": ["%s"]}' % GPU_B, "gpus", "count is 2", id="gpus-count"
+    ),
+    pytest.param("attach", b'{"count": 1, "gpus": [1]}', "gpus[0]", "GPU UUID", id="gpus-index"),
     pytest.param("detach", b"{}", "uuid", "uuid is required", id="uuid-missing"),
     pytest.param("detach", b'{"uuid": "GPU-1"}', "uuid", "GPU UUID like", id="uuid-bad"),
     pytest.param("detach", b'{"uuid": 7}', "uuid", "GPU UUID like", id="uuid-number"),
@@ -528,6 +536,42 @@ async def test_forced_detach_that_ends_the_kernel_itself_releases_the_gpu(
 
 
 @needs_root
+async def test_a_named_gpu_is_the_one_attached(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    server_nvml: FakeNvml,
+    sandbox: SandboxProbe,
+    sandbox_factory: SandboxFactory,
+    kernel: str,
+) -> None:
+    # Issue 36 item 6: a GPU card's Attach names its GPU; the second card gets the second GPU.
+    view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+    assert all(gpu["selectable"] for gpu in view["node"])
+    second = view["node"][1]
+
+    attached = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel, "gpus": [second["uuid"]]}
+    )
+
+    assert attached.status == 201
+    assert [a["uuid"] for a in attached.json()["attachments"]] == [second["uuid"]]
+    assert sandbox.stat(f"/dev/nvidia{second['minor']}").rdev == (195, second["minor"])
+    assert sandbox.stat(GPU0).result == "ENOENT"
+    # Another kernel naming it hears which GPU is taken and by whom.
+    other = sandboxes_of(jp_serverapp).register("kernel-b", sandbox_factory().pid)
+    taken = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": other, "gpus": [second["uuid"]]}
+    )
+    error = taken.error(409, "insufficient_gpus")
+    assert error["message"].startswith(f"GPU {second['index']} ({second['uuid']}) is attached to")
+    unknown = "GPU-deadbeef-0000-4000-8000-000000000000"
+    missing = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "kernel_id": other, "gpus": [unknown]}
+    )
+    assert missing.error(404, "not_found")["resource"] == "gpu"
+
+
+@needs_root
 async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel: str) -> None:
     await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
 
@@ -536,3 +580,60 @@ async def test_insufficient_gpus_is_409_with_the_counts(jp_fetch: Fetch, kernel:
     error = reply.error(409, "insufficient_gpus")
     assert (error["free"], error["requested"]) == (1, 2)
     assert error["retryable"] is True
+
+
+@needs_root
+async def test_attribution_names_the_kernel_whose_process_uses_the_gpu(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    local_agent: LocalAgent,
+    server_nvml: FakeNvml,
+    sandbox_factory: SandboxFactory,
+    kernel: str,
+    sandbox: SandboxProbe,
+) -> None:
+    """Issue 36: which kernel uses how much of each GPU. A worker below kernel A's sandbox and
+    kernel B's sandbox itself are on the GPU with their memory and SM samples; a pid this
+    server cannot see is unattributed, a process outside the server only a sum."""
+    other = sandboxes_of(jp_serverapp).register("kernel-b", sandbox_factory().pid)
+    uuid = local_agent.gpus()[0].uuid
+    worker = sandbox.spawn(["/bin/sleep", "600"])
+    other_pid = sandboxes_of(jp_serverapp).pid_of(other)
+    gib = 2**30
+    local_agent.update_gpu(
+        uuid,
+        processes=(
+            SimulatedProcess(worker, 3 * gib, 60),
+            SimulatedProcess(other_pid, gib, 10),
+            SimulatedProcess(PID_MAX_LIMIT, 2 * gib, 5),
+            SimulatedProcess(1, 4 * gib),
+        ),
+    )
+
+    reply = await call(jp_fetch, "GET", "attribution")
+
+    assert reply.status == 200
+    gpu = next(gpu for gpu in reply.json()["gpus"] if gpu["uuid"] == uuid)
+    assert gpu["kernels"] == [
+        {
+            "kernel_id": "kernel-a",
+            "notebook": None,
+            "memory_bytes": 3 * gib,
+            "sm_util_percent": 60,
+            "processes": 1,
+        },
+        {
+            "kernel_id": "kernel-b",
+            "notebook": None,
+            "memory_bytes": gib,
+            "sm_util_percent": 10,
+            "processes": 1,
+        },
+    ]
+    assert (gpu["unattributed_bytes"], gpu["unattributed_processes"]) == (2 * gib, 1)
+    assert (gpu["other_bytes"], gpu["server"]) == (4 * gib, None)
+    assert str(PID_MAX_LIMIT) not in reply.body.decode(), "no pid of anyone else is shown"
+    view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+    assert [entry["uuid"] for entry in view["attribution"]] == [
+        entry["uuid"] for entry in reply.json()["gpus"]
+    ], "every reading carries the same attribution"

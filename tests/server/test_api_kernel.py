@@ -18,11 +18,13 @@ from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, SimulatedProcess
 from jupyter_gpu_hotplug.sandboxes.provisioner import (
     SandboxedKernelProvisioner,
     sandboxed_kernelspec,
 )
 from tests.fixtures.agent import LocalAgent
+from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import NAME_PREFIX, SandboxSession
 from tests.fixtures.waiting import DEADLINE
@@ -154,3 +156,45 @@ async def test_shutting_down_a_waiting_kernel_takes_its_attach_out_of_the_queue(
     again = await call(jp_fetch, "POST", "attach", {"count": 2, "kernel_id": holder})
     assert again.status == 201, again.body
     await call(jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": holder})
+
+
+async def test_attribution_finds_real_kernels_and_their_notebooks(
+    jp_fetch: Fetch,
+    jp_serverapp: ServerApp,
+    start_kernel: StartKernel,
+    local_agent: LocalAgent,
+    fake_nvml: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36: a plain kernel (no sandbox: Kubernetes mode's kind) is found by its own
+    process, a sandboxed one by its sandbox's; a notebook session names its kernel."""
+    monkeypatch.setenv(CONFIG_ENV, str(local_agent.simulation_config))
+    session = await jp_fetch(
+        "api",
+        "sessions",
+        method="POST",
+        body=json.dumps({"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}),
+    )
+    plain: str = json.loads(session.body)["kernel"]["id"]
+    boxed = await start_kernel(BOXED)
+    manager = jp_serverapp.kernel_manager
+    plain_pid = manager.get_kernel(plain).provisioner.pid  # type: ignore[union-attr]
+    provisioner = manager.get_kernel(boxed).provisioner
+    assert isinstance(provisioner, SandboxedKernelProvisioner)
+    sandbox_pid = provisioner.sandbox_pid
+    assert sandbox_pid is not None
+    uuid = local_agent.gpus()[0].uuid
+    local_agent.update_gpu(
+        uuid,
+        processes=(SimulatedProcess(plain_pid, 2**30, 20), SimulatedProcess(sandbox_pid, 2**31)),
+    )
+    try:
+        reply = await call(jp_fetch, "GET", "attribution")
+    finally:
+        await manager.shutdown_kernel(plain, now=True)  # type: ignore[no-untyped-call]
+
+    gpu = next(gpu for gpu in reply.json()["gpus"] if gpu["uuid"] == uuid)
+    assert [(k["kernel_id"], k["notebook"], k["memory_bytes"]) for k in gpu["kernels"]] == [
+        (boxed, None, 2**31),
+        (plain, "train.ipynb", 2**30),
+    ]

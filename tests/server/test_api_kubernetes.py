@@ -9,6 +9,7 @@ and look at what the extension sent it. The stub can also hang an attach, which 
 from __future__ import annotations
 
 import asyncio
+import copy
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -164,3 +165,31 @@ async def test_a_lost_holders_announcement_reaches_the_live_stream(
     (attached,) = seen[-1].data["attached"]
     assert attached["holder_lost"] == notice
     await stream.close()
+
+
+async def test_a_named_gpu_is_passed_on_and_the_agents_refusal_comes_back(
+    jp_fetch: Fetch, stub: StubAgent
+) -> None:
+    """Issue 36 item 6: in Kubernetes the device plugin picks the device, so the agent lists
+    its GPUs as not selectable (the panel then offers no per-card Attach) and refuses a named
+    one with 400 ``gpus``, which the extension passes on unchanged."""
+    picked = copy.deepcopy(GPUS)
+    for gpu in picked["gpus"]:
+        gpu["selectable"] = False
+    stub.respond("GET", "/v1/gpus", 200, picked)
+    refusal = {
+        "error": "invalid_request",
+        "message": "this agent cannot attach a GPU the request names: the cluster picks the device",
+        "retryable": False,
+        "field": "gpus",
+    }
+    stub.respond("POST", "/v1/attachments", 400, refusal)
+
+    view = (await call(jp_fetch, "GET", "gpus")).json()
+    reply = await call(jp_fetch, "POST", "attach", {"count": 1, "gpus": [UUID_A]})
+
+    assert [gpu["selectable"] for gpu in view["node"]] == [False, False]
+    error = reply.error(400, "invalid_request")
+    assert (error["field"], error["message"]) == ("gpus", refusal["message"])
+    (post,) = [r for r in stub.requests if r.method == "POST"]
+    assert post.json()["gpus"] == [UUID_A]

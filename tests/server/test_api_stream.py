@@ -19,6 +19,7 @@ from traitlets.config import Config
 from jupyter_gpu_hotplug._structs import PidRef
 from jupyter_gpu_hotplug.client import InsufficientGpus
 from tests.fixtures.agent import LocalAgent
+from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 from tests.fixtures.waiting import DEADLINE, eventually
@@ -98,6 +99,36 @@ async def test_metrics_arrive_and_disconnect_ends_the_server_side(served: Served
     await eventually(lambda: not manager.subscriptions, "the subscription is gone")
     await eventually(subscription.task.done, "the stream's task has ended")
     assert subscription.task.exception() is None
+
+
+async def test_metrics_carry_pcie_and_nvlink_traffic(
+    served: Served, local_agent: LocalAgent, server_nvml: FakeNvml
+) -> None:
+    """Issue 36 (what nvdashboard charts besides utilisation): every GPU's metrics carry its
+    PCIe traffic in bytes/s, and NVLink traffic only where the GPU has NVLinks — null, never
+    0, on a GPU without them, so the panel can leave its chart out."""
+    linked, unlinked = local_agent.gpus()
+    local_agent.update_gpu(
+        linked.uuid, pcie_tx=1_000, pcie_rx=3_000, nvlinks=18, nvlink_tx=2 * 10**6, nvlink_rx=10**6
+    )
+    client = await _open(served)
+
+    events = [await client.next_event() for _ in range(3)]
+    await client.close()
+
+    readings = []
+    for event in events:
+        assert event is not None and event.kind == "metrics"
+        readings.append({gpu["uuid"]: gpu["metrics"] for gpu in event.data["node"]})
+    last = readings[-1]
+    assert (last[linked.uuid]["pcie_tx"], last[linked.uuid]["pcie_rx"]) == (1_024_000, 3_072_000)
+    assert last[linked.uuid]["nvlink_tx"] > last[linked.uuid]["nvlink_rx"] > 0
+    assert (last[unlinked.uuid]["pcie_tx"], last[unlinked.uuid]["pcie_rx"]) == (0, 0)
+    for reading in readings:
+        assert (reading[unlinked.uuid]["nvlink_tx"], reading[unlinked.uuid]["nvlink_rx"]) == (
+            None,
+            None,
+        )
 
 
 async def test_server_shutdown_ends_open_streams(served: Served, jp_fetch: Fetch) -> None:

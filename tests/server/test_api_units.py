@@ -314,6 +314,7 @@ def _view(key: str | None) -> GpusJson:
         nvml=NvmlJson(status="no_gpu", message="", driver_version=None, cuda_driver_version=None),
         taken_at=0.0,
         released=[],
+        attribution=[],
     )
 
 

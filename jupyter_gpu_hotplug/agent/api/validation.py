@@ -31,6 +31,7 @@ from ..._structs import (
     check_dns1123_label,
     check_dns1123_subdomain,
     check_gpu_uuid,
+    check_named_gpus,
     check_names,
     check_request_id,
     check_required,
@@ -44,7 +45,15 @@ from ..core.seams import AttachRequest
 
 MAX_BODY_BYTES = 64 * 1024
 _PID_TEXT_RE = re.compile(r"[1-9][0-9]{0,6}")
-_BODY_FIELDS = ("count", "idle_release_seconds", "mig", "request_id", "target", "wait_seconds")
+_BODY_FIELDS = (
+    "count",
+    "gpus",
+    "idle_release_seconds",
+    "mig",
+    "request_id",
+    "target",
+    "wait_seconds",
+)
 _POD_FIELDS = ("namespace", "name", "container")
 _FORCE_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
@@ -143,6 +152,7 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
     idle_release_seconds = _seconds(obj, "idle_release_seconds", MAX_IDLE_RELEASE_SECONDS)
     request_id = parse_request_id(obj["request_id"]) if "request_id" in obj else None
     mig = _mig_profile(obj["mig"]) if "mig" in obj else None
+    gpus = _checked(check_named_gpus, obj["gpus"], count=count) if "gpus" in obj else ()
 
     target = _parse_target(obj["target"]) if "target" in obj else None
     return AttachRequest(
@@ -152,6 +162,7 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
         request_id=request_id,
         idle_release_seconds=idle_release_seconds,
         mig=mig,
+        gpus=gpus,
         queued=wait_seconds is not None,
     )
 

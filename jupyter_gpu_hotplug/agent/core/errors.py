@@ -228,17 +228,24 @@ class Unavailable(Busy):
 
 
 class InsufficientGpus(AgentError):
-    """409 ``insufficient_gpus``: fewer free GPUs on this node than requested."""
+    """409 ``insufficient_gpus``: fewer free GPUs on this node than requested; ``message``
+    replaces the count when the request named its GPUs (which one is taken, and by whom)."""
 
     code = "insufficient_gpus"
     default_hint = "ask for fewer, release GPUs you no longer need, or try again later"
     default_retryable = True
 
     def __init__(
-        self, *, free: int, requested: int, hint: str | None = None, retryable: bool | None = None
+        self,
+        *,
+        free: int,
+        requested: int,
+        hint: str | None = None,
+        retryable: bool | None = None,
+        message: str | None = None,
     ) -> None:
         super().__init__(
-            f"{requested} GPU(s) requested but {free} free on this node",
+            message or f"{requested} GPU(s) requested but {free} free on this node",
             hint=hint,
             retryable=retryable,
             extra=ErrorExtra(free=free, requested=requested),

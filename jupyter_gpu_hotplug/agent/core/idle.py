@@ -256,20 +256,23 @@ class IdleReleaser:
                 released.append(done)
         return released
 
-    async def held_gpus(self) -> set[GpuUuid]:
-        """The granted GPUs that a process of their container holds open right now (the
-        device-node scan alone, without NVML: the simulation asks this to decide which
-        simulated GPUs work, and NVML's answer there is the simulation's own output)."""
-        held: set[GpuUuid] = set()
+    async def held_gpus(self) -> dict[GpuUuid, tuple[int, ...]]:
+        """The granted GPUs that a process of their container holds open right now, each with
+        the pids (as this agent sees them) that hold it: the device-node scan alone, without
+        NVML. The simulation asks this to decide which simulated GPUs work and which
+        processes NVML lists on them; NVML's answer there is the simulation's own output."""
+        held: dict[GpuUuid, tuple[int, ...]] = {}
         for entry in self._core.allocator.all_attachments():
             if entry.state is not ReservationState.GRANTED:
                 continue
             container = await self._container(entry)
             try:
-                if container is not None and await self._holders(entry, container):
-                    held.add(entry.gpu.uuid)
+                holders = [] if container is None else await self._holders(entry, container)
             except InjectorError as e:
                 log.debug("cannot tell whether %s is held: %s", entry.gpu.uuid, e)
+                continue
+            if holders:
+                held[entry.gpu.uuid] = tuple(sorted({holder.pid for holder in holders}))
         return held
 
     async def _container(self, entry: Reservation) -> HostContainer | None:

@@ -2,8 +2,9 @@
 
 Why it exists: users who ask for a GPU when none is free should be served in the order they
 asked, not by who retries fastest. An attach that gives ``wait_seconds`` and finds too few
-GPUs it may take joins the queue. Each kind of request has its own order: whole GPUs, and the
-slices of each MIG profile (a freed slice serves no one who waits for a whole GPU).
+GPUs it may take joins the queue. Each kind of request has its own order: whole GPUs, the
+slices of each MIG profile (a freed slice serves no one who waits for a whole GPU), and the
+GPUs a request names (it waits for those, and only they serve it).
 
 Who is served (issue 25: a waiter for 2 GPUs with 1 free used to refuse everyone, "0 free"
 while ``/v1/gpus`` showed one free): the *head* (first waiter of a kind) is served as soon as
@@ -63,7 +64,8 @@ class Waiter:
     """``time.monotonic()`` value after which the request answers 504."""
     queued_at: datetime
     kind: str | None = None
-    """What it waits for: whole GPUs (``None``) or slices of a MIG profile; each kind has
+    """What it waits for: whole GPUs (``None``), slices of a MIG profile, or the GPUs it names
+    (their UUIDs joined by ``,``; a profile never contains one); each kind has
     its own order (a slice freed serves no one waiting for a whole GPU)."""
     cancelled: bool = False
     overtaken: int = 0

@@ -153,6 +153,9 @@ class AttachRequest:
     """A stricter idle period for these GPUs than the agent's own (see ``core/idle.py``)."""
     mig: str | None = None
     """A MIG profile (``1g.10gb``): attach that many slices of it instead of whole GPUs."""
+    gpus: tuple[GpuUuid, ...] = ()
+    """The GPUs (or MIG slices) to attach, ``count`` of them; empty: any free ones. Only an
+    allocator that is ``selectable`` can honour it."""
     queued: bool = False
     """The request gave ``wait_seconds``: it waits in the queue when too few GPUs are free
     (``core/queue.py``); without it, it is answered at once."""
@@ -277,6 +280,12 @@ class Allocator(Protocol):
     bug or a broken node). Request ids are recorded, never interpreted: whether an attach
     repeats an earlier one is the service's decision, made once, under the target's lock.
     """
+
+    @property
+    def selectable(self) -> bool:
+        """Whether ``reserve`` takes exactly the ``candidates`` it is given, so that a request
+        may name its GPUs (local: the ledger does), or the cluster picks among them
+        (Kubernetes: the kubelet's device plugin chooses the device of a holder pod)."""
 
     async def load(self) -> None:
         """Rebuild the in-memory view from durable state (at start)."""

@@ -271,6 +271,8 @@ class AgentService:
                     if gpu.uuid in owners and seen[owners[gpu.uuid].target]
                     else None,
                     simulated=gpu.simulated,
+                    selectable=self.core.allocator.selectable
+                    and (gpu.whole or gpu.mig is not None),
                 )
                 for gpu in snapshot.gpus
             ]
@@ -335,6 +337,14 @@ class AgentService:
         then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
         """
         with self._measured("attach"):
+            if request.gpus and not self.core.allocator.selectable:
+                raise InvalidRequest(
+                    "this agent cannot attach a GPU the request names: the cluster picks the "
+                    "device (the kubelet's device plugin chooses the GPU of each holder pod)",
+                    field="gpus",
+                    hint='leave "gpus" out and give only count; GET /v1/gpus marks such GPUs '
+                    '"selectable": false',
+                )
             request = self._profiled(request)
             deadline = time.monotonic() + request.wait_seconds
             container, snapshot = await self.core.workers.host(
@@ -348,6 +358,7 @@ class AgentService:
                 policy = self.core.policy
                 limit = None if policy is None else await policy.gpu_limit(container)
                 self._admit(container, request, snapshot, limit)
+                await self._check_named_free(caller, container, request, snapshot)
                 # Before anything is reserved or queued: a GPU it could not use is refused.
                 await self.core.workers.host(self.core.driver_files.check, container)
                 if not request.queued or not self._must_queue(request, snapshot):
@@ -357,7 +368,7 @@ class AgentService:
                     request.count,
                     request_id=request.request_id,
                     deadline=deadline,
-                    kind=request.mig,
+                    kind=_kind(request),
                 )
             return await self._attach_in_turn(container, request, snapshot, waiter)
 
@@ -381,7 +392,7 @@ class AgentService:
             while True:
                 await self.core.queue.turn(
                     waiter,
-                    free=functools.partial(self._free, snapshot, request.mig),
+                    free=functools.partial(self._free, snapshot, request),
                     alive=lambda: self._alive(container),
                     wait_seconds=request.wait_seconds,
                 )
@@ -415,20 +426,25 @@ class AgentService:
     def _must_queue(self, request: AttachRequest, snapshot: InventorySnapshot) -> bool:
         """Whether a request that may wait has to: too few GPUs are free beyond what the
         queue's head holds."""
-        free = self._free(snapshot, request.mig)
-        return free - self.core.queue.held(request.mig, free) < request.count
+        free = self._free(snapshot, request)
+        return free - self.core.queue.held(_kind(request), free) < request.count
 
     @staticmethod
-    def _candidates(snapshot: InventorySnapshot, mig: str | None) -> list[GpuDevice]:
-        """What a request may get: whole GPUs, or the MIG slices of profile ``mig``."""
-        if mig is None:
+    def _candidates(snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuDevice]:
+        """What a request may get: the GPUs it names (``_admit`` checked that they can be
+        handed out), else whole GPUs, or the MIG slices of its profile."""
+        if request.gpus:
+            return [gpu for gpu in snapshot.gpus if gpu.uuid in request.gpus]
+        if request.mig is None:
             return [gpu for gpu in snapshot.gpus if gpu.whole]
-        return [gpu for gpu in snapshot.gpus if gpu.mig is not None and gpu.mig.profile == mig]
+        return [
+            gpu for gpu in snapshot.gpus if gpu.mig is not None and gpu.mig.profile == request.mig
+        ]
 
-    def _free(self, snapshot: InventorySnapshot, mig: str | None) -> int:
+    def _free(self, snapshot: InventorySnapshot, request: AttachRequest) -> int:
         """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
         taken = {entry.gpu.uuid for entry in self.core.allocator.all_attachments()}
-        return sum(1 for gpu in self._candidates(snapshot, mig) if gpu.uuid not in taken)
+        return sum(1 for gpu in self._candidates(snapshot, request) if gpu.uuid not in taken)
 
     async def _alive(self, container: HostContainer) -> bool:
         core = self.core
@@ -445,11 +461,14 @@ class AgentService:
         """Refuse a request that can never be served: more GPUs (or slices of the profile) than
         the node has (409, not retryable; checked first, so a count no node could serve gets
         that answer), or more than the target's container may hold, or its group (``limit``,
-        the backend's policy: a pod's) (403). Runs once per attach, under the target's lock."""
-        if request.mig is None:
-            total = len(self._candidates(snapshot, None)) + len(snapshot.lost)
+        the backend's policy: a pod's) (403); named GPUs that are not there or cannot be handed
+        out alone (``_check_named``). Runs once per attach, under the target's lock."""
+        if request.gpus:
+            total = _check_named(request, snapshot)
+        elif request.mig is None:
+            total = len(self._candidates(snapshot, request)) + len(snapshot.lost)
         else:
-            total = len(self._candidates(snapshot, request.mig))
+            total = len(self._candidates(snapshot, request))
             if total == 0:
                 profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
                 raise InsufficientGpus(
@@ -464,7 +483,7 @@ class AgentService:
                 )
         if 0 < total < request.count:
             raise InsufficientGpus(
-                free=self._free(snapshot, request.mig),
+                free=self._free(snapshot, request),
                 requested=request.count,
                 hint=f"that is more than this node's {total} GPU(s) in all; ask for at most "
                 f"{total}, or list the node's GPUs to see them all",
@@ -484,6 +503,42 @@ class AgentService:
             if held + request.count > limit.count:
                 raise Forbidden.over_gpu_limit(
                     limit=limit.count, attached=held, requested=request.count, source=limit.source
+                )
+
+    async def _check_named_free(
+        self,
+        caller: Caller,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+    ) -> None:
+        """Refuse a request naming a GPU that is taken, saying by whom as far as ``caller``
+        may know (``Identity.may_see``: another tenant is "another container", never named):
+        one already the target's own never frees for it (not retryable); one of someone else
+        is refused at once unless the request may wait (then it waits for that GPU)."""
+        devices = {gpu.uuid: gpu for gpu in snapshot.gpus}
+        for uuid in request.gpus:
+            entry = self.core.allocator.get(uuid)
+            if entry is None:
+                continue
+            what = _describe(devices[uuid])
+            free = self._free(snapshot, request)
+            if entry.container == container.key:
+                raise InsufficientGpus(
+                    free=free,
+                    requested=request.count,
+                    message=f"{what} is already attached to {entry.target}",
+                    hint="it is yours already; name another GPU, or leave gpus out",
+                    retryable=False,
+                )
+            if not request.queued:
+                seen = await self.core.identity.may_see(caller, entry.target)
+                raise InsufficientGpus(
+                    free=free,
+                    requested=request.count,
+                    message=f"{what} is attached to "
+                    f"{entry.target if seen else 'another container'}",
+                    hint="name a free GPU, or ask with wait_seconds to wait until this one is free",
                 )
 
     def _held(self, covers: Callable[[ContainerKey, Target], bool]) -> int:
@@ -580,11 +635,11 @@ class AgentService:
         self.core.nodes.learn(snapshot)
         candidates = [
             GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
-            for gpu in self._candidates(snapshot, request.mig)
+            for gpu in self._candidates(snapshot, request)
         ]
         # Any request takes only GPUs that the queue's head does not hold (queue.py).
-        free = self._free(snapshot, request.mig)
-        held = self.core.queue.held(request.mig, free, waiter)
+        free = self._free(snapshot, request)
+        held = self.core.queue.held(_kind(request), free, waiter)
         if free - held < request.count:
             # The allocator would say the same; asking it would queue behind other commits.
             raise InsufficientGpus(
@@ -602,7 +657,7 @@ class AgentService:
             deadline=deadline,
             candidates=candidates,
         )
-        self.core.queue.served(request.mig, waiter)
+        self.core.queue.served(_kind(request), waiter)
         return entries
 
     async def _grant(
@@ -992,6 +1047,48 @@ class AgentService:
                 hint="the agent finishes the release by itself; see its log",
                 retryable=True,
             ) from e
+
+
+def _kind(request: AttachRequest) -> str | None:
+    """What a request waits for in the queue (``Waiter.kind``): its named GPUs, or whole GPUs,
+    or slices of its MIG profile."""
+    return ",".join(sorted(request.gpus)) if request.gpus else request.mig
+
+
+def _describe(gpu: GpuDevice) -> str:
+    """A GPU as a person finds it in the panel and ``nvidia-smi``: by its index."""
+    if gpu.mig is None:
+        return f"GPU {gpu.index} ({gpu.uuid})"
+    return f"MIG slice {gpu.uuid} of GPU {gpu.index}"
+
+
+def _check_named(request: AttachRequest, snapshot: InventorySnapshot) -> int:
+    """How many GPUs a request naming its GPUs may get (all it names), once each is known to
+    be a healthy GPU of the node (else 404 ``gpu``) that can be handed out alone: a whole GPU,
+    or a MIG slice, of ``request.mig``'s profile when it gives one (else 400 ``gpus``)."""
+    devices = {gpu.uuid: gpu for gpu in snapshot.gpus}
+    for uuid in request.gpus:
+        gpu = devices.get(uuid)
+        if gpu is None:
+            raise NotFound(
+                "gpu",
+                uuid,
+                hint="list the node's GPUs (GET /v1/gpus) and name one of them"
+                + (f"; {len(snapshot.lost)} GPU(s) of the node are lost" if snapshot.lost else ""),
+            )
+        if gpu.mig is None and not gpu.whole:
+            raise InvalidRequest(
+                f"{_describe(gpu)} is in MIG mode: it is handed out only as its MIG slices",
+                field="gpus",
+                hint="name one of its slices (MIG-...) instead",
+            )
+        if request.mig is not None and (gpu.mig is None or gpu.mig.profile != request.mig):
+            raise InvalidRequest(
+                f"{_describe(gpu)} is not a MIG slice of profile {request.mig}",
+                field="gpus",
+                hint='leave "mig" out: a MIG- UUID names its slice by itself',
+            )
+    return len(request.gpus)
 
 
 def _not_created(

@@ -110,6 +110,10 @@ Untrusted = Callable[[KubeObject, Verdict], None]
 class HolderAllocator:
     """``Allocator`` over holder pods (see the module docstring)."""
 
+    selectable = False
+    """A holder pod asks for *a* GPU and the kubelet's device plugin picks which: a request
+    naming GPUs cannot be honoured (the service refuses it before anything is created)."""
+
     def __init__(
         self,
         *,

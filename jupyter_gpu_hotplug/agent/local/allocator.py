@@ -35,6 +35,9 @@ _T = TypeVar("_T")
 class LedgerAllocator:
     """``Allocator`` over a ``Ledger`` (see the module docstring)."""
 
+    selectable = True
+    """The ledger reserves from exactly the candidates it is given: a request may name GPUs."""
+
     def __init__(self, ledger: Ledger, workers: Workers) -> None:
         self._ledger = ledger
         self._workers = workers

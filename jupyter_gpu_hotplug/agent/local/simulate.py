@@ -5,12 +5,16 @@ agent must run its real code paths (pynvml, the inventory, the engine with NVIDI
 This module prepares a simulated node before NVML is first initialised — builds the fake
 ``libnvidia-ml.so.1`` if needed, writes the config with ``default_gpus(N)`` (stable UUIDs,
 minors ``0..N-1``) and makes the fake the NVML of this process — and then keeps it alive: a
-periodic task moves utilisation, memory use, temperature and power. A simulated GPU works only
+periodic task moves utilisation, memory use, temperature, power and the PCIe and NVLink
+traffic. A simulated GPU works only
 while a process of the container it is attached to *uses* it — holds its ``/dev/nvidia<minor>``
 open, as a CUDA program would (with no driver, the demo's load helper
 ``python -m jupyter_gpu_hotplug.nvml.sim.load`` holds it with ``O_PATH``) — found by the same
 device-node scan that makes a detach refuse a busy GPU. Otherwise it idles: 0 %, no memory in
-use, idle power. Every line it logs says SIMULATED.
+use, idle power. Every line it logs says SIMULATED. The processes that hold a GPU are what its
+NVML lists on it, with the GPU's memory in use and its utilisation shared among them (the
+per-process samples of ``nvmlDeviceGetProcessUtilization``), so per-kernel attribution has the
+same inputs as on hardware: pids as the agent (the host) sees them.
 
 Processes that should see the simulated GPUs (kernels in sandboxes) get ``environ()``: the
 library path, the config, and the device filter that hides GPUs whose ``/dev/nvidia<minor>``
@@ -32,8 +36,10 @@ from ..._structs import GpuUuid
 from ...linux.devnodes import parse_proc_devices
 from ...nvml.sim import (
     CONFIG_ENV,
+    MAX_PROCESSES,
     FakeNvmlConfig,
     SimulatedGpu,
+    SimulatedProcess,
     default_gpus,
     ensure_fake_nvml,
     fake_nvml_environ,
@@ -41,6 +47,7 @@ from ...nvml.sim import (
     read_config,
     render_mig_minors,
     with_mig_devices,
+    with_nvlinks,
     write_config,
 )
 
@@ -62,6 +69,12 @@ _LOCAL_MAJORS = range(240, 255)
 """Char majors Linux keeps for local use: the simulated ``nvidia-caps`` major is a free one,
 so a capability node opens with ENXIO where the cgroup allows it, as a GPU's node does."""
 _CACHE_NAME = "build"
+_PCIE_KB_PER_PERCENT = 120_000
+"""PCIe traffic received per percent of utilisation (KB/s): about 12 GB/s at 100 %, what a
+training job's input pipeline moves over PCIe Gen5 (~50 GB/s usable); sent is a quarter."""
+_NVLINK_KIB_PER_PERCENT = 3_000_000
+"""NVLink traffic each way per percent (KiB/s): about 300 GiB/s at 100 %, a collective-heavy
+job on an H100 SXM (450 GB/s each way at most)."""
 
 
 def write_caps_tables(
@@ -102,13 +115,15 @@ class Simulation:
         cache_dir: Path | None = None,
         node: str = "simulated-node",
         mig_profiles: Sequence[str] = (),
+        nvlink_gpus: int = 0,
         host_proc_devices: Path = Path("/proc/devices"),
     ) -> Simulation:
         """Build the fake NVML (once), write ``count`` idle GPUs to ``directory``'s config.
 
         ``mig_profiles`` puts GPU 0 in MIG mode with one slice per profile, and writes the
         node's capability tables beside the config: a ``devices`` file with an ``nvidia-caps``
-        major that ``host_proc_devices`` does not list, and ``mig-minors``.
+        major that ``host_proc_devices`` does not list, and ``mig-minors``. ``nvlink_gpus``:
+        how many GPUs, from GPU 0, have NVLinks (18, as an H100 SXM); the others are PCIe-only.
 
         The directory is made world-readable (0755): processes of other users must load the
         library and read the config. Raises ``nvml.sim.FakeNvmlError`` subclasses.
@@ -120,6 +135,7 @@ class Simulation:
         gpus = list(default_gpus(count, node=node))
         if mig_profiles and gpus:
             gpus[0] = with_mig_devices(gpus[0], mig_profiles, node=node)
+        gpus[:nvlink_gpus] = [with_nvlinks(gpu) for gpu in gpus[:nvlink_gpus]]
         config = FakeNvmlConfig(gpus=tuple(gpus))
         write_config(config_path, config)
         log.warning(
@@ -165,23 +181,31 @@ class Simulation:
         self,
         *,
         interval: float,
-        in_use: Callable[[], Awaitable[Collection[GpuUuid]]],
+        in_use: Callable[[], Awaitable[Mapping[GpuUuid, Sequence[int]]]],
         rng: random.Random | None = None,
     ) -> None:
         """Move the simulated readings every ``interval`` seconds until cancelled.
 
-        ``in_use``: the GPUs a process uses now (they work; the others idle).
+        ``in_use``: the GPUs a process uses now, with the pids that use each (they work; the
+        others idle).
         """
         rng = rng or random.Random()
+        # The users each GPU's processes were written for last time: ours to replace.
+        listed: Mapping[GpuUuid, Sequence[int]] = {}
         while True:
             await asyncio.sleep(interval)
             try:
-                busy = set(await in_use())
+                busy = await in_use()
                 config = await asyncio.to_thread(read_config, self.config_path)
                 moved = dataclasses.replace(
-                    config, gpus=tuple(drift(gpu, gpu.uuid in busy, rng) for gpu in config.gpus)
+                    config,
+                    gpus=tuple(
+                        drift(gpu, busy.get(gpu.uuid, ()), rng, ours=listed.get(gpu.uuid, ()))
+                        for gpu in config.gpus
+                    ),
                 )
                 await asyncio.to_thread(write_config, self.config_path, moved)
+                listed = busy
             except Exception:
                 log.exception("SIMULATED: moving the simulated readings failed; trying again")
 
@@ -192,8 +216,24 @@ def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, h
     return max(low, min(high, value + pull + rng.randint(-step, step)))
 
 
-def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
-    """The next readings of one simulated GPU: a GPU in use works, any other idles."""
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def drift(
+    gpu: SimulatedGpu,
+    pids: Sequence[int],
+    rng: random.Random,
+    *,
+    ours: Collection[int] = (),
+    alive: Callable[[int], bool] = _alive,
+) -> SimulatedGpu:
+    """The next readings of one simulated GPU: a GPU that processes ``pids`` use works, any
+    other idles. NVML lists those processes, sharing the memory in use and the utilisation
+    evenly (the first ones get the remainders). ``ours``: the users the last step listed,
+    which this step replaces; a process someone else listed (a test, an operator) stays as
+    it was while it is ``alive``, and leaves the list when it ends, as it does NVML's."""
+    busy = bool(pids)
     # Unused: utilisation halves each step to exactly 0 (no noise: an idle GPU reads 0 %).
     utilization = (
         _toward(gpu.utilization_gpu, rng.randint(55, 98), rng, step=6, low=0, high=100)
@@ -208,6 +248,14 @@ def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
     idle_power = gpu.power_limit // 10
     power_goal = idle_power + (gpu.power_limit - idle_power) * utilization // 100
     power = max(0, min(gpu.power_limit or power_goal, (gpu.power_usage + power_goal) // 2))
+
+    def traffic(now: int, per_percent: int) -> int:
+        """Half way to what this utilisation moves (±15 %): an idle GPU's traffic halves
+        to exactly 0, as its utilisation does."""
+        goal = utilization * per_percent * rng.randint(85, 115) // 100 if busy else 0
+        return (now + goal) // 2
+
+    linked = gpu.nvlinks > 0
     return dataclasses.replace(
         gpu,
         utilization_gpu=utilization,
@@ -215,4 +263,34 @@ def drift(gpu: SimulatedGpu, busy: bool, rng: random.Random) -> SimulatedGpu:
         memory_used=memory_used,
         temperature=temperature,
         power_usage=power,
+        processes=_others(gpu, {*pids, *ours}, alive) + _shares(pids, memory_used, utilization),
+        pcie_tx=traffic(gpu.pcie_tx, _PCIE_KB_PER_PERCENT // 4),
+        pcie_rx=traffic(gpu.pcie_rx, _PCIE_KB_PER_PERCENT),
+        nvlink_tx=traffic(gpu.nvlink_tx, _NVLINK_KIB_PER_PERCENT) if linked else 0,
+        nvlink_rx=traffic(gpu.nvlink_rx, _NVLINK_KIB_PER_PERCENT) if linked else 0,
+    )
+
+
+def _others(
+    gpu: SimulatedGpu, replaced: Collection[int], alive: Callable[[int], bool]
+) -> tuple[SimulatedProcess, ...]:
+    """The processes someone else listed on ``gpu`` that still live (room left for ours)."""
+    kept = [p for p in gpu.processes if p.pid not in replaced and alive(p.pid)]
+    return tuple(kept[: MAX_PROCESSES - min(len(replaced), MAX_PROCESSES)])
+
+
+def _shares(pids: Sequence[int], memory: int, utilization: int) -> tuple[SimulatedProcess, ...]:
+    """``pids`` as NVML's processes, each with an even share of ``memory`` and ``utilization``."""
+    pids = pids[:MAX_PROCESSES]
+    if not pids:
+        return ()
+    memory_each, memory_rest = divmod(memory, len(pids))
+    util_each, util_rest = divmod(utilization, len(pids))
+    return tuple(
+        SimulatedProcess(
+            pid,
+            memory_each + (i < memory_rest),
+            util_each + (i < util_rest),
+        )
+        for i, pid in enumerate(pids)
     )

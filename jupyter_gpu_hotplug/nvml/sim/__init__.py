@@ -39,6 +39,7 @@ from .config import (
     MAX_GPU_MINOR,
     MAX_GPUS,
     MAX_MIG_DEVICES,
+    MAX_NVLINKS,
     MAX_PROCESSES,
     SIMULATED_SUFFIX,
     FakeNvmlConfig,
@@ -55,6 +56,7 @@ from .config import (
     render_config,
     render_mig_minors,
     with_mig_devices,
+    with_nvlinks,
     write_config,
 )
 from .errors import FakeNvmlBuildError, FakeNvmlConfigError, FakeNvmlError, FakeNvmlLoadError
@@ -85,6 +87,7 @@ __all__ = [
     "MAX_GPUS",
     "MAX_GPU_MINOR",
     "MAX_MIG_DEVICES",
+    "MAX_NVLINKS",
     "MAX_PROCESSES",
     "SIMULATED_SUFFIX",
     "FakeNvmlBuildError",
@@ -116,5 +119,6 @@ __all__ = [
     "render_config",
     "render_mig_minors",
     "with_mig_devices",
+    "with_nvlinks",
     "write_config",
 ]

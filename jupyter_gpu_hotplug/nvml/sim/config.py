@@ -30,9 +30,14 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     power_usage=69000
     power_limit=700000
     compute_capability=9.0
-    processes=4242:1073741824,4243:na
+    processes=4242:1073741824:55,4243:na
     lost=0
     mig=enabled
+    pcie_tx=125000
+    pcie_rx=2400000
+    nvlinks=18
+    nvlink_tx=0
+    nvlink_rx=0
 
     [mig]
     uuid=MIG-0b4c9a5e-...
@@ -48,12 +53,19 @@ Format version 1 (the C header comment of ``fakenvml.c`` is the reference)::
     processes=
 
 Every ``[gpu]`` section needs ``uuid`` and ``minor``; other keys default as in
-``SimulatedGpu``. A process's memory of ``na`` means NVML reports it as not available.
+``SimulatedGpu``. A process's memory of ``na`` means NVML reports it as not available; a
+third field (``pid:bytes:55``) is its SM utilisation in percent, the one sample
+``nvmlDeviceGetProcessUtilization`` answers for it (a GPU's processes only: NVML has no
+per-process samples on a MIG device).
 A ``[mig]`` section is a MIG device (one GPU instance with one compute instance) of the
 ``[gpu]`` above it, which needs ``mig=enabled``; it needs ``uuid``, ``profile``,
 ``gpu_instance_id`` and the two ``nvidia-caps`` minors, other keys default as in
 ``SimulatedMigDevice``. MIG sections came after version 1 was first written; they were added
 to it compatibly (an older reader rejects them loudly as an unknown section).
+``pcie_tx``/``pcie_rx`` are KB/s, as ``nvmlDeviceGetPcieThroughput`` reports them;
+``nvlinks`` is how many NVLinks the GPU has (0: none, its NVLink fields are not supported) and
+``nvlink_tx``/``nvlink_rx`` the KiB/s over all of them, which the library turns into NVML's
+running counts. These keys, too, were added to version 1 compatibly (all default to 0).
 Unknown or repeated keys are errors, so a typo cannot pass silently.
 """
 
@@ -81,6 +93,7 @@ __all__ = [
     "MAX_GPUS",
     "MAX_GPU_MINOR",
     "MAX_MIG_DEVICES",
+    "MAX_NVLINKS",
     "MAX_PROCESSES",
     "SIMULATED_SUFFIX",
     "FakeNvmlConfig",
@@ -97,6 +110,7 @@ __all__ = [
     "render_config",
     "render_mig_minors",
     "with_mig_devices",
+    "with_nvlinks",
     "write_config",
 ]
 
@@ -115,6 +129,8 @@ MAX_GPU_MINOR: Final = 254
 MAX_MIG_DEVICES: Final = 7
 """MIG devices per GPU: what ``nvmlDeviceGetMaxMigDeviceCount`` reports for an A100 or H100
 in MIG mode (seven 1g slices)."""
+MAX_NVLINKS: Final = 36
+"""NVLinks per GPU at most (``NVML_NVLINK_MAX_LINKS``); an H100 SXM has 18."""
 MIG_SLICE_COUNTS: Final = (1, 2, 3, 4, 7)
 """Compute slices of the GPU instance profiles the simulator offers (``<n>g.<m>gb``)."""
 
@@ -178,11 +194,16 @@ class SimulatedProcess:
     used_memory: int | None
     """Bytes of GPU memory the process holds; ``None``: NVML reports it as not available (its
     2**64 - 1 sentinel, which pynvml turns into ``None``), as it does in many containers."""
+    sm_util: int | None = None
+    """Percent of the GPU's SM time this process used (its sample in
+    ``nvmlDeviceGetProcessUtilization``); ``None``: no sample."""
 
     def __post_init__(self) -> None:
         _check_int("pid", self.pid, _UINT_MAX, minimum=1)
         if self.used_memory is not None:
             _check_int("used_memory", self.used_memory, _ULLONG_MAX - 1)
+        if self.sm_util is not None:
+            _check_int("sm_util", self.sm_util, 100)
 
 
 class MigMode(enum.StrEnum):
@@ -262,6 +283,8 @@ class SimulatedMigDevice:
         _check_int("memory_used", self.memory_used, self.memory_total)
         if len(self.processes) > MAX_PROCESSES:
             raise FakeNvmlConfigError(f"MIG {self.uuid}: more than {MAX_PROCESSES} processes")
+        if any(process.sm_util is not None for process in self.processes):
+            raise FakeNvmlConfigError(f"MIG {self.uuid}: a MIG device's process has no sm_util")
         object.__setattr__(self, "processes", tuple(self.processes))
         if not self.name:
             object.__setattr__(self, "name", f"NVIDIA MIG {self.profile}{SIMULATED_SUFFIX}")
@@ -310,6 +333,16 @@ class SimulatedGpu:
     mig: MigMode = MigMode.UNSUPPORTED
     mig_devices: tuple[SimulatedMigDevice, ...] = ()
     """In MIG device index order; only with ``mig=ENABLED``."""
+    pcie_tx: int = 0
+    """KB/s sent over PCIe, as ``nvmlDeviceGetPcieThroughput`` reports."""
+    pcie_rx: int = 0
+    """KB/s received over PCIe."""
+    nvlinks: int = 0
+    """NVLinks of the GPU; 0: none, and NVML answers NOT_SUPPORTED for its NVLink fields."""
+    nvlink_tx: int = 0
+    """KiB/s sent over all NVLinks together; more than 0 needs ``nvlinks``."""
+    nvlink_rx: int = 0
+    """KiB/s received over all NVLinks together."""
 
     def __post_init__(self) -> None:
         _check_text("uuid", self.uuid, _MAX_TEXT_BYTES)
@@ -329,6 +362,13 @@ class SimulatedGpu:
             _check_int("compute_capability", part, 99)
         if not isinstance(self.lost, bool):
             raise FakeNvmlConfigError("lost must be a bool")
+        _check_int("pcie_tx", self.pcie_tx, _UINT_MAX)
+        _check_int("pcie_rx", self.pcie_rx, _UINT_MAX)
+        _check_int("nvlinks", self.nvlinks, MAX_NVLINKS)
+        _check_int("nvlink_tx", self.nvlink_tx, _ULLONG_MAX)
+        _check_int("nvlink_rx", self.nvlink_rx, _ULLONG_MAX)
+        if not self.nvlinks and (self.nvlink_tx or self.nvlink_rx):
+            raise FakeNvmlConfigError(f"GPU {self.uuid} has NVLink traffic but nvlinks=0")
         if len(self.processes) > MAX_PROCESSES:
             raise FakeNvmlConfigError(f"GPU {self.uuid}: more than {MAX_PROCESSES} processes")
         object.__setattr__(self, "mig", MigMode(self.mig))
@@ -498,6 +538,11 @@ def with_mig_devices(
     return dataclasses.replace(gpu, mig=MigMode.ENABLED, mig_devices=tuple(devices))
 
 
+def with_nvlinks(gpu: SimulatedGpu, links: int = 18) -> SimulatedGpu:
+    """``gpu`` with ``links`` NVLinks (an H100 SXM's 18 by default), idle."""
+    return dataclasses.replace(gpu, nvlinks=links)
+
+
 def render_mig_minors(config: FakeNvmlConfig) -> str:
     """``/proc/driver/nvidia-caps/mig-minors`` for a simulated node: ``config``, ``monitor`` and
     every GPU and compute instance access file that MIG-capable GPUs can have, numbered as
@@ -548,14 +593,23 @@ def _render_gpu(gpu: SimulatedGpu) -> Iterator[str]:
     yield _render_processes(gpu.processes)
     yield f"lost={int(gpu.lost)}"
     yield f"mig={gpu.mig}"
+    yield f"pcie_tx={gpu.pcie_tx}"
+    yield f"pcie_rx={gpu.pcie_rx}"
+    yield f"nvlinks={gpu.nvlinks}"
+    yield f"nvlink_tx={gpu.nvlink_tx}"
+    yield f"nvlink_rx={gpu.nvlink_rx}"
     for device in gpu.mig_devices:
         yield from _render_mig(device)
 
 
+def _render_process(process: SimulatedProcess) -> str:
+    used = _NOT_AVAILABLE if process.used_memory is None else process.used_memory
+    util = "" if process.sm_util is None else f":{process.sm_util}"
+    return f"{process.pid}:{used}{util}"
+
+
 def _render_processes(processes: Iterable[SimulatedProcess]) -> str:
-    return "processes=" + ",".join(
-        f"{p.pid}:{_NOT_AVAILABLE if p.used_memory is None else p.used_memory}" for p in processes
-    )
+    return "processes=" + ",".join(_render_process(p) for p in processes)
 
 
 def _render_mig(device: SimulatedMigDevice) -> Iterator[str]:
@@ -726,12 +780,14 @@ class _Parser:
         return tuple(self.process(item) for item in value.split(",")) if value else ()
 
     def process(self, item: str) -> SimulatedProcess:
-        pid, sep, used = (part.strip(_WHITESPACE) for part in item.partition(":"))
+        pid, sep, rest = (part.strip(_WHITESPACE) for part in item.partition(":"))
         if not sep:
             raise self.fail(f"process {item.strip(_WHITESPACE)}: expected pid:used_bytes")
+        used, util_sep, util = (part.strip(_WHITESPACE) for part in rest.partition(":"))
         try:
             used_memory = None if used == _NOT_AVAILABLE else self.uint("used_memory", used)
-            return SimulatedProcess(self.uint("pid", pid), used_memory)
+            sm_util = self.uint("sm_util", util) if util_sep else None
+            return SimulatedProcess(self.uint("pid", pid), used_memory, sm_util)
         except FakeNvmlConfigError as error:
             raise self.fail(f"process {item.strip(_WHITESPACE)}: {error}") from error
 

@@ -62,11 +62,22 @@
  *     compute_capability=9.0        major.minor (default 9.0)
  *     processes=4242:1073741824,... compute processes as pid:used_bytes; `pid:na`
  *                                   reports the memory as not available (pynvml
- *                                   gives None), as NVML does in many containers
+ *                                   gives None), as NVML does in many containers;
+ *                                   `pid:used_bytes:sm` adds the process's SM
+ *                                   utilisation (percent, 0..100) to
+ *                                   nvmlDeviceGetProcessUtilization (a process
+ *                                   without it has no sample there)
  *     lost=0                        1: the GPU "fell off the bus": every query
  *                                   returns 15 (NVML_ERROR_GPU_IS_LOST)
  *     mig=unsupported               nvmlDeviceGetMigMode: unsupported (the
  *                                   default: NOT_SUPPORTED), disabled, enabled
+ *     pcie_tx=0                     nvmlDeviceGetPcieThroughput, KB/s sent and
+ *     pcie_rx=0                     received over PCIe (default 0)
+ *     nvlinks=0                     NVLinks with throughput counters, 0..36; 0
+ *                                   (the default): no NVLink, the NVLink fields
+ *                                   of nvmlDeviceGetFieldValues are NOT_SUPPORTED
+ *     nvlink_tx=0                   KiB/s sent and received over all NVLinks
+ *     nvlink_rx=0                   together; more than 0 needs nvlinks
  *
  *     [mig]                         a MIG device of the [gpu] above (needs
  *                                   mig=enabled): one GPU instance with one
@@ -84,7 +95,9 @@
  *     name=...                      default "NVIDIA MIG <profile> (simulated)"
  *     memory_total=0                bytes; the GPU's MIG devices together hold
  *     memory_used=0                 at most its memory_total
- *     processes=...                 as for a GPU; the GPU's own list adds them
+ *     processes=...                 as for a GPU (without utilisation: NVML
+ *                                   has no per-process samples on a MIG
+ *                                   device); the GPU's own list adds them
  *
  *   GPUs are enumerated (NVML index) in file order among the visible ones;
  *   MIG devices (nvmlDeviceGetMigDeviceHandleByIndex) in file order among the
@@ -120,6 +133,27 @@
  *   Creating or destroying instances and changing the MIG mode are not
  *   simulated: rewrite the config instead.
  *
+ * PROCESS UTILISATION
+ *
+ *   nvmlDeviceGetProcessUtilization answers one sample per process that has an
+ *   `sm` value, stamped with the config file's mtime (in microseconds since
+ *   the epoch: a writer that moves the readings makes a new sample); memUtil
+ *   is two thirds of smUtil, as the simulation's GPU-wide readings have it.
+ *   No sample newer than the caller's timestamp: NOT_FOUND, as on hardware.
+ *   A MIG device: NOT_SUPPORTED.
+ *
+ * NVLINK THROUGHPUT
+ *
+ *   nvmlDeviceGetFieldValues answers NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX
+ *   (138, 139) as NVML does: a running count of KiB, for one link (scopeId <
+ *   nvlinks) or all links together (scopeId UINT_MAX), with a timestamp in
+ *   microseconds.  Readers turn two counts into a rate.  The library counts
+ *   per GPU at the configured rates, from the GPU's first such query or config
+ *   change, each rate for as long as it was in the config; one link's count is
+ *   the total's share.  Other fields are NOT_SUPPORTED.
+ *   Topology is not simulated: nvmlDeviceGetNvLinkState stays NOT_SUPPORTED
+ *   for every GPU, so NVIDIA's device plugin sees the same board either way.
+ *
  * All entry points are thread-safe (one mutex guards all state).
  * Not simulated: graphics processes (always none), every function not defined
  * here (pynvml then raises NVMLError_FunctionNotFound).
@@ -137,6 +171,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -277,6 +312,32 @@ typedef struct {
 #define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
 #define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 0x9u
 
+/* nvmlFieldValue_t: one field of nvmlDeviceGetFieldValues. */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec; /* microseconds */
+    int valueType;                    /* nvmlValueType_t */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138u
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139u
+#define NVML_PCIE_UTIL_TX_BYTES 0u
+#define NVML_PCIE_UTIL_RX_BYTES 1u
+
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout differs from pynvml");
 _Static_assert(nvmlMemory_v2 == 0x02000028u, "nvmlMemory_v2_t layout differs from pynvml");
 _Static_assert(sizeof(nvmlGpuInstanceProfileInfo_t) == 48, "GPU instance profile info differs");
 _Static_assert(nvmlGpuInstanceProfileInfo_v2 == 0x02000098u, "profile info v2 differs from pynvml");
@@ -304,10 +365,14 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout differs from p
 #define MAX_COMPUTE_INSTANCE_ID 7u
 #define MAX_CAPS_MINOR ((1u << 20) - 1)
 #define SIMULATED_SUFFIX " (simulated)"
+#define MAX_NVLINKS 36u /* NVML_NVLINK_MAX_LINKS */
+
+#define NO_SM_UTIL 0xFFFFFFFFu /* a process without a utilisation sample */
 
 struct sim_process {
     unsigned int pid;
     unsigned long long used_memory;
+    unsigned int sm_util; /* percent, or NO_SM_UTIL */
 };
 
 enum mig_mode { MIG_UNSUPPORTED, MIG_DISABLED, MIG_ENABLED };
@@ -338,6 +403,9 @@ struct gpu_spec {
     enum mig_mode mig_mode;
     unsigned int nmigs;
     struct mig_spec migs[MAX_MIGS];
+    unsigned int pcie_tx, pcie_rx; /* KB/s */
+    unsigned int nvlinks;
+    unsigned long long nvlink_tx, nvlink_rx; /* KiB/s over all links */
 };
 
 struct sim_config {
@@ -367,6 +435,10 @@ struct nvmlDevice_st {
     struct mig_spec mig;
     struct nvmlGpuInstance_st gi;
     struct nvmlComputeInstance_st ci;
+    /* NVLink KiB counted so far (TX, RX), up to nvlink_counted_at (CLOCK_MONOTONIC
+     * seconds; 0: not counting yet).  Kept across reloads, like the handle. */
+    double nvlink_kib[2];
+    double nvlink_counted_at;
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -530,7 +602,7 @@ static int set_text(struct parser *p, char *dst, const char *key, const char *va
 }
 
 static int parse_processes(struct parser *p, struct sim_process *procs, unsigned int *nprocs,
-                           char *value)
+                           char *value, int with_util)
 {
     *nprocs = 0;
     if (*value == '\0')
@@ -541,6 +613,16 @@ static int parse_processes(struct parser *p, struct sim_process *procs, unsigned
         if (!colon)
             return parse_fail(p, "process %s: expected pid:used_bytes", tok);
         *colon = '\0';
+        char *util_colon = strchr(colon + 1, ':');
+        unsigned int sm = NO_SM_UTIL;
+        if (util_colon) {
+            *util_colon = '\0';
+            if (!with_util)
+                return parse_fail(p, "process %s: a MIG device's process has no utilisation", tok);
+            if (parse_uint(trim(util_colon + 1), 100, &sm) != 0)
+                return parse_fail(p, "process %s: utilisation %s: expected 0..100", tok,
+                                  trim(util_colon + 1));
+        }
         unsigned int pid;
         unsigned long long used = NVML_VALUE_NOT_AVAILABLE_ULL;
         const char *used_text = trim(colon + 1);
@@ -551,6 +633,7 @@ static int parse_processes(struct parser *p, struct sim_process *procs, unsigned
             return parse_fail(p, "more than %d processes", MAX_PROCS);
         procs[*nprocs].pid = pid;
         procs[*nprocs].used_memory = used;
+        procs[*nprocs].sm_util = sm;
         (*nprocs)++;
     }
     return 0;
@@ -559,12 +642,14 @@ static int parse_processes(struct parser *p, struct sim_process *procs, unsigned
 enum gpu_key {
     K_UUID, K_MINOR, K_NAME, K_PCI_BUS_ID, K_PCI_DEVICE_ID, K_MEMORY_TOTAL, K_MEMORY_USED,
     K_UTILIZATION_GPU, K_UTILIZATION_MEMORY, K_TEMPERATURE, K_POWER_USAGE, K_POWER_LIMIT,
-    K_COMPUTE_CAPABILITY, K_PROCESSES, K_LOST, K_MIG, K_GPU_KEY_COUNT
+    K_COMPUTE_CAPABILITY, K_PROCESSES, K_LOST, K_MIG, K_PCIE_TX, K_PCIE_RX, K_NVLINKS,
+    K_NVLINK_TX, K_NVLINK_RX, K_GPU_KEY_COUNT
 };
 static const char *const gpu_keys[K_GPU_KEY_COUNT] = {
     "uuid", "minor", "name", "pci_bus_id", "pci_device_id", "memory_total", "memory_used",
     "utilization_gpu", "utilization_memory", "temperature", "power_usage", "power_limit",
-    "compute_capability", "processes", "lost", "mig",
+    "compute_capability", "processes", "lost", "mig", "pcie_tx", "pcie_rx", "nvlinks",
+    "nvlink_tx", "nvlink_rx",
 };
 
 enum mig_key {
@@ -657,7 +742,7 @@ static int set_gpu_key(struct parser *p, struct gpu_spec *g, enum gpu_key k, cha
         return 0;
     }
     case K_PROCESSES:
-        return parse_processes(p, g->procs, &g->nprocs, value);
+        return parse_processes(p, g->procs, &g->nprocs, value, 1);
     case K_LOST:
         if (parse_bool(value, &g->lost) != 0)
             return parse_fail(p, "lost %s: expected 0 or 1", value);
@@ -669,6 +754,21 @@ static int set_gpu_key(struct parser *p, struct gpu_spec *g, enum gpu_key k, cha
                 return 0;
             }
         return parse_fail(p, "mig %s: expected unsupported, disabled or enabled", value);
+    case K_PCIE_TX:
+        uint_field = &g->pcie_tx;
+        break;
+    case K_PCIE_RX:
+        uint_field = &g->pcie_rx;
+        break;
+    case K_NVLINKS:
+        uint_field = &g->nvlinks;
+        uint_max = MAX_NVLINKS;
+        break;
+    case K_NVLINK_TX:
+    case K_NVLINK_RX:
+        if (parse_ull(value, 10, ULLONG_MAX, k == K_NVLINK_TX ? &g->nvlink_tx : &g->nvlink_rx) != 0)
+            return parse_fail(p, "%s %s: expected KiB/s", gpu_keys[k], value);
+        return 0;
     case K_GPU_KEY_COUNT:
         break;
     }
@@ -735,7 +835,7 @@ static int set_mig_key(struct parser *p, struct mig_spec *m, enum mig_key k, cha
             return parse_fail(p, "%s %s: expected bytes", mig_keys[k], value);
         return 0;
     case M_PROCESSES:
-        return parse_processes(p, m->procs, &m->nprocs, value);
+        return parse_processes(p, m->procs, &m->nprocs, value, 0);
     case M_MIG_KEY_COUNT:
         break;
     }
@@ -800,6 +900,8 @@ static int finish_gpu(struct parser *p, struct gpu_spec *g, unsigned int seen)
         g->pci_bus = g->minor + 1;
     if (g->nmigs && g->mig_mode != MIG_ENABLED)
         return parse_fail(p, "GPU %s has MIG devices but mig=%s", g->uuid, mig_modes[g->mig_mode]);
+    if (!g->nvlinks && (g->nvlink_tx || g->nvlink_rx))
+        return parse_fail(p, "GPU %s has NVLink traffic but nvlinks=0", g->uuid);
     unsigned int slices = 0;
     unsigned long long memory = 0;
     for (unsigned int i = 0; i < g->nmigs; i++) {
@@ -1010,6 +1112,25 @@ static int add_slot_locked(const char *uuid)
     return 0;
 }
 
+static double clock_seconds(clockid_t clock)
+{
+    struct timespec now;
+    clock_gettime(clock, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* Bring a GPU's NVLink counts up to now, at its configured rates. */
+static void count_nvlink_locked(nvmlDevice_t d)
+{
+    double now = clock_seconds(CLOCK_MONOTONIC);
+    if (d->nvlink_counted_at > 0) {
+        double elapsed = now - d->nvlink_counted_at;
+        d->nvlink_kib[0] += (double)d->spec.nvlink_tx * elapsed;
+        d->nvlink_kib[1] += (double)d->spec.nvlink_rx * elapsed;
+    }
+    d->nvlink_counted_at = now;
+}
+
 /* Make `cfg` the current state.  All allocation happens before anything
  * changes, so running out of memory leaves the previous state intact. */
 static nvmlReturn_t commit_locked(const struct sim_config *cfg)
@@ -1022,8 +1143,11 @@ static nvmlReturn_t commit_locked(const struct sim_config *cfg)
             if (!find_slot_locked(g->migs[j].uuid) && add_slot_locked(g->migs[j].uuid) != 0)
                 return NVML_ERROR_MEMORY;
     }
-    for (unsigned int i = 0; i < st.nslots; i++)
+    for (unsigned int i = 0; i < st.nslots; i++) {
+        if (st.slots[i]->present && !st.slots[i]->is_mig)
+            count_nvlink_locked(st.slots[i]); /* up to now at the old rates */
         st.slots[i]->present = 0;
+    }
     for (unsigned int i = 0; i < cfg->ngpus; i++) {
         nvmlDevice_t d = find_slot_locked(cfg->gpus[i].uuid);
         d->spec = cfg->gpus[i];
@@ -1726,6 +1850,61 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return NVML_SUCCESS;
 }
 
+API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter,
+                                             unsigned int *value)
+{
+    if (counter == NVML_PCIE_UTIL_TX_BYTES)
+        return get_uint(device, value, offsetof(struct gpu_spec, pcie_tx));
+    if (counter == NVML_PCIE_UTIL_RX_BYTES)
+        return get_uint(device, value, offsetof(struct gpu_spec, pcie_rx));
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* One field of a whole GPU; `is_mig`: the handle is a MIG device's. */
+static void field_value_locked(nvmlDevice_t d, int is_mig, long long timestamp,
+                               nvmlFieldValue_t *field)
+{
+    field->timestamp = timestamp;
+    field->latencyUsec = 0;
+    field->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    field->value.ullVal = 0;
+    int direction = field->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX   ? 0
+                    : field->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX ? 1
+                                                                               : -1;
+    if (direction < 0 || is_mig || d->spec.nvlinks == 0) {
+        field->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    if (field->scopeId != UINT_MAX && field->scopeId >= d->spec.nvlinks) {
+        field->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return;
+    }
+    double kib = d->nvlink_kib[direction];
+    if (field->scopeId != UINT_MAX)
+        kib /= d->spec.nvlinks;
+    field->value.ullVal = (unsigned long long)kib;
+    field->nvmlReturn = NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values)
+{
+    if (count < 0 || (count > 0 && !values))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = check_handle_locked(device);
+    if (rc == NVML_SUCCESS) {
+        long long timestamp = (long long)(clock_seconds(CLOCK_REALTIME) * 1e6);
+        if (!device->is_mig)
+            count_nvlink_locked(device);
+        for (int i = 0; i < count; i++)
+            field_value_locked(device, device->is_mig, timestamp, &values[i]);
+    }
+    leave();
+    return rc;
+}
+
 /* Append `n` processes to infos[*at...] (only counted when `infos` is NULL);
  * `mig` names the MIG device they run in, or is NULL. */
 static void add_processes(nvmlProcessInfo_t *infos, unsigned int *at, const struct sim_process *procs,
@@ -1800,6 +1979,61 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, u
                                                           nvmlProcessInfo_t *infos)
 {
     return get_processes(device, count, infos, 1);
+}
+
+/* nvmlProcessUtilizationSample_t */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* When the loaded config's readings were taken (its mtime), in microseconds
+ * since the epoch. */
+static unsigned long long sample_time_us(void)
+{
+    pthread_mutex_lock(&st.lock);
+    struct timespec taken = st.loaded.st_mtim;
+    pthread_mutex_unlock(&st.lock);
+    return (unsigned long long)taken.tv_sec * 1000000ull + (unsigned long long)taken.tv_nsec / 1000ull;
+}
+
+/* One sample per process of the GPU that has a utilisation, stamped with the
+ * config's mtime; NVML's two-call protocol as for the process lists. */
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                 nvmlProcessUtilizationSample_t *utilization,
+                                                 unsigned int *count,
+                                                 unsigned long long lastSeenTimeStamp)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    WITH_GPU(device, g);
+    unsigned long long stamp = sample_time_us();
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < g.nprocs; i++)
+        n += g.procs[i].sm_util != NO_SM_UTIL;
+    if (n == 0 || stamp <= lastSeenTimeStamp) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int at = 0;
+    for (unsigned int i = 0; i < g.nprocs; i++) {
+        if (g.procs[i].sm_util == NO_SM_UTIL)
+            continue;
+        utilization[at].pid = g.procs[i].pid;
+        utilization[at].timeStamp = stamp;
+        utilization[at].smUtil = g.procs[i].sm_util;
+        utilization[at].memUtil = g.procs[i].sm_util * 2 / 3;
+        utilization[at].encUtil = 0;
+        utilization[at].decUtil = 0;
+        at++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
 }
 
 /* ----- topology ----- */
