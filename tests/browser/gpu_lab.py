@@ -245,7 +245,9 @@ class GpuLab:
 
     def palette(self, command: str) -> None:
         """Run ``command`` (its label) from the command palette, keyboard only."""
-        self.page.locator(".jp-Notebook").first.click()
+        # The first cell, not the notebook's middle: below a short notebook's last cell,
+        # JupyterLab's footer takes a click for "add a cell".
+        self.page.locator(".jp-Notebook .jp-Cell").first.click()
         self.page.keyboard.press("Escape")  # command mode: the notebook has the focus
         self.page.keyboard.press("Control+Shift+C")
         search = self.page.locator(".lm-CommandPalette-input")
