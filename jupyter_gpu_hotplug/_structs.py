@@ -161,6 +161,11 @@ TargetWire: TypeAlias = PodTargetWire | PidTargetWire
 GpuState = Literal["free", "attached", "allocated"]
 """``allocated``: held by a pod through the device plugin; ``attached``: hot-attached by us."""
 
+GpuKind = Literal["gpu", "mig_parent", "mig_slice"]
+"""What a listed GPU is, so that no client guesses it from its UUID: ``gpu``, a whole GPU;
+``mig_parent``, a GPU in MIG mode, never handed out whole (its slices are listed too);
+``mig_slice``, one MIG slice (``MIG-`` UUID)."""
+
 
 class GpuInfo(TypedDict):
     """One entry of ``GET /v1/gpus``."""
@@ -177,6 +182,13 @@ class GpuInfo(TypedDict):
     """An attach may name this GPU (``AttachRequestBody.gpus``): false where the cluster picks
     the device (Kubernetes: the kubelet's device plugin) and for a GPU in MIG mode (handed out
     only as its slices)."""
+    kind: GpuKind
+    plain_attach: bool
+    """An attach of ``count`` alone (no ``gpus``; no ``mig``, or the agent's own profile) may
+    get this GPU when it is free: a whole GPU, or, where the agent hands out slices of one
+    profile only (Kubernetes with ``--resource-name nvidia.com/mig-…``), a slice of it. What
+    every "N free" and "Attach N" counts: a GPU in MIG mode never, a slice of another
+    profile only when asked for by its profile."""
 
 
 class GpuList(TypedDict):

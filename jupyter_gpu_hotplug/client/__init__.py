@@ -60,6 +60,8 @@ from .models import (
     IdleRelease,
     LostHolderNotice,
     QueuedRequest,
+    plain_free,
+    plain_total,
 )
 from .selection import is_index, normalise_selector, select_gpus
 
@@ -99,5 +101,7 @@ __all__ = [
     "Unauthenticated",
     "is_index",
     "normalise_selector",
+    "plain_free",
+    "plain_total",
     "select_gpus",
 ]

@@ -11,7 +11,7 @@ into ``AgentProtocolError`` by the client). The wire dict stays available as ``r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar, cast, get_args
@@ -21,6 +21,7 @@ from .._structs import (
 )
 from .._structs import (
     GpuInfo,
+    GpuKind,
     GpuState,
     GpuUuid,
     TargetRef,
@@ -42,9 +43,12 @@ __all__ = [
     "parse_health",
     "parse_idle_releases",
     "parse_queue",
+    "plain_free",
+    "plain_total",
 ]
 
 _GPU_STATES: Final[frozenset[str]] = frozenset(get_args(GpuState))
+_GPU_KINDS: Final[frozenset[str]] = frozenset(get_args(GpuKind))
 _T = TypeVar("_T")
 
 
@@ -99,6 +103,14 @@ class Gpu:
     selectable: bool = False
     """An attach may name this GPU (``attach(gpus=...)``); an agent that does not say (one
     older than the member) cannot honour a named GPU, so a missing member reads as False."""
+    kind: GpuKind = "gpu"
+    """A whole GPU, a GPU in MIG mode or one of its slices (``_structs.GpuKind``), as the
+    agent says. An agent older than the member does not say; it is read as ``gpu`` (whole):
+    such an agent's list is taken as a list of whole GPUs."""
+    plain_attach: bool = True
+    """An attach of ``count`` alone may get it when free (``_structs.GpuInfo.plain_attach``):
+    what ``plain_free`` counts. An agent older than the member does not say; read as True, as
+    its GPUs are taken to be whole (on a node with MIG such an agent's count is too high)."""
 
     @property
     def device(self) -> str:
@@ -108,9 +120,7 @@ class Gpu:
     def from_wire(cls, value: object, *, where: str = "gpu") -> Gpu:
         """Check and convert one ``GpuInfo``; ``ValueError`` names the member at fault."""
         wire = _object(value, where)
-        state = _member(wire, "state", str, where)
-        if state not in _GPU_STATES:
-            raise ValueError(f"{where}.state {state!r} is not one of {sorted(_GPU_STATES)}")
+        state = _one_of(wire, "state", _GPU_STATES, where)
         target = _member(wire, "target", object, where)
         return cls(
             uuid=GpuUuid(_member(wire, "uuid", str, where)),
@@ -123,7 +133,34 @@ class Gpu:
             simulated=_member(wire, "simulated", bool, where),
             raw=cast(GpuInfo, wire),
             selectable="selectable" in wire and _member(wire, "selectable", bool, where),
+            kind=_kind(wire, where),
+            plain_attach="plain_attach" not in wire or _member(wire, "plain_attach", bool, where),
         )
+
+
+def _one_of(wire: Mapping[str, object], key: str, choices: frozenset[str], where: str) -> str:
+    value = _member(wire, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key} {value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def _kind(wire: Mapping[str, object], where: str) -> GpuKind:
+    return cast(GpuKind, _one_of(wire, "kind", _GPU_KINDS, where)) if "kind" in wire else "gpu"
+
+
+def plain_free(gpus: Iterable[Gpu]) -> int:
+    """How many of ``gpus`` an attach of ``count`` alone may get now: the free ones the agent
+    says such an attach may get (``plain_attach``). A GPU in MIG mode never is, and a slice
+    only where the agent hands out that profile alone; counting them made "N free" promise an
+    "Attach 1 GPU" that fails. Every "N free" counts this."""
+    return sum(1 for gpu in gpus if gpu.plain_attach and gpu.state == "free")
+
+
+def plain_total(gpus: Iterable[Gpu]) -> int:
+    """How many of ``gpus`` an attach of ``count`` alone may get, free or not: the most it
+    could ever get, the "of N" beside ``plain_free``."""
+    return sum(1 for gpu in gpus if gpu.plain_attach)
 
 
 @dataclass(frozen=True)

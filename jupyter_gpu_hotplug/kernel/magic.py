@@ -353,7 +353,7 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     except (InsufficientGpus, InvalidRequest) as error:
         if named or (isinstance(error, InvalidRequest) and error.field != "count"):
             raise  # a named GPU's refusal names it already
-        raise GpuCommandError(_too_many(count, client, error)) from error
+        raise GpuCommandError(_too_many(count, client, error, mig=args.mig)) from error
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))
     print(advice(context.cuda(), attached=len(attachments)))
@@ -365,7 +365,7 @@ def _named_gpu(selector: str, client: AgentClient) -> Gpu:
     gpus = client.gpus()
     chosen = select_gpus(selector, gpus)
     if is_index(selector):
-        chosen = [gpu for gpu in chosen if gpu.uuid.startswith("GPU-")]
+        chosen = [gpu for gpu in chosen if gpu.kind != "mig_slice"]
     if len(chosen) == 1:
         return chosen[0]
     listing = "\n".join(f"  {gpu.index}  {gpu.uuid}  {gpu.state}" for gpu in gpus)
@@ -376,9 +376,11 @@ def _named_gpu(selector: str, client: AgentClient) -> Gpu:
     )
 
 
-def _too_many(count: int, client: AgentClient, error: AgentClientError) -> str:
+def _too_many(count: int, client: AgentClient, error: AgentClientError, *, mig: str | None) -> str:
+    """The words for "not that many GPUs"; the node's counts (``render.too_many_gpus``) are
+    of GPUs an attach of a count alone gets, so an attach of MIG slices keeps the agent's."""
     try:
-        gpus: tuple[Gpu, ...] | None = client.gpus()
+        gpus: tuple[Gpu, ...] | None = None if mig else client.gpus()
     except AgentClientError:
         gpus = None
     hints = [

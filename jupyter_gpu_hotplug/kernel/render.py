@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus
+from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus, plain_free, plain_total
 from ..nvml.sim import SIMULATED_SUFFIX
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
@@ -198,12 +198,13 @@ def model_name(name: str) -> str:
 def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str:
     """One sentence for every "not that many GPUs" refusal of an attach of ``count`` — fewer
     free than asked, more asked than the node has (``gpus``; ``None`` when unknown), more than
-    one request may take — in a notebook user's words: the agent's refusal of a count points
-    at its API description, no help in a notebook."""
+    one request may take — in a notebook user's words (counting, like ``wait_hint``, only
+    the GPUs an attach of a count alone may get: ``plain_total``, ``plain_free``): the
+    agent's refusal of a count points at its API description, no help in a notebook."""
     if gpus is None:
         return error.message
-    total = len(gpus)
-    free = sum(gpu.state == "free" for gpu in gpus)
+    total = plain_total(gpus)
+    free = plain_free(gpus)
     if count > total:
         reason = f"this node has {total} GPU{'' if total == 1 else 's'} in all ({free} free now)"
     elif isinstance(error, InsufficientGpus):
@@ -216,7 +217,7 @@ def too_many_gpus(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientE
 def wait_hint(count: int, gpus: Sequence[Gpu] | None, *, error: AgentClientError) -> str | None:
     """How to wait for GPUs after a "none free" refusal (``None`` when waiting cannot help:
     another refusal, or more GPUs asked than the node has)."""
-    if not isinstance(error, InsufficientGpus) or (gpus is not None and count > len(gpus)):
+    if not isinstance(error, InsufficientGpus) or (gpus is not None and count > plain_total(gpus)):
         return None
     return (
         f"To wait for one in the queue (first come, first served): %gpu attach {count} --wait 120"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from .._structs import TargetRef
-from ..client import Attachment, Gpu, IdleRelease, QueuedRequest
+from ..client import Attachment, Gpu, IdleRelease, QueuedRequest, plain_free, plain_total
 from ..nvml.attribution import GpuUse, Usage
 from ..nvml.state import GpuState, Snapshot
 from .render import human_bytes, model_name, percent
@@ -96,12 +96,14 @@ def status_table(
 
 
 def node_table(gpus: Sequence[Gpu], *, holder: Callable[[TargetRef | None], str]) -> Table:
-    """Every GPU of the node and who holds it (``holder`` names them, e.g. by notebook)."""
-    free = sum(gpu.state == "free" for gpu in gpus)
+    """Every GPU of the node and who holds it (``holder`` names them, e.g. by notebook); the
+    title counts the GPUs ``%gpu attach N`` may get (``plain_free``: whole ones, not a GPU in
+    MIG mode nor its slices)."""
+    free, total = plain_free(gpus), plain_total(gpus)
     simulated = " (SIMULATED)" if any(gpu.simulated for gpu in gpus) else ""
     notes = () if free or not gpus else (f"No GPU is free: {_WAIT_HINT}",)
     return Table(
-        title=f"GPUs on this node{simulated}: {free} free of {len(gpus)}",
+        title=f"GPUs on this node{simulated}: {free} free of {total}",
         columns=("GPU", "ID", "MODEL", "MEMORY", "STATE", "HELD BY"),
         rows=[
             (

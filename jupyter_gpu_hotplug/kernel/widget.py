@@ -46,7 +46,16 @@ import ipywidgets as widgets  # type: ignore[import-untyped]
 from traitlets import Float, TraitError, observe, validate
 
 from .._structs import GpuUuid, PidRef
-from ..client import AgentClientError, AsyncAgentClient, Busy, Gpu, InsufficientGpus, InvalidRequest
+from ..client import (
+    AgentClientError,
+    AsyncAgentClient,
+    Busy,
+    Gpu,
+    InsufficientGpus,
+    InvalidRequest,
+    plain_free,
+    plain_total,
+)
 from ..nvml.state import GpuMonitor, GpuState, Snapshot
 from . import render
 from .cuda import CudaState, advice, cuda_initialised
@@ -334,13 +343,13 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
 
     def _show_free(self) -> None:
         node = self._node
-        free = None if node is None else sum(gpu.state == "free" for gpu in node)
-        none_free = free == 0
+        # The button is an attach of a count alone: only a GPU such an attach may get counts.
+        none_free = node is not None and plain_free(node) == 0
         self.attach_button.disabled = self._busy or none_free
         self.attach_button.tooltip = (
             "No GPU is free on this node" if none_free else "Attach this many GPUs to this kernel"
         )
-        reason = render.no_free_gpu_html(len(node or ())) if none_free else ""
+        reason = render.no_free_gpu_html(plain_total(node or ())) if none_free else ""
         if self.attach_reason.value != reason:
             self.attach_reason.value = reason
 

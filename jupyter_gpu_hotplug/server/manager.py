@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
-from ..client import AgentClientError, AsyncAgentClient, Attachment, Gpu
+from ..client import AgentClientError, AsyncAgentClient, Attachment, Gpu, plain_free
 from ..nvml.attribution import ProcessTree
 from ..nvml.state import GpuMonitor, Snapshot
 from .attribution import AttributionJson, GpuAttributionJson, attribution_json
@@ -301,7 +301,7 @@ class HotplugManager:
         if not self.targets.reports_queue_place:
             return
         self._queue_polls += 1
-        no_free = node.exception() is None and not any(g.state == "free" for g in node.result())
+        no_free = node.exception() is None and plain_free(node.result()) == 0
         asked: dict[str | None, Target] = {}
         for kernel_id, target in whom.items():
             if not isinstance(target, Target) or target.ref is None:

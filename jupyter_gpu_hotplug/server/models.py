@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from .._structs import Attachment as AttachmentWire
-from .._structs import GpuState as GpuStateName
 from .._structs import (
+    GpuKind,
     GpuUuid,
     LostHolderWire,
     PidRef,
@@ -29,7 +29,8 @@ from .._structs import (
     TargetWire,
     format_timestamp,
 )
-from ..client import Attachment, Gpu
+from .._structs import GpuState as GpuStateName
+from ..client import Attachment, Gpu, plain_free, plain_total
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 from .attribution import GpuAttributionJson
 from .releases import ReleasedJson
@@ -125,6 +126,12 @@ class NodeGpuJson(TypedDict):
     selectable: bool
     """An attach may name it (``gpus``), so its card offers an Attach of its own; false
     where the cluster picks the device (Kubernetes) and for a GPU in MIG mode."""
+    kind: GpuKind
+    """The agent's word for what it is (``_structs.GpuKind``): a whole GPU, a GPU in MIG mode
+    (its card offers no Attach) or a MIG slice."""
+    plain_attach: bool
+    """The agent's word: an attach of ``count`` alone ("Attach N") may get it when free; only
+    such GPUs count in ``free`` and ``total``."""
 
 
 class QueuedJson(TypedDict):
@@ -154,9 +161,13 @@ class GpusJson(TypedDict):
     empty and only the node's counts are given)."""
     attached: list[AttachedGpuJson]
     free: int
-    """GPUs of the node that nobody holds: what an attach may get now."""
+    """GPUs of the node that nobody holds and that an attach of ``count`` alone (the toolbar's
+    "Attach N") may get now (``client.plain_free``, by the agent's ``plain_attach``): whole
+    GPUs; never a GPU in MIG mode; MIG slices only where the agent hands out their profile
+    alone (Kubernetes with a MIG resource name)."""
     total: int
-    """GPUs of the node."""
+    """The GPUs of the node such an attach may get, free or not: the most it could ever get,
+    so ``free`` of ``total`` reads as one fact. ``node`` lists every GPU, those others too."""
     node: list[NodeGpuJson]
     """Every GPU of the node, with who holds it (added after ``free`` and ``total``; older
     clients ignore it)."""
@@ -293,6 +304,8 @@ def _node_gpu(
         held_by=None if gpu.target is None else held_by_json(gpu.target, kernels),
         metrics=None if found is None else found.metrics_json(),
         selectable=gpu.selectable,
+        kind=gpu.kind,
+        plain_attach=gpu.plain_attach,
     )
 
 
@@ -342,8 +355,8 @@ def gpus_json(
         mode=mode,
         kernel_id=kernel_id,
         attached=attached,
-        free=sum(1 for gpu in node if gpu.state == "free"),
-        total=len(node),
+        free=plain_free(node),
+        total=plain_total(node),
         node=[
             _node_gpu(gpu, known, seen, mine=gpu.uuid in mine) for gpu in sorted(node, key=_index)
         ],

@@ -9,6 +9,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandIds } from './constants';
 import { gpuTitle, queuedLabel } from './format';
 import { IKernelGpus, IOperation, isUnreachable } from './gpuModel';
+import { IGpusReply } from './types';
 
 /** One item: a command, its arguments, and whether it can run now. */
 export interface IMenuCommand {
@@ -25,6 +26,21 @@ export interface IMenuSeparator {
 }
 
 export type IMenuEntry = IMenuCommand | IMenuSeparator;
+
+/**
+ * The GPUs the kernel holds of the kind `free` and `total` count, those
+ * "Attach N" gets (`plain_attach`): a MIG slice it holds through `%gpu attach
+ * --mig` is not one. A server without `node`, or without `plain_attach` in it,
+ * lists only such GPUs.
+ */
+function plainAttached(reply: IGpusReply): number {
+  const others = new Set(
+    (reply.node ?? [])
+      .filter(gpu => gpu.plain_attach === false)
+      .map(gpu => gpu.uuid)
+  );
+  return reply.attached.filter(gpu => !others.has(gpu.uuid)).length;
+}
 
 /** Items of the toolbar menu of the kernel whose state is `state`. */
 export function menuEntries(
@@ -47,9 +63,10 @@ export function menuEntries(
   const free = reply?.free ?? 0;
   const allowed = Math.min(free, reply?.max_count ?? free);
   const attached = reply?.attached ?? [];
-  // Waiting would mean waiting for itself: no GPU this notebook lacks exists.
+  // Waiting would mean waiting for itself: no GPU "Attach N" may get that this
+  // notebook lacks exists (a MIG slice it holds is not one of `total`).
   const holdsAll =
-    reply !== null && reply.total > 0 && attached.length >= reply.total;
+    reply !== null && reply.total > 0 && plainAttached(reply) >= reply.total;
   for (let count = 1; count <= allowed; count++) {
     attaching.push(
       command(

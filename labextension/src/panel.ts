@@ -90,7 +90,8 @@ export function vitalsText(
  * What a free GPU's card offers: its own Attach, which names the card's GPU
  * (issue 36: it attached any free one), where the agent can honour a named GPU
  * (`selectable`); elsewhere a disabled one that says why — in Kubernetes the
- * cluster's device plugin picks the GPU, and a GPU in MIG mode goes as slices.
+ * cluster's device plugin picks the GPU, and a GPU in MIG mode (`kind`
+ * `mig_parent`, in either mode) goes as slices, never whole.
  */
 export function attachOffer(
   gpu: INodeGpu,
@@ -102,6 +103,15 @@ export function attachOffer(
     return {
       offered: true,
       title: trans.__('Attach %1 to this notebook', name)
+    };
+  }
+  if (gpu.kind === 'mig_parent') {
+    return {
+      offered: false,
+      title: trans.__(
+        '%1 is in MIG mode: it is never attached whole, only as its MIG slices',
+        name
+      )
     };
   }
   return {

@@ -86,7 +86,22 @@ export interface INodeGpu {
    * treat as false.
    */
   selectable?: boolean;
+  /**
+   * What it is (`GpuKind`, the agent's word): a whole GPU, a GPU in MIG mode
+   * (never attached whole, its card offers no Attach) or a MIG slice. Absent
+   * from older servers: treat as `gpu` (they listed whole GPUs only).
+   */
+  kind?: GpuKind;
+  /**
+   * An attach of a count alone ("Attach N") may get it when free, as the agent
+   * says; only such GPUs count in `free` and `total`. Absent from older
+   * servers: treat as true (they listed whole GPUs only).
+   */
+  plain_attach?: boolean;
 }
+
+/** `_structs.GpuKind`: what a GPU of the node is. */
+export type GpuKind = 'gpu' | 'mig_parent' | 'mig_slice';
 
 /** `QueuedJson` (server/models.py): an attach of this server's kernels waiting for GPUs. */
 export interface IQueued {
@@ -113,7 +128,13 @@ export interface IGpusReply {
   mode: 'local' | 'kubernetes';
   kernel_id: string | null;
   attached: IAttachedGpu[];
+  /**
+   * GPUs nobody holds that "Attach N" may get now (`plain_attach`): whole GPUs,
+   * never a GPU in MIG mode, slices only where the agent hands out their
+   * profile alone.
+   */
   free: number;
+  /** The GPUs "Attach N" may get, free or not; `node` lists every GPU. */
   total: number;
   /** Every GPU of the node; absent from servers older than the GPU panel. */
   node?: INodeGpu[];

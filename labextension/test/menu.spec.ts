@@ -7,7 +7,8 @@ import {
   menuEntries,
   waitingMessage
 } from '../src/menu';
-import { gpu, kernelState as state, reply, trans } from './fixtures';
+import { IGpusReply, INodeGpu } from '../src/types';
+import { gpu, node, kernelState as state, reply, trans } from './fixtures';
 
 const summary = (s: IKernelGpus | null) =>
   menuEntries(s, trans).map(e =>
@@ -60,6 +61,54 @@ describe('menuEntries', () => {
     expect(
       commands(all).some(e => e.args.wait === true || /Wait/.test(e.label))
     ).toBe(false);
+  });
+
+  describe('on a node with a GPU in MIG mode (the hub tier found it)', () => {
+    // GPUs 0-3 whole, GPU 4 in MIG mode with two 1g.10gb slices: "Attach 1
+    // GPU" can only ever get one of GPUs 0-3, so only they count as free.
+    const slice = (n: number, mine: boolean): INodeGpu => ({
+      ...node(4, mine),
+      uuid: `MIG-${n}`,
+      kind: 'mig_slice',
+      plain_attach: false
+    });
+    const migNode = (mine: number[]): INodeGpu[] => [
+      ...[0, 1, 2, 3].map(i => ({
+        ...node(i, mine.includes(i)),
+        state: 'attached' as const,
+        kind: 'gpu' as const,
+        plain_attach: true
+      })),
+      { ...node(4), kind: 'mig_parent', plain_attach: false },
+      slice(1, mine.includes(41)),
+      slice(2, false)
+    ];
+    const held = (mine: number[]): IGpusReply =>
+      reply(
+        migNode(mine)
+          .filter(g => g.mine)
+          .map(g => ({ ...gpu(g.index), uuid: g.uuid })),
+        { free: 0, total: 4, node: migNode(mine) }
+      );
+
+    it('offers to wait when only MIG slices are free', () => {
+      const entries = summary(state(held([])));
+      expect(entries[0]).toBe('Wait for a free GPU and attach it');
+      expect(entries.some(e => /^Attach \d/.test(e))).toBe(false);
+      expect(buttonLabel(state(held([])), trans)).toBe('GPU · 0 free');
+    });
+
+    it('offers to wait to a notebook holding three whole GPUs and a slice', () => {
+      // Four attachments, but one is a slice: the fourth whole GPU is someone
+      // else's, so waiting for it is not waiting for itself.
+      const entries = summary(state(held([0, 1, 2, 41])));
+      expect(entries[0]).toBe('Wait for a free GPU and attach it');
+    });
+
+    it('says so to a notebook holding all four whole GPUs and a slice', () => {
+      const entries = summary(state(held([0, 1, 2, 3, 41])));
+      expect(entries[0]).toBe('This notebook has every GPU of the node [off]');
+    });
   });
 
   it('shows a wait the page did not start, and offers to stop it (issue 36, item 5)', () => {

@@ -55,6 +55,19 @@ describe("a free GPU's card", () => {
     expect(offer.title).toContain('toolbar');
   });
 
+  it.each(['local', 'kubernetes'] as const)(
+    'offers nothing for a GPU in MIG mode in %s mode, and says why',
+    mode => {
+      const parent: INodeGpu = { ...gpu(false), kind: 'mig_parent' };
+      const offer = attachOffer(parent, mode, 'GPU 1', trans);
+      expect(offer).toEqual({
+        offered: false,
+        title:
+          'GPU 1 is in MIG mode: it is never attached whole, only as its MIG slices'
+      });
+    }
+  );
+
   it('offers nothing for a GPU an older server does not call selectable', () => {
     const offer = attachOffer(gpu(), 'local', 'GPU 1', trans);
     expect(offer.offered).toBe(false);

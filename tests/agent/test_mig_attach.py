@@ -127,6 +127,41 @@ async def test_a_gpu_in_mig_mode_is_never_handed_out_whole(
         )
 
 
+async def test_the_gpu_list_says_which_gpu_is_whole_in_mig_mode_or_a_slice(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    # Every GPU is listed (free), but only the whole ones are what an attach of count alone
+    # gets: a client counts "N free" by kind, never by guessing from the UUID.
+    harness.host.spawn(100, "kernel-100")
+    await harness.service.attach(ADMIN, mig_request(100))
+
+    listed = (await harness.service.gpus(ADMIN))["gpus"]
+
+    kinds = {g["uuid"]: g["kind"] for g in listed}
+    slices = [device.uuid for device in node.gpus[0].mig_devices]
+    assert kinds[harness.inventory.gpus[0].uuid] == "mig_parent"
+    assert [kinds[uuid] for uuid in slices] == ["mig_slice", "mig_slice"]
+    whole = [g for g in listed if g["kind"] == "gpu"]
+    assert sorted(g["minor"] for g in whole) == [1, 2, 3]
+    assert all(g["state"] == "free" for g in whole)
+    assert sorted(g["state"] for g in listed if g["kind"] == "mig_slice") == ["attached", "free"]
+    assert [g["uuid"] for g in listed if g["plain_attach"]] == [g["uuid"] for g in whole]
+
+
+async def test_an_agent_of_one_profile_lists_its_slices_as_what_a_plain_attach_gets(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    """Kubernetes mode with a MIG resource name: an attach of count alone gets slices, so
+    they, not the whole GPUs, are what "N free" counts."""
+    harness.service._config = dataclasses.replace(harness.service._config, mig_profile=PROFILE)
+
+    listed = (await harness.service.gpus(ADMIN))["gpus"]
+
+    assert sorted(g["uuid"] for g in listed if g["plain_attach"]) == sorted(
+        device.uuid for device in node.gpus[0].mig_devices
+    )
+
+
 async def test_detaching_one_of_two_slices_keeps_the_other(
     harness: Harness, node: FakeNvmlConfig
 ) -> None:

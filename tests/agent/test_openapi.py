@@ -257,6 +257,8 @@ def test_sample_payloads_validate() -> None:
                 target=pod_target,
                 simulated=False,
                 selectable=True,
+                kind="gpu",
+                plain_attach=True,
             ),
             _structs.GpuInfo(
                 uuid=_structs.GpuUuid("MIG-0123abcd-4567-89ef-0123-456789abcdef"),
@@ -268,6 +270,8 @@ def test_sample_payloads_validate() -> None:
                 target=None,
                 simulated=True,
                 selectable=True,
+                kind="mig_slice",
+                plain_attach=False,
             ),
         ]
     )

@@ -30,6 +30,8 @@ GPUS: Final = GpuList(
             target=POD.to_wire(),
             simulated=False,
             selectable=True,
+            kind="gpu",
+            plain_attach=True,
         ),
         GpuInfo(
             uuid=UUID_B,
@@ -41,6 +43,8 @@ GPUS: Final = GpuList(
             target=None,
             simulated=True,
             selectable=True,
+            kind="gpu",
+            plain_attach=True,
         ),
     ]
 )

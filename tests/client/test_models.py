@@ -16,6 +16,7 @@ from jupyter_gpu_hotplug.client.models import (
     parse_attachments,
     parse_gpus,
     parse_health,
+    plain_free,
 )
 
 from . import samples
@@ -116,7 +117,9 @@ def test_every_attachment_member_is_required(member: str) -> None:
         parse_attachments(body)
 
 
-@pytest.mark.parametrize("member", sorted(set(samples.GPUS["gpus"][0]) - {"selectable"}))
+@pytest.mark.parametrize(
+    "member", sorted(set(samples.GPUS["gpus"][0]) - {"selectable", "kind", "plain_attach"})
+)
 def test_every_gpu_member_is_required(member: str) -> None:
     body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
     del body["gpus"][0][member]
@@ -134,6 +137,31 @@ def test_selectable_is_read_and_an_older_agents_silence_means_false() -> None:
     assert [gpu.selectable for gpu in parse_gpus(body)] == [False, False]
     body["gpus"][0]["selectable"] = "yes"
     with pytest.raises(ValueError, match=r"gpus\[0\]\.selectable must be bool"):
+        parse_gpus(body)
+
+
+def test_kind_and_plain_attach_are_read_and_an_older_agents_gpus_are_whole() -> None:
+    # Only GPUs an attach of count alone may get count as free for it (plain_free); an agent
+    # older than the members listed no MIG-mode GPU as such, so its GPUs read as whole.
+    body: dict[str, Any] = copy.deepcopy(dict(samples.GPUS))
+    body["gpus"][0].update(kind="mig_parent", plain_attach=False, state="free")
+    gpus = parse_gpus(body)
+    assert [(gpu.kind, gpu.plain_attach) for gpu in gpus] == [("mig_parent", False), ("gpu", True)]
+    assert plain_free(gpus) == 1
+    body["gpus"][1].update(kind="mig_slice", plain_attach=False)
+    assert plain_free(parse_gpus(body)) == 0
+    for member in ("kind", "plain_attach"):
+        del body["gpus"][0][member]
+    assert [(gpu.kind, gpu.plain_attach) for gpu in parse_gpus(body)] == [
+        ("gpu", True),
+        ("mig_slice", False),
+    ]
+    assert plain_free(parse_gpus(body)) == 1
+    body["gpus"][0]["kind"] = "slice"
+    with pytest.raises(ValueError, match=r"gpus\[0\]\.kind 'slice' is not one of"):
+        parse_gpus(body)
+    body["gpus"][0].update(kind="gpu", plain_attach="yes")
+    with pytest.raises(ValueError, match=r"gpus\[0\]\.plain_attach must be bool"):
         parse_gpus(body)
 
 

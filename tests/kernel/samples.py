@@ -32,8 +32,11 @@ def attachment(uuid: str, minor: int) -> Attachment:
     )
 
 
-def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gpu:
-    """A simulated GPU of the node as the agent lists it (held by ``pid`` when given)."""
+def node_gpu(
+    uuid: str, index: int, *, state: str, pid: int | None = None, kind: str = "gpu"
+) -> Gpu:
+    """A simulated GPU of the node as the agent lists it (held by ``pid`` when given; ``kind``
+    ``mig_parent`` or ``mig_slice``: what an attach of a count alone does not get)."""
     return Gpu.from_wire(
         {
             "uuid": uuid,
@@ -44,5 +47,7 @@ def node_gpu(uuid: str, index: int, *, state: str, pid: int | None = None) -> Gp
             "state": state,
             "target": None if pid is None else {"pid": pid},
             "simulated": True,
+            "kind": kind,
+            "plain_attach": kind == "gpu",
         }
     )

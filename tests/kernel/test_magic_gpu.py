@@ -502,6 +502,38 @@ def test_asking_for_more_gpus_than_the_node_has_gets_one_friendly_message(
     assert "openapi" not in caught.value.message
 
 
+def test_gpus_in_mig_mode_do_not_count_for_an_attach_of_a_count_alone(
+    shell: InteractiveShell, agent: FakeAgent
+) -> None:
+    """A GPU in MIG mode and its free slices are listed, but ``%gpu attach 3`` can get only
+    whole GPUs: the node has 2 of them, and waiting would not help."""
+    agent.node = [
+        node_gpu(UUID_A, 0, state="attached", pid=os.getpid()),
+        node_gpu(UUID_B, 1, state="free"),
+        node_gpu("GPU-00000002-0000-0000-0000-000000000000", 2, state="free", kind="mig_parent"),
+        *(
+            node_gpu(
+                f"MIG-00000002-000{i}-0000-0000-000000000000", 2, state="free", kind="mig_slice"
+            )
+            for i in (1, 2)
+        ),
+    ]
+    agent.errors["attach"] = InsufficientGpus(
+        "that is more than this node's 2 GPU(s) in all",
+        status=409,
+        code="insufficient_gpus",
+        extra={"free": 1, "requested": 3},
+    )
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", "attach 3")
+
+    assert caught.value.message == (
+        "Cannot attach 3 GPUs: this node has 2 GPUs in all (1 free now).\n"
+        "'%gpu list' shows the node's GPUs and who holds them."
+    )
+
+
 def test_a_count_over_the_request_limit_on_a_big_node_is_said_plainly(
     shell: InteractiveShell, agent: FakeAgent
 ) -> None:

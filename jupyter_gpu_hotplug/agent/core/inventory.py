@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..._structs import GpuUuid
+from ..._structs import GpuKind, GpuUuid
 from ...nvml.state import GpuIdentity, GpuMonitor, MigSlice, NvmlStatus
 
 __all__ = ["GpuDevice", "Inventory", "InventorySnapshot", "LostGpu", "NvmlInventory"]
@@ -56,6 +56,14 @@ class GpuDevice:
     def whole(self) -> bool:
         """A GPU that can be handed out as one."""
         return self.mig is None and not self.mig_enabled
+
+    @property
+    def kind(self) -> GpuKind:
+        """What ``GET /v1/gpus`` says it is: the one place that tells a whole GPU from a GPU
+        in MIG mode and its slices for every client."""
+        if self.mig is not None:
+            return "mig_slice"
+        return "mig_parent" if self.mig_enabled else "gpu"
 
 
 @dataclass(frozen=True)

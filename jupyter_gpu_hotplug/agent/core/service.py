@@ -273,6 +273,8 @@ class AgentService:
                     simulated=gpu.simulated,
                     selectable=self.core.allocator.selectable
                     and (gpu.whole or gpu.mig is not None),
+                    kind=gpu.kind,
+                    plain_attach=_serves(gpu, self._config.mig_profile),
                 )
                 for gpu in snapshot.gpus
             ]
@@ -435,11 +437,7 @@ class AgentService:
         handed out), else whole GPUs, or the MIG slices of its profile."""
         if request.gpus:
             return [gpu for gpu in snapshot.gpus if gpu.uuid in request.gpus]
-        if request.mig is None:
-            return [gpu for gpu in snapshot.gpus if gpu.whole]
-        return [
-            gpu for gpu in snapshot.gpus if gpu.mig is not None and gpu.mig.profile == request.mig
-        ]
+        return [gpu for gpu in snapshot.gpus if _serves(gpu, request.mig)]
 
     def _free(self, snapshot: InventorySnapshot, request: AttachRequest) -> int:
         """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
@@ -1047,6 +1045,15 @@ class AgentService:
                 hint="the agent finishes the release by itself; see its log",
                 retryable=True,
             ) from e
+
+
+def _serves(gpu: GpuDevice, mig: str | None) -> bool:
+    """Whether an attach of ``count`` for MIG profile ``mig`` (``None``: whole GPUs) may get
+    ``gpu``. The one rule for what an attach not naming its GPUs gets, and so for what
+    ``GET /v1/gpus`` calls ``plain_attach`` (with the agent's own profile, ``_profiled``)."""
+    if mig is None:
+        return gpu.whole
+    return gpu.mig is not None and gpu.mig.profile == mig
 
 
 def _kind(request: AttachRequest) -> str | None:
