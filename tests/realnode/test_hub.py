@@ -263,7 +263,9 @@ def test_hub_two_users_b_cannot_detach_as_gpu_and_waits_for_it_in_the_browser(
         assert len(hub.cluster.holders(NAMESPACE)) == MAX_GPUS
 
         bob.choose("Wait for a free GPU and attach it")
-        expect(bob.toast("position 1 of 1")).to_be_visible()
+        expect(bob.button).to_have_attribute(
+            "aria-label", re.compile(r"^GPUs: waiting for a free GPU")
+        )
         freed = mine[0]
         answer = alice_host.server.request(
             "POST", "gpu-hotplug/api/detach", {"uuid": freed["uuid"]}
