@@ -25,7 +25,7 @@ import yaml
 
 from jupyter_gpu_hotplug.spawner import configure_kubespawner
 
-c = get_config()
+c = get_config()  # type: ignore[name-defined]
 
 
 def _merge(base: Any, over: Any) -> Any:
