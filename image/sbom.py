@@ -1,17 +1,20 @@
-"""Write the agent image's software bill of materials, as CycloneDX 1.6 JSON.
+"""Write an image's software bill of materials, as CycloneDX 1.6 JSON.
 
 Why from the build's own inputs and not by scanning the image: ``image/build.sh`` knows exactly
-what goes in — the Debian base's packages (its dpkg status) and the wheels it installs (the
-project's and those of ``requirements.lock``, each checked against the lock's hashes by pip) —
-so the SBOM lists those, with each wheel's SHA-256, and needs no scanner in the build.
-``tests/image/test_agent_image.py`` checks it against the distributions installed in the image.
+what goes in — the Debian base's packages (its dpkg status), the wheels it installs (the
+project's and those of the image's ``requirements.lock``, each checked against the lock's hashes
+by pip) and, in the hub's image, the npm packages of configurable-http-proxy — so the SBOM lists
+those, with each file's hash, and needs no scanner in the build. ``tests/image/test_*_image.py``
+check it against what is installed in each image.
 
-    python image/sbom.py --image REF --wheels DIR --dpkg-status FILE --out FILE
+    python image/sbom.py --image REF --wheels DIR [--wheels DIR ...] --dpkg-status FILE \
+        [--npm-lock node_modules/.package-lock.json] --out FILE
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import re
@@ -63,7 +66,35 @@ def python_wheels(directory: Path) -> list[dict[str, Any]]:
     return components
 
 
-def bill(image: str, wheels: Path, dpkg_status: str) -> dict[str, Any]:
+def npm_packages(lock: dict[str, Any]) -> list[dict[str, Any]]:
+    """The packages an npm lock file lists (``npm ci`` writes ``node_modules/.package-lock.json``
+    with exactly those it installed), each with its integrity hash, as CycloneDX components."""
+    components = []
+    for path, package in sorted(lock["packages"].items()):
+        if not path:
+            continue  # the root project itself
+        name = path.rsplit("node_modules/", 1)[1]
+        algorithm, digest = package["integrity"].split("-", 1)
+        components.append(
+            {
+                "type": "library",
+                "name": name,
+                "version": package["version"],
+                "purl": f"pkg:npm/{name.replace('@', '%40')}@{package['version']}",
+                "hashes": [
+                    {
+                        "alg": algorithm.upper().replace("SHA", "SHA-"),
+                        "content": base64.b64decode(digest).hex(),
+                    }
+                ],
+            }
+        )
+    return components
+
+
+def bill(
+    image: str, wheels: list[Path], dpkg_status: str, npm_lock: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The SBOM document of ``image``."""
     return {
         "bomFormat": "CycloneDX",
@@ -73,18 +104,22 @@ def bill(image: str, wheels: Path, dpkg_status: str) -> dict[str, Any]:
             "component": {"type": "container", "name": image},
             "tools": {"components": [{"type": "application", "name": "image/build.sh"}]},
         },
-        "components": debian_packages(dpkg_status) + python_wheels(wheels),
+        "components": debian_packages(dpkg_status)
+        + [component for directory in wheels for component in python_wheels(directory)]
+        + (npm_packages(npm_lock) if npm_lock is not None else []),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", required=True)
-    parser.add_argument("--wheels", type=Path, required=True)
+    parser.add_argument("--wheels", type=Path, action="append", required=True)
     parser.add_argument("--dpkg-status", type=Path, required=True)
+    parser.add_argument("--npm-lock", type=Path, help="node_modules/.package-lock.json")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    document = bill(args.image, args.wheels, args.dpkg_status.read_text())
+    npm_lock = json.loads(args.npm_lock.read_text()) if args.npm_lock else None
+    document = bill(args.image, args.wheels, args.dpkg_status.read_text(), npm_lock)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
 
 

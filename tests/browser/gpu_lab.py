@@ -13,11 +13,10 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.demo.demo_process import DemoProcess
 from tests.demo.jupyter_api import JupyterServer
 from tests.fixtures.browser import PageLog
 
@@ -93,20 +92,33 @@ def write_notebook(server: JupyterServer, name: str, cells: tuple[str, ...] = ()
     assert answer.status in (200, 201), answer
 
 
+class LabHost(Protocol):
+    """Where the Lab runs: the demo (``DemoProcess``), or a user's server behind a hub."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def token(self) -> str: ...
+
+    @property
+    def server(self) -> JupyterServer: ...
+
+
 @dataclass
 class GpuLab:
-    """One page showing one notebook of the demo."""
+    """One page showing one notebook of the demo (or of another ``LabHost``)."""
 
     page: Page
     log: PageLog
-    demo: DemoProcess
+    demo: LabHost
     notebook: str
     workspace: str = ""
     """The JupyterLab workspace the page opened (its own)."""
 
     @classmethod
     def open(
-        cls, browser: Browser, demo: DemoProcess, notebook: str, *, cells: tuple[str, ...] = ()
+        cls, browser: Browser, demo: LabHost, notebook: str, *, cells: tuple[str, ...] = ()
     ) -> GpuLab:
         """A new browser context on ``notebook`` (created, with ``cells`` after the probe),
         in a workspace of its own."""
@@ -233,7 +245,9 @@ class GpuLab:
 
     def palette(self, command: str) -> None:
         """Run ``command`` (its label) from the command palette, keyboard only."""
-        self.page.locator(".jp-Notebook").first.click()
+        # The first cell, not the notebook's middle: below a short notebook's last cell,
+        # JupyterLab's footer takes a click for "add a cell".
+        self.page.locator(".jp-Notebook .jp-Cell").first.click()
         self.page.keyboard.press("Escape")  # command mode: the notebook has the focus
         self.page.keyboard.press("Control+Shift+C")
         search = self.page.locator(".lm-CommandPalette-input")

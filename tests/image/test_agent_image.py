@@ -10,29 +10,17 @@ printed (the figure in docs/performance.md); nothing is timed.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.commands import run_checked
 from tests.fixtures.requirements import needs_root
 
 from ..manifests.support import by_kind, render
 from .agent_image import BUILD_TIMEOUT, AgentImage, agent_image
+from .images import REPO, assert_the_sbom_lists_what_the_image_holds, inspect, run
 
 pytestmark = [*needs_root, pytest.mark.slow]
-
-
-def run(image: AgentImage, *argv: str, entrypoint: str | None = None) -> str:
-    """``podman run`` of the image, as ENVIRONMENT.md says podman runs here."""
-    options = ["--rm", "--network", "none"]
-    options += ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
-    if entrypoint is not None:
-        options += ["--entrypoint", entrypoint]
-    return run_checked(
-        [*image.podman, "run", *options, image.name, *argv], timeout=300, what=argv
-    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +30,7 @@ def image() -> AgentImage:
 
 @pytest.mark.timeout(BUILD_TIMEOUT + 300)
 def test_image_runs_the_daemonsets_agent(image: AgentImage) -> None:
-    inspected = json.loads(
-        run_checked(
-            [*image.podman, "image", "inspect", image.name], timeout=120, what="podman inspect"
-        ).stdout
-    )[0]
+    inspected = inspect(image)
     print(f"\nagent image {image.name}: {inspected['Size'] / 2**20:.0f} MiB")
     assert inspected["Config"]["Entrypoint"] == ["jupyter-gpu-hotplug", "agent"]
     assert image.archive.stat().st_size > 0
@@ -71,12 +55,26 @@ def test_image_has_the_agent_extra_and_no_build_tools(image: AgentImage) -> None
     assert present.split() == []
 
 
-def test_build_script_has_no_registry_step() -> None:
-    """No FROM names a registry image: the base is the one build.sh imports."""
-    containerfile = (Path(__file__).resolve().parents[2] / "image" / "Containerfile").read_text()
+@pytest.mark.parametrize("directory", ["image", "image/notebook", "image/hub"])
+def test_build_script_has_no_registry_step(directory: str) -> None:
+    """No FROM of any image's Containerfile names a registry image: the base is the one
+    build.sh imports."""
+    containerfile = (REPO / directory / "Containerfile").read_text()
     froms = [line.split()[1] for line in containerfile.splitlines() if line.startswith("FROM ")]
     assert froms == ["${BASE}", "${BASE}"]
     assert "ARG BASE=localhost/" in containerfile
+
+
+@pytest.mark.parametrize("directory", ["image", "image/notebook", "image/hub"])
+def test_the_locked_wheels_have_a_layer_before_this_trees_wheel(directory: str) -> None:
+    """A rebuild with the same lock reuses the layer where pip installed the locked wheels:
+    they are copied and installed before this tree's wheel is copied in."""
+    lines = (REPO / directory / "Containerfile").read_text().splitlines()
+    deps = lines.index("COPY deps/ /tmp/deps/")
+    install = next(i for i, line in enumerate(lines) if "-r /tmp/deps/requirements.lock" in line)
+    wheel = lines.index("COPY wheel/ /tmp/wheel/")
+    assert deps < install < wheel
+    assert not any("wheel/" in line for line in lines[:deps] if not line.startswith("#"))
 
 
 NOTEBOOK_SIDE = ("jupyter_server", "ipywidgets", "IPython", "jupyter_client", "jupyterlab")
@@ -97,21 +95,6 @@ def test_image_has_no_notebook_side_packages(image: AgentImage) -> None:
 
 @pytest.mark.timeout(BUILD_TIMEOUT + 300)
 def test_the_sbom_lists_what_the_image_holds(image: AgentImage) -> None:
-    sbom = json.loads(image.sbom.read_text())
-    assert (sbom["bomFormat"], sbom["specVersion"]) == ("CycloneDX", "1.6")
-    assert sbom["metadata"]["component"]["name"] == image.name
-    listed = {
-        (c["name"], c["version"]) for c in sbom["components"] if c["purl"].startswith("pkg:pypi/")
-    }
-    installed = run(
-        image,
-        "-c",
-        "import importlib.metadata as m, re; "
-        "print('\\n'.join(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() + ' ' + d.version "
-        "for d in m.distributions()))",
-        entrypoint="/opt/gpu-hotplug/bin/python",
+    assert_the_sbom_lists_what_the_image_holds(
+        image, "/opt/gpu-hotplug/bin/python", {"python3", "python3-venv", "libc6"}
     )
-    assert {tuple(line.split()) for line in installed.splitlines()} == listed
-    assert all(len(c["hashes"][0]["content"]) == 64 for c in sbom["components"] if "hashes" in c)
-    debian = {c["name"] for c in sbom["components"] if c["purl"].startswith("pkg:deb/debian/")}
-    assert {"python3", "python3-venv", "libc6"} <= debian

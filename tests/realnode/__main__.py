@@ -1,7 +1,9 @@
 """``python -m tests.realnode up|down|status`` from the repository root, as root: the real node
 by hand (a test session brings up its own); ``up --cdi`` brings it up in ``cdi`` mode (the
-GPU Operator >= 25.10's setup, ``node.NodeMode``). ``up`` builds nothing: run
-``tests/realnode/build.sh`` first. ``up`` prints the admin kubeconfig to use with ``kubectl``;
+GPU Operator >= 25.10's setup, ``node.NodeMode``); ``up --hub`` brings up a ``cdi`` node with
+the agent's DaemonSet and a JupyterHub (``hub.py``) and prints the hub's URL and the users'
+logins. ``up`` builds no component: run ``tests/realnode/build.sh`` first (``--hub`` builds the
+three images, cached). ``up`` prints the admin kubeconfig to use with ``kubectl``;
 the node keeps running after the command returns (a detached owner process holds it) until
 ``down``. ``down`` also removes a node whose owner was killed (a test session or ``up``).
 """
@@ -9,6 +11,7 @@ the node keeps running after the command returns (a detached owner process holds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +25,7 @@ from .node import (
     NodeBusy,
     NodeError,
     NodeMode,
+    RealNode,
     new_node,
     node_is_running,
     take_down_recorded,
@@ -31,7 +35,22 @@ READY_KEY = "ready"
 """Written into the state file by the owner: ``true`` once the node is Ready, else the error."""
 
 
-def _up(gpus: int, mode: NodeMode) -> int:
+def _hub(node: RealNode, stack: contextlib.ExitStack) -> dict[str, object]:
+    """The agent's DaemonSet and the hub on the started node, until ``stack`` closes; what the
+    state file records of them."""
+    from .agent import install_agent_account
+    from .cluster import Cluster
+    from .deployment import deployed_agent
+    from .hub import USERS, running_hub
+
+    cluster = stack.enter_context(contextlib.closing(Cluster(node)))
+    install_agent_account(cluster)
+    agent_ip = stack.enter_context(deployed_agent(cluster, "cdi"))
+    hub = stack.enter_context(running_hub(cluster, agent_ip))
+    return {"hub": hub.url, "users": ", ".join(USERS), "password": hub.password}
+
+
+def _up(gpus: int, mode: NodeMode, with_hub: bool) -> int:
     if node_is_running():
         print(f"a node is already up ({STATE_FILE}); `python -m tests.realnode down` first")
         return 1
@@ -58,6 +77,9 @@ def _up(gpus: int, mode: NodeMode) -> int:
             return 1
         print(f"node {state['node']} Ready ({mode}); seconds to each milestone: {state['timings']}")
         print(f"export KUBECONFIG={state['kubeconfig']}")
+        if with_hub:
+            print(f"JupyterHub: {state['hub']}/hub/login  users {state['users']}, "
+                  f"password {state['password']}")  # fmt: skip
         return 0
     os.setsid()
     stopping = False
@@ -68,14 +90,19 @@ def _up(gpus: int, mode: NodeMode) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        node.start()
-    except Exception as error:  # reported through the state file, then the owner ends
-        STATE_FILE.write_text(json.dumps({READY_KEY: str(error)}))
-        os._exit(1)
-    STATE_FILE.write_text(json.dumps({**_state(), READY_KEY: True, "timings": node.timings}))
-    while not stopping and all(p.poll() is None for p in node.processes.values()):
-        time.sleep(1)
+    with contextlib.ExitStack() as stack:
+        try:
+            node.start()
+            extra = _hub(node, stack) if with_hub else {}
+        except Exception as error:  # reported through the state file, then the owner ends
+            STATE_FILE.write_text(json.dumps({READY_KEY: str(error)}))
+            stack.close()
+            node.stop()
+            os._exit(1)
+        state = {**_state(), **extra, READY_KEY: True, "timings": node.timings}
+        STATE_FILE.write_text(json.dumps(state))
+        while not stopping and all(p.poll() is None for p in node.processes.values()):
+            time.sleep(1)
     left = node.stop()
     os._exit(1 if left else 0)
 
@@ -101,11 +128,16 @@ def main() -> int:
         dest="mode",
         help="CDI mode, as the GPU Operator >= 25.10 sets a node up (default: plain)",
     )
+    up.add_argument(
+        "--hub",
+        action="store_true",
+        help="a CDI node with the agent's DaemonSet and a JupyterHub (builds the images)",
+    )
     sub.add_parser("down", help="stop the node (or a stale one) and remove everything it made")
     sub.add_parser("status", help="say whether a node is up")
     args = parser.parse_args()
     if args.command == "up":
-        return _up(args.gpus, args.mode)
+        return _up(args.gpus, "cdi" if args.hub else args.mode, args.hub)
     if args.command == "down":
         try:
             left = take_down_recorded(stop_live_owner=True)

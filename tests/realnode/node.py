@@ -123,6 +123,9 @@ STOP_TIMEOUT: Final = 60.0
 """Upper bound for the components to stop after SIGTERM before they are killed."""
 TERMINATE_TIMEOUT: Final = 15.0
 """Seconds one of the node's daemons has from SIGTERM to exit before it gets SIGKILL."""
+IMPORT_TIMEOUT: Final = 900.0
+"""Upper bound for ``ctr images import`` of an archive: the native snapshotter copies every
+layer, half a gigabyte for the notebook and hub images, on a loaded 2-core machine."""
 READY_TIMEOUT: Final = 300.0
 """Upper bound for the node to become Ready on a loaded 2-core machine (never asserted on)."""
 
@@ -728,11 +731,12 @@ root = "{self.driver_root}"
             ]
         )
 
-    def ctr(self, *args: str) -> str:
+    def ctr(self, *args: str, timeout: float = 120) -> str:
         """containerd's own client (namespace ``k8s.io``, the CRI plugin's)."""
         ctr = self.components.containerd.parent / "ctr"
         address = str(self.containerd_dir / "containerd.sock")
-        return _run_tool([str(ctr), "--address", address, "--namespace", "k8s.io", *args])
+        argv = [str(ctr), "--address", address, "--namespace", "k8s.io", *args]
+        return _run_tool(argv, timeout)
 
     def _start_containerd(self) -> None:
         d = self.containerd_dir
@@ -758,7 +762,10 @@ root = "{self.driver_root}"
     def import_image(self, archive: Path) -> None:
         """Import an OCI archive into the node's runtime (no registry: images are never
         pulled, and the kubelet's image GC is off so they stay)."""
-        self.ctr("images", "import", "--platform=linux/amd64", "--snapshotter=native", str(archive))
+        self.ctr(
+            "images", "import", "--platform=linux/amd64", "--snapshotter=native", str(archive),
+            timeout=IMPORT_TIMEOUT,
+        )  # fmt: skip
 
     def _kubelet_config(self) -> str:
         assert self.pki is not None

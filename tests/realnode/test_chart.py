@@ -28,6 +28,7 @@ from ..fixtures.requirements import needs_root
 from ..image.agent_image import BUILD_TIMEOUT
 from ..k8s.image import PAUSE_IMAGE
 from ..manifests.support import CHART_DIR, helm, render, with_holder_image
+from . import deployment
 from . import test_deployed as deployed
 from .agent import RBAC_KINDS, AgentAccount
 from .agent_image import agent_image
@@ -58,7 +59,7 @@ def _by_digest(cluster: Cluster) -> tuple[str, str]:
 def _values(cluster: Cluster) -> dict[str, Any]:
     node = cluster.node
     repository, digest = _by_digest(cluster)
-    nvml = deployed.fake_nvml_mounts(node)
+    nvml = deployment.fake_nvml_mounts(node)
     return {
         # A tag that does not exist: the digest wins.
         "image": {"repository": repository, "tag": "not-this-tag", "digest": digest,
@@ -91,7 +92,7 @@ def _helm(cluster: Cluster, *args: str) -> str:
 def installed(cluster: Cluster, agent_account: AgentAccount) -> Iterator[str]:
     """The release, installed; yields the Service's ClusterIP once the agent pod is Ready."""
     cluster.node.import_image(agent_image().archive)
-    cluster.kubectl("label", "node", cluster.node_name, f"{deployed.GPU_NODE_LABEL}=true",
+    cluster.kubectl("label", "node", cluster.node_name, f"{deployment.GPU_NODE_LABEL}=true",
                     "--overwrite")  # fmt: skip
     cluster.core.create_namespace(
         {"metadata": {"name": NAMESPACE,
@@ -103,11 +104,11 @@ def installed(cluster: Cluster, agent_account: AgentAccount) -> Iterator[str]:
     try:
         _helm(cluster, "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
               "--values", str(values), "--take-ownership", "--timeout", "300s")  # fmt: skip
-        yield deployed.agent_service_when_ready(cluster, NAMESPACE, "the chart's agent pod")
+        yield deployment.agent_service_when_ready(cluster, NAMESPACE, "the chart's agent pod")
     finally:
-        deployed.print_agent_log(cluster, NAMESPACE)
+        deployment.print_agent_log(cluster, NAMESPACE)
         _helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-        cluster.kubectl("label", "node", cluster.node_name, f"{deployed.GPU_NODE_LABEL}-",
+        cluster.kubectl("label", "node", cluster.node_name, f"{deployment.GPU_NODE_LABEL}-",
                         check=False)  # fmt: skip
         # The session's agent account: its cluster-wide objects again (the install took them).
         cluster.apply(
