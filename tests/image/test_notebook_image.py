@@ -68,6 +68,21 @@ def test_the_server_extension_is_enabled_and_the_labextension_installed(
     ), labs
 
 
+def test_the_labs_site_settings_ask_no_user_about_jupyter_news(image: BuiltImage) -> None:
+    """The overrides file is where JupyterLab reads site-wide settings (its application
+    directory's ``settings``), so no user is asked to fetch news the pod cannot reach."""
+    said = run(
+        image,
+        "-c",
+        "import json\n"
+        "from jupyterlab.labapp import LabApp\n"
+        "with open(LabApp().app_settings_dir + '/overrides.json') as f:\n"
+        "    print(json.load(f)['@jupyterlab/apputils-extension:notification']['fetchNews'])\n",
+        entrypoint="python",
+    )
+    assert said.strip() == "false"
+
+
 def test_the_kernel_side_imports_and_no_nvidia_file_is_there(image: BuiltImage) -> None:
     """pynvml imports but finds no library: the driver comes with the first attach."""
     said = run(

@@ -20,10 +20,10 @@ import yaml
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from jupyter_gpu_hotplug._structs import MAX_GPUS_ANNOTATION
+from jupyter_gpu_hotplug._structs import IDLE_RELEASE_ANNOTATION, MAX_GPUS_ANNOTATION
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL, TOKEN_VOLUME
 
-from ..realnode.hub import CONFIG, MAX_GPUS, PRODUCT_VALUES, tier_values
+from ..realnode.hub import CONFIG, IDLE_PROFILE, IDLE_SECONDS, MAX_GPUS, PRODUCT_VALUES, tier_values
 from ..spawner.kube_support import env_of, notebook_container, pod_for
 
 pytestmark = pytest.mark.usefixtures("unreachable_kubeconfig")
@@ -78,6 +78,20 @@ def test_the_gpu_on_demand_profile_is_placed_on_gpu_nodes(config: Config) -> Non
 
 def test_the_servers_limit_is_the_hubs(config: Config) -> None:
     assert pod(config)["metadata"]["annotations"][MAX_GPUS_ANNOTATION] == str(MAX_GPUS)
+
+
+def test_the_hubs_own_profiles_stay_and_the_short_idle_one_keeps_our_pieces(
+    config: Config,
+) -> None:
+    slugs = [p["slug"] for p in config.KubeSpawner.profile_list]
+    assert slugs == ["cpu", IDLE_PROFILE, "gpu-on-demand"]
+    built = pod(config, IDLE_PROFILE)
+    annotations = built["metadata"]["annotations"]
+    # KubeSpawner merges the override's annotations into the hub's: the limit stays.
+    assert annotations[IDLE_RELEASE_ANNOTATION] == str(IDLE_SECONDS)
+    assert annotations[MAX_GPUS_ANNOTATION] == str(MAX_GPUS)
+    assert [v["name"] for v in built["spec"]["volumes"]].count(TOKEN_VOLUME) == 1
+    assert IDLE_RELEASE_ANNOTATION not in pod(config)["metadata"]["annotations"]
 
 
 def test_the_tier_client_may_start_stop_and_reach_servers_only(config: Config) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from jupyter_gpu_hotplug._structs import IDLE_RELEASE_ANNOTATION
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
 from jupyter_gpu_hotplug.spawner import DEFAULT_K8S_AGENT_URL
 
@@ -53,6 +54,10 @@ PRODUCT_VALUES: Final = K8S_DIR / "jupyterhub" / "values.yaml"
 HUB_UID: Final = 1000
 MAX_GPUS: Final = 4
 """What one server may hold: every whole GPU of the node, so one user can take them all."""
+IDLE_PROFILE: Final = "cpu-short-idle"
+"""The tier's second CPU profile: an attached GPU unused for ``IDLE_SECONDS`` goes back."""
+IDLE_SECONDS: Final = 40
+"""Short enough to watch in a test, long enough for a cell to run on the GPU first."""
 SERVICE_NAME: Final = "tier"
 """The hub service whose token the tests use for the REST API (admin of servers)."""
 HUB_PORT: Final = 8081
@@ -90,6 +95,14 @@ class Hub:
         )
         return pods[0] if pods else None
 
+    def server_stopped(self, user: str) -> bool:
+        """Whether the hub is done stopping ``user``'s server: no server, not even a pending
+        stop. The pod can be gone before that, and a login in between is sent to "Server not
+        running" instead of the spawn form (the CI run of 2026-11-28 met it)."""
+        answer = self.rest.request("GET", f"hub/api/users/{user}")
+        assert answer.status == 200, answer
+        return "" not in answer.body["servers"]
+
 
 @dataclass(frozen=True)
 class UserServer:
@@ -112,6 +125,18 @@ def tier_values(notebook_image: str, config: Path, agent_ip: str) -> dict[str, A
         "hub": {"allowedUsers": list(USERS), "maxGpus": MAX_GPUS},
         "singleuser": {
             "image": {"name": repository, "tag": tag, "pullPolicy": "Never"},
+            # A hub's own profiles, as a course would have them: the default, and one whose
+            # idle GPUs go back soon (the agent honours the pod's stricter annotation).
+            "profileList": [
+                {"display_name": "CPU only", "slug": "cpu", "default": True},
+                {
+                    "display_name": "CPU only, idle GPUs released soon",
+                    "slug": IDLE_PROFILE,
+                    "kubespawner_override": {
+                        "extra_annotations": {IDLE_RELEASE_ANNOTATION: str(IDLE_SECONDS)}
+                    },
+                },
+            ],
             # The simulation's part: the fake NVML's configuration, read-only.
             "extraEnv": {CONFIG_ENV: str(config), DEVICE_FILTER_ENV: "/dev"},
             "storage": {

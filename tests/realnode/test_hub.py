@@ -12,36 +12,31 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, expect
 
-from ..browser.gpu_lab import LOAD_TIMEOUT_MS, GpuLab, write_notebook
+from ..browser.gpu_lab import LOAD_TIMEOUT_MS
 from ..demo.jupyter_api import Response
-from ..fixtures.browser import PageLog
 from ..fixtures.requirements import needs_root
 from ..image.agent_image import BUILD_TIMEOUT
 from .agent import install_agent_account
 from .cluster import Cluster, eventually
 from .deployment import deployed_agent
-from .hub import MAX_GPUS, NAMESPACE, Hub, UserServer, running_hub, wait_ready
+from .hub import (
+    IDLE_PROFILE,
+    IDLE_SECONDS,
+    MAX_GPUS,
+    NAMESPACE,
+    Hub,
+    running_hub,
+    wait_ready,
+)
+from .hub_browser import NVML_PROBE, SPAWN_TIMEOUT_MS, log_in_and_start
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
-
-NVML_PROBE: Final = (
-    "import json, pynvml\n"
-    "try:\n"
-    "    pynvml.nvmlInit()\n"
-    "    n = pynvml.nvmlDeviceGetCount()\n"
-    "    print(json.dumps([pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))"
-    " for i in range(n)]))\n"
-    "except pynvml.NVMLError as e:\n"
-    "    print(json.dumps(str(e)))\n"
-)
-"""What a kernel asks NVML: the UUIDs it sees, or NVML's error (no library, no GPU)."""
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +68,7 @@ def stop_server(hub: Hub, user: str) -> None:
     answer = hub.rest.request("DELETE", f"hub/api/users/{user}/server")
     assert answer.status in (202, 204), answer
     eventually(lambda: hub.server_pod(user) is None, f"{user}'s notebook pod is gone", 300)
+    eventually(lambda: hub.server_stopped(user), f"the hub is done stopping {user}'s server")
 
 
 def nvml_in(hub: Hub, pod: dict[str, Any]) -> Any:
@@ -169,42 +165,6 @@ def test_hub_cpu_notebook_kernel_attaches_a_gpu_survives_hub_restart_and_stop_se
     eventually(lambda: hub.cluster.holders(NAMESPACE) == [], "the holder is garbage-collected")
 
 
-SPAWN_TIMEOUT_MS: Final = 600_000
-"""Upper bound for a spawn on a loaded 2-core machine (never asserted on as a time)."""
-CELLS: Final = (
-    "%load_ext jupyter_gpu_hotplug\n%gpu status",
-    NVML_PROBE,
-)
-"""After the probe (device nodes): the magic's status, then what NVML says in the kernel."""
-
-
-def log_in_and_start(chromium: Browser, hub: Hub, user: str) -> tuple[GpuLab, UserServer]:
-    """As a user does: the hub's login page, the spawn form (its default profile, "CPU only"),
-    Start; then the notebook ``gpu.ipynb`` opened in the Lab of the started server."""
-    context = chromium.new_context(viewport={"width": 1280, "height": 760})
-    page = context.new_page()
-    log = PageLog()
-    page.on("console", log.record_console)
-    page.on("pageerror", log.record_page_error)
-    page.goto(f"{hub.url}/hub/login", timeout=LOAD_TIMEOUT_MS)
-    page.fill("#username_input", user)
-    page.fill("#password_input", hub.password)
-    page.click("#login_submit")
-    default = page.locator("input[name='profile'][value='cpu']")
-    expect(default).to_be_checked(timeout=LOAD_TIMEOUT_MS)
-    page.locator("form#spawn_form [type='submit']").click()
-    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=SPAWN_TIMEOUT_MS)
-    host = hub.user_server(user)
-    write_notebook(host.server, "gpu.ipynb", CELLS)
-    workspace = f"w{secrets.token_hex(4)}"
-    page.goto(f"{host.base_url}/lab/workspaces/{workspace}/tree/gpu.ipynb", timeout=LOAD_TIMEOUT_MS)
-    lab = GpuLab(page, log, host, "gpu.ipynb", workspace)
-    expect(lab.button).to_have_attribute(
-        "aria-label", re.compile(r"free$"), timeout=LOAD_TIMEOUT_MS
-    )
-    return lab, host
-
-
 @pytest.mark.timeout(1500)
 def test_hub_browser_attach_from_the_toolbar_the_kernel_sees_the_gpu_and_stop_server_frees_it(
     hub: Hub, chromium: Browser
@@ -237,6 +197,7 @@ def test_hub_browser_attach_from_the_toolbar_the_kernel_sees_the_gpu_and_stop_se
         lab.page.locator("#stop").click()
         expect(lab.page.locator("#start")).to_be_visible(timeout=SPAWN_TIMEOUT_MS)
         eventually(lambda: hub.server_pod("alice") is None, "alice's notebook pod is gone", 300)
+        eventually(lambda: hub.server_stopped("alice"), "the hub is done stopping it")
         eventually(lambda: hub.cluster.holders(NAMESPACE) == [], "the holder is garbage-collected")
         assert lab.log.errors_mentioning("gpu") == []
     finally:
@@ -246,11 +207,14 @@ def test_hub_browser_attach_from_the_toolbar_the_kernel_sees_the_gpu_and_stop_se
 
 
 @pytest.mark.timeout(1800)
-def test_hub_two_users_b_cannot_detach_as_gpu_and_waits_for_it_in_the_browser(
+def test_hub_two_users_b_cannot_see_or_detach_as_gpu_waits_for_it_and_idle_release_is_announced(
     hub: Hub, chromium: Browser
 ) -> None:
     alice, alice_host = log_in_and_start(chromium, hub, "alice")
-    bob, bob_host = log_in_and_start(chromium, hub, "bob")
+    # Bob's profile releases GPUs unused for IDLE_SECONDS (its pod's annotation).
+    bob, bob_host = log_in_and_start(chromium, hub, "bob", IDLE_PROFILE)
+    alice_pod = hub.server_pod("alice")
+    assert alice_pod is not None
     try:
         # Every whole GPU of the node (the MIG GPU's slices are another resource).
         taken = extension(hub, "alice", "POST", "attach", {"count": MAX_GPUS})
@@ -259,6 +223,12 @@ def test_hub_two_users_b_cannot_detach_as_gpu_and_waits_for_it_in_the_browser(
         expect(bob.button).to_have_attribute(
             "aria-label", "GPUs: none attached to this notebook, 0 free"
         )
+        # B cannot see A's GPUs: not in B's kernel, not named in B's listings.
+        assert bob.run_probe() == "[]"
+        for path in ("gpus", "attribution"):
+            seen = bob_host.server.request("GET", f"gpu-hotplug/api/{path}")
+            assert seen.status == 200, seen
+            assert alice_pod["metadata"]["name"] not in json.dumps(seen.body), (path, seen)
         # B cannot detach A's GPU: its server asks the agent for B's pod, which holds none.
         refused = bob_host.server.request(
             "POST", "gpu-hotplug/api/detach", {"uuid": mine[0]["uuid"]}
@@ -267,8 +237,10 @@ def test_hub_two_users_b_cannot_detach_as_gpu_and_waits_for_it_in_the_browser(
         assert len(hub.cluster.holders(NAMESPACE)) == MAX_GPUS
 
         bob.choose("Wait for a free GPU and attach it")
+        # His place in the agent's queue, which his server reads for his pod.
+        expect(bob.button).to_have_text("queued #1")
         expect(bob.button).to_have_attribute(
-            "aria-label", re.compile(r"^GPUs: waiting for a free GPU")
+            "aria-label", "GPUs: waiting for a free GPU… position 1 of 1"
         )
         freed = mine[0]
         answer = alice_host.server.request(
@@ -278,6 +250,14 @@ def test_hub_two_users_b_cannot_detach_as_gpu_and_waits_for_it_in_the_browser(
         expect(bob.toast(f"({freed['device']}) to gpu.ipynb.")).to_be_visible()
         assert [gpu["uuid"] for gpu in bob.attached()] == [freed["uuid"]]
         assert bob.run_probe() == f"['{freed['device']}']"
+
+        # Unused for IDLE_SECONDS, the GPU goes back, and B's notebook says why.
+        expect(bob.toast("released from gpu.ipynb: it sat unused")).to_be_visible(
+            timeout=(IDLE_SECONDS + 120) * 1000
+        )
+        assert bob.attached() == []
+        assert bob.run_probe() == "[]"
+        assert len(hub.cluster.holders(NAMESPACE)) == MAX_GPUS - 1  # alice's other three
     finally:
         for lab, user in ((alice, "alice"), (bob, "bob")):
             lab.close()
