@@ -31,7 +31,7 @@ from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-agent-api"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _agent import RunningAgent, start_agent, summary
 
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-agent-load"
 

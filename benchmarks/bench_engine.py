@@ -28,7 +28,7 @@ from jupyter_gpu_hotplug.linux.bpf import asm, syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
-from jupyter_gpu_hotplug.linux.sandbox import Backend, Sandbox, SandboxSpec, host_backends
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Backend, Sandbox, SandboxSpec, host_backends
 
 SETS = {
     "v1": frozenset({Backend.V1}),

@@ -29,7 +29,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from jupyter_gpu_hotplug.linux import cgroups
-from jupyter_gpu_hotplug.linux.sandbox import DEFAULT_CGROUP_PARENT, cleanup_stale
+from jupyter_gpu_hotplug.linux.sandbox.runtime import DEFAULT_CGROUP_PARENT, cleanup_stale
 from jupyter_gpu_hotplug.sandboxes.provisioner import (
     sandboxed_kernelspec,
     write_sandboxed_kernelspec,

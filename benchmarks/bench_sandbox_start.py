@@ -19,7 +19,7 @@ import time
 
 from _agent import percentile, remove_parent_cgroups
 
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-sandbox-start"
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from _agent import RunningAgent, percentile, remove_parent_cgroups, start_agent
 
 from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-soak"
 QUIET_SECONDS = 35.0  # longer than the agent's idle timeout (30 s before issue 25, 10 s now)

@@ -5,8 +5,10 @@ speak the same JSON. The shapes live here, below both, as ``TypedDict`` payloads
 over the wire), ``NewType`` identifiers, and a few frozen dataclasses for the one value both sides
 reason about: the *target* of an attach (a container of a pod, or a local process).
 
-Nothing here does I/O or imports anything of the project; checks that need the host (does the pid
-exist, what is its start time) belong to the callers.
+It is the ground floor: nothing here does I/O or imports anything of the project, nor any web
+framework (import-linter holds it to that). Checks that need the host (does the pid exist, what is
+its start time) belong to the callers; how a body is read off HTTP (bounded, strict JSON, the
+lingering close of a refusal, ``Allow``) is the HTTP kit's, ``_httpkit``, one floor up.
 """
 
 from __future__ import annotations
@@ -58,13 +60,6 @@ MAX_IDLE_RELEASE_SECONDS: Final = 7 * 24 * 3600.0
 may be any)."""
 DEFAULT_MAX_GPUS_PER_TARGET: Final = 8
 """The most GPUs one target may hold, and one request ask for, unless configured otherwise."""
-
-LINGER_MAX_BYTES: Final = 64 * 1024 * 1024
-"""After refusing a request whose body it has not read (413, 401), an HTTP API reads and drops
-at most this much more of it before closing, so that a client still sending reads the answer
-instead of a reset (nginx's lingering close). Both APIs, the agent's and the server's."""
-LINGER_SECONDS: Final = 10.0
-"""...and for at most this long."""
 
 MAX_WAITERS_PER_CONTAINER: Final = 4
 """Attach requests one container may have waiting in the node's queue at once: more are refused
@@ -370,7 +365,8 @@ class ErrorBody(ErrorExtra):
 
 
 class WireFormatError(ValueError):
-    """A request body that is not one strict JSON document; ``field`` names where it fails.
+    """A request body, or one of its fields, that breaks the rules below (or is not one strict
+    JSON document: ``_httpkit.load_request_json``); ``field`` names where it fails.
 
     Each API turns it into its own ``invalid_request`` error (400) with this message.
     """
@@ -379,91 +375,6 @@ class WireFormatError(ValueError):
         super().__init__(message)
         self.message = message
         self.field = field
-
-
-def _reject_constant(name: str) -> object:
-    # json accepts NaN and Infinity by default; JSON (RFC 8259) does not.
-    raise WireFormatError(f"the request body contains {name}, which JSON does not allow")
-
-
-def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    # Last-wins (json's default) would let two readers of one body disagree on its meaning.
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            shown = json.dumps(key)
-            raise WireFormatError(
-                f"field {shown if len(shown) <= 40 else shown[:37] + '...'} appears twice in "
-                "the request body",
-                field=key if len(key) <= 64 else f"{key[:61]}...",
-            )
-        result[key] = value
-    return result
-
-
-def load_request_json(body: bytes, *, max_body: int) -> object:
-    """The one JSON value of a request ``body``, read strictly, or ``WireFormatError``.
-
-    Strict: at most ``max_body`` bytes, UTF-8, RFC 8259 (no NaN/Infinity), no duplicate keys,
-    integers of at most ``sys.get_int_max_str_digits()`` digits and nesting Python can parse —
-    a hostile body yields this error, never a ``ValueError`` or ``RecursionError`` (a 5xx).
-    """
-    if len(body) > max_body:
-        raise WireFormatError(f"the request body is {len(body)} bytes; the limit is {max_body}")
-    if not body.strip():
-        raise WireFormatError('the request body is empty; send a JSON object such as {"count": 1}')
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise WireFormatError(f"the request body is not UTF-8 ({e.reason})") from e
-    try:
-        return json.loads(
-            text, parse_constant=_reject_constant, object_pairs_hook=_reject_duplicates
-        )
-    except WireFormatError:
-        raise
-    except json.JSONDecodeError as e:
-        raise WireFormatError(
-            f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from e
-    except ValueError as e:
-        # The only other ValueError: int() refuses more than sys.get_int_max_str_digits() digits.
-        raise WireFormatError("the request body has a number with too many digits") from e
-    except RecursionError as e:
-        raise WireFormatError("the request body is nested too deeply") from e
-
-
-class BoundedBody:
-    """A request body gathered as it arrives, refused once it is known to exceed ``limit``.
-
-    Both HTTP APIs stream their bodies through one: ``declare`` checks ``Content-Length``
-    when the headers arrive (nothing is read of a body declared too large), ``add`` counts
-    chunks as they come and drops everything past the limit (a chunked body declares nothing).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.too_large = False
-        self._data = bytearray()
-
-    def declare(self, content_length: str | None) -> bool:
-        """Whether the declared length is unacceptable (over the limit, or not a number)."""
-        if content_length is not None and (
-            not content_length.isdigit() or int(content_length) > self.limit
-        ):
-            self.too_large = True
-        return self.too_large
-
-    def add(self, chunk: bytes) -> None:
-        if self.too_large or len(self._data) + len(chunk) > self.limit:
-            self.too_large = True
-            self._data.clear()
-            return
-        self._data.extend(chunk)
-
-    def value(self) -> bytes:
-        """The whole body (meaningful only when not ``too_large``)."""
-        return bytes(self._data)
 
 
 # --- timestamps ----------------------------------------------------------------------------------
@@ -650,8 +561,9 @@ class FieldError(Protocol):
 
 @dataclass(frozen=True)
 class FieldChecks:
-    """Runs the checks below (or ``load_request_json``) so that a refusal is ``error``, the
-    calling API's own; each API's validation holds one, the only place it converts."""
+    """Runs the checks below (or ``_httpkit.load_request_json``) so that a refusal is
+    ``error``, the calling API's own; each API's validation holds one, the only place it
+    converts."""
 
     error: FieldError
 
@@ -834,23 +746,6 @@ def check_named_gpus(value: object, *, count: int) -> tuple[GpuUuid, ...]:
     if len(set(uuids)) != len(uuids):
         raise WireFormatError("gpus names a GPU more than once", field="gpus")
     return uuids
-
-
-# --- HTTP, the same way in both APIs --------------------------------------------------------------
-
-HTTP_METHODS: Final = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
-"""The methods a handler may implement (tornado's ``SUPPORTED_METHODS``)."""
-
-
-def allow_header(handler: type, *, base: type) -> str:
-    """The ``Allow`` header of a 405 answer from ``handler`` (RFC 9110 §15.5.6: a 405 must
-    list the methods the resource supports): the methods it implements, that is, those whose
-    function is not ``base``'s (tornado's ``RequestHandler`` answers all of them with 405)."""
-    return ", ".join(
-        method
-        for method in HTTP_METHODS
-        if getattr(handler, method.lower(), None) is not getattr(base, method.lower(), None)
-    )
 
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------

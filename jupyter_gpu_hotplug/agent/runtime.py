@@ -4,9 +4,10 @@ Why it exists: the application (``app.py``) deals with configuration; this modul
 life. ``Agent.create`` builds the real components from ``AgentSettings`` in one path for both
 modes: what every mode needs of the host (the device cgroups, the simulated NVML when asked,
 the inventory, the engine behind the injector), and the backend the settings name
-(``local/backend.py`` or ``kubernetes/backend.py``: allocator, resolver, identity, and what it
-runs beside the core). ``Agent`` builds the ``Core`` once from both and hands it to the
-service, the reconciler, the idle releaser and the backend, then the API server over the
+(``local/backend.py`` or ``kubernetes/backend.py``: allocator, resolver, identity, its hooks
+in the core's passes, and what it runs beside the core). ``Agent`` builds the ``Core`` once
+from both — the backend's hooks included, so nothing joins the core later — and hands it to
+the service, the reconciler, the idle releaser and the backend, then the API server over the
 service. ``start`` reconciles the allocator with the host *before* serving, then serves and
 runs the background loops (reconciliation, idle policy, simulated readings, the cached health
 probe, the backend's own); ``stop`` stops accepting, lets running operations finish, and
@@ -41,12 +42,14 @@ from .api.server import AgentServer, make_application
 from .core.bundle import Core
 from .core.checkpoints import Checkpoints
 from .core.driver_files import CdiDriverFiles, DriverFiles, DriverFilesMode, NoDriverFiles
-from .core.idle import IdlePolicy, IdleReleaser, Usage
+from .core.hooks import BackendHooks, ReconcileReport
+from .core.idle import IdlePolicy
+from .core.idle_releaser import IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
 from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
-from .core.reconcile import Reconciler, ReconcileReport
+from .core.reconcile import Reconciler
 from .core.seams import Allocator, Identity, Resolver, TargetPolicy
 from .core.service import AgentService, ServiceConfig
 from .core.workers import Workers
@@ -142,10 +145,14 @@ class AgentBackend(Protocol):
     @property
     def policy(self) -> TargetPolicy | None: ...
 
-    def bind(
-        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
-    ) -> None:
-        """Join the core before the first reconciliation (node-wide sweeps, listeners)."""
+    @property
+    def hooks(self) -> BackendHooks:
+        """Its part in the core's passes, handed to ``Core.build`` (``core/hooks.py``)."""
+
+    def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
+        """Take the parts its hooks act through (Kubernetes: the node sweep takes back through
+        the service and the loss sequence), before the first reconciliation; the core itself
+        is never written to."""
 
     def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
         """Run beside the core once the agent serves (Kubernetes: reactions to pod events)."""
@@ -200,6 +207,7 @@ def _core(components: Components) -> Core:
         ),
         checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
         driver_files=components.driver_files,
+        hooks=backend.hooks,
     )
 
 
@@ -324,9 +332,7 @@ class Agent:
 
     async def start(self) -> None:
         """Reconcile, then serve and run the background loops."""
-        self.backend.bind(
-            self.core, service=self.service, lost=self.lost, reconciler=self.reconciler
-        )
+        self.backend.bind(self.core, service=self.service, lost=self.lost)
         await self.core.allocator.load()
         report = await self.reconciler.run_once()
         log.info(

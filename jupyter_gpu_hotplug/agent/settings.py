@@ -5,23 +5,28 @@ file), but nothing below the application should know about traitlets, environmen
 files. ``app.py`` resolves the traits once into an ``AgentSettings`` and logs it; the server, the
 service and the reconciler receive only the parts they need. Parsing of the one structured
 option (``--listen``) lives here too, so it is tested without starting anything.
+
+Each setting is declared once, as a field of ``AgentSettings`` or ``KubernetesSettings``: its
+type and default, and in ``setting(...)`` its help text, its command-line flag and how its text
+form (what a flag or ``c.AgentApp.<field>`` gives) becomes the field's value. ``AgentApp``'s
+traits, its flags, the resolution and ``describe()`` are all derived from these fields.
 """
 
 from __future__ import annotations
 
 import enum
+import grp
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Final, TypeAlias
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path, PurePath
+from typing import Any, Final, TypeAlias, TypeVar
 
-from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, NVIDIA_MAJOR
+from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
 from ..linux.cdi_spec import DEFAULT_KIND, DEFAULT_SPEC_DIRS
 from .core.driver_files import DriverFilesMode
 from .core.lost import LostPolicy
 
-DEFAULT_STATE_DIR: Final = Path("/var/lib/gpu-hotplug")
 TOKEN_FILE: Final = "token"
 
 # A unix socket path must fit sockaddr_un.sun_path (108 bytes with the NUL).
@@ -31,6 +36,135 @@ _HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P
 
 class SettingsError(ValueError):
     """A setting's value cannot work; the message names the setting and what it accepts."""
+
+
+def _plain(value: object) -> object:
+    """A field's value as JSON: paths, addresses, selectors and enums as their text, tuples as
+    lists, numbers and ``None`` as they are."""
+    if value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return str(value)
+
+
+def _text(value: object) -> object:
+    """A field's value in its text form (a flag's, a trait's): as ``_plain``, with "unset"
+    (``None``) written as empty text."""
+    return "" if value is None else _plain(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one setting is given (a field's ``metadata[OPTION]``, written by ``setting``):
+    everything about it but its name, type and default, which the field itself declares."""
+
+    help: str
+    """What ``--help-all`` says about it."""
+    flag: str | None = None
+    """Its short command-line flag (``idle-release`` for ``--idle-release``), if it has one;
+    every setting is also ``--AgentApp.<field>`` and ``c.AgentApp.<field>``."""
+    choices: tuple[str, ...] = ()
+    """The texts it accepts, when they are few (an ``Enum`` trait); empty: any."""
+    env: str | None = None
+    """An environment variable whose value, when set, is its default (``$NODE_NAME``)."""
+    parse: Callable[[Any], Any] = _same
+    """Its text form (text, a number, or a list of texts for a repeatable flag) → the field's
+    value; raises ``SettingsError`` naming the setting."""
+    text: Callable[[Any], Any] = _text
+    """The field's value → its text form: what the default looks like to a flag, and its
+    inverse is ``parse`` (a test holds them to that)."""
+    show: Callable[[Any], object] = _plain
+    """The value → what ``describe()`` logs."""
+    shown: str | None = None
+    """The attribute ``describe()`` logs instead of the field (a value resolved from it)."""
+
+
+OPTION: Final = "option"
+"""The key of a setting's ``Option`` in its field's metadata."""
+
+_T = TypeVar("_T")
+
+
+def setting(
+    default: _T,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple[str, ...] = (),
+    env: str | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    text: Callable[[Any], Any] = _text,
+    show: Callable[[Any], object] = _plain,
+    shown: str | None = None,
+) -> _T:
+    """A settings field with its default and its ``Option``: the one place a setting is
+    declared. A path's or an enum's text is read as its default's type, and an enum's members
+    are its choices, unless told otherwise."""
+    if parse is None:
+        parse = type(default) if isinstance(default, PurePath | enum.Enum) else _same
+    if not choices and isinstance(default, enum.Enum):
+        choices = tuple(type(default))
+    option = Option(help, flag, tuple(map(str, choices)), env, parse, text, show, shown)
+    return field(default=default, metadata={OPTION: option})
+
+
+def options(settings: type[Any]) -> Iterator[tuple[str, Option, object]]:
+    """The settings a settings class declares: name, ``Option`` and default (as a value)."""
+    for declared in fields(settings):
+        if OPTION in declared.metadata:
+            yield declared.name, declared.metadata[OPTION], declared.default
+
+
+def parsed(settings: type[Any], text: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``settings``' fields whose text forms, by name, are in ``text``."""
+    return {name: option.parse(text[name]) for name, option, _ in options(settings)}
+
+
+def described(settings: object) -> dict[str, object]:
+    """``settings``' declared fields as plain values, by name (``describe()``)."""
+    return {
+        name: option.show(getattr(settings, option.shown or name))
+        for name, option, _ in options(type(settings))
+    }
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def _addresses(texts: list[str]) -> tuple[ListenAddress, ...]:
+    return tuple(parse_listen(text) for text in texts)
+
+
+def _octal_mode(text: str) -> int:
+    try:
+        return int(text, 8)
+    except ValueError as e:
+        raise SettingsError(f"socket_mode {text!r} is not an octal mode") from e
+
+
+def _group_id(text: str) -> int | None:
+    if not text:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError as e:
+        raise SettingsError(f"socket_group {text!r}: no such group") from e
+
+
+def _comma_separated(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+AUTO: Final = "auto"
+"""``--driver-files``' choice of the mode by ``--simulate`` (``driver_files_mode``)."""
 
 
 class Backend(enum.StrEnum):
@@ -44,8 +178,6 @@ class Backend(enum.StrEnum):
     KUBERNETES = "kubernetes"
 
 
-DEFAULT_POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-DEFAULT_CRI_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 DEFAULT_HOLDER_IMAGE: Final = "registry.k8s.io/pause:3.9"
 DEFAULT_HOLDER_PRIORITY_CLASS: Final = "gpu-hotplug-holder"
 """The PriorityClass of holder pods (shipped with the agent's manifests and chart)."""
@@ -170,47 +302,120 @@ def _check_label(key: str, value: str, term: str) -> None:
 
 @dataclass(frozen=True)
 class KubernetesSettings:
-    """Kubernetes mode's own settings (``--backend kubernetes``)."""
+    """Kubernetes mode's own settings (``--backend kubernetes``); each declared once, as
+    ``AgentSettings``' are."""
 
-    node_name: str
-    """This node's name: holder pods are pinned to it, targets must run on it."""
-    kubeconfig: Path | None = None
-    """A kubeconfig file; ``None``: the pod's service account (in-cluster)."""
-    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
-    """The kubelet's PodResources socket."""
-    cri_endpoint: str = DEFAULT_CRI_ENDPOINT
-    """The container runtime's CRI socket (containerd, CRI-O): ``unix:///path`` or ``/path``."""
-    holder_image: str = DEFAULT_HOLDER_IMAGE
-    """The image of holder pods (a pause image that is on every node)."""
-    resource_name: str = DEFAULT_RESOURCE_NAME
-    """The extended resource a holder requests: ``nvidia.com/gpu`` or a MIG profile."""
-    holder_priority_class: str = DEFAULT_HOLDER_PRIORITY_CLASS
-    """The PriorityClass of holder pods (above notebooks: preemption of a holder is rare);
-    empty: each holder takes its target pod's own priority class."""
-    holder_image_pull_policy: str = "IfNotPresent"
-    holder_image_pull_secrets: tuple[str, ...] = ()
-    """Secrets (in each target's namespace) to pull the holder image with."""
-    holder_cpu: str = DEFAULT_HOLDER_CPU
-    holder_memory: str = DEFAULT_HOLDER_MEMORY
-    stray_policy: str = "report"
-    """What the stray sweep does with GPU access nobody granted: ``report`` (Event, metric,
-    log) or ``revoke`` (and take it away)."""
-    default_max_gpus: int = DEFAULT_MAX_GPUS
-    """The most GPUs a pod without the ``max-gpus`` annotation may hold (0: none; the
-    annotation is then required). Fail closed: a pod nobody gave a limit gets one GPU, not
-    the node."""
-    allowed_namespaces: tuple[str, ...] = ()
-    """Namespaces whose pods may get GPUs, by name (``*``: every namespace); with
-    ``allowed_namespace_selector``, a namespace either one admits is allowed."""
-    allowed_namespace_selector: LabelSelector = field(
-        default_factory=lambda: LabelSelector.parse(DEFAULT_NAMESPACE_SELECTOR)
+    node_name: str = setting(
+        "",
+        f"""Kubernetes mode: this node's name (holder pods are pinned to it; targets must
+        run on it). Default: ${NODE_NAME_ENV}, which the DaemonSet sets from spec.nodeName.""",
+        flag="node-name",
+        env=NODE_NAME_ENV,
     )
-    """Namespaces whose labels match may get GPUs (empty: none by label)."""
-    rbac_scope: str = "cluster"
-    """``namespaces``: the agent may read pods only in ``allowed_namespaces`` (RoleBindings),
-    so it lists and watches each of them instead of every namespace — which needs the
-    allowlist to be names alone (no ``*``, no selector: a namespace admitted by label could
-    hold a notebook the agent may not read)."""
+    kubeconfig: Path | None = setting(
+        None,
+        """Kubernetes mode: a kubeconfig file to reach the API server; empty: the pod's
+        service account (in-cluster configuration).""",
+        flag="kubeconfig",
+        parse=_optional_path,
+    )
+    pod_resources_socket: Path = setting(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        "Kubernetes mode: the kubelet's PodResources socket (which GPU a holder got).",
+        flag="pod-resources-socket",
+    )
+    cri_endpoint: str = setting(
+        "unix:///run/containerd/containerd.sock",
+        """Kubernetes mode: the container runtime's CRI socket, unix:///path or /path
+        (containerd: /run/containerd/containerd.sock; CRI-O: /var/run/crio/crio.sock).""",
+        flag="cri-endpoint",
+    )
+    holder_image: str = setting(
+        DEFAULT_HOLDER_IMAGE,
+        "Kubernetes mode: the image of holder pods (a pause image present on every node).",
+        flag="holder-image",
+    )
+    resource_name: str = setting(
+        DEFAULT_RESOURCE_NAME,
+        """Kubernetes mode: the extended resource a holder pod requests, one per GPU:
+        nvidia.com/gpu, or a MIG profile such as nvidia.com/mig-1g.10gb.""",
+        flag="resource-name",
+    )
+    holder_priority_class: str = setting(
+        DEFAULT_HOLDER_PRIORITY_CLASS,
+        """Kubernetes mode: the PriorityClass of holder pods, above the notebooks' so that a
+        holder is rarely preempted (the chart and k8s/ ship it); empty: each holder takes its
+        notebook pod's priority class.""",
+        flag="holder-priority-class",
+    )
+    holder_image_pull_policy: str = setting(
+        "IfNotPresent",
+        "Kubernetes mode: the imagePullPolicy of holder pods.",
+        flag="holder-image-pull-policy",
+        choices=PULL_POLICIES,
+    )
+    holder_image_pull_secrets: tuple[str, ...] = setting(
+        (),
+        """Kubernetes mode: imagePullSecrets of holder pods (names of Secrets, which must
+        exist in every notebook namespace); repeat for several.""",
+        flag="holder-image-pull-secret",
+        parse=tuple,
+    )
+    holder_cpu: str = setting(
+        DEFAULT_HOLDER_CPU,
+        "Kubernetes mode: CPU request and limit of a holder pod (Guaranteed QoS).",
+        flag="holder-cpu",
+    )
+    holder_memory: str = setting(
+        DEFAULT_HOLDER_MEMORY,
+        """Kubernetes mode: memory request and limit of a holder pod (Guaranteed QoS).
+        runc's init runs inside the holder's memory cgroup before the pause process: below
+        the measured floor (docs/performance.md) the holder is OOM-killed at start.""",
+        flag="holder-memory",
+    )
+    stray_policy: str = setting(
+        "report",
+        """Kubernetes mode: a running container that can open a GPU that neither the
+        device plugin assigned to it nor the agent granted: 'report' it (Event on its pod,
+        gpu_hotplug_stray_gpu_access, a log line) or also 'revoke' the access.""",
+        flag="stray-policy",
+        choices=STRAY_POLICIES,
+    )
+    default_max_gpus: int = setting(
+        DEFAULT_MAX_GPUS,
+        """Kubernetes mode: the most GPUs a pod may hold when it has no
+        gpu-hotplug.jupyter.org/max-gpus annotation (0: none, the annotation is required).
+        The spawner sets the annotation; a pod nobody gave a limit gets this many.""",
+        flag="default-max-gpus",
+    )
+    """Fail closed: a pod nobody gave a limit gets one GPU, not the node."""
+    allowed_namespaces: tuple[str, ...] = setting(
+        (),
+        """Kubernetes mode: namespaces whose pods may get GPUs, by name; repeat for
+        several ('*': every namespace). A namespace this or --allowed-namespace-selector admits
+        is allowed; the agent refuses any other with 403.""",
+        flag="allowed-namespaces",
+        parse=tuple,
+    )
+    allowed_namespace_selector: LabelSelector = setting(
+        LabelSelector.parse(DEFAULT_NAMESPACE_SELECTOR),
+        """Kubernetes mode: namespaces whose labels match this selector may get GPUs
+        (key=value, key!=value, key, !key, joined by commas; empty: none by label). Label a
+        notebook namespace: kubectl label namespace NS gpu-hotplug.jupyter.org/notebooks=true""",
+        flag="allowed-namespace-selector",
+        parse=LabelSelector.parse,
+    )
+    rbac_scope: str = setting(
+        "cluster",
+        """Kubernetes mode: where the agent's RBAC lets it read and write pods.
+        'cluster' (a ClusterRoleBinding): every namespace. 'namespaces' (RoleBindings in the
+        namespaces of --allowed-namespaces, the chart's rbac.namespaced): the agent then lists
+        and watches only those, and needs the allowlist to be names alone.""",
+        flag="rbac-scope",
+        choices=RBAC_SCOPES,
+    )
+    """``namespaces`` needs the allowlist to be names alone (no ``*``, no selector): a
+    namespace admitted by label could hold a notebook the agent may not read."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -279,24 +484,7 @@ class KubernetesSettings:
         return name.removeprefix("mig-") if name.startswith("mig-") else None
 
     def describe(self) -> dict[str, object]:
-        return {
-            "node_name": self.node_name,
-            "kubeconfig": None if self.kubeconfig is None else str(self.kubeconfig),
-            "pod_resources_socket": str(self.pod_resources_socket),
-            "cri_endpoint": self.cri_endpoint,
-            "holder_image": self.holder_image,
-            "resource_name": self.resource_name,
-            "holder_priority_class": self.holder_priority_class,
-            "holder_image_pull_policy": self.holder_image_pull_policy,
-            "holder_image_pull_secrets": list(self.holder_image_pull_secrets),
-            "holder_cpu": self.holder_cpu,
-            "holder_memory": self.holder_memory,
-            "stray_policy": self.stray_policy,
-            "default_max_gpus": self.default_max_gpus,
-            "allowed_namespaces": list(self.allowed_namespaces),
-            "allowed_namespace_selector": str(self.allowed_namespace_selector),
-            "rbac_scope": self.rbac_scope,
-        }
+        return described(self)
 
 
 class LogStyle(enum.StrEnum):
@@ -365,72 +553,195 @@ class TestHooks:
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Everything the agent needs to run, resolved and checked (see ``AgentApp`` for help)."""
+    """Everything the agent needs to run, resolved and checked. Each setting is declared once,
+    here: its type, its default, and (``setting``) its help, flag and text form, from which
+    ``AgentApp`` makes its traits and flags (docs/architecture.md, "Settings")."""
 
-    listen: tuple[ListenAddress, ...]
-    """Where the API is served; at least one address."""
-    state_dir: Path
-    """Ledger, token, lock and simulation files live here (created 0700)."""
-    metrics_listen: tuple[ListenAddress, ...] = ()
-    """Where ``/metrics`` (and ``/healthz``) are served on their own; when given, the API's
-    addresses no longer serve ``/metrics``, so a NetworkPolicy can open the API to notebooks
-    and the metrics port to the monitoring namespace only."""
-    backend: Backend = Backend.LOCAL
-    host_proc: Path = Path("/proc")
-    """The procfs in which target pids are given (the host's)."""
-    cgroup_root: Path | None = None
-    """Where the host's ``/`` is seen, for cgroup mount points (``None``: our own root)."""
-    max_gpus_per_target: int = DEFAULT_MAX_GPUS_PER_TARGET
-    """The most GPUs one target may hold, and one request may ask for."""
-    device_major: int = NVIDIA_MAJOR
-    """Character-device major of GPU nodes (NVIDIA's is 195)."""
-    socket_mode: int = 0o660
-    """Permission bits of unix sockets (who may connect at all)."""
-    socket_group: int | None = None
-    """Group id given to unix sockets (``None``: the agent's group)."""
-    simulate: int = 0
-    """Number of simulated GPUs (0: read the real driver)."""
-    simulation_dir: Path | None = None
-    """Where the simulated node's library and config live (``None``: ``<state_dir>/simulation``);
-    world-readable, because sandboxed kernels of other users load them too."""
-    simulate_mig: tuple[str, ...] = ()
-    """MIG profiles of simulated GPU 0 (``1g.10gb``...): it is in MIG mode with one slice each."""
-    simulate_nvlink: int = 0
-    """How many simulated GPUs, from GPU 0, have NVLinks (and NVLink traffic when used)."""
-    simulation_interval: float = 2.0
-    """Seconds between two moves of simulated utilisation, temperature and power."""
-    reconcile_interval: float = 10.0
-    """Seconds between two reconciliations of the ledger with the host (0: start-up only)."""
-    force_grace: float = 5.0
-    """Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."""
-    idle_release_seconds: float = 0.0
-    """Release a GPU unused (no open fd in its target, no NVML utilisation) this long; 0: off.
-    Off by default: taking a GPU from a running kernel is the platform's decision to make."""
-    idle_warning_seconds: float = 60.0
-    """Announce an idle release this long before it happens."""
-    max_lease_seconds: float = 0.0
-    """Release an unused GPU once attached this long; 0: no maximum."""
-    idle_check_interval: float = 5.0
-    """Seconds between two passes of the idle policy."""
-    lost_grace_seconds: float = 30.0
-    """How long a user is warned before the GPU of a lost reservation (holder pod preempted,
-    evicted, deleted) or an orphaned grant is revoked."""
-    lost_policy: LostPolicy = LostPolicy.REVOKE
-    """After the grace period: ``revoke`` (the access goes, processes keep open descriptors)
-    or ``force`` (processes holding the GPU open are ended)."""
-    driver_files: DriverFilesMode | None = None
-    """How a target gets the driver's libraries (``core/driver_files.py``); ``None``: ``off``
-    with ``simulate`` (the simulation's kernels load its own library), else ``cdi``."""
-    cdi_spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
-    """Where the node's CDI specs are, as the agent sees them (later directories win)."""
-    cdi_kind: str = DEFAULT_KIND
-    """The CDI kind of the node's GPUs."""
-    host_root: Path = Path("/")
-    """Where the agent sees the host's root filesystem: the CDI spec's host paths (the driver's
-    libraries) are below it (``/`` on a server; the chart mounts the host's at ``/host/root``)."""
+    listen: tuple[ListenAddress, ...] = setting(
+        (UnixAddress(Path(DEFAULT_SOCKET)),),
+        """Where to serve the API; repeat for several. HOST:PORT, [IPV6]:PORT, :PORT (all
+        interfaces) or unix:/absolute/path. Callers on a unix socket are identified by their
+        process credentials; over TCP they need the token from <state-dir>/token.""",
+        flag="listen",
+        parse=_addresses,
+    )
+    metrics_listen: tuple[ListenAddress, ...] = setting(
+        (),
+        """Serve /metrics (and /healthz) on this TCP address of its own, HOST:PORT or :PORT;
+        repeat for several. Then the API addresses no longer serve /metrics, and a
+        NetworkPolicy can admit notebooks to the API and only the monitoring namespace here.
+        Default: /metrics is served with the API, without authentication.""",
+        flag="metrics-listen",
+        parse=_addresses,
+    )
+    backend: Backend = setting(
+        Backend.LOCAL,
+        """Where GPU ownership is kept: 'local' (a SQLite ledger in the state dir; targets
+        are processes, {"pid": N}) or 'kubernetes' (holder pods; targets are pods' containers,
+        {"pod": {...}}; callers authenticate with their pods' bound service-account tokens).""",
+        flag="backend",
+    )
+    state_dir: Path = setting(
+        Path("/var/lib/gpu-hotplug"),
+        """Directory of the ledger, the token and the lock (created with mode 0700). An
+        existing one must be the agent user's and not writable by group or others (nor a
+        symlink): never point it into a shared temporary directory.""",
+        flag="state-dir",
+    )
+    host_proc: Path = setting(
+        Path("/proc"),
+        "The procfs in which target pids are given (the host's).",
+        flag="host-proc",
+    )
+    cgroup_root: Path | None = setting(
+        None,
+        """Where the host's / is seen, when cgroup mount points must be rebased (e.g.
+        /host when the host's /sys is mounted at /host/sys): the hierarchies are then read
+        from the host's init (pid 1 of --host-proc, so the agent needs the host's pid
+        namespace) and found under this root. Empty: our own mounts, at our own /.""",
+        flag="cgroup-root",
+        parse=_optional_path,
+    )
+    max_gpus_per_target: int = setting(
+        DEFAULT_MAX_GPUS_PER_TARGET,
+        "The most GPUs one container may hold, whichever of its processes a request "
+        "names (and one request may ask for).",
+        flag="max-gpus-per-target",
+    )
+    device_major: int = setting(
+        NVIDIA_MAJOR,
+        "Character-device major number of GPU nodes (NVIDIA: 195).",
+        flag="device-major",
+    )
+    socket_mode: int = setting(
+        0o660,
+        "Permission bits of unix sockets, in octal: who may connect at all.",
+        flag="socket-mode",
+        parse=_octal_mode,
+        text=lambda mode: f"{mode:04o}",
+        show=lambda mode: f"{mode:#o}",
+    )
+    socket_group: int | None = setting(
+        None,
+        "Group (name or id) of unix sockets; empty: the agent's own group.",
+        flag="socket-group",
+        parse=_group_id,
+    )
+    simulate: int = setting(
+        0,
+        """Serve this many SIMULATED GPUs (through the fake NVML library) instead of the
+        real driver's; 0: real GPUs.""",
+        flag="simulate",
+    )
+    simulate_mig: tuple[str, ...] = setting(
+        (),
+        "With --simulate: comma-separated MIG profiles (e.g. 1g.10gb,1g.10gb) that put "
+        "simulated GPU 0 in MIG mode with one slice each.",
+        flag="simulate-mig",
+        parse=_comma_separated,
+        text=",".join,
+    )
+    simulate_nvlink: int = setting(
+        0,
+        "With --simulate: how many simulated GPUs, from GPU 0, have NVLinks (18 each, "
+        "as an H100 SXM); the others are PCIe-only.",
+        flag="simulate-nvlink",
+    )
+    simulation_dir: Path | None = setting(
+        None,
+        """Where the simulated node's library and config are kept (world-readable);
+        empty: <state-dir>/simulation.""",
+        flag="simulation-dir",
+        parse=_optional_path,
+    )
+    """World-readable, because sandboxed kernels of other users load them too."""
+    simulation_interval: float = setting(
+        2.0, "Seconds between two moves of the simulated readings (0: never move)."
+    )
+    reconcile_interval: float = setting(
+        10.0,
+        "Seconds between two reconciliations of the ledger with the host (0: start-up only).",
+        flag="reconcile-interval",
+    )
+    force_grace: float = setting(
+        5.0, "Seconds a process gets after SIGTERM before SIGKILL, on a forced detach."
+    )
+    idle_release_seconds: float = setting(
+        0.0,
+        "Release an attached GPU that no process of its target held open and NVML saw "
+        "unused for this many seconds (0: off). A request may ask for a shorter period, never "
+        "a longer one; a GPU in use is never released.",
+        flag="idle-release",
+    )
+    """Off by default: taking a GPU from a running kernel is the platform's decision to make."""
+    idle_warning_seconds: float = setting(
+        60.0, "Announce an idle release this many seconds before it happens.", flag="idle-warning"
+    )
+    max_lease_seconds: float = setting(
+        0.0,
+        "Release an attached GPU this many seconds after its attach, at the first moment "
+        "nothing uses it (0: no maximum).",
+        flag="max-lease",
+    )
+    idle_check_interval: float = setting(
+        5.0, "Seconds between two passes of the idle policy over the attached GPUs."
+    )
+    lost_grace_seconds: float = setting(
+        30.0,
+        """Seconds between telling the user that a GPU lost its reservation (holder pod
+        preempted, evicted or deleted; a grant no holder backs) and revoking it.""",
+        flag="lost-grace",
+    )
+    lost_policy: LostPolicy = setting(
+        LostPolicy.REVOKE,
+        """When a lost GPU's grace period ends: 'revoke' takes the access and leaves
+        processes that hold it open alone; 'force' ends them, as a forced detach.""",
+        flag="lost-policy",
+    )
+    driver_files: DriverFilesMode | None = setting(
+        None,
+        """How a notebook gets the driver's libraries (libcuda.so.1, nvidia-smi) with its
+        GPU. 'cdi': the agent applies the node's CDI spec (NVIDIA's toolkit in CDI mode, the
+        GPU Operator's default since v25.10) to the running container, and refuses (422) a
+        container that could load no libcuda.so.1 even so. 'check': nothing is applied, the
+        container must load it already (the toolkit's legacy mode). 'off': neither. 'auto':
+        'off' with --simulate, else 'cdi'.""",
+        flag="driver-files",
+        choices=(AUTO, *DriverFilesMode),
+        parse=lambda text: None if text == AUTO else DriverFilesMode(text),
+        text=lambda mode: AUTO if mode is None else str(mode),
+        shown="driver_files_mode",
+    )
+    """``None`` (``auto``): see ``driver_files_mode``."""
+    cdi_spec_dirs: tuple[Path, ...] = setting(
+        DEFAULT_SPEC_DIRS,
+        """Where the node's CDI specs are, as the agent sees them; repeat for several
+        (later ones win, as in CDI). The chart mounts the host's /etc/cdi and /var/run/cdi.""",
+        flag="cdi-spec-dir",
+        parse=lambda dirs: tuple(map(Path, dirs)),
+    )
+    cdi_kind: str = setting(DEFAULT_KIND, "The CDI kind of the node's GPUs.", flag="cdi-kind")
+    host_root: Path = setting(
+        Path("/"),
+        """Where the agent sees the host's root filesystem (read-only is enough): the CDI
+        spec's host paths, the driver's libraries, are read below it. '/' for an agent on the
+        host; the chart mounts the host's root at /host/root.""",
+        flag="host-root",
+    )
     hooks: TestHooks = field(default_factory=TestHooks)
+    """Read from the environment by ``AgentApp`` (a test hook, never a flag)."""
     kubernetes: KubernetesSettings | None = None
     """Kubernetes mode's settings; given exactly when ``backend`` is ``kubernetes``."""
+
+    @classmethod
+    def from_text(cls, text: Mapping[str, Any], hooks: TestHooks | None = None) -> AgentSettings:
+        """The settings whose text forms (``AgentApp``'s traits, by field name) are ``text``;
+        ``SettingsError`` says which one is wrong."""
+        values = parsed(cls, text)
+        kubernetes = None
+        if values["backend"] is Backend.KUBERNETES:
+            kubernetes = KubernetesSettings(**parsed(KubernetesSettings, text))
+        return cls(**values, hooks=hooks or TestHooks(), kubernetes=kubernetes)
 
     def __post_init__(self) -> None:
         if (self.backend is Backend.KUBERNETES) != (self.kubernetes is not None):
@@ -496,33 +807,7 @@ class AgentSettings:
     def describe(self) -> dict[str, object]:
         """The settings as plain values, for the start-up log line (no secrets in here)."""
         return {
-            "listen": [str(address) for address in self.listen],
-            "metrics_listen": [str(address) for address in self.metrics_listen],
-            "backend": str(self.backend),
-            "state_dir": str(self.state_dir),
-            "host_proc": str(self.host_proc),
-            "cgroup_root": None if self.cgroup_root is None else str(self.cgroup_root),
-            "max_gpus_per_target": self.max_gpus_per_target,
-            "device_major": self.device_major,
-            "socket_mode": f"{self.socket_mode:#o}",
-            "socket_group": self.socket_group,
-            "simulate": self.simulate,
-            "simulation_dir": None if self.simulation_dir is None else str(self.simulation_dir),
-            "simulate_mig": list(self.simulate_mig),
-            "simulate_nvlink": self.simulate_nvlink,
-            "simulation_interval": self.simulation_interval,
-            "reconcile_interval": self.reconcile_interval,
-            "force_grace": self.force_grace,
-            "idle_release_seconds": self.idle_release_seconds,
-            "idle_warning_seconds": self.idle_warning_seconds,
-            "max_lease_seconds": self.max_lease_seconds,
-            "idle_check_interval": self.idle_check_interval,
-            "lost_grace_seconds": self.lost_grace_seconds,
-            "lost_policy": str(self.lost_policy),
-            "driver_files": str(self.driver_files_mode),
-            "cdi_spec_dirs": [str(d) for d in self.cdi_spec_dirs],
-            "cdi_kind": self.cdi_kind,
-            "host_root": str(self.host_root),
+            **described(self),
             "test_pause_at": self.hooks.pause_at,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.describe(),
         }

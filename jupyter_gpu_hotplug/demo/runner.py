@@ -451,7 +451,7 @@ class DemoRun:
 
     async def _sweep_sandboxes(self) -> bool:
         """Remove demo kernel sandboxes that JupyterLab left (only if it was killed)."""
-        from ..linux.sandbox import SandboxError, cleanup_stale
+        from ..linux.sandbox.runtime import SandboxError, cleanup_stale
         from ..sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 
         try:

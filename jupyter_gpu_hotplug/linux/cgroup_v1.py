@@ -14,6 +14,14 @@ have traps that a plain "write and hope" misses (security/device_cgroup.c):
   done, so every change is verified against ``devices.list`` with the shared
   policy model (:mod:`.devrules`) and fails loudly on a mismatch.
 
+Why apart from :mod:`.device_controllers.v1` (two layers, not one concern split): this is the
+kernel's ``devices`` file protocol on one cgroup, shared by both products of :mod:`.linux` —
+the sandbox runtime sets a fresh sandbox's whole policy with :func:`set_policy`, the hot-plug
+engine grants and revokes through :mod:`.device_controllers.v1`. That controller is the
+engine's own policy on top (which devices need a write at all, the journal's undo of each, the
+verdicts the engine compares across hierarchies); folding it in here would make the sandbox
+runtime import the engine's journal, which an import-linter contract forbids.
+
 All reads and writes of control files go through one small seam
 (:class:`ControlFiles`); the real one (:class:`CgroupFS`) opens each file beneath
 its cgroup directory without following symlinks and checks the directory is on a

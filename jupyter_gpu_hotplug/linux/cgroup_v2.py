@@ -18,6 +18,13 @@ again; with nothing left granted the original instructions come back byte for
 byte. It never detaches and re-attaches: between the two, every device would
 be allowed.
 
+Why apart from :mod:`.device_controllers.v2`: this is the eBPF program mechanism on one
+directory, shared by both products of :mod:`.linux` (the sandbox runtime attaches a fresh
+sandbox's program with :func:`attach_device_program`; the engine patches a container's
+programs). The controller is the engine's policy on top: which directories, systemd's
+``DeviceAllow=`` where systemd keeps the policy, the journal's undo; folding it in here would
+make the sandbox runtime import the engine, which an import-linter contract forbids.
+
 Both operations read the current programs each time, so they are idempotent and
 survive someone else (systemd, the runtime) replacing a program in between;
 they verify the result by reading it back, and undo a half-done multi-program

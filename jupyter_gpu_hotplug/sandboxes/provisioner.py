@@ -1,7 +1,7 @@
 """Local mode's kernel provisioner: every Jupyter kernel in a container-like sandbox of its own.
 
 Boundary: the ``jupyter_client`` kernel life cycle (launch, poll, signal, kill, clean up,
-restart) mapped onto :class:`~jupyter_gpu_hotplug.linux.sandbox.Sandbox`. It knows nothing
+restart) mapped onto :class:`~jupyter_gpu_hotplug.linux.sandbox.runtime.Sandbox`. It knows nothing
 of the agent or of GPUs: it gives each kernel a private mount namespace with its own
 ``/dev`` and device cgroups that deny every GPU, and it says which process a kernel is.
 
@@ -37,8 +37,8 @@ for every sandbox, each with the kernel id, the pid and whether it is part of a 
 
 Leftovers: the server's normal shutdown shuts every kernel down, which stops its sandbox.
 Sandboxes of a server that crashed are removed by the next launch with the same name prefix
-and cgroup parent (:func:`~jupyter_gpu_hotplug.linux.sandbox.cleanup_stale`: only those whose
-owning server process is gone, so two servers sharing a prefix never touch each other's).
+and cgroup parent (:func:`~jupyter_gpu_hotplug.linux.sandbox.runtime.cleanup_stale`: only those
+whose owning server process is gone, so two servers sharing a prefix never touch each other's).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Bool, Dict, Enum, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config
 
-from ..linux.sandbox import (
+from ..linux.sandbox.runtime import (
     DEFAULT_CGROUP_PARENT,
     DEFAULT_HIDDEN,
     Backend,

@@ -20,9 +20,9 @@ from ..client import Timeouts
 from ..nvml.state import GpuMonitor
 from .config import GPUHotplug
 from .handlers import MANAGER_SETTING, default_handlers
+from .kernel_sandboxes import KernelSandboxes
 from .manager import HotplugManager
 from .models import Mode
-from .targets import KernelSandboxes
 
 
 class GPUHotplugApp(ExtensionApp):

@@ -20,7 +20,7 @@ from traitlets import Enum, Float, Int, TraitError, Type, Unicode, default, vali
 from traitlets.config import LoggingConfigurable
 
 from ..client import AGENT_URL_ENV, DEFAULT_AGENT_URL, TOKEN_PATH_ENV, AsyncAgentClient
-from .targets import KernelSandboxes, ProvisionerSandboxes
+from .kernel_sandboxes import KernelSandboxes, ProvisionerSandboxes
 
 MODE_ENV = "GPU_HOTPLUG_MODE"
 """``local`` or ``kubernetes``; overrides the guess from the environment."""

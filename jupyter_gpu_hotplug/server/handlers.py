@@ -43,8 +43,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
-from .._lingering import has_unread_body, refuse_unread
-from .._structs import BoundedBody, allow_header
+from .._httpkit import Refusal, StreamedBodyHandler, allow_header
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
@@ -90,7 +89,7 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
         """
         error = kwargs["exc_info"][1] if "exc_info" in kwargs else None
         if status_code == 405:
-            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
+            self.set_header("Allow", allow_header(type(self)))
         if status_code == 403 and not self.current_user:
             # tornado's ``authenticated`` refuses a caller without credentials with 403; RFC
             # 9110 (and this API's document) say 401, with how to authenticate.
@@ -121,45 +120,35 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
         )
 
 
-@web.stream_request_body
-class BodyHandler(GPUHotplugAPIHandler):
+class BodyHandler(StreamedBodyHandler, GPUHotplugAPIHandler):
     """A handler with a JSON body of at most ``MAX_BODY_BYTES``, refused with 413 unread.
 
     jupyter_server reads a whole body (up to its ``max_body_size``, 512 MiB) before a handler
-    runs; streamed, the declared ``Content-Length`` is checked when the headers arrive (the 413
-    is sent at once, with a lingering close: ``_lingering``), and a chunked body is counted as
-    it comes and dropped past the limit.
+    runs; streamed through the HTTP kit (``_httpkit.StreamedBodyHandler``, as the agent's API
+    does), the declared ``Content-Length`` is checked when the headers arrive (the 413 is sent
+    at once, with a lingering close), and a chunked body is counted as it comes and dropped
+    past the limit.
     """
 
-    _body: BoundedBody
+    max_body = MAX_BODY_BYTES
+    too_large = BodyTooLarge
 
     async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's is async
-        self._body = BoundedBody(MAX_BODY_BYTES)
-        if self._body.declare(self.request.headers.get("Content-Length")):
-            if not has_unread_body(self):
-                raise BodyTooLarge(MAX_BODY_BYTES)
-            # Answered now, the rest of the body read and dropped (``_lingering``): a client
-            # still sending reads the 413 instead of a reset.
-            reply = error_reply(BodyTooLarge(MAX_BODY_BYTES)) or internal_error_reply()
-            self.log.warning("%d %s: %s", reply.status, self._request_summary(), "body too large")
-            refuse_unread(
-                self,
-                reply.status,
-                json.dumps(reply.body).encode(),
-                {"Content-Type": "application/json; charset=UTF-8", "Cache-Control": "no-store"},
-            )
-            return
-        await super().prepare()
+        if not await self.screen():
+            await super().prepare()
 
-    def data_received(self, chunk: bytes) -> None:
-        self._body.add(chunk)
-
-    @property
-    def body(self) -> bytes:
-        """The whole request body; ``BodyTooLarge`` if it grew past the limit."""
-        if self._body.too_large:
-            raise BodyTooLarge(MAX_BODY_BYTES)
-        return self._body.value()
+    def unread_refusal(self, error: Exception) -> Refusal | None:
+        """Our 413, answered before the body is read (a client still sending reads it
+        instead of a reset)."""
+        reply = error_reply(error)
+        if reply is None:
+            return None
+        self.log.warning("%d %s: %s", reply.status, self._request_summary(), "body too large")
+        return Refusal(
+            reply.status,
+            json.dumps(reply.body).encode(),
+            {"Content-Type": "application/json; charset=UTF-8", "Cache-Control": "no-store"},
+        )
 
 
 class VersionHandler(GPUHotplugAPIHandler):

@@ -39,6 +39,7 @@ from .errors import (
     internal_error_reply,
 )
 from .history import GpuHistory, HistoryJson
+from .kernel_sandboxes import KernelSandboxes
 from .models import (
     AttachJson,
     GpusJson,
@@ -53,7 +54,6 @@ from .models import (
 from .releases import ReleaseLog
 from .stream import EventHub, Reading, Subscription
 from .targeting import Target, Targets, targets_for
-from .targets import KernelSandboxes
 from .validation import AttachRequest, CancelRequest, DetachRequest, KernelId
 
 __all__ = ["HotplugManager"]
@@ -291,12 +291,13 @@ class HotplugManager:
         node: asyncio.Future[tuple[Gpu, ...]],
         attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
     ) -> None:
-        """Learn the watched kernels' waits in the agent's queue (local mode), so that a wait
-        the magic or the command line started shows in the panel, the toolbar and the status
-        bar like one started here. Asked at every reading while the kernel is seen waiting,
-        every ``AGENT_QUEUE_EVERY_NONE_FREE``-th while no GPU is free (a wait is likely),
-        and otherwise every ``AGENT_QUEUE_EVERY``-th (a wait for more GPUs than are free),
-        so the stream's cost on the agent grows little (``bench_stream.py``); never for a
+        """Learn the watched kernels' waits in the agent's queue (where the strategy
+        ``reports_queue_place``: sandboxed kernels), so that a wait the magic or the command
+        line started shows in the panel, the toolbar and the status bar like one started here.
+        Asked at every reading while the kernel is seen waiting, every
+        ``AGENT_QUEUE_EVERY_NONE_FREE``-th while no GPU is free (a wait is likely), and
+        otherwise every ``AGENT_QUEUE_EVERY``-th (a wait for more GPUs than are free), so the
+        stream's cost on the agent grows little (``bench_stream.py``); never for a
         target whose attachments the agent just refused (it would refuse this too)."""
         if not self.targets.reports_queue_place:
             return

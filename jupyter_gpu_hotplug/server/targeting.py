@@ -23,8 +23,8 @@ from typing import ClassVar, Final, Protocol
 
 from .._structs import PidRef
 from .errors import KernelIdRequired
+from .kernel_sandboxes import KernelSandboxes
 from .models import Mode
-from .targets import KernelSandboxes
 from .validation import KernelId
 
 __all__ = [
@@ -106,11 +106,15 @@ class SandboxTargets:
 
 class PodTargets:
     """Kubernetes mode: this notebook's pod, whatever kernel is named; its GPUs are every
-    kernel's, so every stream sees every attach. The pod's queue place is not read (the
-    agent's queue is polled for sandboxed kernels only, as before these strategies)."""
+    kernel's, so every stream sees every attach. The agent queues a pod's waiting attach as
+    it queues a sandboxed kernel's (one queue, one decision: ``agent/core/admission.py``), and
+    a wait this server started reads its place there (``GET /v1/queue`` with no target: the
+    caller's own pod), so the toolbar says "queued #1" as in local mode. A wait started
+    elsewhere in the pod (``%gpu attach --wait`` calls the agent from the kernel) is not read
+    by the stream: the agent's queue names pods, not the kernels in them."""
 
     mode: Final = "kubernetes"
-    reports_queue_place: Final = False
+    reports_queue_place: Final = True
     kernel_required: ClassVar[bool] = False
 
     _POD: Final = Target(ref=None, scope=None, label="this pod")

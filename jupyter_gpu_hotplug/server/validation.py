@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NewType
 
+from .._httpkit import load_request_json
 from .._structs import (
     MAX_WAIT_SECONDS,
     FieldChecks,
@@ -31,7 +32,6 @@ from .._structs import (
     check_required,
     check_seconds,
     describe_value,
-    load_request_json,
 )
 from .errors import InvalidInput
 

@@ -124,6 +124,23 @@ class AllocatorContract:
         assert allocator.attachments_of(second.target) == []
         assert _uuids(allocator.all_attachments()) == _uuids(taken)
 
+    async def test_available_is_what_no_reservation_holds(
+        self, allocator_setup: AllocatorSetup
+    ) -> None:
+        # The one authority on "free" the attach decision reads (core/admission.py): a GPU
+        # reserved, in any state, is not available; one released is again.
+        setup = allocator_setup
+        allocator = await _loaded(setup)
+        assert await allocator.available(setup.candidates) == list(setup.candidates)
+
+        taken = await _reserve(allocator, setup, setup.containers[0], 2)
+        await allocator.mark_granted([taken[0].gpu.uuid])
+
+        rest = [gpu for gpu in setup.candidates if gpu.uuid not in _uuids(taken)]
+        assert await allocator.available(setup.candidates) == rest
+        await allocator.release([entry.gpu.uuid for entry in taken])
+        assert await allocator.available(setup.candidates) == list(setup.candidates)
+
     async def test_a_selectable_allocator_takes_exactly_its_candidates(
         self, allocator_setup: AllocatorSetup
     ) -> None:

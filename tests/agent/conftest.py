@@ -10,7 +10,7 @@ import pytest
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 
 from .api_harness import ServedAgent, serve_agent
-from .service_harness import Harness, build
+from .service_harness import Harness, built
 
 
 @pytest.fixture
@@ -24,11 +24,8 @@ def workers() -> Iterator[Workers]:
 @pytest.fixture
 async def harness(tmp_path: Path, workers: Workers) -> AsyncIterator[Harness]:
     """A service with 4 fake GPUs, a real ledger in ``tmp_path`` and fake host seams."""
-    built = await build(tmp_path, workers=workers)
-    yield built
-    # Whatever the test did, the service's in-memory books still equal the database.
-    assert built.allocator.all_attachments() == built.ledger.attachments()
-    built.ledger.close()
+    async with built(tmp_path, workers) as harness:
+        yield harness
 
 
 @pytest.fixture

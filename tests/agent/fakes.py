@@ -479,6 +479,9 @@ class MemoryAllocator:
     def get(self, uuid: GpuUuid) -> Reservation | None:
         return self._entries.get(uuid)
 
+    async def available(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
+        return [gpu for gpu in candidates if gpu.uuid not in self._entries]
+
     async def check(self) -> None:
         return None
 

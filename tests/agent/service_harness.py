@@ -3,13 +3,16 @@ ledger, for unit tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from jupyter_gpu_hotplug.agent.core.bundle import Core
 from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks
 from jupyter_gpu_hotplug.agent.core.metrics import AgentMetrics
 from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
 from jupyter_gpu_hotplug.agent.core.seams import Caller, ConnectionInfo, PeerCredentials
@@ -75,6 +78,7 @@ async def build(
     checkpoints: Checkpoints | None = None,
     workers: Workers,
     allocator: Literal["ledger", "memory"] = "ledger",
+    hooks: BackendHooks | None = None,
 ) -> Harness:
     host = FakeHost()
     resolver = FakeResolver(host)
@@ -97,6 +101,7 @@ async def build(
         workers=workers,
         device_major=MAJOR,
         checkpoints=checkpoints,
+        hooks=hooks,
     )
     service = AgentService(
         core,
@@ -116,3 +121,18 @@ async def build(
         Reconciler(core),
         tmp_path / "state",
     )
+
+
+@contextlib.asynccontextmanager
+async def built(
+    tmp_path: Path, workers: Workers, *, hooks: BackendHooks | None = None
+) -> AsyncIterator[Harness]:
+    """A harness with 4 fake GPUs and a real ledger in ``tmp_path`` (``hooks``: a backend's
+    part in the core, given at construction as ``runtime.py`` gives it); afterwards, whatever
+    the test did, the service's in-memory books still equal the database."""
+    harness = await build(tmp_path, workers=workers, hooks=hooks)
+    try:
+        yield harness
+        assert harness.allocator.all_attachments() == harness.ledger.attachments()
+    finally:
+        harness.ledger.close()

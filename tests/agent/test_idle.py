@@ -12,22 +12,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks
 from jupyter_gpu_hotplug.agent.core.idle import (
     IdlePolicy,
     IdleReason,
     IdleRelease,
-    IdleReleaser,
     IdleWarning,
 )
+from jupyter_gpu_hotplug.agent.core.idle_releaser import IdleReleaser
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 
 from .fakes import FakeProcess
-from .service_harness import ADMIN, Harness
+from .service_harness import ADMIN, Harness, built
 
 
 @dataclass
@@ -82,8 +84,7 @@ class Idle:
         return [e.gpu.uuid for e in self.harness.allocator.attachments_of(process.target)]
 
 
-@pytest.fixture
-def idle(harness: Harness, workers: Workers) -> Iterator[Idle]:
+def _idle(harness: Harness) -> Idle:
     clocks = Clocks()
     usage: dict[GpuUuid, int | None] = {}
     releaser = IdleReleaser(
@@ -93,7 +94,12 @@ def idle(harness: Harness, workers: Workers) -> Iterator[Idle]:
         clock=clocks.monotonic,
         wall=clocks.wall,
     )
-    yield Idle(harness, releaser, clocks, usage)
+    return Idle(harness, releaser, clocks, usage)
+
+
+@pytest.fixture
+def idle(harness: Harness, workers: Workers) -> Iterator[Idle]:
+    yield _idle(harness)
 
 
 async def test_off_by_default(idle: Idle) -> None:
@@ -185,14 +191,22 @@ async def test_a_request_may_be_stricter_never_laxer(idle: Idle) -> None:
 
 
 async def test_a_backend_per_target_period_is_stricter_only_and_listeners_hear_all(
-    idle: Idle,
+    tmp_path: Path, workers: Workers
 ) -> None:
-    """As Kubernetes mode's pod annotation: read at each pass; warnings and releases told."""
-    idle.policy(idle_seconds=600, warning_seconds=60)
+    """As Kubernetes mode's pod annotation: read at each pass; warnings and releases told —
+    the backend's hooks, given to the core when it is built."""
     periods: dict[int, float | None] = {100: 120.0, 200: 10**6, 300: None}
-    idle.harness.core.idle.per_target = lambda target: periods[target.pid]  # type: ignore[union-attr]
     heard: list[IdleWarning | IdleRelease] = []
-    idle.harness.core.idle.listeners.append(heard.append)
+    hooks = BackendHooks(
+        idle_period=lambda target: periods[target.pid],  # type: ignore[union-attr]
+        idle_listeners=(heard.append,),
+    )
+    async with built(tmp_path, workers, hooks=hooks) as harness:
+        await _a_backend_period(_idle(harness), heard)
+
+
+async def _a_backend_period(idle: Idle, heard: list[IdleWarning | IdleRelease]) -> None:
+    idle.policy(idle_seconds=600, warning_seconds=60)
     strict, uuid = await idle.attach(100)
     lax, _ = await idle.attach(200)
     plain, _ = await idle.attach(300)
@@ -259,6 +273,22 @@ async def test_detached_gpu_is_forgotten(idle: Idle) -> None:
     assert await idle.after(0) == []
 
     book = idle.harness.core.idle
+    assert uuid not in book.warnings and uuid not in book.requested
+
+
+async def test_a_gpu_taken_back_is_forgotten_too(idle: Idle) -> None:
+    """Every release is the one step ``Core.release``: a take-back (a lost holder) forgets the
+    GPU's idle state as a detach does (it used to stay, for the GPU's next holder to inherit)."""
+    idle.policy(idle_seconds=100, warning_seconds=100)
+    _process, uuid = await idle.attach(100, idle_release_seconds=50)
+    assert await idle.after(0) == []
+    entry = idle.harness.allocator.get(uuid)
+    assert entry is not None and uuid in idle.harness.core.idle.warnings
+
+    await idle.harness.service.take_back(entry, force=False)
+
+    book = idle.harness.core.idle
+    assert idle.harness.allocator.get(uuid) is None
     assert uuid not in book.warnings and uuid not in book.requested
 
 

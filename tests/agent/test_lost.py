@@ -6,11 +6,13 @@ service harness's in-memory host and a real ledger."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
 from jupyter_gpu_hotplug.agent.core import lost as lost_module
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks
 from jupyter_gpu_hotplug.agent.core.injector import HolderInfo, InjectionFailed
 from jupyter_gpu_hotplug.agent.core.lost import (
     LossNotice,
@@ -20,9 +22,10 @@ from jupyter_gpu_hotplug.agent.core.lost import (
     TakeBack,
 )
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, Reservation
+from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
-from .service_harness import ADMIN, Harness
+from .service_harness import ADMIN, Harness, built
 
 
 async def _attached(harness: Harness, pid: int = 100) -> Reservation:
@@ -45,12 +48,10 @@ def _lost(harness: Harness, policy: LostPolicy, grace: float) -> LostGpus:
 
 @pytest.mark.parametrize("policy", list(LostPolicy))
 async def test_told_first_then_revoked_and_only_force_ends_processes(
-    harness: Harness, policy: LostPolicy
+    tmp_path: Path, workers: Workers, policy: LostPolicy
 ) -> None:
-    entry = await _attached(harness)
-    device = CharDevice(195, entry.gpu.minor)
-    harness.injector.hold(harness.host.processes[100], entry.gpu.minor, pid=4242)
-    lost = _lost(harness, policy, grace=0)
+    """The backend's listeners (its hooks, given to the core when it is built) hear of the
+    loss before anything is touched, then of what was done."""
     heard: list[tuple[LossNotice, TakeBack | None]] = []
     seen_usable: list[bool] = []
 
@@ -62,30 +63,35 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
             )
             assert list(harness.core.losses.notices) == [entry.gpu.uuid]
 
-    harness.core.losses.listeners.append(listener)
+    hooks = BackendHooks(loss_listeners=(listener,))
+    async with built(tmp_path, workers, hooks=hooks) as harness:
+        entry = await _attached(harness)
+        device = CharDevice(195, entry.gpu.minor)
+        harness.injector.hold(harness.host.processes[100], entry.gpu.minor, pid=4242)
+        lost = _lost(harness, policy, grace=0)
 
-    async def revoke(force: bool) -> TakeBack | None:
-        return await harness.service.take_back(entry, force=force)
+        async def revoke(force: bool) -> TakeBack | None:
+            return await harness.service.take_back(entry, force=force)
 
-    await lost.handle(
-        key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke
-    )
+        await lost.handle(
+            key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke
+        )
 
-    assert seen_usable == [True]
-    assert [outcome is None for _, outcome in heard] == [True, False]
-    outcome = heard[-1][1]
-    assert outcome is not None
-    assert outcome.forced is (policy is LostPolicy.FORCE)
-    assert outcome.still_open == (
-        () if policy is LostPolicy.FORCE else (HolderInfo(4242, "python"),)
-    )
-    assert device not in harness.injector.usable(harness.host.processes[100].target)
-    assert [h.pid for h in harness.injector.forced] == (
-        [4242] if policy is LostPolicy.FORCE else []
-    )
-    assert harness.allocator.get(entry.gpu.uuid) is None
-    assert harness.core.losses.notices == {}
-    assert harness.sample("gpu_hotplug_lost_revokes_total", kind="holder") == 1
+        assert seen_usable == [True]
+        assert [outcome is None for _, outcome in heard] == [True, False]
+        outcome = heard[-1][1]
+        assert outcome is not None
+        assert outcome.forced is (policy is LostPolicy.FORCE)
+        assert outcome.still_open == (
+            () if policy is LostPolicy.FORCE else (HolderInfo(4242, "python"),)
+        )
+        assert device not in harness.injector.usable(harness.host.processes[100].target)
+        assert [h.pid for h in harness.injector.forced] == (
+            [4242] if policy is LostPolicy.FORCE else []
+        )
+        assert harness.allocator.get(entry.gpu.uuid) is None
+        assert harness.core.losses.notices == {}
+        assert harness.sample("gpu_hotplug_lost_revokes_total", kind="holder") == 1
 
 
 async def test_the_notice_is_on_the_attachment_during_the_grace_period(harness: Harness) -> None:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, GpuRecord, ReservationState
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 
-from .fakes import FakeProcess
+from .fakes import FakeProcess, fake_gpus
 from .service_harness import ADMIN, Harness, build
 
 
@@ -170,22 +172,30 @@ async def test_unrecorded_access_is_revoked(harness: Harness) -> None:
     assert harness.injector.usable(kernel.target) == {CharDevice(195, mine.minor)}
 
 
-async def test_a_device_plugins_gpu_is_never_unrecorded(harness: Harness) -> None:
+@pytest.mark.parametrize("allocator", ["ledger", "memory"])
+async def test_a_device_plugins_gpu_is_never_unrecorded(
+    tmp_path: Path, workers: Workers, allocator: Literal["ledger", "memory"]
+) -> None:
     """Issue 21: a pod that got a GPU from the device plugin and hot-attaches another keeps
-    the plugin's (the backend says which: ``Reconciler.assigned``)."""
-    kernel = harness.host.spawn(100, "kernel-a")
-    mine = await attach(harness, kernel)
-    plugin = harness.inventory.gpus[3]
-    harness.injector.granted[kernel.container].add(CharDevice(195, plugin.minor))
-    harness.reconciler.assigned = lambda container: {plugin.uuid} if container.pid == 100 else ()
+    the plugin's (the backend says which: ``BackendHooks.assigned``, given to the core when
+    it is built)."""
+    plugin = fake_gpus(4)[3]
+    hooks = BackendHooks(assigned=lambda container: {plugin.uuid} if container.pid == 100 else ())
+    harness = await build(tmp_path, workers=workers, allocator=allocator, hooks=hooks)
+    try:
+        kernel = harness.host.spawn(100, "kernel-a")
+        mine = await attach(harness, kernel)
+        harness.injector.granted[kernel.container].add(CharDevice(195, plugin.minor))
 
-    report = await harness.reconciler.run_once()
+        report = await harness.reconciler.run_once()
 
-    assert not report.changed
-    assert harness.injector.usable(kernel.target) == {
-        CharDevice(195, mine.minor),
-        CharDevice(195, plugin.minor),
-    }
+        assert not report.changed
+        assert harness.injector.usable(kernel.target) == {
+            CharDevice(195, mine.minor),
+            CharDevice(195, plugin.minor),
+        }
+    finally:
+        harness.ledger.close()
 
 
 async def test_two_targets_in_one_container_keep_their_own(harness: Harness) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.app import AgentApp
+from jupyter_gpu_hotplug._structs import NODE_NAME_ENV
+from jupyter_gpu_hotplug.agent.app import PAUSE_ENV, AgentApp
 from jupyter_gpu_hotplug.agent.core.checkpoints import STEPS, Checkpoints
 from jupyter_gpu_hotplug.agent.core.driver_files import DriverFilesMode
 from jupyter_gpu_hotplug.agent.core.lost import LostPolicy
@@ -22,11 +24,14 @@ from jupyter_gpu_hotplug.agent.settings import (
     DEFAULT_HOLDER_CPU,
     NOTEBOOKS_LABEL,
     AgentSettings,
+    Backend,
     KubernetesSettings,
     LabelSelector,
+    Option,
     SettingsError,
     TcpAddress,
     UnixAddress,
+    options,
     parse_listen,
 )
 
@@ -354,3 +359,233 @@ async def test_checkpoints_pass_by_default(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="unknown step"):
         await checkpoints.reach("after_lunch")
+
+
+# Issue 38 item 5: each setting is declared once (a field with its ``setting(...)``), and
+# AgentApp's traits and flags are made from those declarations. What one gives on the command
+# line must reach the field, and what one does not give must be the field's default.
+
+ROOT = Path(__file__).parents[2]
+KUBERNETES_FIELDS = {name for name, _, _ in options(KubernetesSettings)}
+
+# For every setting: what its flag is given (repeated for a repeatable one), what the field then
+# holds, and the other flags its value needs. None of these is the default.
+GIVEN: dict[str, tuple[list[str], object, list[str]]] = {
+    "listen": (
+        ["127.0.0.1:1", "unix:/run/x.sock"],
+        (TcpAddress("127.0.0.1", 1), UnixAddress(Path("/run/x.sock"))),
+        [],
+    ),
+    "metrics_listen": ([":9"], (TcpAddress("", 9),), []),
+    "backend": (["kubernetes"], Backend.KUBERNETES, ["--node-name=n"]),
+    "state_dir": (["/srv/state"], Path("/srv/state"), []),
+    "host_proc": (["/host/proc"], Path("/host/proc"), []),
+    "cgroup_root": (["/host"], Path("/host"), []),
+    "max_gpus_per_target": (["2"], 2, []),
+    "device_major": (["196"], 196, []),
+    "socket_mode": (["0600"], 0o600, []),
+    "socket_group": (["root"], 0, []),
+    "simulate": (["2"], 2, []),
+    "simulate_mig": (["1g.10gb, 2g.20gb"], ("1g.10gb", "2g.20gb"), []),
+    "simulate_nvlink": (["1"], 1, ["--simulate=2"]),
+    "simulation_dir": (["/srv/sim"], Path("/srv/sim"), []),
+    "simulation_interval": (["0"], 0.0, []),
+    "reconcile_interval": (["0.5"], 0.5, []),
+    "force_grace": (["1"], 1.0, []),
+    "idle_release_seconds": (["600"], 600.0, []),
+    "idle_warning_seconds": (["30"], 30.0, []),
+    "max_lease_seconds": (["3600"], 3600.0, []),
+    "idle_check_interval": (["1"], 1.0, []),
+    "lost_grace_seconds": (["5"], 5.0, []),
+    "lost_policy": (["force"], LostPolicy.FORCE, []),
+    "driver_files": (["check"], DriverFilesMode.CHECK, []),
+    "cdi_spec_dirs": (
+        ["/host/cdi/0", "/host/cdi/1"],
+        (Path("/host/cdi/0"), Path("/host/cdi/1")),
+        [],
+    ),
+    "cdi_kind": (["example.com/gpu"], "example.com/gpu", []),
+    "host_root": (["/host/root"], Path("/host/root"), []),
+    "node_name": (["node-b"], "node-b", []),
+    "kubeconfig": (["/etc/kube/config"], Path("/etc/kube/config"), []),
+    "pod_resources_socket": (["/run/pr/kubelet.sock"], Path("/run/pr/kubelet.sock"), []),
+    "cri_endpoint": (["unix:///var/run/crio/crio.sock"], "unix:///var/run/crio/crio.sock", []),
+    "holder_image": (["registry.example.org/pause:3.10"], "registry.example.org/pause:3.10", []),
+    "resource_name": (["nvidia.com/mig-1g.10gb"], "nvidia.com/mig-1g.10gb", []),
+    "holder_priority_class": ([""], "", []),
+    "holder_image_pull_policy": (["Always"], "Always", []),
+    "holder_image_pull_secrets": (["mirror", "backup"], ("mirror", "backup"), []),
+    "holder_cpu": (["200m"], "200m", []),
+    "holder_memory": (["32Mi"], "32Mi", []),
+    "stray_policy": (["revoke"], "revoke", []),
+    "default_max_gpus": (["0"], 0, []),
+    "allowed_namespaces": (["jhub", "batch"], ("jhub", "batch"), []),
+    "allowed_namespace_selector": (["team=ml,!legacy"], LabelSelector.parse("team=ml,!legacy"), []),
+    "rbac_scope": (
+        ["namespaces"],
+        "namespaces",
+        ["--allowed-namespaces=jhub", "--allowed-namespace-selector="],
+    ),
+}
+
+
+def _declared() -> dict[str, tuple[Option, object]]:
+    return {
+        name: (option, value)
+        for settings in (AgentSettings, KubernetesSettings)
+        for name, option, value in options(settings)
+    }
+
+
+def _resolved(argv: list[str]) -> AgentSettings:
+    app = AgentApp()
+    try:
+        app.initialize(argv)
+        return app.resolved_settings()
+    finally:
+        app.close_handlers()
+
+
+@pytest.fixture
+def node_name(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(NODE_NAME_ENV, "node-a")
+    monkeypatch.delenv(PAUSE_ENV, raising=False)
+    return "node-a"
+
+
+def test_every_setting_is_given_here() -> None:
+    assert set(GIVEN) == set(_declared())
+
+
+def test_without_flags_every_setting_is_its_fields_default(node_name: str) -> None:
+    plain = _resolved([])
+    kubernetes = _resolved(["--backend=kubernetes"]).kubernetes
+    assert plain.kubernetes is None and kubernetes is not None
+    for name, (option, default) in _declared().items():
+        if name in KUBERNETES_FIELDS:
+            expected = node_name if option.env == NODE_NAME_ENV else default
+            assert getattr(kubernetes, name) == expected, name
+        else:
+            assert getattr(plain, name) == default, name
+        # what describe() logs, AgentApp's own traits and the log line, the same
+        assert option.parse(option.text(default)) == default, name
+
+
+@pytest.mark.parametrize("name", sorted(GIVEN))
+def test_every_flag_reaches_its_field(name: str, node_name: str) -> None:
+    option, default = _declared()[name]
+    values, expected, needs = GIVEN[name]
+    assert expected != default
+    flag = f"--{option.flag}" if option.flag is not None else f"--AgentApp.{name}"
+    argv = [*(f"{flag}={value}" for value in values), *needs]
+    if name in KUBERNETES_FIELDS:
+        kubernetes = _resolved(["--backend=kubernetes", *argv]).kubernetes
+        assert kubernetes is not None
+        assert getattr(kubernetes, name) == expected
+    else:
+        assert getattr(_resolved(argv), name) == expected
+
+
+def test_a_kubernetes_agent_without_a_node_name_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(NODE_NAME_ENV, raising=False)
+    with pytest.raises(SettingsError, match="node_name: give --node-name or set"):
+        _resolved(["--backend=kubernetes"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--socket-mode=rw"], "socket_mode 'rw' is not an octal mode"),
+        (["--socket-group=no-such-group-here"], "socket_group 'no-such-group-here': no such"),
+        (["--listen=nowhere"], "listen address 'nowhere'"),
+    ],
+)
+def test_a_flags_text_that_cannot_be_read_names_the_setting(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        _resolved(argv)
+
+
+def _agent_flags() -> set[str]:
+    """Every flag ``jupyter gpu-hotplug agent`` takes, without its dashes."""
+    traits = {f"AgentApp.{name}" for name in AgentApp.class_traits(config=True)}
+    return {*AgentApp.aliases, *AgentApp.flags, "help", "help-all", "version", *traits}
+
+
+# Other programs' flags the operator guide shows (helm, pip, docker, NVIDIA's device plugin).
+OTHER_PROGRAMS_FLAGS = {
+    "image",
+    "mig-strategy",
+    "no-deps",
+    "require-hashes",
+    "sbom",
+    "set",
+    "set-json",
+    "set-string",
+    "cap-add",
+    "device",
+    "privileged",
+    "runtime",
+}
+_FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w.-]*[\w])")
+_FLAG_TERM = re.compile(r"`--([A-Za-z][\w.-]*[\w])")
+"""A flag named as a term of the text (`` `--idle-release S` ``), not inside a command line."""
+
+
+def _documented_agent_flags() -> dict[str, set[str]]:
+    """The flags the docs and manifests give the agent, by where: those the usage guide's
+    sections on the agent name, those the operator guide names but another program's, command
+    lines of ``gpu-hotplug agent`` (with their continuations), ``c.AgentApp.…`` anywhere, and
+    the agent's ``args`` in the manifests and the chart."""
+    found: dict[str, set[str]] = {}
+    usage = (ROOT / "docs/usage.md").read_text()
+    for section in re.split(r"\n(?=## )", usage):
+        if section.startswith(("## The node agent", "## Kubernetes mode")):
+            found["usage.md"] = found.get("usage.md", set()) | set(_FLAG_TERM.findall(section))
+    guide = (ROOT / "docs/operator-guide.md").read_text()
+    found["operator-guide.md"] = set(_FLAG_TERM.findall(guide)) - OTHER_PROGRAMS_FLAGS
+    for doc in (ROOT / "docs").glob("*.md"):
+        text = doc.read_text()
+        found[f"{doc.name} (c.AgentApp)"] = {
+            f"AgentApp.{name}" for name in re.findall(r"\bAgentApp\.(\w+)", text)
+        }
+        command = re.findall(r"hotplug agent(?:[^\n`]*\\\n)*[^\n`]*", text)
+        found[f"{doc.name} (commands)"] = {f for line in command for f in _FLAG.findall(line)}
+    for manifest in (
+        "k8s/base/daemonset.yaml",
+        "k8s/chart/jupyter-gpu-hotplug/templates/daemonset.yaml",
+    ):
+        args = re.findall(r"^\s*- --([\w-]+)", (ROOT / manifest).read_text(), re.MULTILINE)
+        found[manifest] = set(args)
+    return found
+
+
+def test_docs_and_manifests_give_the_agent_only_flags_it_has() -> None:
+    documented = _documented_agent_flags()
+    flags = _agent_flags()
+    assert {where: sorted(given - flags) for where, given in documented.items()} == {
+        where: [] for where in documented
+    }
+    # the catalogue is read at all: the usage guide's table and the chart's args
+    assert {"idle-release", "holder-image-pull-secret", "cdi-spec-dir"} <= documented["usage.md"]
+    assert (
+        "allowed-namespace-selector"
+        in documented["k8s/chart/jupyter-gpu-hotplug/templates/daemonset.yaml"]
+    )
+    assert "AgentApp.idle_check_interval" in documented["usage.md (c.AgentApp)"]
+
+
+def test_a_config_file_reaches_the_fields_and_the_command_line_wins(
+    tmp_path: Path, node_name: str
+) -> None:
+    config = tmp_path / "agent_config.py"
+    config.write_text(
+        "c.AgentApp.idle_release_seconds = 5.0\n"
+        "c.AgentApp.simulate_mig = '1g.10gb'\n"
+        "c.AgentApp.allowed_namespaces = ['jhub']\n"
+    )
+    resolved = _resolved(["--backend=kubernetes", f"--config={config}", "--idle-release=7"])
+    assert (resolved.idle_release_seconds, resolved.simulate_mig) == (7.0, ("1g.10gb",))
+    assert resolved.kubernetes is not None
+    assert resolved.kubernetes.allowed_namespaces == ("jhub",)

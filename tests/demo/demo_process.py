@@ -24,7 +24,7 @@ from typing import Final
 from jupyter_gpu_hotplug.client import AgentClient, RetryPolicy
 from jupyter_gpu_hotplug.demo.labconfig import SANDBOX_NAME_PREFIX
 from jupyter_gpu_hotplug.demo.layout import DemoLayout
-from jupyter_gpu_hotplug.linux.sandbox import cleanup_stale
+from jupyter_gpu_hotplug.linux.sandbox.runtime import cleanup_stale
 from jupyter_gpu_hotplug.sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
 
 from .jupyter_api import JupyterServer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jupyter_gpu_hotplug.linux import cgroup_v1, cgroup_v2
 from jupyter_gpu_hotplug.linux.devrules import DeviceRule
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def running_k8s_agent(
     containerd: Containerd,
     *,
     extra: tuple[str, ...] = (),
+    reconcile_interval: float = RECONCILE_INTERVAL,
 ) -> Iterator[AgentProcess]:
     """The agent for ``kubelet``'s node with ``extra`` flags, running (stopped on exit, its
     log shown, its directory removed). ``kubelet_nvml``: the fake NVML it reads (``None``: the
@@ -102,6 +103,7 @@ def running_k8s_agent(
         containerd=containerd,
         state_dir=state_dir,
         socket_path=process.socket_path,
+        reconcile_interval=reconcile_interval,
         extra=extra,
     )
     process.start()

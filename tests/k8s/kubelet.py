@@ -585,6 +585,11 @@ class KubeletSimulator:
                 if not r.stopped
             }
 
+    @property
+    def pod_resources_lists(self) -> int:
+        """How many PodResources ``List`` calls the simulated kubelet has served."""
+        return self._pod_resources.lists
+
     def _snapshot(self) -> list[PodDevices]:
         """What PodResources reports: every running pod, each container's devices."""
         with self._lock:

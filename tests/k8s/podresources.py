@@ -10,6 +10,7 @@ empty), ``Get`` of an unknown pod is a plain Go error, i.e. gRPC ``UNKNOWN``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ class PodResourcesServer:
         self.socket = socket
         self._snapshot = snapshot
         self._server: grpc.Server | None = None
+        self._lists = itertools.count()
+        self.lists = 0
+        """How many ``List`` calls were served (a waiting attach must not poll the kubelet)."""
 
     def start(self) -> None:
         p = protos.load("k8stier_podresources")
@@ -94,6 +98,7 @@ class PodResourcesServer:
 
     def _list(self, request: Any, context: grpc.ServicerContext) -> Any:
         p = protos.load("k8stier_podresources")
+        self.lists = next(self._lists) + 1
         return p.ListPodResourcesResponse(pod_resources=[_message(pod) for pod in self._snapshot()])
 
     def _get(self, request: Any, context: grpc.ServicerContext) -> Any:

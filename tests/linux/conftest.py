@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Backend, host_backends
 
 BACKEND_SETS = {
     "v1": frozenset({Backend.V1}),

@@ -33,7 +33,7 @@ from jupyter_gpu_hotplug.linux.engine import (
     ScanTimedOut,
     TargetGoneError,
 )
-from jupyter_gpu_hotplug.linux.sandbox import Backend, host_backends
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Backend, host_backends
 from tests.fixtures.host_state import process_state
 from tests.fixtures.requirements import needs_cgroup_v1_devices, needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe

@@ -28,7 +28,7 @@ from jupyter_gpu_hotplug.linux.mig import (
     read_mig_minors,
     revoke_nodes,
 )
-from jupyter_gpu_hotplug.linux.sandbox import Backend
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Backend
 from jupyter_gpu_hotplug.nvml.sim import (
     FakeNvmlConfig,
     default_gpus,

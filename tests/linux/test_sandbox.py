@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
-from jupyter_gpu_hotplug.linux import _sandbox_init, cgroups, devnodes
+from jupyter_gpu_hotplug.linux import cgroups, devnodes
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode, nvidia_control_devices
 from jupyter_gpu_hotplug.linux.devrules import (
     CONTAINER_DEFAULTS,
@@ -28,7 +28,8 @@ from jupyter_gpu_hotplug.linux.devrules import (
     CharDevice,
     char_device,
 )
-from jupyter_gpu_hotplug.linux.sandbox import (
+from jupyter_gpu_hotplug.linux.sandbox import _init as _sandbox_init
+from jupyter_gpu_hotplug.linux.sandbox.runtime import (
     Backend,
     Sandbox,
     SandboxSpec,
@@ -355,7 +356,7 @@ class TestLifecycle:
 
 _ORPHANING_OWNER = """
 import subprocess, sys
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 spec = SandboxSpec(("sleep", "1000"), cgroup_parent=sys.argv[1], name_prefix=sys.argv[2])
 sandbox = Sandbox.start(spec, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)

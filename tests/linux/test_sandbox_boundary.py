@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpu_hotplug.linux import cgroups
-from jupyter_gpu_hotplug.linux.sandbox import DOCKER_DEFAULT_CAPABILITIES
+from jupyter_gpu_hotplug.linux.sandbox.runtime import DOCKER_DEFAULT_CAPABILITIES
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory

@@ -35,7 +35,7 @@ from jupyter_gpu_hotplug.linux.bpf import syscall
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.engine import HotplugEngine
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox
 from jupyter_gpu_hotplug.nvml.sim import CONFIG_ENV, DEVICE_FILTER_ENV
 from jupyter_gpu_hotplug.sandboxes.events import (
     KERNEL_SANDBOX_EVENTS,
@@ -661,7 +661,7 @@ async def test_a_cancelled_launch_leaves_nothing_behind(
 #: Run by a child "server" that starts a sandbox and dies without stopping it.
 _CRASHING_OWNER = """
 import os, subprocess, sys
-from jupyter_gpu_hotplug.linux.sandbox import Sandbox, SandboxSpec
+from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 spec = SandboxSpec(("sleep", "600"), name_prefix=sys.argv[1], cgroup_parent=sys.argv[2])
 quiet = subprocess.DEVNULL
 sandbox = Sandbox.start(spec, stdin=quiet, stdout=quiet, stderr=quiet)

@@ -26,8 +26,8 @@ from traitlets.config import Config
 from jupyter_gpu_hotplug.client import AsyncAgentClient, Gpu
 from jupyter_gpu_hotplug.server.errors import KernelNotFound, KernelNotSandboxed
 from jupyter_gpu_hotplug.server.handlers import MANAGER_SETTING
+from jupyter_gpu_hotplug.server.kernel_sandboxes import KernelSandboxes
 from jupyter_gpu_hotplug.server.manager import HotplugManager
-from jupyter_gpu_hotplug.server.targets import KernelSandboxes
 from jupyter_gpu_hotplug.server.validation import KernelId
 from tests.fixtures.agent import free_tcp_port
 from tests.fixtures.waiting import DEADLINE

@@ -19,7 +19,7 @@ from traitlets.config import Config
 from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
-from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
+from jupyter_gpu_hotplug.server.kernel_sandboxes import ProvisionerSandboxes
 from tests.fixtures.agent import LocalAgent
 from tests.fixtures.host_state import process_running, process_start_time
 from tests.fixtures.nvml import FakeNvml

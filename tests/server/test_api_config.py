@@ -12,7 +12,7 @@ from traitlets.config import Config
 from jupyter_gpu_hotplug.client import AgentClient, AsyncAgentClient
 from jupyter_gpu_hotplug.server import GPUHotplug, GPUHotplugApp
 from jupyter_gpu_hotplug.server.config import KUBERNETES_ENV, MODE_ENV
-from jupyter_gpu_hotplug.server.targets import ProvisionerSandboxes
+from jupyter_gpu_hotplug.server.kernel_sandboxes import ProvisionerSandboxes
 
 from .api_support import BrokenClient, Fetch, RegisteredSandboxes, call, manager_of
 

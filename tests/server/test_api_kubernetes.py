@@ -19,7 +19,7 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
-from tests.client.samples import ATTACHMENTS, GPUS, UUID_A
+from tests.client.samples import ATTACHMENTS, GPUS, POD, UUID_A
 from tests.client.stub_agent import StubAgent, running_stub
 from tests.fixtures.waiting import eventually
 
@@ -109,6 +109,24 @@ async def test_waiting_progress_then_failure_reaches_every_stream(
     stub: StubAgent,
 ) -> None:
     stub.hang("POST", "/v1/attachments")
+    # The pod's place in the agent's queue, as the agent answers the pod's own token.
+    stub.respond(
+        "GET",
+        "/v1/queue",
+        200,
+        {
+            "length": 2,
+            "requests": [
+                {
+                    "request_id": "slow-1",
+                    "target": POD.to_wire(),
+                    "count": 1,
+                    "position": 2,
+                    "queued_at": "2026-11-28T18:00:00Z",
+                }
+            ],
+        },
+    )
     token = jp_serverapp.identity_provider.token
     path = stream_path(jp_serverapp.base_url)
     early = await SseClient.connect(jp_http_port, path, token=token)
@@ -145,6 +163,11 @@ async def test_waiting_progress_then_failure_reaches_every_stream(
         assert failed["error"]["message"] == error["message"]
         await stream.close()
     assert progress_states(before, "slow-1")[:2] == ["started", "waiting"]
+    waiting = [e.data for e in before if e.kind == "progress" and e.data["state"] == "waiting"]
+    assert (waiting[-1]["position"], waiting[-1]["of"]) == (2, 2)
+    # Asked with no target: the agent answers for the caller, the pod its token names.
+    asked = [r for r in stub.requests if r.path == "/v1/queue"]
+    assert asked and all(r.query == {} for r in asked)
     await eventually(lambda: not manager_of(jp_serverapp).subscriptions, "no subscription")
 
 

@@ -6,8 +6,9 @@ authenticates the caller of a protected verb (bearer token, or the unix-socket p
 container bound to the connection when it was accepted: see ``connection``) — before the body,
 so an unauthenticated client never holds a connection through a body phase (issue 25); a
 verb the route does not have is a 405 for anyone. A request refused while its body is unread
-is answered with a lingering close (``_lingering``), so the client reads the answer instead of
-a reset. A connection let in on the token holders' reserve (``limits``) must show the token.
+is answered with a lingering close, so the client reads the answer instead of a reset (the
+body plumbing is the HTTP kit's, ``_httpkit.StreamedBodyHandler``, the server extension's
+too). A connection let in on the token holders' reserve (``limits``) must show the token.
 Every answer to an authenticated caller is logged with who called and what the request
 acted on (``_audit``): refusals in ``log_exception``, successes in ``finish`` — the agent's log
 is the audit trail of what it changed in other containers. ``write_error`` turns an
@@ -33,8 +34,8 @@ from typing import Any, ClassVar, Final, Literal
 
 from tornado import web
 
-from ..._lingering import has_unread_body, refuse_unread
-from ..._structs import BoundedBody, ErrorBody, TargetRef, allow_header
+from ..._httpkit import Refusal, StreamedBodyHandler, allow_header, implements
+from ..._structs import ErrorBody, TargetRef
 from ..core.errors import (
     AgentError,
     BodyTooLarge,
@@ -115,9 +116,11 @@ class ApiContext:
     """The cached readiness verdict: None when serving, else why not (starting, stopping)."""
 
 
-@web.stream_request_body
-class ApiHandler(web.RequestHandler):
+class ApiHandler(StreamedBodyHandler):
     """Base of every agent route (see the module docstring)."""
+
+    max_body = MAX_BODY_BYTES
+    too_large = BodyTooLarge
 
     route: ClassVar[str] = "unknown"
     """The route as it appears in metrics labels (never the raw path: its cardinality)."""
@@ -140,9 +143,6 @@ class ApiHandler(web.RequestHandler):
         if self._request_id is None:
             self._request_id = uuid.uuid4().hex[:16]
         return self._request_id
-
-    def initialize(self) -> None:
-        self._body = BoundedBody(MAX_BODY_BYTES)
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
@@ -170,31 +170,25 @@ class ApiHandler(web.RequestHandler):
     async def prepare(self) -> None:
         # What must happen before the body arrives (module docstring): a body that is too
         # big, and a caller who may not call, are refused without reading it.
-        try:
-            if self.protected and self._has_verb():
-                await self.authenticate()
-            if self._body.declare(self.request.headers.get("Content-Length")):
-                raise BodyTooLarge(MAX_BODY_BYTES)
-        except AgentError as e:
-            if not has_unread_body(self):
-                raise
-            self._refuse_unread(e)
+        await self.screen(self._authenticate_at_headers)
 
-    def _has_verb(self) -> bool:
-        """Whether this route serves the request's method (else tornado answers 405)."""
-        method = (self.request.method or "").lower()
-        return getattr(type(self), method, None) is not getattr(web.RequestHandler, method, None)
+    async def _authenticate_at_headers(self) -> None:
+        """Authenticate the caller of a verb this route serves (any other is a 405 for all)."""
+        if self.protected and implements(type(self), self.request.method or ""):
+            await self.authenticate()
 
-    def _refuse_unread(self, error: AgentError) -> None:
-        """Answer ``error`` with its body still unread, lingering (``_lingering``)."""
+    def unread_refusal(self, error: Exception) -> Refusal | None:
+        """An ``AgentError`` answered with its body still unread: logged and counted here, as
+        ``log_exception`` and ``on_finish`` would (the kit then writes it and lingers)."""
+        if not isinstance(error, AgentError):
+            return None
         self.log_exception(type(error), error, None)
-        refuse_unread(
-            self,
+        self._count(error.status)
+        return Refusal(
             error.status,
             json.dumps(error.to_body(), separators=(",", ":")).encode(),
             self._error_headers(error),
         )
-        self._count(error.status)
 
     def _error_headers(self, error: AgentError) -> dict[str, str]:
         headers = {
@@ -249,16 +243,6 @@ class ApiHandler(web.RequestHandler):
             fields["target"] = self.target
         return fields
 
-    def data_received(self, chunk: bytes) -> None:
-        self._body.add(chunk)
-
-    @property
-    def body(self) -> bytes:
-        """The request body, whole; refused if it grew past the limit (chunked uploads)."""
-        if self._body.too_large:
-            raise BodyTooLarge(MAX_BODY_BYTES)
-        return self._body.value()
-
     def query(self, *allowed: str) -> dict[str, list[bytes]]:
         """The query arguments, refusing names the route does not know."""
         arguments = self.request.query_arguments
@@ -300,7 +284,7 @@ class ApiHandler(web.RequestHandler):
             failure = InternalError(request_id=self.request_id)
             status, body = failure.status, failure.to_body()
         if status == 405:
-            self.set_header("Allow", allow_header(type(self), base=web.RequestHandler))
+            self.set_header("Allow", allow_header(type(self)))
         self.set_status(status)
         self.set_header("Content-Type", f"{_JSON}; charset=utf-8")
         if isinstance(error, Unavailable):

@@ -52,7 +52,7 @@ from tornado import httputil, web
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 
-from ..._lingering import response_bytes
+from ..._httpkit import response_bytes
 from ..core.errors import Unavailable
 from .connection import peer_credentials
 

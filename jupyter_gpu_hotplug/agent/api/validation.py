@@ -15,6 +15,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
+from ..._httpkit import load_request_json
 from ..._structs import (
     DEFAULT_WAIT_SECONDS,
     MAX_IDLE_RELEASE_SECONDS,
@@ -38,7 +39,6 @@ from ..._structs import (
     check_seconds,
     describe_value,
     json_integer,
-    load_request_json,
 )
 from ..core.errors import InvalidRequest
 from ..core.seams import AttachRequest
@@ -134,7 +134,7 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
 
     ``count`` is any positive integer, as the document says: more than the target may hold is
     the service's ``forbidden`` and more than the node has its ``insufficient_gpus``
-    (``AgentService._admit``, the one place that knows the limit and the node).
+    (``admission.decide``, the one place that weighs the limits and the node).
     """
     obj = _checked(load_request_json, body, max_body=max_body)
     if not isinstance(obj, dict):

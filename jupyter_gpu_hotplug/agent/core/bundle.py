@@ -3,23 +3,27 @@ backend's node passes all act through.
 
 Why it exists: these users share more than the backend's seams — one lock per target (an
 operation and a reconciliation pass must never touch a target at once), one wait queue (a
-release anywhere wakes it), one idle book, one book of announced losses, one node rule
-(``GpuNodes``: which device nodes a GPU or MIG slice needs) and one worker pool. Passed one by
-one, every constructor repeated the same eight collaborators and the agent had to thread the
-service's own copies into the others; a ``Core`` is built once (``Core.build`` makes the shared
-state) and each user takes the bundle, so two of them can never be handed different locks or
-different node rules.
+release anywhere wakes it: ``Core.release`` is the one release step), one idle book, one book
+of announced losses, one node rule (``GpuNodes``: which device nodes a GPU or MIG slice needs)
+and one worker pool. Passed one by one, every constructor repeated the same eight
+collaborators and the agent had to thread the service's own copies into the others; a ``Core``
+is built once (``Core.build`` makes the shared state) and each user takes the bundle, so two of
+them can never be handed different locks or different node rules. The backend's part in the
+core's passes (``hooks.py``) is one of the bundle's arguments, so a backend joins the core
+when it is built and never writes to it afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from ..._structs import GpuUuid
 from ...linux.mig import MigCaps
 from .checkpoints import Checkpoints
 from .devices import GpuNodes
 from .driver_files import DriverFiles, NoDriverFiles
+from .hooks import BackendHooks
 from .idle import IdleBook, IdlePolicy
 from .injector import Injector
 from .inventory import Inventory
@@ -66,6 +70,9 @@ class Core:
     the per-container limit alone (local mode, where a target is a process)."""
     driver_files: DriverFiles = field(default_factory=NoDriverFiles)
     """How a target gets the driver's libraries (``driver_files.py``); nothing by default."""
+    hooks: BackendHooks = field(default_factory=BackendHooks)
+    """The backend's part in the core's passes (``hooks.py``), fixed at ``build``: the idle
+    and loss books were built with theirs, the reconciler reads its sweeps and ``assigned``."""
 
     @classmethod
     def build(
@@ -84,10 +91,13 @@ class Core:
         checkpoints: Checkpoints | None = None,
         policy: TargetPolicy | None = None,
         driver_files: DriverFiles | None = None,
+        hooks: BackendHooks | None = None,
     ) -> Core:
         """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
         MIG tables, None when no slices are handed out; ``idle_policy``: off by default;
-        ``policy``: the backend's ``TargetPolicy``, if it has one)."""
+        ``policy``: the backend's ``TargetPolicy``, if it has one; ``hooks``: the backend's
+        ``BackendHooks``, none by default)."""
+        hooks = BackendHooks() if hooks is None else hooks
         return cls(
             allocator=allocator,
             inventory=inventory,
@@ -99,9 +109,22 @@ class Core:
             locks=TargetLocks(),
             nodes=GpuNodes(major=device_major, mig_caps=mig_caps),
             queue=WaitQueue(on_change=metrics.queue_length.set),
-            idle=IdleBook() if idle_policy is None else IdleBook(policy=idle_policy),
-            losses=LossBook(),
+            idle=IdleBook(
+                idle_policy, per_target=hooks.idle_period, listeners=hooks.idle_listeners
+            ),
+            losses=LossBook(listeners=hooks.loss_listeners),
             checkpoints=checkpoints or Checkpoints(),
             policy=policy,
             driver_files=driver_files or NoDriverFiles(),
+            hooks=hooks,
         )
+
+    async def release(self, uuids: Collection[GpuUuid]) -> None:
+        """Return GPUs to the pool — the one release step every user takes (a detach, a
+        take-back, an attach rolled back, the reconciler): the allocator frees them, their idle
+        state is forgotten (it was the attachment's, never the next holder's) and the queue's
+        waiters decide again. Call only once no container can open them any more."""
+        await self.allocator.release(uuids)
+        for uuid in uuids:
+            self.idle.forget(uuid)
+        self.queue.notify()

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
@@ -107,12 +107,22 @@ class LossListener(Protocol):
     def __call__(self, notice: LossNotice, outcome: TakeBack | None) -> None: ...
 
 
-@dataclass
 class LossBook:
-    """The losses announced and not yet revoked, by GPU (the attachments view reads it)."""
+    """The losses announced and not yet revoked, by GPU (the attachments view reads it), and
+    who is told of them: the backend's listeners (``BackendHooks``), given at construction
+    and never changed."""
 
-    notices: dict[GpuUuid, LossNotice] = field(default_factory=dict)
-    listeners: list[LossListener] = field(default_factory=list)
+    def __init__(self, listeners: Iterable[LossListener] = ()) -> None:
+        self.notices: dict[GpuUuid, LossNotice] = {}
+        self._listeners = tuple(listeners)
+
+    def tell(self, notice: LossNotice, outcome: TakeBack | None) -> None:
+        """Each listener hears of the loss; one that fails is logged, the others still hear."""
+        for listener in self._listeners:
+            try:
+                listener(notice, outcome)
+            except Exception:
+                log.exception("a loss listener failed")
 
     def of(self, uuid: GpuUuid) -> LostHolderWire | None:
         notice = self.notices.get(uuid)
@@ -178,7 +188,7 @@ class LostGpus:
                 self.rules.grace_seconds,
                 self.rules.policy,
             )
-            self._tell(notice, None)
+            self.book.tell(notice, None)
             await asyncio.sleep(self.rules.grace_seconds)
             outcome = await self._revoke(notice, revoke)
         finally:
@@ -190,7 +200,7 @@ class LostGpus:
             if not outcome.gone:
                 kind = "orphan" if notice.orphan else "holder"
                 self._metrics.lost_revokes.labels(kind=kind).inc(len(notice.gpus))
-            self._tell(notice, outcome)
+            self.book.tell(notice, outcome)
 
     async def _revoke(self, notice: LossNotice, revoke: Revoke) -> TakeBack | None:
         force = self.rules.policy is LostPolicy.FORCE
@@ -213,10 +223,3 @@ class LostGpus:
                     _FAILED_RETRY,
                 )
                 await asyncio.sleep(_FAILED_RETRY)
-
-    def _tell(self, notice: LossNotice, outcome: TakeBack | None) -> None:
-        for listener in self.book.listeners:
-            try:
-                listener(notice, outcome)
-            except Exception:
-                log.exception("a loss listener failed")

@@ -8,8 +8,8 @@ the agent exports is declared here, once, so the names are reviewable in one pla
   outcome (``success`` or the API error code);
 - ``gpu_hotplug_attach_duration_seconds`` / ``gpu_hotplug_detach_duration_seconds``: latency
   of whole operations as the service sees them (histograms);
-- ``gpu_hotplug_gpus{state}``: GPUs by state (``free``, ``attached``, ``allocated``, ``lost``),
-  as of the last inventory read;
+- ``gpu_hotplug_gpus{state}``: GPUs by state (``free``, ``attached``, ``allocated``: held by
+  a pod through the device plugin, ``lost``), as of the last inventory read;
 - ``gpu_hotplug_operations_in_flight``: attaches and detaches running now;
 - ``gpu_hotplug_queue_length``: attach requests waiting for GPUs now;
 - ``gpu_hotplug_reconcile_actions_total{action}``: what reconciliation had to repair;

@@ -1,4 +1,4 @@
-"""A fair FIFO queue for attach requests that wait for GPUs on this node (local mode).
+"""A fair FIFO queue for attach requests that wait for GPUs on this node (every mode).
 
 Why it exists: users who ask for a GPU when none is free should be served in the order they
 asked, not by who retries fastest. An attach that gives ``wait_seconds`` and finds too few
@@ -21,16 +21,21 @@ another is refused at once (409 ``busy``, retryable), so one container cannot fi
 
 Waking up: every release the agent makes (detach, idle release, reconciliation) calls
 ``notify``, which wakes every waiter at once; the first one finds its GPUs within that
-scheduling step. A waiter also looks again every ``recheck`` seconds by itself, which is when
-it notices that its target has gone (the notebook was closed: it leaves the queue).
+scheduling step. In Kubernetes mode the backend also notifies when a pod of the node ends or
+goes (a device-plugin pod's GPUs are then free). A waiter also looks again every ``recheck``
+seconds by itself, which is when it notices that its target has gone (the notebook was closed:
+it leaves the queue). Between two such moments a waiter does nothing: whether it is served is
+``admission.decide``'s answer over ``Allocator.available``, asked once per wake-up, and a
+waiter whose GPUs another took first (a device-plugin pod) waits for the next one.
 
 Leaving: served (it got its GPUs), cancelled (``DELETE /v1/queue/{request_id}`` for its
 target: the waiting ``POST`` answers ``insufficient_gpus`` saying so), deadline passed
 (``504 timeout``), target gone (``404``). In every case nothing was reserved for it and
 nothing is left behind.
 
-Kubernetes mode does not use this queue: there a pending holder pod is the queue and the
-scheduler orders it (by priority).
+Both modes use this queue, in the same way: in Kubernetes mode "free" is what the kubelet's
+PodResources says (``Allocator.available``), so a request waits here while the device plugin's
+pods hold the node's GPUs, and its holder pod is created only at its turn.
 """
 
 from __future__ import annotations
@@ -189,40 +194,30 @@ class WaitQueue:
         for waiter in self._waiters:
             waiter.changed.set()
 
-    async def turn(
+    async def wait(
         self,
         waiter: Waiter,
         *,
-        free: Callable[[], int],
+        free: int,
         alive: Callable[[], Awaitable[bool]],
         wait_seconds: float,
     ) -> None:
-        """Return when ``free()`` GPUs are enough for ``waiter``, less what the head holds
-        against it (module docstring); it stays in the queue (the caller reserves, then calls
-        ``leave``). Raises, with the waiter still in the queue (the caller's ``leave`` removes
-        it): ``InsufficientGpus`` when cancelled, ``Timeout`` at the deadline, ``NotFound``
-        when ``alive()`` says the target is gone."""
-        while True:
-            if waiter.cancelled:
-                raise InsufficientGpus(
-                    free=free(),
-                    requested=waiter.count,
-                    hint=f"the request was cancelled while it waited (id {waiter.request_id})",
-                )
-            available = free()
-            if available - self.held(waiter.kind, available, waiter) >= waiter.count:
-                return
-            remaining = waiter.deadline - self._clock()
-            if remaining <= 0:
-                raise Timeout(
-                    f"no {waiter.count} GPU(s) became free for {waiter.target} within "
-                    f"{wait_seconds:g} s (it was number {self.position(waiter)} in the queue)",
-                    wait_seconds=wait_seconds,
-                    hint="nothing was left behind; try again later, or with a larger wait_seconds",
-                )
-            waiter.changed.clear()
+        """Return at the next change since ``waiter`` last looked (``notify``: a release, the
+        queue changed, the backend saw the node change), or after ``recheck`` seconds with its
+        target still there; the caller then decides again (``admission.decide``). A change
+        that came while the caller decided returns at once, so none is missed, and nothing
+        returns early otherwise: a waiter whose GPUs another took first waits for the next
+        change, it does not go round again (issue 38, 1(a)); a change that comes at the
+        deadline still gets its decision. Raises, with the waiter still in the queue (the
+        caller's ``leave`` removes it): ``InsufficientGpus`` when cancelled (``free``: what
+        the caller last saw free), ``Timeout`` at the deadline, ``NotFound`` when ``alive()``
+        says the target is gone."""
+        changed = waiter.changed.is_set()
+        remaining = waiter.deadline - self._clock()
+        if not changed and remaining > 0 and not waiter.cancelled:
             try:
                 await asyncio.wait_for(waiter.changed.wait(), min(remaining, self._recheck))
+                changed = True
             except TimeoutError:
                 if not await alive():
                     raise NotFound(
@@ -230,3 +225,17 @@ class WaitQueue:
                         str(waiter.container.pid),
                         hint="the target exited while it waited for GPUs; nothing was left",
                     ) from None
+        waiter.changed.clear()
+        if waiter.cancelled:
+            raise InsufficientGpus(
+                free=free,
+                requested=waiter.count,
+                hint=f"the request was cancelled while it waited (id {waiter.request_id})",
+            )
+        if not changed and waiter.deadline - self._clock() <= 0:
+            raise Timeout(
+                f"no {waiter.count} GPU(s) became free for {waiter.target} within "
+                f"{wait_seconds:g} s (it was number {self.position(waiter)} in the queue)",
+                wait_seconds=wait_seconds,
+                hint="nothing was left behind; try again later, or with a larger wait_seconds",
+            )

@@ -20,10 +20,11 @@ with reservations, each run under the target's lock so that no operation in flig
   the release is cancelled and the GPU stays attached (a user's detach can force it);
 - ``granted`` but no longer usable: grant it again;
 - a GPU the container is permitted although no reservation gives it to that container (nor
-  the backend's device plugin: ``assigned``): revoke the permission.
+  the backend's device plugin: ``BackendHooks.assigned``): revoke the permission.
 
-A backend may add passes over the whole node (``sweeps``; Kubernetes: grants of ours that no
-reservation backs any more, and GPU access nobody gave), run at the end of every pass.
+A backend may add passes over the whole node (``BackendHooks.sweeps``, ``hooks.py``;
+Kubernetes: grants of ours that no reservation backs any more, and GPU access nobody gave), run
+at the end of every pass.
 
 Device nodes are removed only where the reservation records that the agent created them
 (``Reservation.node_created``, recorded as intent before the ``mknod``, so an attach cut short
@@ -38,14 +39,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
 
-from ..._structs import GpuUuid, Target, TargetKey
+from ..._structs import GpuUuid, Target
 from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
 from .driver_files import DriverFilesFailed
+from .hooks import ReconcileReport
 from .injector import (
     DeviceInUse,
     InjectionFailed,
@@ -60,32 +60,9 @@ from .seams import (
     ReservationState,
 )
 
-__all__ = ["Assigned", "ReconcileReport", "Reconciler", "Sweep"]
+__all__ = ["Reconciler"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReconcileReport:
-    """What one pass did: action name → the GPUs it applied to."""
-
-    actions: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
-    skipped_busy: list[TargetKey] = field(default_factory=list)
-    """Targets with an operation in flight, left for the next pass."""
-    failures: list[str] = field(default_factory=list)
-
-    def add(self, action: str, what: str) -> None:
-        self.actions[action].append(what)
-
-    @property
-    def changed(self) -> bool:
-        return any(self.actions.values())
-
-
-Sweep = Callable[[Sequence[GpuRecord], "ReconcileReport"], Awaitable[None]]
-"""A backend's pass over the whole node, given every GPU the node has or had."""
-Assigned = Callable[[HostContainer], Collection[GpuUuid]]
-"""The GPUs a container got outside the agent (a device plugin's): never strays (blocking)."""
 
 
 class Reconciler:
@@ -95,11 +72,6 @@ class Reconciler:
         self._core = core
         """The seams and the state shared with the service (its locks, its node rule, its
         queue: a pass that freed GPUs wakes the waiters)."""
-        self.sweeps: list[Sweep] = []
-        """The backend's node-wide passes, run after the reservations' rules."""
-        self.assigned: Assigned = lambda container: ()
-        """What the backend's device plugin gave each container (the Kubernetes backend sets
-        it; nothing locally)."""
 
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
@@ -122,7 +94,7 @@ class Reconciler:
                     # cgroups at will), the others are still reconciled and the agent starts.
                     report.failures.append(f"{target}: {e}")
                     log.exception("reconciling %s failed; retrying on the next pass", target)
-        for sweep in self.sweeps:
+        for sweep in self._core.hooks.sweeps:
             try:
                 await sweep(known, report)
             except Exception as e:
@@ -223,7 +195,7 @@ class Reconciler:
             for uuid in uuids:
                 report.add("withdrew_remains", uuid)
             log.warning("withdrew %s from the empty cgroups of %s", ", ".join(uuids), target)
-        await self._core.allocator.release(uuids)
+        await self._core.release(uuids)
         for uuid in uuids:
             report.add("released_gone", uuid)
         log.warning("released %s: %s has exited", ", ".join(uuids), target)
@@ -261,7 +233,7 @@ class Reconciler:
                 ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
             )
             return
-        await self._core.allocator.release([row.gpu.uuid])
+        await self._core.release([row.gpu.uuid])
         report.add("rolled_back_attach", row.gpu.uuid)
         log.warning("rolled back the interrupted attach of %s to %s", row.gpu.uuid, container)
 
@@ -282,7 +254,7 @@ class Reconciler:
                 e,
             )
             return
-        await self._core.allocator.release([row.gpu.uuid])
+        await self._core.release([row.gpu.uuid])
         report.add("finished_detach", row.gpu.uuid)
         log.warning("finished the interrupted detach of %s from %s", row.gpu.uuid, container)
 
@@ -323,7 +295,7 @@ class Reconciler:
             if entry.container == container.key
             or (not entry.container and entry.target.key == container.target.key)
         }
-        owned |= set(await self._core.workers.host(self.assigned, container))
+        owned |= set(await self._core.workers.host(self._core.hooks.assigned, container))
         # What the container's own reservations need is never a stray (two slices of one GPU
         # held by different containers share that GPU's node: each keeps it).
         needed = {

@@ -150,7 +150,7 @@ class AttachRequest:
     wait_seconds: float
     request_id: RequestId | None
     idle_release_seconds: float | None = None
-    """A stricter idle period for these GPUs than the agent's own (see ``core/idle.py``)."""
+    """A stricter idle period for these GPUs than the agent's own (``idle_releaser.py``)."""
     mig: str | None = None
     """A MIG profile (``1g.10gb``): attach that many slices of it instead of whole GPUs."""
     gpus: tuple[GpuUuid, ...] = ()
@@ -341,6 +341,13 @@ class Allocator(Protocol):
 
     def get(self, uuid: GpuUuid) -> Reservation | None:
         """The reservation of one GPU, if it has one."""
+
+    async def available(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
+        """Which of ``candidates`` (NVML's GPUs a request may get) are free now: the one
+        authority on "free" the attach decision reads (``admission.py``). Local: those no
+        reservation holds. Kubernetes: those no pod of the node holds, as the kubelet's
+        PodResources tells (the device plugin's own pods included, which no reservation
+        shows)."""
 
     async def check(self) -> None:
         """A cheap read of the durable store (the health probe)."""

@@ -11,8 +11,9 @@ knows nothing else of a backend. It orders the steps so that each durable write 
 cannot undo in a state the reconciler finishes.
 
 Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
-authorize it → per-target lock → decide once (a repeated request id, ``_admit``, wait or not)
-→ ``reserve`` (``reserving``) → ``grant`` → ``mark_granted``.
+authorize it → per-target lock → decide once (a repeated request id, then ``admission.decide``
+over one ``Availability``: serve, queue or refuse) → ``reserve`` (``reserving``) → ``grant``
+→ ``mark_granted``.
 Detach: resolve and authorize → lock → ``begin_release`` (``releasing``) → ``revoke``
 (refused while processes hold the GPU, unless ``force``; answered 503 with ``retry_after``
 when the scan for them runs past its deadline) → ``release``; a refused revoke is undone
@@ -29,18 +30,19 @@ Idempotency: an attach with a ``request_id`` that this target already used retur
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
 This is decided here only (``_served``), under the target's lock; allocators just record ids.
 
-Waiting: an attach that gives ``wait_seconds`` and finds too few GPUs it may take joins the
-node's FIFO queue (``queue.py``) and lets go of its target's lock while it waits, so a waiting
-request never blocks its target's other operations; one that does not wait is refused at once
-(409) unless enough are free beyond what the queue's head holds (``WaitQueue.held``). Every
-release wakes the queue.
+Waiting (every mode): an attach that gives ``wait_seconds`` and finds too few GPUs it may take
+joins the node's FIFO queue (``queue.py``) and lets go of its target's lock while it waits, so
+a waiting request never blocks its target's other operations; one that does not wait is
+refused at once (409) unless enough are free beyond what the queue's head holds
+(``WaitQueue.held``). "Free" has one authority, ``Allocator.available`` (Kubernetes:
+PodResources, so the device plugin's GPUs are not free); the decision is
+``admission.decide``'s, at the request and at each change the queue wakes its waiters for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import time
@@ -67,6 +69,7 @@ from ..._structs import (
     format_timestamp,
 )
 from ...linux.devnodes import DeviceNode
+from .admission import Availability, Demand, Limit, Queue, Refuse, Serve, decide
 from .bundle import Core
 from .devices import flat
 from .driver_files import DriverFilesFailed
@@ -249,11 +252,14 @@ class AgentService:
     async def gpus(self, caller: Caller) -> GpuList:
         """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target —
         named only to a caller who may see that target (``Identity.may_see``): to anyone
-        else it is taken by nobody named (``target`` null)."""
+        else it is taken by nobody named (``target`` null). One held by nobody the agent
+        knows and not free either (``Allocator.available``: a device-plugin pod's) is
+        ``allocated``: the same "free" an attach is decided on."""
         snapshot = await self.core.workers.host(self.core.inventory.snapshot)
         entries = self.core.allocator.all_attachments()
         owners = {entry.gpu.uuid: entry for entry in entries}
-        self._count_gpus(snapshot, entries)
+        free = await self._free_of(snapshot)
+        self._count_gpus(snapshot, owners.keys(), free)
         seen = {
             target: await self.core.identity.may_see(caller, target)
             for target in {entry.target for entry in entries}
@@ -266,7 +272,11 @@ class AgentService:
                     minor=gpu.minor,
                     name=gpu.name,
                     memory_total=gpu.memory_total,
-                    state="attached" if gpu.uuid in owners else "free",
+                    state="attached"
+                    if gpu.uuid in owners
+                    else "free"
+                    if gpu.uuid in free
+                    else "allocated",
                     target=owners[gpu.uuid].target.to_wire()
                     if gpu.uuid in owners and seen[owners[gpu.uuid].target]
                     else None,
@@ -281,19 +291,33 @@ class AgentService:
         )
 
     async def refresh_gpu_metrics(self) -> None:
-        """Re-read inventory and ledger into ``gpu_hotplug_gpus`` (before each scrape: exact
-        when read, free between scrapes)."""
+        """Re-read inventory, reservations and what is free into ``gpu_hotplug_gpus`` (before
+        each scrape: exact when read, free between scrapes); while the allocator cannot say
+        what is free, the last counts stay."""
         snapshot = await self.core.workers.host(self.core.inventory.snapshot)
-        entries = self.core.allocator.all_attachments()
-        self._count_gpus(snapshot, entries)
+        owned = {entry.gpu.uuid for entry in self.core.allocator.all_attachments()}
+        try:
+            free = await self._free_of(snapshot)
+        except AgentError as e:
+            log.debug("GPU counts not refreshed: %s", e)
+            return
+        self._count_gpus(snapshot, owned, free)
 
-    def _count_gpus(self, snapshot: InventorySnapshot, entries: Sequence[Reservation]) -> None:
-        owned = {entry.gpu.uuid for entry in entries}
+    async def _free_of(self, snapshot: InventorySnapshot) -> set[GpuUuid]:
+        """Which of the node's GPUs are free (``Allocator.available``, the one authority)."""
+        records = [_record(gpu) for gpu in snapshot.gpus]
+        return {gpu.uuid for gpu in await self.core.allocator.available(records)}
+
+    def _count_gpus(
+        self, snapshot: InventorySnapshot, owned: Collection[GpuUuid], free: Collection[GpuUuid]
+    ) -> None:
         attached = sum(1 for gpu in snapshot.gpus if gpu.uuid in owned)
+        available = sum(1 for gpu in snapshot.gpus if gpu.uuid in free and gpu.uuid not in owned)
         self.core.metrics.set_gpu_counts(
             {
-                "free": len(snapshot.gpus) - attached,
+                "free": available,
                 "attached": attached,
+                "allocated": len(snapshot.gpus) - attached - available,
                 "lost": len(snapshot.lost),
             }
         )
@@ -334,8 +358,8 @@ class AgentService:
 
         One pass: resolve and authorize, then under the target's lock decide once — a repeated
         request id is answered with its first attachments, the backend's policy says whether
-        the target may have GPUs and how many its group may hold, ``_admit`` refuses what can
-        never be served, and a request that may wait and finds too few free GPUs joins the queue —
+        the target may have GPUs and how many its group may hold, and ``admission.decide``
+        over one ``Availability`` serves, queues (a request that may wait) or refuses it —
         then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
         """
         with self._measured("attach"):
@@ -359,11 +383,19 @@ class AgentService:
                     return served
                 policy = self.core.policy
                 limit = None if policy is None else await policy.gpu_limit(container)
-                self._admit(container, request, snapshot, limit)
-                await self._check_named_free(caller, container, request, snapshot)
+                total = self._check_shape(request, snapshot)
                 # Before anything is reserved or queued: a GPU it could not use is refused.
+                # (Before the availability is read: nothing awaited comes between that read
+                # and the reservation, so what the queue's head holds is what it holds then.)
                 await self.core.workers.host(self.core.driver_files.check, container)
-                if not request.queued or not self._must_queue(request, snapshot):
+                availability = await self._availability(
+                    request, snapshot, total=total, limits=self._limits(container, limit)
+                )
+                await self._check_named_free(caller, container, request, snapshot, availability)
+                decision = decide(Demand(request.count, may_wait=request.queued), availability)
+                if isinstance(decision, Refuse):
+                    raise decision.error
+                if isinstance(decision, Serve):
                     return await self._attach_locked(container, request, snapshot, deadline)
                 waiter = self.core.queue.join(
                     container,
@@ -372,43 +404,51 @@ class AgentService:
                     deadline=deadline,
                     kind=_kind(request),
                 )
-            return await self._attach_in_turn(container, request, snapshot, waiter)
+            return await self._attach_in_turn(container, request, waiter)
 
     async def _attach_in_turn(
-        self,
-        container: HostContainer,
-        request: AttachRequest,
-        snapshot: InventorySnapshot,
-        waiter: Waiter,
+        self, container: HostContainer, request: AttachRequest, waiter: Waiter
     ) -> AttachmentList:
         """Wait for ``waiter``'s turn (outside the target's lock: a waiting request never
         blocks its target's other operations), then attach. It was admitted when it joined,
-        and counts towards its container's limit while it waits (``_admit``)."""
+        and counts towards its container's limits while it waits (``_limits``). It decides
+        again only at a change of the node (``WaitQueue.wait``), never in a loop of its own."""
         log.info(
             "%s waits for %d GPU(s): number %d in the queue",
             container,
             request.count,
             self.core.queue.position(waiter),
         )
+        demand = Demand(request.count, may_wait=True, waiting=True)
+        free = 0
         try:
             while True:
-                await self.core.queue.turn(
+                await self.core.queue.wait(
                     waiter,
-                    free=functools.partial(self._free, snapshot, request),
+                    free=free,
                     alive=lambda: self._alive(container),
                     wait_seconds=request.wait_seconds,
                 )
                 # The node may have changed while it waited: hand out what NVML sees now.
                 snapshot = await self.core.workers.host(self.core.inventory.snapshot)
-                try:
-                    async with self.core.locks.operation(container.target):
+                availability = await self._availability(
+                    request, snapshot, total=self._check_shape(request, snapshot), waiter=waiter
+                )
+                free = availability.free
+                decision = decide(demand, availability)
+                if isinstance(decision, Refuse):
+                    raise decision.error
+                if isinstance(decision, Queue):
+                    continue
+                # Its target's lock only to attach: a waiter that merely looks never makes
+                # its target's other operations busy.
+                async with self.core.locks.operation(container.target):
+                    with contextlib.suppress(InsufficientGpus):
+                        # Refused all the same (another took the GPU first: a device-plugin
+                        # pod, a request that fits): wait for the next change, as at a Queue.
                         return await self._attach_locked(
                             container, request, snapshot, waiter.deadline, waiter=waiter
                         )
-                except InsufficientGpus:
-                    # Another request took them first (a later waiter may overtake):
-                    # wait on, until the deadline.
-                    continue
         finally:
             self.core.queue.leave(waiter)
 
@@ -425,83 +465,79 @@ class AgentService:
             hint=f'leave "mig" out or give "{profile}"',
         )
 
-    def _must_queue(self, request: AttachRequest, snapshot: InventorySnapshot) -> bool:
-        """Whether a request that may wait has to: too few GPUs are free beyond what the
-        queue's head holds."""
-        free = self._free(snapshot, request)
-        return free - self.core.queue.held(_kind(request), free) < request.count
-
     @staticmethod
     def _candidates(snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuDevice]:
-        """What a request may get: the GPUs it names (``_admit`` checked that they can be
+        """What a request may get: the GPUs it names (``_check_shape`` checked that they can be
         handed out), else whole GPUs, or the MIG slices of its profile."""
         if request.gpus:
             return [gpu for gpu in snapshot.gpus if gpu.uuid in request.gpus]
         return [gpu for gpu in snapshot.gpus if _serves(gpu, request.mig)]
 
-    def _free(self, snapshot: InventorySnapshot, request: AttachRequest) -> int:
-        """Candidates of ``snapshot`` that nobody holds, from the allocator's memory."""
-        taken = {entry.gpu.uuid for entry in self.core.allocator.all_attachments()}
-        return sum(1 for gpu in self._candidates(snapshot, request) if gpu.uuid not in taken)
+    @classmethod
+    def _records(cls, snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuRecord]:
+        """``_candidates`` as the allocator takes them."""
+        return [_record(gpu) for gpu in cls._candidates(snapshot, request)]
+
+    async def _availability(
+        self,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+        *,
+        total: int,
+        limits: tuple[Limit, ...] = (),
+        waiter: Waiter | None = None,
+    ) -> Availability:
+        """The node as one decision sees it: what is free from the allocator, the one
+        authority (read once), less what the queue's head holds against ``waiter`` (None: a
+        request not in the queue)."""
+        free = len(await self.core.allocator.available(self._records(snapshot, request)))
+        held = self.core.queue.held(_kind(request), free, waiter)
+        return Availability(total=total, free=free, held=held, limits=limits)
+
+    def _limits(self, container: HostContainer, limit: GpuLimit | None) -> tuple[Limit, ...]:
+        """The container's limits as the backend resolved them: the agent's per-container
+        setting, and its group's (``TargetPolicy``: a pod's ``max-gpus``), each with what the
+        group holds and its waiting requests will take (``_held``)."""
+        own = Limit(
+            count=self._config.max_gpus_per_target,
+            held=self._held(lambda key, _: key == container.key),
+        )
+        if limit is None:
+            return (own,)
+        group = Limit(
+            count=limit.count,
+            held=self._held(lambda _, target: limit.covers(target)),
+            source=limit.source,
+        )
+        return (own, group)
 
     async def _alive(self, container: HostContainer) -> bool:
         core = self.core
         found = await core.workers.host(core.resolver.lookup, container.target, container.key)
         return found is not None
 
-    def _admit(
-        self,
-        container: HostContainer,
-        request: AttachRequest,
-        snapshot: InventorySnapshot,
-        limit: GpuLimit | None,
-    ) -> None:
-        """Refuse a request that can never be served: more GPUs (or slices of the profile) than
-        the node has (409, not retryable; checked first, so a count no node could serve gets
-        that answer), or more than the target's container may hold, or its group (``limit``,
-        the backend's policy: a pod's) (403); named GPUs that are not there or cannot be handed
-        out alone (``_check_named``). Runs once per attach, under the target's lock."""
+    def _check_shape(self, request: AttachRequest, snapshot: InventorySnapshot) -> int:
+        """How many GPUs of the kind asked for the node has in all (``Availability.total``),
+        once what the request names can be handed out (``_check_named``) and, for MIG slices,
+        the node has slices of its profile (else 409, not retryable: no wait helps)."""
         if request.gpus:
-            total = _check_named(request, snapshot)
-        elif request.mig is None:
-            total = len(self._candidates(snapshot, request)) + len(snapshot.lost)
-        else:
-            total = len(self._candidates(snapshot, request))
-            if total == 0:
-                profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
-                raise InsufficientGpus(
-                    free=0,
-                    requested=request.count,
-                    hint=f"this node has no MIG slice of profile {request.mig}: its slices are "
-                    f"{', '.join(profiles)}"
-                    if profiles
-                    else f"this node has no MIG slice of profile {request.mig}: no GPU of "
-                    "this node is in MIG mode",
-                    retryable=False,
-                )
-        if 0 < total < request.count:
+            return _check_named(request, snapshot)
+        if request.mig is None:
+            return len(self._candidates(snapshot, request)) + len(snapshot.lost)
+        total = len(self._candidates(snapshot, request))
+        if total == 0:
+            profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
             raise InsufficientGpus(
-                free=self._free(snapshot, request),
+                free=0,
                 requested=request.count,
-                hint=f"that is more than this node's {total} GPU(s) in all; ask for at most "
-                f"{total}, or list the node's GPUs to see them all",
+                hint=f"this node has no MIG slice of profile {request.mig}: its slices are "
+                f"{', '.join(profiles)}"
+                if profiles
+                else f"this node has no MIG slice of profile {request.mig}: no GPU of "
+                "this node is in MIG mode",
                 retryable=False,
             )
-        # The container's GPUs, through whichever of its processes they were asked for: a
-        # limit counted per pid let a container hold two under a limit of one (issue 25). What
-        # its waiting requests will take counts as held too: each was admitted when it joined
-        # the queue and is not admitted again at its turn.
-        held = self._held(lambda key, _: key == container.key)
-        if held + request.count > self._config.max_gpus_per_target:
-            raise Forbidden.over_gpu_limit(
-                limit=self._config.max_gpus_per_target, attached=held, requested=request.count
-            )
-        if limit is not None:
-            held = self._held(lambda _, target: limit.covers(target))
-            if held + request.count > limit.count:
-                raise Forbidden.over_gpu_limit(
-                    limit=limit.count, attached=held, requested=request.count, source=limit.source
-                )
+        return total
 
     async def _check_named_free(
         self,
@@ -509,6 +545,7 @@ class AgentService:
         container: HostContainer,
         request: AttachRequest,
         snapshot: InventorySnapshot,
+        availability: Availability,
     ) -> None:
         """Refuse a request naming a GPU that is taken, saying by whom as far as ``caller``
         may know (``Identity.may_see``: another tenant is "another container", never named):
@@ -520,7 +557,7 @@ class AgentService:
             if entry is None:
                 continue
             what = _describe(devices[uuid])
-            free = self._free(snapshot, request)
+            free = availability.free
             if entry.container == container.key:
                 raise InsufficientGpus(
                     free=free,
@@ -629,31 +666,15 @@ class AgentService:
         *,
         waiter: Waiter | None,
     ) -> list[Reservation]:
-        """``request.count`` GPUs (or slices) of ``snapshot`` reserved for ``container``."""
+        """``request.count`` GPUs (or slices) of ``snapshot`` reserved for ``container``, once
+        ``admission.decide`` said to serve it (what the queue's head holds included)."""
         self.core.nodes.learn(snapshot)
-        candidates = [
-            GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
-            for gpu in self._candidates(snapshot, request)
-        ]
-        # Any request takes only GPUs that the queue's head does not hold (queue.py).
-        free = self._free(snapshot, request)
-        held = self.core.queue.held(_kind(request), free, waiter)
-        if free - held < request.count:
-            # The allocator would say the same; asking it would queue behind other commits.
-            raise InsufficientGpus(
-                free=free,
-                requested=request.count,
-                hint=f"{held} of them held for the request first in the queue; ask with "
-                "wait_seconds to wait for your turn"
-                if held
-                else None,
-            )
         entries = await self.core.allocator.reserve(
             container,
             request.count,
             request_id=request.request_id,
             deadline=deadline,
-            candidates=candidates,
+            candidates=self._records(snapshot, request),
         )
         self.core.queue.served(_kind(request), waiter)
         return entries
@@ -667,8 +688,7 @@ class AgentService:
         try:
             per_entry = self._nodes_of(entries)
         except InjectorError as e:
-            await self.core.allocator.release(uuids)
-            self.core.queue.notify()
+            await self.core.release(uuids)
             raise _attach_error(container, e) from e
         nodes = flat(per_entry)
         try:
@@ -777,8 +797,7 @@ class AgentService:
                     e,
                 )
                 return
-        await self.core.allocator.release(uuids)
-        self.core.queue.notify()
+        await self.core.release(uuids)
 
     # --- detach ----------------------------------------------------------------------------------
 
@@ -844,8 +863,7 @@ class AgentService:
                 outcome = await self._revoke_unbacked(
                     container, per_entry, keep=_not_created([current], per_entry), force=force
                 )
-            await self.core.allocator.release([current.gpu.uuid])
-        self.core.queue.notify()
+            await self.core.release([current.gpu.uuid])
         return outcome
 
     async def take_back_orphan(
@@ -945,8 +963,7 @@ class AgentService:
                         hint="the GPU stays reserved; the agent tries again by itself",
                         retryable=True,
                     ) from e
-            await self.core.allocator.release([entry.gpu.uuid for entry in entries])
-        self.core.queue.notify()
+            await self.core.release([entry.gpu.uuid for entry in entries])
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
     async def _detach_locked(
@@ -963,10 +980,7 @@ class AgentService:
         await self.core.checkpoints.reach("after_begin_release")
         await self._revoke_detached(container, entries, per_entry, force=force)
         await self.core.checkpoints.reach("after_revoke")
-        await self.core.allocator.release(uuids)
-        for uuid in uuids:
-            self.core.idle.forget(uuid)  # idle state is the attachment's, not the next holder's
-        self.core.queue.notify()
+        await self.core.release(uuids)
         if not self.core.allocator.attachments_of(container.target):
             await self._withdraw_driver_files(container)
         log.info(
@@ -1054,6 +1068,11 @@ def _serves(gpu: GpuDevice, mig: str | None) -> bool:
     if mig is None:
         return gpu.whole
     return gpu.mig is not None and gpu.mig.profile == mig
+
+
+def _record(gpu: GpuDevice) -> GpuRecord:
+    """A GPU of the inventory as the allocator takes it."""
+    return GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
 
 
 def _kind(request: AttachRequest) -> str | None:

@@ -8,14 +8,14 @@ their labels and annotations, so a restarted agent knows exactly what it had, an
 that was never told its GPU (the agent died between creating it and reading PodResources) is
 deleted — no container was ever granted that GPU.
 
-Refusals are decided before anything is created where the node lets us see them (the target
-pod's ``max-gpus`` annotation, PodResources' count of free devices) and otherwise by the
-cluster: a holder the kubelet cannot admit (Unschedulable, or ``Failed`` at admission) means
-``insufficient_gpus``; the namespace's ResourceQuota, which the API server enforces when a
-holder is created, means ``forbidden`` with the API server's message, which names the quota;
-a deadline means ``timeout``. Every refusal
-deletes whatever holders the request created and waits until they are gone: nothing is left
-behind.
+Refusals are decided before anything is created where the node lets us see them (PodResources'
+count of free devices, ``available``: the core's attach decision reads the same; the pod's
+``max-gpus`` annotation is the tenant policy's, ``tenancy.py``, checked once by the core) and
+otherwise by the cluster: a holder the kubelet cannot admit (Unschedulable, or ``Failed`` at
+admission) means ``insufficient_gpus``; the namespace's ResourceQuota, which the API server
+enforces when a holder is created, means ``forbidden`` with the API server's message, which
+names the quota; a deadline means ``timeout``. Every refusal deletes whatever holders the
+request created and waits until they are gone: nothing is left behind.
 
 Holder pods are ordinary pods that a tenant may forge or patch where the holder-protection
 admission policy is not installed (issue 31): ``load`` believes a holder only once it passes
@@ -45,7 +45,6 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from ..._structs import (
-    MAX_GPUS_ANNOTATION,
     GpuUuid,
     PodTarget,
     RequestId,
@@ -61,6 +60,7 @@ from ..core.errors import (
     NotFound,
     TargetNotReady,
     Timeout,
+    Unavailable,
 )
 from ..core.inventory import GpuDevice, InventorySnapshot
 from ..core.seams import (
@@ -348,8 +348,7 @@ class HolderAllocator:
         if wait_seconds <= 0:
             raise Timeout(f"no time left to reserve GPUs for {target}", wait_seconds=0)
         pod = await self._target_pod(target, container)
-        self._check_limit(pod, target, count)
-        free = await self._free(candidates)
+        free = await self.available(candidates)
         if len(free) < count:
             raise InsufficientGpus(free=len(free), requested=count)
         bodies = [
@@ -383,37 +382,28 @@ class HolderAllocator:
             raise NotFound("pod", f"{target.namespace}/{target.name}")
         return pod
 
-    def _check_limit(self, pod: KubeObject, target: PodTarget, count: int) -> None:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        raw = annotations.get(MAX_GPUS_ANNOTATION)
-        if raw is None:
-            return
-        try:
-            limit = int(raw)
-        except ValueError:
-            limit = 0  # an unreadable limit allows nothing: fail closed
-        held = sum(
-            1
-            for entry in self._entries.values()
-            if isinstance(entry.target, PodTarget)
-            and (entry.target.namespace, entry.target.name) == (target.namespace, target.name)
-        )
-        if held + count > limit:
-            raise Forbidden.over_gpu_limit(limit=limit, attached=held, requested=count)
-
-    async def _free(
+    async def available(
         self, candidates: Sequence[GpuRecord], *, ignore: Collection[tuple[str, str]] = ()
     ) -> list[GpuRecord]:
         """The candidates no pod on the node holds (but those in ``ignore``), as PodResources
-        tells."""
-        pods: list[PodDevices] = await self._blocking(self._podresources.list)
+        tells — the device plugin's own pods included — and no holder of ours is taking (a
+        holder not yet running is in no PodResources answer). 503 while the kubelet does not
+        answer: without its word nothing is known free."""
+        try:
+            pods: list[PodDevices] = await self._blocking(self._podresources.list)
+        except PodResourcesError as e:
+            raise Unavailable(
+                f"which GPUs are free cannot be told now: {e}",
+                retry_after=1,
+                hint="the node's kubelet did not answer PodResources; try again shortly",
+            ) from e
         used = {
             device_uuid(device)
             for pod in pods
             if (pod.namespace, pod.name) not in ignore
             for device in pod.device_ids(self._spec.resource_name)
         }
-        return [gpu for gpu in candidates if gpu.uuid not in used]
+        return [gpu for gpu in candidates if gpu.uuid not in used and gpu.uuid not in self._entries]
 
     async def _reserve(
         self,
@@ -463,7 +453,7 @@ class HolderAllocator:
         )
         if outcome:
             # This request's own holders are about to go: what they hold counts as free.
-            free = await self._free(candidates, ignore={(namespace, name) for name in names})
+            free = await self.available(candidates, ignore={(namespace, name) for name in names})
             raise InsufficientGpus(
                 free=len(free),
                 requested=len(bodies),

@@ -2,8 +2,11 @@
 reactions to the node's pod events that the periodic reconciler alone would make too slow.
 
 Why it exists: ``runtime.py`` wires every backend into the core the same way (its allocator,
-resolver and identity go into the ``Core``; ``bind``, ``start``, ``stop``, ``close``: see
-``local/backend.py`` for local mode's); what is particular to Kubernetes lives here:
+resolver, identity and hooks go into the ``Core`` when it is built; ``bind``, ``start``,
+``stop``, ``close``: see ``local/backend.py`` for local mode's); what is particular to
+Kubernetes lives here, most of it in its hooks (``core/hooks.py``): the node sweep, the device
+plugin's GPUs (never strays), the pods' idle periods and the Events of idle releases and
+losses:
 
 - **a holder lost behind the agent's back** (preempted, evicted, deleted, its pod failed) means
   the GPU is no longer reserved for the container and may be handed to another pod: the core's
@@ -25,17 +28,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from ..._structs import GpuUuid, PodTarget, format_timestamp
 from ...linux import cgroups
 from ..core.bundle import Core
+from ..core.hooks import BackendHooks, ReconcileReport
 from ..core.injector import InjectionFailed
 from ..core.lost import LossNotice, LostGpus, TakeBack
-from ..core.reconcile import Reconciler, ReconcileReport
-from ..core.seams import HostContainer, Reservation
+from ..core.seams import GpuRecord, HostContainer, Reservation
 from ..core.service import AgentService
 from ..settings import AgentSettings, KubernetesSettings
 from .allocator import HolderAllocator
@@ -73,8 +76,21 @@ class KubernetesBackend:
     policy: TenantPolicy
     events: PodEvents
     stray_policy: str
+    pod_idle: PodIdle
+    hooks: BackendHooks = field(init=False)
+    """Its part in the core's passes, built with the backend and handed to ``Core.build``."""
+    _sweep: NodeSweep | None = field(default=None, init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _wanted: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.hooks = BackendHooks(
+            sweeps=(self._sweep_node,),
+            assigned=self._plugin_gpus,
+            idle_period=self.pod_idle.idle_seconds,
+            idle_listeners=(self.pod_idle.announce,),
+            loss_listeners=(self._tell_loss,),
+        )
 
     @classmethod
     def create(
@@ -122,17 +138,18 @@ class KubernetesBackend:
             ),
             events=events,
             stray_policy=k8s.stray_policy,
+            pod_idle=PodIdle(pods, events),
         )
 
-    def bind(
-        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
-    ) -> None:
-        """Join the core before its first reconciliation: the node sweep runs in every pass
-        (so at start-up too), the device plugin's GPUs are never strays, pods are told of
-        lost GPUs, the idle policy gets the pods' own periods and Events."""
+    def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
+        """Take what the hooks act through, before the core's first reconciliation: the node
+        sweep (run in every pass, so at start-up too) takes back through the service and the
+        loss sequence; the allocator reports lost and untrusted holders and reads the
+        inventory. The core itself is not written to: its part came with ``hooks``."""
         self._service = service
         self._lost_gpus = lost
-        sweep = NodeSweep(
+        self._queue = core.queue
+        self._sweep = NodeSweep(
             core,
             pods=self.pods,
             resolver=self.resolver,
@@ -144,12 +161,6 @@ class KubernetesBackend:
             spawn=self._spawn,
             trusted=self.allocator.trusts,
         )
-        reconciler.sweeps.append(sweep.run)
-        reconciler.assigned = self._plugin_gpus
-        pod_idle = PodIdle(self.pods, self.events)
-        core.idle.per_target = pod_idle.idle_seconds
-        core.idle.listeners.append(pod_idle.announce)
-        core.losses.listeners.append(self._tell_loss)
         self.allocator.on_lost(self._lost)
         self.allocator.use_inventory(core.inventory.snapshot)
 
@@ -170,6 +181,12 @@ class KubernetesBackend:
         """React to pod events from now on (after the agent's first reconciliation)."""
         self.pods.listen(self._pod_changed)
         self._spawn(self._reconcile_when_wanted(reconcile))
+
+    async def _sweep_node(self, known: Sequence[GpuRecord], report: ReconcileReport) -> None:
+        """The node sweep, once ``bind`` gave it what it acts through."""
+        if self._sweep is None:
+            raise RuntimeError("the Kubernetes backend sweeps only once bound to the core")
+        await self._sweep.run(known, report)
 
     def _plugin_gpus(self, container: HostContainer) -> set[GpuUuid]:
         """The GPUs the device plugin assigned to ``container`` (blocking: PodResources)."""
@@ -205,8 +222,13 @@ class KubernetesBackend:
 
     def _pod_changed(self, kind: str, pod: KubeObject) -> None:
         """Any pod of the node: a holder or a target may have gone, a container may have
-        started that can open GPUs (the sweep's business). A burst costs one pass."""
+        started that can open GPUs (the sweep's business). A burst costs one pass. A pod that
+        ended or went may have freed GPUs — a device-plugin pod's too, which no release of
+        the agent's announces — so the queue's waiters decide again."""
         self._wanted.set()
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in ("Failed", "Succeeded"):
+            self._queue.notify()
 
     async def _reconcile_when_wanted(
         self, reconcile: Callable[[], Awaitable[ReconcileReport]]

@@ -4,7 +4,7 @@ Why it exists: the platform decides per notebook how long an unused GPU may stay
 pods get a short period, a research profile none beyond the agent's), and in Kubernetes the
 place for such a per-pod decision is an annotation the spawner writes. Users cannot edit their
 own pod's annotations, so the value is trusted — and still applied only when stricter than the
-agent's setting (``IdleBook.per_target``), like a request's ``idle_release_seconds`` in local
+agent's setting (``BackendHooks.idle_period``), like a request's ``idle_release_seconds`` in local
 mode. It is read from the node's live view at each pass, so it costs no API call.
 
 Warnings and releases become Events on the pod (``kubectl describe pod``, the hub's event

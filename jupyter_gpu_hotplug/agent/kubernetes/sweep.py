@@ -38,9 +38,9 @@ from ..._structs import GpuUuid, PodTarget
 from ...linux.devnodes import DeviceNode
 from ..core.bundle import Core
 from ..core.errors import AgentError
+from ..core.hooks import ReconcileReport
 from ..core.injector import DeviceState, InjectionFailed, InjectorError
 from ..core.lost import LostGpus, TakeBack
-from ..core.reconcile import ReconcileReport
 from ..core.seams import ContainerKey, GpuRecord, HostContainer
 from ..core.service import AgentService
 from .events import STRAY_ACCESS, PodEvents

@@ -65,6 +65,11 @@ class LedgerAllocator:
     def get(self, uuid: GpuUuid) -> Reservation | None:
         return self._copy.get(uuid)
 
+    async def available(self, candidates: Sequence[GpuRecord]) -> list[GpuRecord]:
+        """NVML's GPUs (``candidates``) less the reservations: the agent is the only one that
+        hands GPUs out on this node."""
+        return [gpu for gpu in candidates if gpu.uuid not in self._copy]
+
     # --- writes (durable, then mirrored) ---------------------------------------------------
 
     async def reserve(

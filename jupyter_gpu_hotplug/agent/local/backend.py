@@ -1,8 +1,9 @@
 """Local mode, assembled: the backend's parts built from the settings.
 
 Why it exists: ``runtime.py`` wires every backend into the core the same way (its allocator,
-resolver and identity go into the ``Core``; it joins the core before the first reconciliation;
-it runs beside the core while the agent serves; it closes last), and what is particular to
+resolver, identity and hooks go into the ``Core`` when it is built; it takes the parts its
+hooks act through before the first reconciliation; it runs beside the core while the agent
+serves; it closes last), and what is particular to
 local mode lives here, as Kubernetes mode's lives in ``kubernetes/backend.py``:
 
 - the **SQLite ledger** in the state dir is the durable state (opened first: it also holds the
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 
 from ...linux import cgroups
 from ..core.bundle import Core
+from ..core.hooks import BackendHooks, ReconcileReport
 from ..core.lost import LostGpus
-from ..core.reconcile import Reconciler, ReconcileReport
 from ..core.seams import Resolver
 from ..core.service import AgentService
 from ..core.workers import Workers
@@ -51,6 +52,14 @@ class LocalBackend:
     policy: None = None
     """No tenant policy: a target is a process, held to the per-container limit alone."""
 
+    @property
+    def hooks(self) -> BackendHooks:
+        """None of its own (the defaults): no node-wide sweep, no device plugin hands out GPUs
+        (nothing is ``assigned``), no per-target idle period, and nobody to tell of idle
+        releases or losses beyond the API (a ledger reservation cannot be lost behind the
+        agent's back)."""
+        return BackendHooks()
+
     @classmethod
     def create(
         cls, settings: AgentSettings, hierarchies: cgroups.CgroupHierarchies, workers: Workers
@@ -72,12 +81,8 @@ class LocalBackend:
             identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
         )
 
-    def bind(
-        self, core: Core, *, service: AgentService, lost: LostGpus, reconciler: Reconciler
-    ) -> None:
-        """Nothing to join: the ledger's reservations cannot be lost behind the agent's back
-        (no listener for ``lost``), and no device plugin hands out GPUs here (the reconciler's
-        ``assigned`` stays empty)."""
+    def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
+        """Nothing to take: local mode's hooks act through nothing (see ``hooks``)."""
 
     def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
         """Nothing to react to (see the module docstring): the core's timer reconciles."""

@@ -4,6 +4,10 @@ A grant writes ``c M:m rw`` to ``devices.allow`` of the container's cgroup and e
 below it (an allow is not inherited by existing children); a revoke writes ``devices.deny``
 at the top only (a deny propagates down). :mod:`..cgroup_v1` does the writes and proves each
 one against ``devices.list``; this module decides which devices need one and how to undo it.
+
+Why a module of its own beside :mod:`..cgroup_v1`: that one is the kernel mechanism, which the
+sandbox runtime shares; this one is the engine's layer (the journal, the verdicts) and may
+import what the sandbox runtime must not (an import-linter contract keeps the two apart).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ systemd manages the scope as a unit, it rebuilds its own program (``sd_devices``
 unit's list on every ``daemon-reload``: that program is systemd's to keep, not ours to
 patch, and the device goes into the unit's list instead (:mod:`..systemd_units`), or the next
 reload takes it away again.
+
+Why a module of its own beside :mod:`..cgroup_v2`: that one is the eBPF mechanism on one
+directory, which the sandbox runtime shares; this one is the engine's layer (systemd units,
+the journal, the verdicts) and may import what the sandbox runtime must not.
 """
 
 from __future__ import annotations

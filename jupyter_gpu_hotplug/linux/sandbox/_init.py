@@ -1,7 +1,7 @@
 """In-sandbox bootstrap: build the private mount namespace and ``/dev``, join the cgroups, exec.
 
 Boundary: this file runs as its own short-lived process, started by
-:mod:`jupyter_gpu_hotplug.linux.sandbox` as ``python -I -S _sandbox_init.py CFG_FD STATUS_FD``
+:mod:`jupyter_gpu_hotplug.linux.sandbox.runtime` as ``python -I -S _init.py CFG_FD STATUS_FD``
 and replaced (``execve``) by the sandboxed command once the sandbox is in place. It is
 stdlib-only and imports nothing from this package, so it starts fast and works with ``-S``.
 

@@ -4,7 +4,7 @@ Boundary: this module creates and destroys sandboxes on *this* host — cgroup d
 with a device policy (v1 ``devices`` and/or a cgroup2 eBPF program), a process started in
 its own mount namespace whose ``/dev`` is a private tmpfs holding only what a container
 gets — and knows nothing of Jupyter, Kubernetes or the agent. The in-sandbox half lives in
-:mod:`._sandbox_init`.
+:mod:`._init`.
 
 Why it exists: local mode runs every Jupyter kernel in one of these, so that attaching a
 GPU to "a kernel" means what it means for a container in Kubernetes — allow the device in
@@ -23,7 +23,7 @@ empty tmpfs. It has a pid namespace of its own — its ``/proc`` shows its own p
 only, and no process outside can be named, so none can be signalled (the agent above all) —
 and Docker's default seccomp restrictions, as a filter: no ``unshare``/``setns``/``clone`` of a
 namespace (no user namespace in which it would hold every capability), no ``mount``, ``bpf``,
-``ptrace``, module or kexec loading, clock, swap or keyring calls (``_sandbox_init``). It
+``ptrace``, module or kexec loading, clock, swap or keyring calls (``_init``). It
 shares the host's network namespace (the agent's socket and TCP port). Give ``uid``/``gid`` to
 run the command unprivileged as well.
 
@@ -54,9 +54,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, NewType
 
-from .._structs import SANDBOX_PID_ENV
-from . import _sandbox_init, cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
-from .devrules import CONTAINER_DEFAULTS, RW, DeviceRule
+from ..._structs import SANDBOX_PID_ENV
+from .. import cgroup_v1, cgroup_v2, cgroups, devnodes, procfs
+from ..devrules import CONTAINER_DEFAULTS, RW, DeviceRule
+from . import _init
 
 SandboxName = NewType("SandboxName", str)
 """A sandbox's cgroup directory name: ``<prefix>.<owner pid>-<owner start>.<token>``."""
@@ -96,10 +97,10 @@ DEFAULT_HIDDEN: Final = ("/var/lib/gpu-hotplug",)
 """Paths a sandbox never sees by default: the agent's default state directory (token, ledger)."""
 
 # /proc as in Docker: writable (a process may set its own oom_score_adj, comm...), but its
-# host-wide parts (sysctls...) stay read-only: see _sandbox_init.PROC_READ_ONLY.
+# host-wide parts (sysctls...) stay read-only: see _init.PROC_READ_ONLY.
 _ALWAYS_WRITABLE: Final = ("/tmp", "/var/tmp", "/proc")
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_INIT_SCRIPT: Final = Path(_sandbox_init.__file__)
+_INIT_SCRIPT: Final = Path(_init.__file__)
 
 
 class Backend(enum.Enum):
@@ -575,7 +576,7 @@ def _spawn(
 
 def _parse_status(status: bytes, process: subprocess.Popen[bytes]) -> int:
     """The mount namespace inode from ``R<inode>``, or the bootstrap's error raised."""
-    ready, _, error = status.partition(_sandbox_init.ERROR)
+    ready, _, error = status.partition(_init.ERROR)
     if error:
         try:
             report = json.loads(error)
@@ -583,14 +584,14 @@ def _parse_status(status: bytes, process: subprocess.Popen[bytes]) -> int:
         except (ValueError, KeyError, TypeError) as e:
             raise SandboxStartError(f"garbled bootstrap report {error!r}", step="internal") from e
         raise SandboxStartError(f"sandbox setup failed at {step}: {message}", step=step, errno_=err)
-    if not ready.startswith(_sandbox_init.READY):
+    if not ready.startswith(_init.READY):
         code = process.wait()
         raise SandboxStartError(
             f"the sandbox bootstrap exited with status {code} before the sandbox was ready "
             "(its stderr says why)",
             step="bootstrap",
         )
-    return int(ready[len(_sandbox_init.READY) :])
+    return int(ready[len(_init.READY) :])
 
 
 def _abandon(process: subprocess.Popen[bytes]) -> None:
