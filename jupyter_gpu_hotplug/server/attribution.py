@@ -23,22 +23,28 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from .._structs import GpuUuid
 from ..nvml.attribution import ProcessTree, Usage, attribute
 from ..nvml.state import Snapshot
 
-if TYPE_CHECKING:  # models imports this module's shapes for its readings
-    from .models import KernelHolder
-
 __all__ = [
     "AttributionJson",
     "GpuAttributionJson",
+    "KernelHolder",
     "KernelUseJson",
     "UsageJson",
     "attribution_json",
 ]
+
+
+class KernelHolder(TypedDict):
+    """What the server knows of one sandboxed kernel: its id and its notebook (if any) — the
+    name a process's use is attributed to."""
+
+    kernel_id: str
+    path: str | None
 
 
 class UsageJson(TypedDict):

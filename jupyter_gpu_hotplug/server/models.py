@@ -32,7 +32,7 @@ from .._structs import (
 from .._structs import GpuState as GpuStateName
 from ..client import Attachment, Gpu, plain_free, plain_total
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
-from .attribution import GpuAttributionJson
+from .attribution import GpuAttributionJson, KernelHolder
 from .releases import ReleasedJson
 
 __all__ = [
@@ -75,13 +75,6 @@ class HeldByJson(TypedDict):
     kind: Literal["notebook", "kernel", "pod", "process"]
     name: str
     kernel_id: str | None
-
-
-class KernelHolder(TypedDict):
-    """What the server knows of one sandboxed kernel: its id and its notebook (if any)."""
-
-    kernel_id: str
-    path: str | None
 
 
 class AttachedGpuJson(AttachmentWire):
