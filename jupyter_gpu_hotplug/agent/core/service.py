@@ -1,4 +1,4 @@
-"""Orchestration of every backend: attach, detach and the views of GPUs and attachments.
+"""Orchestration of every backend: attach, detach and the entry points of the agent's views.
 
 Why it exists: an attach touches three things that can each fail — the allocator (who owns
 what), the host (device cgroups and nodes, through the ``Injector``) and NVML (which GPUs
@@ -7,8 +7,12 @@ reservation, never held by two containers, and never lost from the pool. The bac
 come in through the seams (``seams.py``): ``Resolver`` (request → ``HostContainer``),
 ``Identity`` (may this caller do this on that container?) and ``Allocator``; this module
 knows nothing else of a backend. It orders the steps so that each durable write comes
-*before* the host change it announces, rolls back everything on a failure, and leaves what it
-cannot undo in a state the reconciler finishes.
+*before* the host change it announces, and coordinates the modules that do each job:
+
+- ``attach_checks``: what a request may get and what no waiting can fix (pure functions);
+- ``admission``: serve, queue or refuse, over one ``Availability`` (pure);
+- ``grant``: the host half of an attach, and its rollback;
+- ``views``: the read endpoints' answers (the service resolves and authorizes their target).
 
 Attach: resolve the target (and read the node's GPUs, in the same trip to the thread pool),
 authorize it → per-target lock → decide once (a repeated request id, then ``admission.decide``
@@ -28,7 +32,8 @@ allocator's reads come from memory.
 
 Idempotency: an attach with a ``request_id`` that this target already used returns the earlier
 attachments instead of attaching again (a client retrying after a timeout gets no second GPU).
-This is decided here only (``_served``), under the target's lock; allocators just record ids.
+This is decided here only (``attach_checks.repeated``), under the target's lock; allocators
+just record ids.
 
 Waiting (every mode): an attach that gives ``wait_seconds`` and finds too few GPUs it may take
 joins the node's FIFO queue (``queue.py``) and lets go of its target's lock while it waits, so
@@ -41,49 +46,52 @@ PodResources, so the device plugin's GPUs are not free); the decision is
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Literal
 
 from ..._structs import (
-    Attachment,
     AttachmentList,
-    GpuInfo,
     GpuList,
     GpuUuid,
     IdleReleaseList,
-    IdleReleaseRecord,
-    IdleReleaseWire,
-    LostHolderWire,
     ProcessInfo,
-    QueuedRequest,
     QueueView,
     RequestId,
     Target,
     TargetRef,
-    format_timestamp,
 )
 from ...linux.devnodes import DeviceNode
+from . import views
 from .admission import Availability, Demand, Limit, Queue, Refuse, Serve, decide
+from .attach_checks import (
+    candidate_records,
+    check_selectable,
+    check_shape,
+    limits_of,
+    named_taken,
+    queue_kind,
+    repeated,
+    taken_by_another,
+    with_profile,
+)
 from .bundle import Core
 from .devices import flat
-from .driver_files import DriverFilesFailed
 from .errors import (
     AgentError,
     Busy,
     Forbidden,
     InsufficientGpus,
-    InvalidRequest,
     NotFound,
     TargetNotReady,
     Unavailable,
 )
-from .idle import IdleWarning
+from .grant import attach_error, grant_reserved
 from .injector import (
     DeviceInUse,
     HolderInfo,
@@ -92,14 +100,13 @@ from .injector import (
     ScanUnfinished,
     TargetGone,
 )
-from .inventory import GpuDevice, InventorySnapshot
+from .inventory import InventorySnapshot
 from .lost import TakeBack
+from .meter import Measure, OperationMeter
 from .queue import Waiter
 from .seams import (
     AttachRequest,
     Caller,
-    ContainerKey,
-    GpuLimit,
     GpuRecord,
     HostContainer,
     Reservation,
@@ -107,7 +114,7 @@ from .seams import (
     Verb,
 )
 
-__all__ = ["AgentService", "ServiceConfig", "attachment_of"]
+__all__ = ["AgentService", "ServiceConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -125,41 +132,6 @@ class ServiceConfig:
     request takes whole GPUs unless it names a profile."""
 
 
-@dataclass
-class _Measure:
-    """What an operation reports about itself for its metrics."""
-
-    gpus: int = 1
-    """How many GPUs it concerned (detach counts per GPU)."""
-
-
-def attachment_of(
-    entry: Reservation,
-    warning: IdleWarning | None = None,
-    lost: LostHolderWire | None = None,
-) -> Attachment:
-    """The wire form of a reservation, with the idle policy's warning if one is in force and
-    the announced revoke of a lost reservation if there is one."""
-    moment = entry.granted_at or entry.created_at
-    attachment = Attachment(
-        uuid=entry.gpu.uuid,
-        index=entry.gpu.index,
-        minor=entry.gpu.minor,
-        name=entry.gpu.name,
-        device=f"/dev/nvidia{entry.gpu.minor}",
-        target=entry.target.to_wire(),
-        holder=entry.holder,
-        attached_at=format_timestamp(moment),
-    )
-    if warning is not None:
-        attachment["idle_release"] = IdleReleaseWire(
-            reason=warning.reason.value, release_at=format_timestamp(warning.release_at)
-        )
-    if lost is not None:
-        attachment["holder_lost"] = lost
-    return attachment
-
-
 def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
     return [ProcessInfo(pid=h.pid, command=h.command) for h in holders]
 
@@ -171,49 +143,15 @@ class AgentService:
         self.core = core
         """The seams and the state shared with the reconciler and the idle releaser."""
         self._config = config
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
-        """Count an attach or detach as in flight (metric, and ``wait_idle`` for shutdown)."""
-        self._in_flight += 1
-        self._idle.clear()
-        self.core.metrics.in_flight.inc()
-        try:
-            yield
-        finally:
-            self.core.metrics.in_flight.dec()
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
+        self._meter = OperationMeter()
 
     async def wait_idle(self) -> None:
         """Return once no attach or detach is running (new ones may start later)."""
-        await self._idle.wait()
+        await self._meter.wait_idle()
 
-    @contextlib.contextmanager
-    def _measured(self, kind: Literal["attach", "detach"]) -> Iterator[_Measure]:
-        """One attach or detach: in flight while it runs, then counted by result and timed."""
-        measure = _Measure()
-        started = time.monotonic()
-        result = "internal_error"
-        counter, histogram = (
-            (self.core.metrics.attach_total, self.core.metrics.attach_duration)
-            if kind == "attach"
-            else (self.core.metrics.detach_total, self.core.metrics.detach_duration)
-        )
-        with self._operation():
-            try:
-                yield measure
-                result = "success"
-            except AgentError as e:
-                result = e.code
-                raise
-            finally:
-                counter.labels(result=result).inc(measure.gpus)
-                histogram.observe(time.monotonic() - started)
+    def _measured(self, kind: Literal["attach", "detach"]) -> AbstractContextManager[Measure]:
+        """One attach or detach, in flight while it runs, then counted and timed (``meter``)."""
+        return self._meter.measured(self.core.metrics, kind)
 
     def _nodes_of(self, entries: Sequence[Reservation]) -> list[list[DeviceNode]]:
         """The nodes of each entry (``InjectorError`` when a slice's cannot be told)."""
@@ -247,109 +185,38 @@ class AgentService:
             self.core.identity.self_target(caller) if ref is None else ref
         )
 
-    # --- views -----------------------------------------------------------------------------------
+    # --- views (views.py answers; the service resolves and authorizes their target) -------------
 
     async def gpus(self, caller: Caller) -> GpuList:
-        """Every healthy GPU of the node, ``attached`` if the ledger gives it to a target —
-        named only to a caller who may see that target (``Identity.may_see``): to anyone
-        else it is taken by nobody named (``target`` null). One held by nobody the agent
-        knows and not free either (``Allocator.available``: a device-plugin pod's) is
-        ``allocated``: the same "free" an attach is decided on."""
-        snapshot = await self.core.workers.host(self.core.inventory.snapshot)
-        entries = self.core.allocator.all_attachments()
-        owners = {entry.gpu.uuid: entry for entry in entries}
-        free = await self._free_of(snapshot)
-        self._count_gpus(snapshot, owners.keys(), free)
-        seen = {
-            target: await self.core.identity.may_see(caller, target)
-            for target in {entry.target for entry in entries}
-        }
-        return GpuList(
-            gpus=[
-                GpuInfo(
-                    uuid=gpu.uuid,
-                    index=gpu.index,
-                    minor=gpu.minor,
-                    name=gpu.name,
-                    memory_total=gpu.memory_total,
-                    state="attached"
-                    if gpu.uuid in owners
-                    else "free"
-                    if gpu.uuid in free
-                    else "allocated",
-                    target=owners[gpu.uuid].target.to_wire()
-                    if gpu.uuid in owners and seen[owners[gpu.uuid].target]
-                    else None,
-                    simulated=gpu.simulated,
-                    selectable=self.core.allocator.selectable
-                    and (gpu.whole or gpu.mig is not None),
-                    kind=gpu.kind,
-                    plain_attach=_serves(gpu, self._config.mig_profile),
-                )
-                for gpu in snapshot.gpus
-            ]
-        )
+        """The node's GPUs as ``caller`` may see them (``views.gpu_list``)."""
+        return await views.gpu_list(self.core, caller, plain_profile=self._config.mig_profile)
 
     async def refresh_gpu_metrics(self) -> None:
-        """Re-read inventory, reservations and what is free into ``gpu_hotplug_gpus`` (before
-        each scrape: exact when read, free between scrapes); while the allocator cannot say
-        what is free, the last counts stay."""
-        snapshot = await self.core.workers.host(self.core.inventory.snapshot)
-        owned = {entry.gpu.uuid for entry in self.core.allocator.all_attachments()}
-        try:
-            free = await self._free_of(snapshot)
-        except AgentError as e:
-            log.debug("GPU counts not refreshed: %s", e)
-            return
-        self._count_gpus(snapshot, owned, free)
-
-    async def _free_of(self, snapshot: InventorySnapshot) -> set[GpuUuid]:
-        """Which of the node's GPUs are free (``Allocator.available``, the one authority)."""
-        records = [_record(gpu) for gpu in snapshot.gpus]
-        return {gpu.uuid for gpu in await self.core.allocator.available(records)}
-
-    def _count_gpus(
-        self, snapshot: InventorySnapshot, owned: Collection[GpuUuid], free: Collection[GpuUuid]
-    ) -> None:
-        attached = sum(1 for gpu in snapshot.gpus if gpu.uuid in owned)
-        available = sum(1 for gpu in snapshot.gpus if gpu.uuid in free and gpu.uuid not in owned)
-        self.core.metrics.set_gpu_counts(
-            {
-                "free": available,
-                "attached": attached,
-                "allocated": len(snapshot.gpus) - attached - available,
-                "lost": len(snapshot.lost),
-            }
-        )
+        """``gpu_hotplug_gpus`` re-read before a scrape (``views.refresh_gpu_counts``)."""
+        await views.refresh_gpu_counts(self.core)
 
     async def attachments(self, caller: Caller, ref: TargetRef | None) -> AttachmentList:
         """The target's attachments (granted, or being released: still usable)."""
         container = await self._target(caller, ref, "get")
-        entries = self.core.allocator.attachments_of(container.target)
-        return AttachmentList(
-            attachments=[
-                attachment_of(
-                    entry, self.core.idle.warning_of(entry), self.core.losses.of(entry.gpu.uuid)
-                )
-                for entry in entries
-                if entry.state is not ReservationState.RESERVING
-            ]
-        )
+        return views.attachment_list(self.core, container.target)
 
     async def idle_releases(self, caller: Caller, ref: TargetRef | None) -> IdleReleaseList:
         """What the idle policy took back from the target lately, oldest first."""
         container = await self._target(caller, ref, "get")
-        return IdleReleaseList(
-            releases=[
-                IdleReleaseRecord(
-                    uuid=release.uuid,
-                    target=release.target.to_wire(),
-                    reason=release.reason.value,
-                    released_at=format_timestamp(release.released_at),
-                )
-                for release in self.core.idle.releases_of(container.target)
-            ]
-        )
+        return views.idle_release_list(self.core, container.target)
+
+    async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
+        """The target's requests waiting in the queue, with their positions."""
+        container = await self._target(caller, ref, "get")
+        return views.queue_view(self.core.queue, container.target)
+
+    async def cancel_queued(
+        self, caller: Caller, request_id: RequestId, ref: TargetRef | None
+    ) -> None:
+        """Cancel the target's waiting request ``request_id`` (``views.cancel_waiting``):
+        the caller needs the right to delete on the target, as for a detach."""
+        container = await self._target(caller, ref, "delete")
+        views.cancel_waiting(self.core.queue, container.target, request_id)
 
     # --- attach ----------------------------------------------------------------------------------
 
@@ -357,44 +224,28 @@ class AgentService:
         """Attach ``request.count`` GPUs to the request's target (201 body).
 
         One pass: resolve and authorize, then under the target's lock decide once — a repeated
-        request id is answered with its first attachments, the backend's policy says whether
-        the target may have GPUs and how many its group may hold, and ``admission.decide``
-        over one ``Availability`` serves, queues (a request that may wait) or refuses it —
-        then reserve, grant and record (at once, or at the waiter's turn, under the lock again).
+        request id is answered with its first attachments, else ``_decide`` serves, queues (a
+        request that may wait) or refuses it — then reserve, grant and record (at once, or at
+        the waiter's turn, under the lock again).
         """
         with self._measured("attach"):
-            if request.gpus and not self.core.allocator.selectable:
-                raise InvalidRequest(
-                    "this agent cannot attach a GPU the request names: the cluster picks the "
-                    "device (the kubelet's device plugin chooses the GPU of each holder pod)",
-                    field="gpus",
-                    hint='leave "gpus" out and give only count; GET /v1/gpus marks such GPUs '
-                    '"selectable": false',
-                )
-            request = self._profiled(request)
+            check_selectable(request, selectable=self.core.allocator.selectable)
+            request = with_profile(request, self._config.mig_profile)
             deadline = time.monotonic() + request.wait_seconds
             container, snapshot = await self.core.workers.host(
                 self._attach_inputs, caller, request.target
             )
             await self.core.identity.authorize(caller, "create", container)
             async with self.core.locks.operation(container.target):
-                served = self._served(container.target, request)
-                if served is not None:
-                    return served
-                policy = self.core.policy
-                limit = None if policy is None else await policy.gpu_limit(container)
-                total = self._check_shape(request, snapshot)
-                # Before anything is reserved or queued: a GPU it could not use is refused.
-                # (Before the availability is read: nothing awaited comes between that read
-                # and the reservation, so what the queue's head holds is what it holds then.)
-                await self.core.workers.host(self.core.driver_files.check, container)
-                availability = await self._availability(
-                    request, snapshot, total=total, limits=self._limits(container, limit)
-                )
-                await self._check_named_free(caller, container, request, snapshot, availability)
-                decision = decide(Demand(request.count, may_wait=request.queued), availability)
-                if isinstance(decision, Refuse):
-                    raise decision.error
+                earlier = repeated(request, self.core.allocator.attachments_of(container.target))
+                if earlier is not None:
+                    log.info(
+                        "request %s for %s repeated: returning its attachments",
+                        request.request_id,
+                        container.target,
+                    )
+                    return AttachmentList(attachments=[views.attachment_of(e) for e in earlier])
+                decision = await self._decide(caller, container, request, snapshot)
                 if isinstance(decision, Serve):
                     return await self._attach_locked(container, request, snapshot, deadline)
                 waiter = self.core.queue.join(
@@ -402,17 +253,55 @@ class AgentService:
                     request.count,
                     request_id=request.request_id,
                     deadline=deadline,
-                    kind=_kind(request),
+                    kind=queue_kind(request),
                 )
             return await self._attach_in_turn(container, request, waiter)
+
+    async def _decide(
+        self,
+        caller: Caller,
+        container: HostContainer,
+        request: AttachRequest,
+        snapshot: InventorySnapshot,
+    ) -> Serve | Queue:
+        """The decision on a new request, under its target's lock: the backend's policy says
+        whether the target may have GPUs and how many its group may hold, the request's shape
+        and named GPUs are checked (``attach_checks``), and ``admission.decide`` weighs one
+        ``Availability``; a refusal is raised."""
+        policy = self.core.policy
+        group = None if policy is None else await policy.gpu_limit(container)
+        total = check_shape(request, snapshot)
+        # Before anything is reserved or queued: a GPU it could not use is refused.
+        # (Before the availability is read: nothing awaited comes between that read
+        # and the reservation, so what the queue's head holds is what it holds then.)
+        await self.core.workers.host(self.core.driver_files.check, container)
+        own = limits_of(
+            container.key,
+            per_container=self._config.max_gpus_per_target,
+            group=group,
+            reservations=self.core.allocator.all_attachments(),
+            waiters=self.core.queue.waiters,
+        )
+        availability = await self._availability(request, snapshot, total=total, limits=own)
+        free = availability.free
+        taken = named_taken(request, container.key, snapshot, self.core.allocator.get, free=free)
+        if taken is not None:
+            gpu, entry = taken
+            seen = await self.core.identity.may_see(caller, entry.target)
+            raise taken_by_another(request, gpu, entry, free=free, seen=seen)
+        decision = decide(Demand(request.count, may_wait=request.queued), availability)
+        if isinstance(decision, Refuse):
+            raise decision.error
+        return decision
 
     async def _attach_in_turn(
         self, container: HostContainer, request: AttachRequest, waiter: Waiter
     ) -> AttachmentList:
         """Wait for ``waiter``'s turn (outside the target's lock: a waiting request never
         blocks its target's other operations), then attach. It was admitted when it joined,
-        and counts towards its container's limits while it waits (``_limits``). It decides
-        again only at a change of the node (``WaitQueue.wait``), never in a loop of its own."""
+        and counts towards its container's limits while it waits (``attach_checks.limits``).
+        It decides again only at a change of the node (``WaitQueue.wait``), never in a loop
+        of its own."""
         log.info(
             "%s waits for %d GPU(s): number %d in the queue",
             container,
@@ -432,7 +321,7 @@ class AgentService:
                 # The node may have changed while it waited: hand out what NVML sees now.
                 snapshot = await self.core.workers.host(self.core.inventory.snapshot)
                 availability = await self._availability(
-                    request, snapshot, total=self._check_shape(request, snapshot), waiter=waiter
+                    request, snapshot, total=check_shape(request, snapshot), waiter=waiter
                 )
                 free = availability.free
                 decision = decide(demand, availability)
@@ -452,32 +341,6 @@ class AgentService:
         finally:
             self.core.queue.leave(waiter)
 
-    def _profiled(self, request: AttachRequest) -> AttachRequest:
-        """``request`` with the agent's MIG profile, where it hands out only that one."""
-        profile = self._config.mig_profile
-        if profile is None or request.mig == profile:
-            return request
-        if request.mig is None:
-            return replace(request, mig=profile)
-        raise InvalidRequest(
-            f"this agent hands out MIG slices of profile {profile} only, not {request.mig}",
-            field="mig",
-            hint=f'leave "mig" out or give "{profile}"',
-        )
-
-    @staticmethod
-    def _candidates(snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuDevice]:
-        """What a request may get: the GPUs it names (``_check_shape`` checked that they can be
-        handed out), else whole GPUs, or the MIG slices of its profile."""
-        if request.gpus:
-            return [gpu for gpu in snapshot.gpus if gpu.uuid in request.gpus]
-        return [gpu for gpu in snapshot.gpus if _serves(gpu, request.mig)]
-
-    @classmethod
-    def _records(cls, snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuRecord]:
-        """``_candidates`` as the allocator takes them."""
-        return [_record(gpu) for gpu in cls._candidates(snapshot, request)]
-
     async def _availability(
         self,
         request: AttachRequest,
@@ -490,139 +353,15 @@ class AgentService:
         """The node as one decision sees it: what is free from the allocator, the one
         authority (read once), less what the queue's head holds against ``waiter`` (None: a
         request not in the queue)."""
-        free = len(await self.core.allocator.available(self._records(snapshot, request)))
-        held = self.core.queue.held(_kind(request), free, waiter)
+        candidates = candidate_records(snapshot, request)
+        free = len(await self.core.allocator.available(candidates))
+        held = self.core.queue.held(queue_kind(request), free, waiter)
         return Availability(total=total, free=free, held=held, limits=limits)
-
-    def _limits(self, container: HostContainer, limit: GpuLimit | None) -> tuple[Limit, ...]:
-        """The container's limits as the backend resolved them: the agent's per-container
-        setting, and its group's (``TargetPolicy``: a pod's ``max-gpus``), each with what the
-        group holds and its waiting requests will take (``_held``)."""
-        own = Limit(
-            count=self._config.max_gpus_per_target,
-            held=self._held(lambda key, _: key == container.key),
-        )
-        if limit is None:
-            return (own,)
-        group = Limit(
-            count=limit.count,
-            held=self._held(lambda _, target: limit.covers(target)),
-            source=limit.source,
-        )
-        return (own, group)
 
     async def _alive(self, container: HostContainer) -> bool:
         core = self.core
         found = await core.workers.host(core.resolver.lookup, container.target, container.key)
         return found is not None
-
-    def _check_shape(self, request: AttachRequest, snapshot: InventorySnapshot) -> int:
-        """How many GPUs of the kind asked for the node has in all (``Availability.total``),
-        once what the request names can be handed out (``_check_named``) and, for MIG slices,
-        the node has slices of its profile (else 409, not retryable: no wait helps)."""
-        if request.gpus:
-            return _check_named(request, snapshot)
-        if request.mig is None:
-            return len(self._candidates(snapshot, request)) + len(snapshot.lost)
-        total = len(self._candidates(snapshot, request))
-        if total == 0:
-            profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
-            raise InsufficientGpus(
-                free=0,
-                requested=request.count,
-                hint=f"this node has no MIG slice of profile {request.mig}: its slices are "
-                f"{', '.join(profiles)}"
-                if profiles
-                else f"this node has no MIG slice of profile {request.mig}: no GPU of "
-                "this node is in MIG mode",
-                retryable=False,
-            )
-        return total
-
-    async def _check_named_free(
-        self,
-        caller: Caller,
-        container: HostContainer,
-        request: AttachRequest,
-        snapshot: InventorySnapshot,
-        availability: Availability,
-    ) -> None:
-        """Refuse a request naming a GPU that is taken, saying by whom as far as ``caller``
-        may know (``Identity.may_see``: another tenant is "another container", never named):
-        one already the target's own never frees for it (not retryable); one of someone else
-        is refused at once unless the request may wait (then it waits for that GPU)."""
-        devices = {gpu.uuid: gpu for gpu in snapshot.gpus}
-        for uuid in request.gpus:
-            entry = self.core.allocator.get(uuid)
-            if entry is None:
-                continue
-            what = _describe(devices[uuid])
-            free = availability.free
-            if entry.container == container.key:
-                raise InsufficientGpus(
-                    free=free,
-                    requested=request.count,
-                    message=f"{what} is already attached to {entry.target}",
-                    hint="it is yours already; name another GPU, or leave gpus out",
-                    retryable=False,
-                )
-            if not request.queued:
-                seen = await self.core.identity.may_see(caller, entry.target)
-                raise InsufficientGpus(
-                    free=free,
-                    requested=request.count,
-                    message=f"{what} is attached to "
-                    f"{entry.target if seen else 'another container'}",
-                    hint="name a free GPU, or ask with wait_seconds to wait until this one is free",
-                )
-
-    def _held(self, covers: Callable[[ContainerKey, Target], bool]) -> int:
-        """The GPUs the containers ``covers`` picks hold, and will take at their waiting
-        requests' turns (each was admitted when it joined the queue, not again at its turn)."""
-        held = sum(
-            1 for e in self.core.allocator.all_attachments() if covers(e.container, e.target)
-        )
-        return held + sum(
-            w.count for w in self.core.queue.waiters if covers(w.container.key, w.container.target)
-        )
-
-    async def queued(self, caller: Caller, ref: TargetRef | None) -> QueueView:
-        """The target's requests waiting in the queue, with their positions."""
-        container = await self._target(caller, ref, "get")
-        waiters = self.core.queue.waiters
-        return QueueView(
-            length=len(waiters),
-            requests=[
-                QueuedRequest(
-                    request_id=waiter.request_id,
-                    target=waiter.target.to_wire(),
-                    count=waiter.count,
-                    position=position,
-                    queued_at=format_timestamp(waiter.queued_at),
-                )
-                for position, waiter in enumerate(waiters, start=1)
-                if waiter.target.key == container.target.key
-            ],
-        )
-
-    async def cancel_queued(
-        self, caller: Caller, request_id: RequestId, ref: TargetRef | None
-    ) -> None:
-        """Cancel the target's waiting request ``request_id`` (its ``POST`` answers that it
-        was cancelled). Only the named target's (or the caller's own): request ids are chosen
-        by clients, and a cancel reaching every waiter with the id, any container's, let one
-        container cancel another's wait (issue 25)."""
-        container = await self._target(caller, ref, "delete")
-        waiters = [
-            waiter
-            for waiter in self.core.queue.find(request_id)
-            if waiter.target.key == container.target.key
-        ]
-        if not waiters:
-            raise NotFound("queued request", request_id)
-        for waiter in waiters:
-            self.core.queue.cancel(waiter)
-            log.info("queued request %s for %s cancelled", request_id, waiter.target)
 
     def _attach_inputs(
         self, caller: Caller, ref: TargetRef | None
@@ -644,10 +383,15 @@ class AgentService:
         waiter: Waiter | None = None,
     ) -> AttachmentList:
         """Reserve, grant, record: the attach itself, under the target's lock, after the
-        decision (``attach``)."""
+        decision (``attach``); the host half and its rollback are ``grant.grant_reserved``'s."""
         entries = await self._reserve(container, request, snapshot, deadline, waiter=waiter)
         await self.core.checkpoints.reach("after_reserve")
-        granted = await self._grant(container, entries)
+        try:
+            per_entry = self._nodes_of(entries)
+        except InjectorError as e:
+            await self.core.release([entry.gpu.uuid for entry in entries])
+            raise attach_error(container, e) from e
+        granted = await grant_reserved(self.core, container, entries, per_entry)
         self.core.idle.request([entry.gpu.uuid for entry in granted], request.idle_release_seconds)
         log.info(
             "attached %s to %s%s",
@@ -655,7 +399,7 @@ class AgentService:
             container,
             self._label,
         )
-        return AttachmentList(attachments=[attachment_of(entry) for entry in granted])
+        return AttachmentList(attachments=[views.attachment_of(entry) for entry in granted])
 
     async def _reserve(
         self,
@@ -674,130 +418,10 @@ class AgentService:
             request.count,
             request_id=request.request_id,
             deadline=deadline,
-            candidates=self._records(snapshot, request),
+            candidates=candidate_records(snapshot, request),
         )
-        self.core.queue.served(_kind(request), waiter)
+        self.core.queue.served(queue_kind(request), waiter)
         return entries
-
-    async def _grant(
-        self, container: HostContainer, entries: list[Reservation]
-    ) -> list[Reservation]:
-        """Make the reserved GPUs usable in ``container`` and record it (``mark_granted``);
-        on any failure the reservation is rolled back (``_undo_reservation``)."""
-        uuids = [entry.gpu.uuid for entry in entries]
-        try:
-            per_entry = self._nodes_of(entries)
-        except InjectorError as e:
-            await self.core.release(uuids)
-            raise _attach_error(container, e) from e
-        nodes = flat(per_entry)
-        try:
-            await self._intend_nodes(container, entries, per_entry)
-            created = await self.core.workers.host(self.core.injector.grant, container, nodes)
-            await self.core.workers.host(self.core.driver_files.provide, container, nodes)
-        except InjectorError as e:
-            await self._undo_reservation(container, uuids, nodes, clean=_is_clean(e))
-            raise _attach_error(container, e) from e
-        except DriverFilesFailed as e:
-            await self._undo_reservation(container, uuids, nodes, clean=False)
-            raise TargetNotReady(
-                f"the GPU could not be made usable in {container}: {e}",
-                hint="nothing was left attached; see the agent's log",
-                retryable=False,
-            ) from e
-        except BaseException:
-            await self._undo_reservation(container, uuids, nodes, clean=False)
-            raise
-        await self.core.checkpoints.reach("after_grant")
-        try:
-            granted = await self.core.allocator.mark_granted(
-                uuids,
-                nodes_created=[
-                    entry.gpu.uuid
-                    for entry, own in zip(entries, per_entry, strict=True)
-                    if all(node.name in created for node in own)
-                ],
-            )
-        except BaseException:
-            await self._undo_reservation(container, uuids, nodes, clean=False)
-            raise
-        await self.core.checkpoints.reach("after_mark_granted")
-        return granted
-
-    async def _intend_nodes(
-        self,
-        container: HostContainer,
-        entries: Sequence[Reservation],
-        per_entry: Sequence[Sequence[DeviceNode]],
-    ) -> None:
-        """Record, before the grant, which reservations' nodes it is about to make (all of
-        their nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
-        nodes = flat(per_entry)
-        states = await self.core.workers.host(self.core.injector.status, container, nodes)
-        absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
-        making = [
-            entry.gpu.uuid
-            for entry, own in zip(entries, per_entry, strict=True)
-            if all(node.name in absent for node in own)
-        ]
-        if making:
-            await self.core.allocator.intend_nodes(making)
-
-    def _served(self, target: Target, request: AttachRequest) -> AttachmentList | None:
-        """The answer to a retried request, or None for a new one: the one idempotency check
-        of the agent (allocators record request ids and never interpret them), run under the
-        target's lock so that no two attaches with one request id reserve twice."""
-        request_id, count = request.request_id, request.count
-        if request_id is None:
-            return None
-        earlier = [
-            entry
-            for entry in self.core.allocator.attachments_of(target)
-            if entry.request_id == request_id
-        ]
-        if not earlier:
-            return None
-        if len(earlier) != count:
-            raise InvalidRequest.request_id_reused(request_id, used=len(earlier), requested=count)
-        if any(entry.state is ReservationState.RESERVING for entry in earlier):
-            # Left by a crash and not yet reconciled: neither done nor undone.
-            raise Busy.operation_in_progress(str(target))
-        log.info("request %s for %s repeated: returning its attachments", request_id, target)
-        return AttachmentList(attachments=[attachment_of(entry) for entry in earlier])
-
-    async def _undo_reservation(
-        self, target: HostContainer, uuids: list[GpuUuid], nodes: list[DeviceNode], *, clean: bool
-    ) -> None:
-        """Roll an attach back after its grant failed or was not recorded.
-
-        ``clean``: the host is known to be as before, so only the reservation goes. Otherwise
-        the devices are revoked first; if even that fails the reservation stays, still
-        ``reserving``, for the reconciler: releasing it would leave a GPU usable by a
-        container that the allocator does not know holds it.
-        """
-        if not clean:
-            try:
-                # Which nodes the failed grant created is unknown: none is removed (without
-                # the permission, a node left behind opens nothing).
-                await self.core.workers.host(
-                    self.core.injector.revoke,
-                    target,
-                    nodes,
-                    force=False,
-                    keep_nodes=[node.name for node in nodes],
-                )
-            except TargetGone:
-                log.info("%s exited during the attach; nothing left to revoke", target)
-            except InjectorError as e:
-                log.error(
-                    "attach of %s to %s failed and its grant could not be undone (%s); the "
-                    "reservation stays for the reconciler",
-                    ", ".join(uuids),
-                    target,
-                    e,
-                )
-                return
-        await self.core.release(uuids)
 
     # --- detach ----------------------------------------------------------------------------------
 
@@ -1061,62 +685,6 @@ class AgentService:
             ) from e
 
 
-def _serves(gpu: GpuDevice, mig: str | None) -> bool:
-    """Whether an attach of ``count`` for MIG profile ``mig`` (``None``: whole GPUs) may get
-    ``gpu``. The one rule for what an attach not naming its GPUs gets, and so for what
-    ``GET /v1/gpus`` calls ``plain_attach`` (with the agent's own profile, ``_profiled``)."""
-    if mig is None:
-        return gpu.whole
-    return gpu.mig is not None and gpu.mig.profile == mig
-
-
-def _record(gpu: GpuDevice) -> GpuRecord:
-    """A GPU of the inventory as the allocator takes it."""
-    return GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
-
-
-def _kind(request: AttachRequest) -> str | None:
-    """What a request waits for in the queue (``Waiter.kind``): its named GPUs, or whole GPUs,
-    or slices of its MIG profile."""
-    return ",".join(sorted(request.gpus)) if request.gpus else request.mig
-
-
-def _describe(gpu: GpuDevice) -> str:
-    """A GPU as a person finds it in the panel and ``nvidia-smi``: by its index."""
-    if gpu.mig is None:
-        return f"GPU {gpu.index} ({gpu.uuid})"
-    return f"MIG slice {gpu.uuid} of GPU {gpu.index}"
-
-
-def _check_named(request: AttachRequest, snapshot: InventorySnapshot) -> int:
-    """How many GPUs a request naming its GPUs may get (all it names), once each is known to
-    be a healthy GPU of the node (else 404 ``gpu``) that can be handed out alone: a whole GPU,
-    or a MIG slice, of ``request.mig``'s profile when it gives one (else 400 ``gpus``)."""
-    devices = {gpu.uuid: gpu for gpu in snapshot.gpus}
-    for uuid in request.gpus:
-        gpu = devices.get(uuid)
-        if gpu is None:
-            raise NotFound(
-                "gpu",
-                uuid,
-                hint="list the node's GPUs (GET /v1/gpus) and name one of them"
-                + (f"; {len(snapshot.lost)} GPU(s) of the node are lost" if snapshot.lost else ""),
-            )
-        if gpu.mig is None and not gpu.whole:
-            raise InvalidRequest(
-                f"{_describe(gpu)} is in MIG mode: it is handed out only as its MIG slices",
-                field="gpus",
-                hint="name one of its slices (MIG-...) instead",
-            )
-        if request.mig is not None and (gpu.mig is None or gpu.mig.profile != request.mig):
-            raise InvalidRequest(
-                f"{_describe(gpu)} is not a MIG slice of profile {request.mig}",
-                field="gpus",
-                hint='leave "mig" out: a MIG- UUID names its slice by itself',
-            )
-    return len(request.gpus)
-
-
 def _not_created(
     entries: Sequence[Reservation], nodes: Sequence[Sequence[DeviceNode]]
 ) -> list[str]:
@@ -1127,25 +695,3 @@ def _not_created(
         if not entry.node_created
         for node in own
     ]
-
-
-def _is_clean(error: InjectorError) -> bool:
-    """Whether a failed grant left the host as it was."""
-    if isinstance(error, InjectionFailed):
-        return error.clean
-    return isinstance(error, TargetGone)
-
-
-def _attach_error(target: HostContainer, error: InjectorError) -> AgentError:
-    if isinstance(error, TargetGone):
-        return NotFound(
-            "process",
-            str(target.pid),
-            hint="the process exited during the attach; nothing was left behind",
-        )
-    return TargetNotReady(
-        f"the GPU could not be made usable in {target}: {error}",
-        hint="nothing was left attached; check that the target is a running container with a "
-        "normal /dev, and see the agent's log",
-        retryable=False,
-    )
