@@ -29,8 +29,8 @@ the agent exports is declared here, once, so the names are reviewable in one pla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Final, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -43,99 +43,126 @@ GPU_STATES: Final = ("free", "attached", "allocated", "lost")
 # Local attaches take milliseconds; Kubernetes ones wait for a holder pod (seconds).
 _BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+class _Family(Generic[_M]):
+    """One metric family, declared once on ``AgentMetrics`` (its name, help and labels, as
+    data) and made afresh in each agent's own registry: the class body is the reviewable list
+    of everything exported, and ``__init__`` only makes what it declares."""
+
+    def __init__(self, make: Callable[[CollectorRegistry], _M]) -> None:
+        self.make: Callable[[CollectorRegistry], _M] = make
+        """Makes the family in one agent's registry."""
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self._attribute = attribute
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Family[_M]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> _M: ...
+    def __get__(self, instance: object | None, owner: type) -> _Family[_M] | _M:
+        if instance is None:
+            return self
+        made: _M = vars(instance)[self._attribute]
+        return made
+
+
+def _counter(name: str, documentation: str, *labels: str) -> _Family[Counter]:
+    """A counter (exported as ``<name>_total``)."""
+    return _Family(lambda registry: Counter(name, documentation, labels, registry=registry))
+
+
+def _gauge(name: str, documentation: str, *labels: str) -> _Family[Gauge]:
+    """A gauge: a value as of now (a count, a state)."""
+    return _Family(lambda registry: Gauge(name, documentation, labels, registry=registry))
+
+
+def _histogram(name: str, documentation: str) -> _Family[Histogram]:
+    """A latency histogram over ``_BUCKETS``."""
+    return _Family(
+        lambda registry: Histogram(name, documentation, buckets=_BUCKETS, registry=registry)
+    )
+
 
 class AgentMetrics:
-    """The metrics of one agent."""
+    """The metrics of one agent: every family is declared below, in the order it is exported."""
+
+    attach_total = _counter(
+        "gpu_hotplug_attach",
+        "Attach operations by result (success or the API error code).",
+        "result",
+    )
+    detach_total = _counter(
+        "gpu_hotplug_detach",
+        "Detach operations (one per GPU) by result (success or the API error code).",
+        "result",
+    )
+    attach_duration = _histogram(
+        "gpu_hotplug_attach_duration_seconds",
+        "Time to attach GPUs, from the validated request to the recorded grant.",
+    )
+    detach_duration = _histogram(
+        "gpu_hotplug_detach_duration_seconds",
+        "Time to detach one GPU, from the validated request to the released record.",
+    )
+    gpus = _gauge(
+        "gpu_hotplug_gpus", "GPUs of this node by state, as of the last inventory read.", "state"
+    )
+    in_flight = _gauge(
+        "gpu_hotplug_operations_in_flight", "Attach and detach operations running now."
+    )
+    queue_length = _gauge(
+        "gpu_hotplug_queue_length", "Attach requests waiting in the queue for free GPUs now."
+    )
+    reconcile_actions = _counter(
+        "gpu_hotplug_reconcile_actions",
+        "Repairs made by reconciliation (released, regranted, revoked, finished, ...).",
+        "action",
+    )
+    idle_warnings = _counter(
+        "gpu_hotplug_idle_warnings",
+        "Releases of unused GPUs announced by the idle policy, by reason (idle, lease).",
+        "reason",
+    )
+    idle_releases = _counter(
+        "gpu_hotplug_idle_releases",
+        "GPUs released by the idle policy, by reason (idle, lease).",
+        "reason",
+    )
+    lost_revokes = _counter(
+        "gpu_hotplug_lost_revokes",
+        "GPUs revoked after a lost reservation's grace period, by kind (holder, orphan).",
+        "kind",
+    )
+    stray_gpu_access = _gauge(
+        "gpu_hotplug_stray_gpu_access",
+        "GPUs that running containers can open without the device plugin or the agent "
+        "giving them, as of the last sweep.",
+    )
+    untrusted_holders = _counter(
+        "gpu_hotplug_untrusted_holders",
+        "Holder pods not believed (their GPU granted to no one on their word), by reason.",
+        "reason",
+    )
+    http_requests = _counter(
+        "gpu_hotplug_http_requests",
+        "API responses by method, route and status.",
+        "method",
+        "route",
+        "status",
+    )
+    simulated = _gauge(
+        "gpu_hotplug_simulated", "1 when this agent's GPUs are simulated (no hardware behind them)."
+    )
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.attach_total = Counter(
-            "gpu_hotplug_attach",
-            "Attach operations by result (success or the API error code).",
-            ["result"],
-            registry=self.registry,
-        )
-        self.detach_total = Counter(
-            "gpu_hotplug_detach",
-            "Detach operations (one per GPU) by result (success or the API error code).",
-            ["result"],
-            registry=self.registry,
-        )
-        self.attach_duration = Histogram(
-            "gpu_hotplug_attach_duration_seconds",
-            "Time to attach GPUs, from the validated request to the recorded grant.",
-            buckets=_BUCKETS,
-            registry=self.registry,
-        )
-        self.detach_duration = Histogram(
-            "gpu_hotplug_detach_duration_seconds",
-            "Time to detach one GPU, from the validated request to the released record.",
-            buckets=_BUCKETS,
-            registry=self.registry,
-        )
-        self.gpus = Gauge(
-            "gpu_hotplug_gpus",
-            "GPUs of this node by state, as of the last inventory read.",
-            ["state"],
-            registry=self.registry,
-        )
-        self.in_flight = Gauge(
-            "gpu_hotplug_operations_in_flight",
-            "Attach and detach operations running now.",
-            registry=self.registry,
-        )
-        self.queue_length = Gauge(
-            "gpu_hotplug_queue_length",
-            "Attach requests waiting in the queue for free GPUs now.",
-            registry=self.registry,
-        )
-        self.reconcile_actions = Counter(
-            "gpu_hotplug_reconcile_actions",
-            "Repairs made by reconciliation (released, regranted, revoked, finished, ...).",
-            ["action"],
-            registry=self.registry,
-        )
-        self.idle_warnings = Counter(
-            "gpu_hotplug_idle_warnings",
-            "Releases of unused GPUs announced by the idle policy, by reason (idle, lease).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.idle_releases = Counter(
-            "gpu_hotplug_idle_releases",
-            "GPUs released by the idle policy, by reason (idle, lease).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.lost_revokes = Counter(
-            "gpu_hotplug_lost_revokes",
-            "GPUs revoked after a lost reservation's grace period, by kind (holder, orphan).",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.stray_gpu_access = Gauge(
-            "gpu_hotplug_stray_gpu_access",
-            "GPUs that running containers can open without the device plugin or the agent "
-            "giving them, as of the last sweep.",
-            registry=self.registry,
-        )
-        self.untrusted_holders = Counter(
-            "gpu_hotplug_untrusted_holders",
-            "Holder pods not believed (their GPU granted to no one on their word), by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.http_requests = Counter(
-            "gpu_hotplug_http_requests",
-            "API responses by method, route and status.",
-            ["method", "route", "status"],
-            registry=self.registry,
-        )
-        self.simulated = Gauge(
-            "gpu_hotplug_simulated",
-            "1 when this agent's GPUs are simulated (no hardware behind them).",
-            registry=self.registry,
-        )
+        for attribute, family in vars(AgentMetrics).items():
+            if isinstance(family, _Family):
+                setattr(self, attribute, family.make(self.registry))
+        # Series that exist before anything happened, so a rate or an alert sees a 0.
         for state in GPU_STATES:
             self.gpus.labels(state=state).set(0)
         for counter in (self.attach_total, self.detach_total):
