@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Required, TypedDict, Unpack
 
 from ...linux.devnodes import DeviceNode
 from ...linux.devrules import CharDevice
@@ -64,6 +64,7 @@ __all__ = [
     "InjectionFailed",
     "Injector",
     "InjectorError",
+    "Revocation",
     "ScanUnfinished",
     "TargetGone",
     "gpu_node",
@@ -144,6 +145,20 @@ def gpu_node(minor: int, *, major: int) -> DeviceNode:
     return DeviceNode(f"nvidia{minor}", CharDevice(major, minor))
 
 
+class Revocation(TypedDict, total=False):
+    """How ``Injector.revoke`` takes devices away: declared once, for the protocol and every
+    injector, and handed to the engine as it is (which gives what is left out its default)."""
+
+    force: Required[bool]
+    """End the processes that hold the devices open (else ``DeviceInUse`` while any does)."""
+    keep_nodes: Collection[str]
+    """Nodes that stay (the agent did not create them); their permission goes all the same.
+    None by default."""
+    leave_open: bool
+    """The access goes while processes keep the fds they have (a take-back without consent);
+    off by default."""
+
+
 class Injector(Protocol):
     """Grants and revokes device nodes in running targets. Calls block; run them in a thread."""
 
@@ -152,18 +167,10 @@ class Injector(Protocol):
         the nodes it created (those that were not there before)."""
 
     def revoke(
-        self,
-        target: HostContainer,
-        devices: Sequence[DeviceNode],
-        *,
-        force: bool,
-        keep_nodes: Collection[str] = (),
-        leave_open: bool = False,
+        self, target: HostContainer, devices: Sequence[DeviceNode], **how: Unpack[Revocation]
     ) -> None:
-        """Take ``devices`` away; ``DeviceInUse`` while held open unless ``force`` (which
-        ends the holders) or ``leave_open`` (the access goes, processes keep the fds they
-        have). The nodes named in ``keep_nodes`` stay (the agent did not create them); their
-        permission goes. On failure the target keeps what it had."""
+        """Take ``devices`` away, ``how`` says (``Revocation``); ``DeviceInUse`` while held
+        open unless ``force`` or ``leave_open``. On failure the target keeps what it had."""
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
         """Take the permissions for ``devices`` from the cgroups of a container that has no
@@ -190,19 +197,10 @@ class EngineInjector:
             return frozenset(self._engine.grant(container, devices).nodes_created)
 
     def revoke(
-        self,
-        target: HostContainer,
-        devices: Sequence[DeviceNode],
-        *,
-        force: bool,
-        keep_nodes: Collection[str] = (),
-        leave_open: bool = False,
+        self, target: HostContainer, devices: Sequence[DeviceNode], **how: Unpack[Revocation]
     ) -> None:
         with _translated(target):
-            container = self._container(target)
-            self._engine.revoke(
-                container, devices, force=force, keep_nodes=keep_nodes, leave_open=leave_open
-            )
+            self._engine.revoke(self._container(target), devices, **how)
 
     def withdraw(self, cgroups: ContainerCgroups, devices: Sequence[DeviceNode]) -> None:
         with _translated(cgroups):

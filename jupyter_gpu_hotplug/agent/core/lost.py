@@ -25,7 +25,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
@@ -133,22 +133,18 @@ Revoke = Callable[[bool], Awaitable[TakeBack | None]]
 """Takes the GPUs back (``True``: with force); None when there was nothing left to take."""
 
 
+@dataclass(kw_only=True, eq=False)
 class LostGpus:
     """Runs the announce → grace → revoke sequence of each loss (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        rules: LossRules,
-        book: LossBook,
-        metrics: AgentMetrics,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self.rules = rules
-        self.book = book
-        self._metrics = metrics
-        self._clock = clock
-        self._pending: set[str] = set()
+    rules: LossRules
+    book: LossBook
+    metrics: AgentMetrics
+    """Where a revoke after the grace period is counted (``gpu_hotplug_lost_revokes``)."""
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    """The wall clock the announced ``revoke_at`` is read on (a test's own)."""
+    _pending: set[str] = field(default_factory=set, init=False)
+    """The keys of the losses announced and not yet settled."""
 
     def pending(self, key: str) -> bool:
         """Whether the loss ``key`` is announced and not yet settled."""
@@ -174,7 +170,7 @@ class LostGpus:
             target=target,
             gpus=tuple(gpus),
             reason=reason,
-            revoke_at=self._clock() + timedelta(seconds=self.rules.grace_seconds),
+            revoke_at=self.clock() + timedelta(seconds=self.rules.grace_seconds),
             orphan=orphan,
         )
         try:
@@ -199,7 +195,7 @@ class LostGpus:
         if outcome is not None:
             if not outcome.gone:
                 kind = "orphan" if notice.orphan else "holder"
-                self._metrics.lost_revokes.labels(kind=kind).inc(len(notice.gpus))
+                self.metrics.lost_revokes.labels(kind=kind).inc(len(notice.gpus))
             self.book.tell(notice, outcome)
 
     async def _revoke(self, notice: LossNotice, revoke: Revoke) -> TakeBack | None:

@@ -435,6 +435,8 @@ class PodIdentity:
     namespace: str
     name: str
     uid: str
+    """The pod's uid: a pod acts on itself only while the target pod has it, so a token of a
+    deleted pod never acts on a new pod of the same name."""
 
 
 @dataclass(frozen=True)
