@@ -24,6 +24,9 @@ framework) and below both APIs (import-linter holds it to that):
   own error path would write;
 - **the streamed-body plumbing** (``StreamedBodyHandler``), the base both APIs' body-reading
   handlers derive from, so that the three above are wired once;
+- **refusals logged as one line** (``RefusalLogging``): both APIs refuse through exceptions,
+  which tornado would log as "Uncaught exception" with a traceback; each API says which of its
+  exceptions are refusals, and only a bug keeps the full report;
 - **``Allow``** (``allow_header``): the methods a 405 lists.
 """
 
@@ -35,7 +38,8 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import ClassVar, Final, NamedTuple
+from types import TracebackType
+from typing import ClassVar, Final, NamedTuple, TypeAlias
 
 from tornado import iostream, web
 
@@ -45,7 +49,9 @@ __all__ = [
     "LINGER_MAX_BYTES",
     "LINGER_SECONDS",
     "BoundedBody",
+    "ExcInfo",
     "Refusal",
+    "RefusalLogging",
     "StreamedBodyHandler",
     "allow_header",
     "implements",
@@ -231,6 +237,36 @@ def allow_header(handler: type) -> str:
 
 
 # --- the streamed-body plumbing -------------------------------------------------------------------
+
+
+ExcInfo: TypeAlias = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+"""What tornado hands ``log_exception``: ``sys.exc_info()``'s three."""
+
+
+class RefusalLogging(web.RequestHandler):
+    """Logs what a handler raised as its API means it: a refusal (bad input, a busy GPU, a
+    caller turned away: an answer the API gives on purpose) as one line, a bug with its
+    traceback. An API's base handler derives from it and says in ``log_refusal`` which of its
+    exceptions are refusals and how its log names them."""
+
+    def log_refusal(self, error: BaseException) -> bool:
+        """Log ``error`` as one line if this API refuses with it, and say whether it did;
+        False: a bug, for ``log_bug``."""
+        return False
+
+    def log_bug(self, exc_info: ExcInfo) -> None:
+        """Log an exception that is no refusal: tornado's full report unless the API says
+        otherwise."""
+        super().log_exception(*exc_info)
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if value is None or not self.log_refusal(value):
+            self.log_bug((typ, value, tb))
 
 
 class Refusal(NamedTuple):

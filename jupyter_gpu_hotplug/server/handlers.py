@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from types import TracebackType
 from typing import Any, Final
 
 from jupyter_server.auth.decorator import authorized
@@ -43,7 +42,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import iostream, web
 
-from .._httpkit import Refusal, StreamedBodyHandler, allow_header
+from .._httpkit import Refusal, RefusalLogging, StreamedBodyHandler, allow_header
 from .._version import __version__
 from .errors import BodyTooLarge, error_reply, internal_error_reply
 from .manager import HotplugManager
@@ -66,7 +65,7 @@ MANAGER_SETTING: Final = "gpu_hotplug_manager"
 _EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
 
 
-class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
+class GPUHotplugAPIHandler(RefusalLogging, ExtensionHandlerMixin, APIHandler):
     """Base of every handler here: one auth resource, the manager, errors as JSON."""
 
     auth_resource = AUTH_RESOURCE
@@ -103,21 +102,16 @@ class GPUHotplugAPIHandler(ExtensionHandlerMixin, APIHandler):
         self.set_status(reply.status)
         self.finish(json.dumps(reply.body))
 
-    def log_exception(
-        self,
-        typ: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def log_refusal(self, error: BaseException) -> bool:
         # An expected failure (bad input, no agent, a busy GPU) is one warning line, not an
         # "Uncaught exception" with a traceback; bugs keep tornado's full report.
-        reply = None if value is None else error_reply(value)
+        reply = error_reply(error)
         if reply is None:
-            super().log_exception(typ, value, tb)
-            return
+            return False
         self.log.warning(
             "%d %s: %s", reply.status, self._request_summary(), reply.body.get("message")
         )
+        return True
 
 
 class BodyHandler(StreamedBodyHandler, GPUHotplugAPIHandler):

@@ -29,12 +29,18 @@ import uuid
 from asyncio import Future
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, ClassVar, Final, Literal
 
 from tornado import web
 
-from ..._httpkit import Refusal, StreamedBodyHandler, allow_header, implements
+from ..._httpkit import (
+    ExcInfo,
+    Refusal,
+    RefusalLogging,
+    StreamedBodyHandler,
+    allow_header,
+    implements,
+)
 from ..._structs import ErrorBody, TargetRef
 from ..core.errors import (
     AgentError,
@@ -116,7 +122,7 @@ class ApiContext:
     """The cached readiness verdict: None when serving, else why not (starting, stopping)."""
 
 
-class ApiHandler(StreamedBodyHandler):
+class ApiHandler(RefusalLogging, StreamedBodyHandler):
     """Base of every agent route (see the module docstring)."""
 
     max_body = MAX_BODY_BYTES
@@ -299,42 +305,42 @@ class ApiHandler(StreamedBodyHandler):
             message = f"the request was refused with HTTP status {status}"
         return InvalidRequest(message).to_body()
 
-    def log_exception(
-        self,
-        typ: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if isinstance(value, AgentError):
-            # Every refusal says why in the log, beside the access line's bare status: the
-            # operator of a node reads this log, not the caller's answer (refused identities
-            # are also the audit trail).
+    def log_refusal(self, error: BaseException) -> bool:
+        # Every refusal says why in the log, beside the access line's bare status: the operator
+        # of a node reads this log, not the caller's answer (refused identities are also the
+        # audit trail).
+        if isinstance(error, AgentError):
             log.info(
                 "%s %s -> %d %s: %s",
                 self.request.method,
                 self.request.path,
-                value.status,
-                value.code,
-                value.message,
+                error.status,
+                error.code,
+                error.message,
                 extra=self._audit(),
             )
-        elif isinstance(value, web.HTTPError) and value.status_code < 500:
+            return True
+        if isinstance(error, web.HTTPError) and error.status_code < 500:
             log.info(
                 "%s %s -> %d",
                 self.request.method,
                 self.request.path,
-                value.status_code,
+                error.status_code,
                 extra=self._audit(),
             )
-        else:
-            log.error(
-                "internal error in %s %s (request id %s)",
-                self.request.method,
-                self.request.path,
-                self.request_id,
-                exc_info=(typ, value, tb) if typ is not None and value is not None else True,
-                extra={"request_id": self.request_id},
-            )
+            return True
+        return False
+
+    def log_bug(self, exc_info: ExcInfo) -> None:
+        typ, value, tb = exc_info
+        log.error(
+            "internal error in %s %s (request id %s)",
+            self.request.method,
+            self.request.path,
+            self.request_id,
+            exc_info=(typ, value, tb) if typ is not None and value is not None else True,
+            extra={"request_id": self.request_id},
+        )
 
     def on_finish(self) -> None:
         self._count(self.get_status())
