@@ -18,21 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NewType
 
+from .. import _structs as wire
 from .._httpkit import load_request_json
-from .._structs import (
-    MAX_WAIT_SECONDS,
-    FieldChecks,
-    GpuUuid,
-    RequestId,
-    check_count,
-    check_gpu_uuid,
-    check_named_gpus,
-    check_names,
-    check_request_id,
-    check_required,
-    check_seconds,
-    describe_value,
-)
+from .._structs import MAX_WAIT_SECONDS, FieldChecks, GpuUuid, RequestId, describe_value
 from .errors import InvalidInput
 
 __all__ = [
@@ -101,8 +89,9 @@ class CancelRequest:
 
 
 _checked: Final = FieldChecks(InvalidInput)
-"""Runs one of the field rules both APIs share (``_structs``) as this API's error; the agent
-reads its bodies with the same functions, so both refuse the same values."""
+"""Runs one of the field rules both APIs share (``wire.check_*``, the wire contract's) as this
+API's error; the agent reads its bodies with the same functions, so both refuse the same
+values."""
 
 
 def _json_object(body: bytes) -> dict[str, object]:
@@ -116,7 +105,7 @@ def _json_object(body: bytes) -> dict[str, object]:
 
 
 def _only(obj: Mapping[str, object], allowed: Sequence[str], *, where: str) -> None:
-    _checked(check_names, obj, allowed=allowed, what=f"{where}(s)")
+    _checked(wire.check_names, obj, allowed=allowed, what=f"{where}(s)")
 
 
 def _kernel_id(value: object) -> KernelId:
@@ -139,15 +128,15 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
     obj = _json_object(body)
     _only(obj, _ATTACH_FIELDS, where="member")
     count = _checked(
-        check_count,
-        _checked(check_required, obj, "count", why="how many GPUs to attach"),
+        wire.check_count,
+        _checked(wire.check_required, obj, "count", why="how many GPUs to attach"),
         maximum=max_count,
     )
     raw_wait = obj.get("wait_seconds")
     wait_seconds = (
         None
         if raw_wait is None
-        else _checked(check_seconds, raw_wait, field="wait_seconds", maximum=MAX_WAIT_SECONDS)
+        else _checked(wire.check_seconds, raw_wait, field="wait_seconds", maximum=MAX_WAIT_SECONDS)
     )
     request_id = obj.get("request_id")
     gpus = obj.get("gpus")
@@ -155,8 +144,8 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         count=count,
         kernel_id=_optional_kernel_id(obj),
         wait_seconds=wait_seconds,
-        request_id=None if request_id is None else _checked(check_request_id, request_id),
-        gpus=() if gpus is None else _checked(check_named_gpus, gpus, count=count),
+        request_id=None if request_id is None else _checked(wire.check_request_id, request_id),
+        gpus=() if gpus is None else _checked(wire.check_named_gpus, gpus, count=count),
     )
 
 
@@ -165,13 +154,13 @@ def parse_cancel(body: bytes) -> CancelRequest:
     obj = _json_object(body)
     _only(obj, _CANCEL_FIELDS, where="member")
     request_id = _checked(
-        check_required,
+        wire.check_required,
         obj,
         "request_id",
         why="the waiting attach to cancel (as its progress names it)",
     )
     return CancelRequest(
-        request_id=_checked(check_request_id, request_id), kernel_id=_optional_kernel_id(obj)
+        request_id=_checked(wire.check_request_id, request_id), kernel_id=_optional_kernel_id(obj)
     )
 
 
@@ -180,10 +169,10 @@ def parse_detach(body: bytes) -> DetachRequest:
     obj = _json_object(body)
     _only(obj, _DETACH_FIELDS, where="member")
     uuid = _checked(
-        check_required, obj, "uuid", why='the GPU to detach (as listed by GET gpus), or "all"'
+        wire.check_required, obj, "uuid", why='the GPU to detach (as listed by GET gpus), or "all"'
     )
     if uuid != DETACH_ALL:
-        uuid = _checked(check_gpu_uuid, uuid, alternatives=f"{json.dumps(DETACH_ALL)} or ")
+        uuid = _checked(wire.check_gpu_uuid, uuid, alternatives=f"{json.dumps(DETACH_ALL)} or ")
     force = obj.get("force", False)
     if not isinstance(force, bool):
         raise InvalidInput(
