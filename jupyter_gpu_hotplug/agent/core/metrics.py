@@ -63,6 +63,8 @@ class _Family(Generic[_M]):
     @overload
     def __get__(self, instance: object, owner: type) -> _M: ...
     def __get__(self, instance: object | None, owner: type) -> _Family[_M] | _M:
+        # What makes ``metrics.attach_total`` a ``Counter`` to the type checker; at run time
+        # the agent's own family, set in ``__init__``, is found in the instance first.
         if instance is None:
             return self
         made: _M = vars(instance)[self._attribute]
