@@ -81,6 +81,18 @@ class GpuNodes:
         kept = [node for gpu in keeping for node in self.of(gpu)]
         return [list(revoke_nodes(self.of(gpu), keeping=kept)) for gpu in leaving]
 
+    def known(self, gpus: Iterable[GpuRecord]) -> list[tuple[GpuRecord, list[DeviceNode]]]:
+        """Each of ``gpus`` with its nodes, for a judgement of what a container can open
+        (``entitlement.judge``); none where they cannot be told (a slice NVML no longer
+        lists: nothing to look for)."""
+        found = []
+        for gpu in gpus:
+            try:
+                found.append((gpu, self.of(gpu)))
+            except InjectionFailed:
+                found.append((gpu, []))
+        return found
+
 
 def flat(groups: Iterable[Sequence[DeviceNode]]) -> list[DeviceNode]:
     """The nodes of several GPUs, each once, in order (two slices share their GPU's node)."""

@@ -31,7 +31,7 @@ from ...linux.devrules import CharDevice
 from .injector import DeviceState
 from .seams import GpuRecord, HostContainer, Reservation
 
-__all__ = ["Access", "Entitlement", "Judged", "holds", "judge", "to_check"]
+__all__ = ["Access", "Entitlement", "Judged", "NodesOf", "holds", "judge", "to_check"]
 
 
 class Access(enum.Enum):

@@ -46,7 +46,7 @@ from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
 from .driver_files import DriverFilesFailed
-from .entitlement import Access, Entitlement, judge, to_check
+from .entitlement import Access
 from .hooks import ReconcileReport
 from .injector import (
     DeviceInUse,
@@ -62,7 +62,7 @@ from .seams import (
     Reservation,
     ReservationState,
 )
-from .sweep import NodeSweep
+from .sweep import NodeSweep, judged
 
 __all__ = ["Reconciler"]
 
@@ -292,16 +292,11 @@ class Reconciler:
         keeps its own — and what its runtime or device plugin gave it), wherever the grant is
         one a revoke takes (``permitted``); the node sweep reports the rest."""
         assigned = await self._core.workers.host(self._core.hooks.assigned, container)
-        entitlement = Entitlement.of(container, self._core.allocator.all_attachments(), assigned)
-        nodes = [(gpu, self._nodes_or_none(gpu)) for gpu in known]
-        checked = to_check(entitlement, nodes)
-        if not checked:
-            return
-        states = await self._core.workers.host(self._core.injector.status, container, checked)
-        by_device = {node.device: state for node, state in zip(checked, states, strict=True)}
+        nodes = self._core.nodes.known(known)
+        verdicts, by_device = await judged(self._core, container, nodes, assigned)
         unentitled = [
             (verdict.gpu, node)
-            for verdict in judge(entitlement, nodes, by_device)
+            for verdict in verdicts
             if verdict.access is not Access.ACCOUNTED
             for node in verdict.nodes
             if by_device[node.device].permitted
@@ -336,15 +331,6 @@ class Reconciler:
         for uuid in uuids:
             report.add("revoked_unrecorded", uuid)
         log.warning("revoked %s from %s: access without a reservation", ", ".join(uuids), container)
-
-    def _nodes_or_none(self, gpu: GpuRecord) -> list[DeviceNode]:
-        """``gpu``'s nodes, or none when they cannot be told (a slice NVML no longer lists,
-        and that no reservation holds): a stray check has nothing to look for then."""
-        try:
-            return self._core.nodes.of(gpu)
-        except InjectionFailed as e:
-            log.debug("no stray check for %s: %s", gpu.uuid, e)
-            return []
 
     async def run_forever(self, interval: float) -> None:
         """Reconcile every ``interval`` seconds until cancelled; a failed pass is logged."""

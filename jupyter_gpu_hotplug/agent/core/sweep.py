@@ -33,20 +33,20 @@ Kubernetes mode after pod events).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..._structs import GpuUuid
-from ...linux.devnodes import DeviceNode
+from ...linux.devrules import CharDevice
 from .bundle import Core
-from .entitlement import Access, Entitlement, Judged, judge, to_check
+from .entitlement import Access, Entitlement, Judged, NodesOf, judge, to_check
 from .errors import AgentError
 from .hooks import ReconcileReport, RunningContainer, StrayNotice
-from .injector import InjectionFailed, InjectorError
+from .injector import DeviceState, InjectionFailed, InjectorError
 from .lost import LostGpus, TakeBack
 from .revoke import Revoker
-from .seams import ContainerKey, GpuRecord
+from .seams import ContainerKey, GpuRecord, HostContainer
 
 __all__ = ["NodeSweep"]
 
@@ -54,6 +54,25 @@ log = logging.getLogger(__name__)
 
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
+States = dict[CharDevice, DeviceState]
+
+
+async def judged(
+    core: Core,
+    container: HostContainer,
+    nodes: NodesOf,
+    assigned: Collection[GpuUuid] = (),
+) -> tuple[list[Judged], States]:
+    """The verdict on each GPU of ``nodes`` that ``container`` can open (``entitlement.py``),
+    its entitlement read now, and the states of the nodes it was judged by: the one
+    judgement of the node sweep and of the reconciler (blocking reads in the host's pool)."""
+    entitlement = Entitlement.of(container, core.allocator.all_attachments(), assigned)
+    checked = to_check(entitlement, nodes)
+    if not checked:
+        return judge(entitlement, nodes, {}), {}
+    states = await core.workers.host(core.injector.status, container, checked)
+    by_device = {node.device: state for node, state in zip(checked, states, strict=True)}
+    return judge(entitlement, nodes, by_device), by_device
 
 
 @dataclass
@@ -83,14 +102,15 @@ class NodeSweep:
             report.failures.append(f"node sweep: {e}")
             log.error("node sweep skipped: %s", e)
             return
-        nodes = [(gpu, self._nodes_of(gpu)) for gpu in known]
+        nodes = self.core.nodes.known(known)
         strays: list[tuple[RunningContainer, Judged]] = []
         for item in running:
             try:
-                verdicts = await self._judge(item, nodes)
+                verdicts, _ = await judged(self.core, item.container, nodes, item.assigned)
             except InjectorError as e:
                 log.debug("node sweep: %s not judged: %s", item.container, e)
                 continue
+            verdicts = [v for v in verdicts if v.access is not Access.ACCOUNTED]
             orphans = [v.gpu for v in verdicts if v.access is Access.ORPHAN]
             if orphans:
                 self._orphaned(item, orphans, known, report)
@@ -100,26 +120,6 @@ class NodeSweep:
             await self._stray(item, verdict, known, report)
         self._reported &= seen
         self.core.metrics.stray_gpu_access.set(len(strays))
-
-    def _nodes_of(self, gpu: GpuRecord) -> list[DeviceNode]:
-        try:
-            return self.core.nodes.of(gpu)
-        except InjectionFailed:
-            return []  # a slice NVML no longer lists: nothing to look for
-
-    async def _judge(
-        self, item: RunningContainer, nodes: Sequence[tuple[GpuRecord, Sequence[DeviceNode]]]
-    ) -> list[Judged]:
-        """The verdicts on what ``item`` can open beyond its entitlement."""
-        entitlement = Entitlement.of(
-            item.container, self.core.allocator.all_attachments(), item.assigned
-        )
-        checked = to_check(entitlement, nodes)
-        if not checked:
-            return []
-        states = await self.core.workers.host(self.core.injector.status, item.container, checked)
-        by_device = {node.device: state for node, state in zip(checked, states, strict=True)}
-        return [v for v in judge(entitlement, nodes, by_device) if v.access is not Access.ACCOUNTED]
 
     def _orphaned(
         self,

@@ -220,16 +220,16 @@ class ProcResolver:
         oldest: dict[ContainerCgroups, tuple[int, int]] = {}
         for pid in _pids(self._proc):
             where = self.container_of(pid)
+            if where is None or where.in_root_cgroup or where == self._agent_container:
+                continue  # gone, a host process (kernel threads too), the agent's own
             who = procfs.identity(pid, proc=self._proc)
-            if where is None or who is None or not _below_scope(where, within):
+            if who is None or not _below_scope(where, within):
                 continue
             where = next((owner for owner in folded if where.within(owner)), where)
             if (who.start_time, pid) < oldest.get(where, (who.start_time + 1, 0)):
                 oldest[where] = (who.start_time, pid)
         found = []
         for where, (_, pid) in oldest.items():
-            if where.in_root_cgroup or where == self._agent_container:
-                continue
             try:
                 container = self.resolve(PidRef(pid))
             except AgentError:
