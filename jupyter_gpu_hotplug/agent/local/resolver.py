@@ -219,10 +219,13 @@ class ProcResolver:
         folded = [owner for owner in map(decode_key, owners) if owner is not None]
         oldest: dict[ContainerCgroups, tuple[int, int]] = {}
         for pid in _pids(self._proc):
-            where = self.container_of(pid)
-            if where is None or where.in_root_cgroup or where == self._agent_container:
-                continue  # gone, a host process (kernel threads too), the agent's own
-            who = procfs.identity(pid, proc=self._proc)
+            try:
+                where = self.container_of(pid)
+                if where is None or where.in_root_cgroup or where == self._agent_container:
+                    continue  # gone, a host process (kernel threads too), the agent's own
+                who = procfs.identity(pid, proc=self._proc)
+            except OSError:
+                continue  # one process's unreadable /proc entry hides no other container
             if who is None or not _below_scope(where, within):
                 continue
             where = next((owner for owner in folded if where.within(owner)), where)
@@ -232,7 +235,7 @@ class ProcResolver:
         for where, (_, pid) in oldest.items():
             try:
                 container = self.resolve(PidRef(pid))
-            except AgentError:
+            except (AgentError, OSError):
                 continue  # exited meanwhile, or not a container (the host's /dev)
             if container.cgroups != where:
                 container = replace(container, cgroups=where, key=self.key_of(where))
