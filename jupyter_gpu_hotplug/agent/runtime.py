@@ -7,11 +7,12 @@ the inventory, the engine behind the injector), and the backend the settings nam
 (``local/backend.py`` or ``kubernetes/backend.py``: allocator, resolver, identity, its hooks
 in the core's passes, and what it runs beside the core). ``Agent`` builds the ``Core`` once
 from both — the backend's hooks included, so nothing joins the core later — and hands it to
-the service, the reconciler, the idle releaser and the backend, then the API server over the
-service. ``start`` reconciles the allocator with the host *before* serving, then serves and
-runs the background loops (reconciliation, idle policy, simulated readings, the cached health
-probe, the backend's own); ``stop`` stops accepting, lets running operations finish, and
-closes everything in reverse order.
+the service, the node sweep, the reconciler (which runs the sweep at the end of each pass),
+the idle releaser and the backend, then the API server over the service. ``start``
+reconciles the allocator with the host *before* serving, then serves and runs the background
+loops (reconciliation, idle policy, simulated readings, the cached health probe, the
+backend's own); ``stop`` stops accepting, lets running operations finish, and closes
+everything in reverse order.
 
 Tests build an ``Agent`` from fakes through the same constructor, so the wiring they exercise
 is the wiring that runs.
@@ -52,6 +53,7 @@ from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler
 from .core.seams import Allocator, Identity, Resolver, TargetPolicy
 from .core.service import AgentService, ServiceConfig
+from .core.sweep import NodeSweep
 from .core.workers import Workers
 from .local.backend import LocalBackend
 from .local.simulate import Simulation
@@ -150,9 +152,9 @@ class AgentBackend(Protocol):
         """Its part in the core's passes, handed to ``Core.build`` (``core/hooks.py``)."""
 
     def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
-        """Take the parts its hooks act through (Kubernetes: the node sweep takes back through
-        the service and the loss sequence), before the first reconciliation; the core itself
-        is never written to."""
+        """Take the parts its own reactions act through (Kubernetes: a lost holder is taken
+        back through the service and the loss sequence), before the first reconciliation;
+        the core itself is never written to."""
 
     def start(self, *, reconcile: Callable[[], Awaitable[ReconcileReport]]) -> None:
         """Run beside the core once the agent serves (Kubernetes: reactions to pod events)."""
@@ -253,10 +255,17 @@ class Agent:
         self.idle = IdleReleaser(
             self.core, usage=components.usage, release=self.service.release_unused
         )
-        self.reconciler = Reconciler(self.core)
+        self.sweep = NodeSweep(
+            self.core,
+            revoker=self.service.revoker,
+            lost=self.lost,
+            revoke_strays=settings.stray_policy == "revoke",
+            spawn=self._spawn,
+        )
+        self.reconciler = Reconciler(self.core, sweep=self.sweep)
         self.health = HealthProbe(self._health_check)
         self.server, self.metrics_server = self._api_servers()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics.simulated.set(1 if settings.simulated else 0)
 
     def _api_servers(self) -> tuple[AgentServer, AgentServer | None]:
@@ -365,7 +374,11 @@ class Agent:
             )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.create_task(coroutine))
+        """Run ``coroutine`` beside the agent until it ends or the agent stops (the loops, and
+        the node sweep's loss sequences: a finished one is forgotten)."""
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def reconcile_now(self) -> None:
         """One reconciliation pass outside the schedule (SIGHUP); a failure is logged."""
@@ -380,9 +393,10 @@ class Agent:
         """Stop serving, let running operations finish, close everything."""
         log.info("stopping: no new connections; waiting for operations in flight")
         self.health.stopping()
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()

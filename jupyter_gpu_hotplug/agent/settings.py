@@ -373,14 +373,6 @@ class KubernetesSettings:
         the measured floor (docs/performance.md) the holder is OOM-killed at start.""",
         flag="holder-memory",
     )
-    stray_policy: str = setting(
-        "report",
-        """Kubernetes mode: a running container that can open a GPU that neither the
-        device plugin assigned to it nor the agent granted: 'report' it (Event on its pod,
-        gpu_hotplug_stray_gpu_access, a log line) or also 'revoke' the access.""",
-        flag="stray-policy",
-        choices=STRAY_POLICIES,
-    )
     default_max_gpus: int = setting(
         DEFAULT_MAX_GPUS,
         """Kubernetes mode: the most GPUs a pod may hold when it has no
@@ -443,10 +435,6 @@ class KubernetesSettings:
                 raise SettingsError(
                     f"{setting} {getattr(self, setting)!r} is not a quantity (like 10m or 24Mi)"
                 )
-        if self.stray_policy not in STRAY_POLICIES:
-            raise SettingsError(
-                f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"
-            )
         if not 0 <= self.default_max_gpus <= 255:
             raise SettingsError(
                 f"default_max_gpus must be from 0 to 255, got {self.default_max_gpus}"
@@ -698,6 +686,22 @@ class AgentSettings:
         processes that hold it open alone; 'force' ends them, as a forced detach.""",
         flag="lost-policy",
     )
+    stray_policy: str = setting(
+        "report",
+        """A running container that can open a GPU that neither its runtime or device plugin
+        assigned to it nor the agent granted (the node sweep, every mode): 'report' it (a log
+        line, gpu_hotplug_stray_gpu_access; in Kubernetes mode an Event on its pod) or also
+        'revoke' the access.""",
+        flag="stray-policy",
+        choices=STRAY_POLICIES,
+    )
+    sweep_cgroup: str = setting(
+        "/",
+        """Local mode: the node sweep judges the containers below this cgroup path (in each
+        device hierarchy in use); '/': every container of the host. Narrow it only where
+        several agents share one host (each would take the others' grants for orphans).""",
+        flag="sweep-cgroup",
+    )
     driver_files: DriverFilesMode | None = setting(
         None,
         """How a notebook gets the driver's libraries (libcuda.so.1, nvidia-smi) with its
@@ -775,6 +779,12 @@ class AgentSettings:
             raise SettingsError(
                 f"simulate_nvlink must be from 0 to simulate ({self.simulate}) GPUs, "
                 f"got {self.simulate_nvlink}"
+            )
+        if not self.sweep_cgroup.startswith("/"):
+            raise SettingsError(f"sweep_cgroup {self.sweep_cgroup!r} must be an absolute path")
+        if self.stray_policy not in STRAY_POLICIES:
+            raise SettingsError(
+                f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"
             )
         if self.idle_check_interval <= 0:
             raise SettingsError("idle_check_interval must be more than 0 seconds")

@@ -275,6 +275,10 @@ class DemoRun:
     # ---- the agent ---------------------------------------------------------------------------
 
     def _agent_argv(self, mode: GpuMode) -> list[str]:
+        """The demo's agent: its node sweep judges the demo's kernel sandboxes only (the
+        host's other containers are not the demo's to report or take from)."""
+        from ..sandboxes.provisioner import DEFAULT_KERNEL_CGROUP_PARENT
+
         layout = self.layout
         argv = [
             sys.executable,
@@ -284,6 +288,7 @@ class DemoRun:
             f"--state-dir={layout.agent_state}",
             f"--listen=unix:{layout.agent_socket}",
             f"--reconcile-interval={RECONCILE_INTERVAL:g}",
+            f"--sweep-cgroup=/{DEFAULT_KERNEL_CGROUP_PARENT}",
         ]
         if mode.simulated:
             argv += [

@@ -323,6 +323,10 @@ class FakeInjector:
                 exposed=node.device in have,
                 permitted=node.device in have,
                 node=node.device in have,
+                # Every fake container is confined, and every permission is a grant the
+                # agent's way (the fake keeps no runtime's rules).
+                ours=node.device in have,
+                opens=node.device in have,
             )
             for node in devices
         ]

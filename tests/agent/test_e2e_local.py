@@ -22,7 +22,8 @@ import pytest
 
 from jupyter_gpu_hotplug.agent.core.checkpoints import ATTACH_STEPS, STEPS, marker_path
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
-from tests.fixtures.requirements import needs_root
+from jupyter_gpu_hotplug.linux.devrules import ALL_ACCESS, CONTAINER_DEFAULTS, char_device
+from tests.fixtures.requirements import needs_cgroup_v1_devices, needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
 from .agent_process import REPLY_TIMEOUT, AgentProcess, client_argv, wait_for_answer
@@ -348,3 +349,66 @@ def test_metrics_and_health(agent: AgentProcess, sandbox: SandboxProbe) -> None:
     assert 'gpu_hotplug_attach_total{result="success"} 1.0' in metrics
     assert 'gpu_hotplug_gpus{state="attached"} 1.0' in metrics
     assert "gpu_hotplug_simulated 1.0" in metrics
+
+
+# --- the node sweep (issue 38: local mode sweeps the node too) --------------------------------
+
+
+def sweep_story(
+    tmp_path: Path, sandbox_factory: SandboxFactory, *args: str
+) -> tuple[AgentProcess, SandboxProbe, int, SandboxProbe, int]:
+    """A sandbox that holds a GPU through the agent, and one whose runtime granted it another
+    GPU behind the agent's back while the agent was stopped (a device rule ``c 195:N rwm`` of
+    its own, written to its device cgroups as a misconfigured runtime writes it); then the
+    agent started again over its ledger, whose start-up reconciliation (finished before it
+    serves) sweeps the node."""
+    agent = AgentProcess(
+        tmp_path / "state", simulate=GPUS, extra_args=["--reconcile-interval=0", *args]
+    )
+    agent.start()
+    kept = sandbox_factory()
+    attached = attach(agent, kept)
+    assert attached.status == 201, attached.body
+    kept_minor = attached.json()["attachments"][0]["minor"]
+    assert agent.stop() == 0
+    stray_minor = max(set(MINORS) - {kept_minor})
+    victim = sandbox_factory(rules=(*CONTAINER_DEFAULTS, char_device(195, stray_minor, ALL_ACCESS)))
+    assert usable(victim) == {stray_minor}
+    agent.start()
+    return agent, kept, kept_minor, victim, stray_minor
+
+
+def test_a_sandbox_granted_a_gpu_behind_the_agents_back_is_reported(
+    tmp_path: Path, sandbox_factory: SandboxFactory
+) -> None:
+    agent, kept, kept_minor, victim, stray_minor = sweep_story(tmp_path, sandbox_factory)
+    try:
+        metrics = tcp(agent).get("/metrics").body.decode()
+        assert "gpu_hotplug_stray_gpu_access 1.0" in metrics, "the stray, and only it"
+        assert f"stray GPU access: process {victim.pid} " in agent.log()
+        assert f"/dev/nvidia{stray_minor}" in agent.log().split("stray GPU access:")[1]
+        assert f"stray GPU access: process {kept.pid} " not in agent.log()
+        assert usable(victim) == {stray_minor}, "reported, not revoked"
+        assert usable(kept) == {kept_minor}
+    finally:
+        agent.kill9()
+
+
+@needs_cgroup_v1_devices
+def test_a_sandbox_granted_a_gpu_behind_the_agents_back_is_revoked_with_the_revoke_policy(
+    tmp_path: Path, sandbox_factory: SandboxFactory
+) -> None:
+    """v1 (or hybrid) only: a deny in ``devices.deny`` takes a runtime's rule away, while a
+    runtime's own v2 program cannot be edited by the agent (a v2-only host reports it)."""
+    agent, kept, kept_minor, victim, stray_minor = sweep_story(
+        tmp_path, sandbox_factory, "--stray-policy=revoke"
+    )
+    try:
+        assert usable(victim) == set(), "the stray access is revoked"
+        assert usable(kept) == {kept_minor}, "the agent's own grant is kept"
+        assert ledger_minors(agent, kept) == {kept_minor}
+        assert "'revoked_stray'" in agent.log()
+        assert f"stray GPU access: process {victim.pid} " in agent.log()
+        assert f"revoked nvidia{stray_minor} from process {victim.pid} " in agent.log()
+    finally:
+        agent.kill9()

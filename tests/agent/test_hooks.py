@@ -2,8 +2,9 @@
 
 What must hold (issue 38, item 3): the hooks object is frozen (a backend cannot change its part
 in the core once the core is built with it), and the agent builds its core with the backend's
-hooks — the node sweeps run in the first reconciliation, the idle and loss books hear the
-backend's listeners — without ``bind`` or anyone writing an attribute of the core.
+hooks — the node sweep asks for the backend's containers in the first reconciliation, the idle
+and loss books hear the backend's listeners — without ``bind`` or anyone writing an attribute
+of the core.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidTarget
-from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks, ReconcileReport
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks, RunningContainer
 from jupyter_gpu_hotplug.agent.core.idle import IdleReason, IdleRelease, IdleWarning
-from jupyter_gpu_hotplug.agent.core.seams import GpuRecord
+from jupyter_gpu_hotplug.agent.core.seams import Reservation
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
 from jupyter_gpu_hotplug.agent.local.backend import LocalBackend
@@ -34,7 +35,7 @@ from .fakes import FakeHost, FakeInjector, FakeInventory, FakeResolver, fake_gpu
 def test_the_hooks_are_frozen() -> None:
     hooks = BackendHooks()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        hooks.sweeps = ()  # type: ignore[misc]
+        hooks.assigned = lambda container: ()  # type: ignore[misc]
 
 
 @dataclasses.dataclass
@@ -51,16 +52,17 @@ class _HookedBackend(LocalBackend):
 async def test_the_agent_builds_its_core_with_the_backends_hooks(
     tmp_path: Path, workers: Workers
 ) -> None:
-    swept: list[Sequence[GpuRecord]] = []
+    swept: list[Sequence[Reservation]] = []
     heard: list[IdleWarning | IdleRelease] = []
 
-    async def sweep(known: Sequence[GpuRecord], report: ReconcileReport) -> None:
-        swept.append(known)
+    def running(reservations: Sequence[Reservation]) -> Sequence[RunningContainer]:
+        swept.append(reservations)
+        return ()
 
     host = FakeHost()
     resolver = FakeResolver(host)
     ledger = Ledger.open(tmp_path / "state")
-    hooks = BackendHooks(sweeps=(sweep,), idle_listeners=(heard.append,))
+    hooks = BackendHooks(running=running, idle_listeners=(heard.append,))
     backend = _HookedBackend(
         ledger=ledger,
         allocator=LedgerAllocator(ledger, workers),

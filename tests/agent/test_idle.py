@@ -285,7 +285,7 @@ async def test_a_gpu_taken_back_is_forgotten_too(idle: Idle) -> None:
     entry = idle.harness.allocator.get(uuid)
     assert entry is not None and uuid in idle.harness.core.idle.warnings
 
-    await idle.harness.service.take_back(entry, force=False)
+    await idle.harness.service.revoker.take_back(entry, force=False)
 
     book = idle.harness.core.idle
     assert idle.harness.allocator.get(uuid) is None

@@ -71,7 +71,7 @@ async def test_told_first_then_revoked_and_only_force_ends_processes(
         lost = _lost(harness, policy, grace=0)
 
         async def revoke(force: bool) -> TakeBack | None:
-            return await harness.service.take_back(entry, force=force)
+            return await harness.service.revoker.take_back(entry, force=force)
 
         await lost.handle(
             key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke
@@ -99,7 +99,7 @@ async def test_the_notice_is_on_the_attachment_during_the_grace_period(harness: 
     lost = _lost(harness, LostPolicy.REVOKE, grace=3600)
 
     async def revoke(force: bool) -> TakeBack | None:
-        return await harness.service.take_back(entry, force=force)
+        return await harness.service.revoker.take_back(entry, force=force)
 
     task = asyncio.ensure_future(
         lost.handle(key="h", target=entry.target, gpus=[entry.gpu], reason="evicted", revoke=revoke)
@@ -123,7 +123,7 @@ async def test_an_operation_in_flight_is_waited_for(harness: Harness) -> None:
     lost = _lost(harness, LostPolicy.REVOKE, grace=0)
 
     async def revoke(force: bool) -> TakeBack | None:
-        return await harness.service.take_back(entry, force=force)
+        return await harness.service.revoker.take_back(entry, force=force)
 
     async with harness.core.locks.operation(entry.target):
         task = asyncio.ensure_future(
@@ -156,7 +156,7 @@ async def test_a_revoke_the_host_refuses_is_tried_again(
     harness.injector.revoke_error = refuse_once
 
     async def revoke(force: bool) -> TakeBack | None:
-        return await harness.service.take_back(entry, force=force)
+        return await harness.service.revoker.take_back(entry, force=force)
 
     await lost.handle(key="h", target=entry.target, gpus=[entry.gpu], reason="gone", revoke=revoke)
 

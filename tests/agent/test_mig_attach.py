@@ -221,12 +221,12 @@ async def test_a_lost_slice_goes_through_the_same_rule_as_a_detach(
     entry = harness.allocator.get(GpuUuid(lost))
     assert entry is not None
 
-    outcome = await harness.service.take_back(entry, force=False)
+    outcome = await harness.service.revoker.take_back(entry, force=False)
 
     assert outcome is not None and not outcome.gone and not outcome.forced
     assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, slices[kept])
     assert harness.allocator.get(GpuUuid(lost)) is None
-    assert await harness.service.take_back(entry, force=False) is None, "already released"
+    assert await harness.service.revoker.take_back(entry, force=False) is None, "already released"
 
 
 async def test_a_named_slice_is_the_one_attached(harness: Harness, node: FakeNvmlConfig) -> None:

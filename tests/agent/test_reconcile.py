@@ -9,15 +9,23 @@ after a restart) and over the in-memory allocator that passes the same allocator
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef
-from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks
-from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, GpuRecord, ReservationState
+from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks, RunningContainer
+from jupyter_gpu_hotplug.agent.core.lost import LossRules, LostGpus
+from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
+from jupyter_gpu_hotplug.agent.core.seams import (
+    AttachRequest,
+    GpuRecord,
+    HostContainer,
+    ReservationState,
+)
+from jupyter_gpu_hotplug.agent.core.sweep import NodeSweep
 from jupyter_gpu_hotplug.agent.core.workers import Workers
 from jupyter_gpu_hotplug.linux.devnodes import DeviceNode
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -253,3 +261,45 @@ async def test_replaced_container_gets_the_gpu_and_the_reservation(harness: Harn
     )
     assert harness.injector.calls[-1] == ("grant", successor.pid, (CharDevice(195, gpu.minor),))
     assert harness.injector.usable(successor.target) == {CharDevice(195, gpu.minor)}
+
+
+async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
+    tmp_path: Path, workers: Workers
+) -> None:
+    """Issue 38: the one node sweep of the core, over a backend's ``running`` containers. A
+    container that can open a grant of ours no reservation backs (its reservation gone while
+    the agent was down) is an orphan: announced, then revoked by the loss sequence; a
+    container holding its GPU through the agent is accounted and keeps it."""
+    running: list[HostContainer] = []
+    hooks = BackendHooks(running=lambda reservations: [RunningContainer(c) for c in running])
+    harness = await build(tmp_path, workers=workers, hooks=hooks)
+    spawned: list[Coroutine[Any, Any, None]] = []
+    lost = LostGpus(
+        rules=LossRules(grace_seconds=0), book=harness.core.losses, metrics=harness.metrics
+    )
+    sweep = NodeSweep(
+        harness.core,
+        revoker=harness.service.revoker,
+        lost=lost,
+        revoke_strays=False,
+        spawn=spawned.append,
+    )
+    try:
+        kernel = harness.host.spawn(100, "kernel-a")
+        mine = await attach(harness, kernel)
+        orphaned = harness.host.spawn(200, "kernel-b")
+        harness.injector.grant(harness.host.host_container(orphaned), [node(3)])
+        running += [harness.host.host_container(p) for p in (kernel, orphaned)]
+
+        report = await Reconciler(harness.core, sweep=sweep).run_once()
+
+        assert report.actions == {"orphan_found": [harness.inventory.gpus[3].uuid]}
+        assert harness.injector.usable(orphaned.target) == {CharDevice(195, 3)}, "told first"
+        (sequence,) = spawned
+        await sequence
+        assert harness.injector.usable(orphaned.target) == set()
+        assert harness.sample("gpu_hotplug_lost_revokes_total", kind="orphan") == 1.0
+        assert harness.injector.usable(kernel.target) == {CharDevice(195, mine.minor)}
+        assert harness.sample("gpu_hotplug_stray_gpu_access") == 0.0
+    finally:
+        harness.ledger.close()

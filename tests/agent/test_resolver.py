@@ -188,3 +188,34 @@ def test_container_of_any_process(proc: FakeProc) -> None:
     assert resolver.agent_container == ContainerCgroups(
         "/system.slice/gpu-hotplug.service", "/system.slice/gpu-hotplug.service"
     )
+
+
+def test_running_is_every_container_a_target_could_be_once_through_its_oldest(
+    proc: FakeProc,
+) -> None:
+    """The node sweep's containers (issue 38): not the host's processes, the agent's own
+    cgroup or a process with the host's ``/dev``; a container once, through its oldest
+    process; crun's inner leaf folded; only below ``within``."""
+    resolver = proc.resolver()
+
+    found = {c.pid: c.cgroups.unified for c in resolver.running()}
+
+    assert found == {30: "/kubepods/pod-a/ctr-1", 40: "/machine.slice/libpod-abc.scope"}
+    assert [c.pid for c in resolver.running(within="/machine.slice")] == [40]
+    assert resolver.running(within="/kubepods/pod-b") == []
+
+
+def test_running_counts_a_child_cgroup_of_a_reserved_container_as_that_container(
+    proc: FakeProc,
+) -> None:
+    """A process that moved into a child cgroup of its own is in its container: judged as a
+    container of its own, the grant of its owner's reservation would look like an orphan."""
+    resolver = proc.resolver()
+    owner = resolver.resolve(PidRef(30))
+    proc.add(32, "/kubepods/pod-a/ctr-1/worker", start=550)
+
+    alone = {c.pid: c.key for c in resolver.running()}
+    folded = {c.pid: c.key for c in resolver.running(owners=[owner.key])}
+
+    assert 32 in alone and alone[32] != owner.key
+    assert folded == {30: owner.key, 40: resolver.resolve(PidRef(40)).key}

@@ -133,12 +133,24 @@ def test_a_mig_resource_name_names_its_profile(resource_name: str, profile: str 
         ({"holder_image_pull_secrets": ("ok", "bad/name")}, "not a Kubernetes object name"),
         ({"holder_cpu": "lots"}, "holder_cpu"),
         ({"holder_memory": "24MB"}, "holder_memory"),
-        ({"stray_policy": "kill"}, "stray_policy"),
     ],
 )
-def test_holder_and_sweep_settings_are_checked(changes: dict[str, object], message: str) -> None:
+def test_holder_settings_are_checked(changes: dict[str, object], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         KubernetesSettings(node_name="n", **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"stray_policy": "kill"}, "stray_policy"),
+        ({"sweep_cgroup": "gpu-hotplug-sandboxes"}, "sweep_cgroup"),
+    ],
+)
+def test_sweep_settings_are_checked(changes: dict[str, object], message: str) -> None:
+    """The node sweep's settings are every mode's (issue 38: local mode sweeps too)."""
+    with pytest.raises(SettingsError, match=message):
+        settings(**changes)
 
 
 def test_holder_settings_reach_the_agent_from_its_flags() -> None:
@@ -164,7 +176,7 @@ def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     assert kubernetes.holder_image_pull_policy == "Always"
     assert kubernetes.holder_image_pull_secrets == ("mirror", "backup")
     assert (kubernetes.holder_cpu, kubernetes.holder_memory) == (DEFAULT_HOLDER_CPU, "32Mi")
-    assert kubernetes.stray_policy == "revoke"
+    assert resolved.stray_policy == "revoke"
     assert (resolved.lost_grace_seconds, resolved.lost_policy) == (5.0, LostPolicy.FORCE)
 
 
@@ -418,6 +430,7 @@ GIVEN: dict[str, tuple[list[str], object, list[str]]] = {
     "holder_cpu": (["200m"], "200m", []),
     "holder_memory": (["32Mi"], "32Mi", []),
     "stray_policy": (["revoke"], "revoke", []),
+    "sweep_cgroup": (["/gpu-hotplug-sandboxes"], "/gpu-hotplug-sandboxes", []),
     "default_max_gpus": (["0"], 0, []),
     "allowed_namespaces": (["jhub", "batch"], ("jhub", "batch"), []),
     "allowed_namespace_selector": (["team=ml,!legacy"], LabelSelector.parse("team=ml,!legacy"), []),

@@ -423,11 +423,14 @@ def _k8s(**settings: Any) -> object:
     return KubernetesSettings(node_name="gpu-node-1", **settings)
 
 
+def _agent(**settings: Any) -> object:
+    base = AgentSettings(listen=(TcpAddress("", 8477),), state_dir=Path("/run/gpu-hotplug"))
+    return dataclasses.replace(base, **settings)
+
+
 def _seconds(name: str) -> Callable[[float], object]:
     def check(value: float) -> object:
-        base = AgentSettings(listen=(TcpAddress("", 8477),), state_dir=Path("/run/gpu-hotplug"))
-        changes: dict[str, Any] = {name: value}
-        return dataclasses.replace(base, **changes)
+        return _agent(**{name: value})
 
     return check
 
@@ -461,7 +464,7 @@ AGREEMENT: Final[list[tuple[str, Callable[[Any], object], list[object]]]] = [
     ),
     (
         "strayPolicy",
-        lambda v: _k8s(stray_policy=v),
+        lambda v: _agent(stray_policy=v),
         ["report", "revoke", "Report", "delete"],
     ),
     (

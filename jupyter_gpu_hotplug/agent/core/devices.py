@@ -20,7 +20,7 @@ from ...linux.mig import MigCaps, MigCapsError, revoke_nodes
 from ...nvml.state import MigSlice
 from .injector import InjectionFailed, gpu_node
 from .inventory import InventorySnapshot
-from .seams import ContainerKey, GpuRecord, Reservation
+from .seams import GpuRecord
 
 __all__ = ["GpuNodes", "flat", "is_mig"]
 
@@ -70,26 +70,28 @@ class GpuNodes:
         return list(access.nodes)
 
     def revocable(
-        self,
-        leaving: Sequence[GpuRecord],
-        *,
-        container: ContainerKey,
-        reservations: Iterable[Reservation],
+        self, leaving: Sequence[GpuRecord], *, keeping: Iterable[GpuRecord]
     ) -> list[list[DeviceNode]]:
-        """The rule of every revoke (detach, lost holder, reconciliation): the nodes taking
-        each of ``leaving`` back from ``container`` revokes, when ``reservations`` (every
-        reservation of the node) say what the container keeps. Never a node that a GPU or
-        slice the container keeps needs (the GPU node two of its slices share); what other
-        containers hold is theirs and is not asked about. ``InjectionFailed`` (clean) when a
-        slice's nodes cannot be told."""
-        gone = {gpu.uuid for gpu in leaving}
-        kept = [
-            node
-            for entry in reservations
-            if entry.container == container and entry.gpu.uuid not in gone
-            for node in self.of(entry.gpu)
-        ]
+        """The rule of every revoke (detach, lost holder, reconciliation, a sweep's take-back):
+        the nodes taking each of ``leaving`` back from a container revokes, when it keeps
+        ``keeping`` (what its entitlement still gives it: ``Entitlement.keeping``). Never a
+        node that a GPU or slice it keeps needs (the GPU node two of its slices share); what
+        other containers hold is theirs and is not asked about. ``InjectionFailed`` (clean)
+        when a slice's nodes cannot be told."""
+        kept = [node for gpu in keeping for node in self.of(gpu)]
         return [list(revoke_nodes(self.of(gpu), keeping=kept)) for gpu in leaving]
+
+    def known(self, gpus: Iterable[GpuRecord]) -> list[tuple[GpuRecord, list[DeviceNode]]]:
+        """Each of ``gpus`` with its nodes, for a judgement of what a container can open
+        (``entitlement.judge``); none where they cannot be told (a slice NVML no longer
+        lists: nothing to look for)."""
+        found = []
+        for gpu in gpus:
+            try:
+                found.append((gpu, self.of(gpu)))
+            except InjectionFailed:
+                found.append((gpu, []))
+        return found
 
 
 def flat(groups: Iterable[Sequence[DeviceNode]]) -> list[DeviceNode]:

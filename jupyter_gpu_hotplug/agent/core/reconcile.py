@@ -19,12 +19,13 @@ with reservations, each run under the target's lock so that no operation in flig
 - ``releasing`` (a detach cut short): finish it without force; if a process has the GPU open,
   the release is cancelled and the GPU stays attached (a user's detach can force it);
 - ``granted`` but no longer usable: grant it again;
-- a GPU the container is permitted although no reservation gives it to that container (nor
-  the backend's device plugin: ``BackendHooks.assigned``): revoke the permission.
+- a GPU the container can open although its entitlement (``entitlement.py``: its own
+  reservations, and what the backend's runtime or device plugin gave it,
+  ``BackendHooks.assigned``) does not give it: revoke the permission at once.
 
-A backend may add passes over the whole node (``BackendHooks.sweeps``, ``hooks.py``;
-Kubernetes: grants of ours that no reservation backs any more, and GPU access nobody gave), run
-at the end of every pass.
+Then the node sweep (``sweep.py``) judges every running container of the node the backend
+lists (``BackendHooks.running``): grants of ours that no reservation backs (the loss sequence
+takes them back) and GPU access nobody gave (reported; revoked with ``--stray-policy=revoke``).
 
 Device nodes are removed only where the reservation records that the agent created them
 (``Reservation.node_created``, recorded as intent before the ``mknod``, so an attach cut short
@@ -40,11 +41,12 @@ import asyncio
 import collections
 import logging
 
-from ..._structs import GpuUuid, Target
+from ..._structs import Target
 from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
 from .driver_files import DriverFilesFailed
+from .entitlement import Access
 from .hooks import ReconcileReport
 from .injector import (
     DeviceInUse,
@@ -52,6 +54,7 @@ from .injector import (
     InjectorError,
     TargetGone,
 )
+from .revoke import Revoker
 from .seams import (
     ContainerKey,
     GpuRecord,
@@ -59,6 +62,7 @@ from .seams import (
     Reservation,
     ReservationState,
 )
+from .sweep import NodeSweep, judged
 
 __all__ = ["Reconciler"]
 
@@ -68,10 +72,15 @@ log = logging.getLogger(__name__)
 class Reconciler:
     """One reconciliation pass over the reservations (``run_once``), and the periodic loop."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, *, sweep: NodeSweep | None = None) -> None:
         self._core = core
         """The seams and the state shared with the service (its locks, its node rule, its
         queue: a pass that freed GPUs wakes the waiters)."""
+        self._revoker = Revoker(core)
+        """The one revoke rule (``GpuNodes.revocable`` over the container's entitlement)."""
+        self._sweep = sweep
+        """The node sweep, run at the end of every pass (``sweep.py``); None: none (tests of
+        the reservations alone)."""
 
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
@@ -94,12 +103,12 @@ class Reconciler:
                     # cgroups at will), the others are still reconciled and the agent starts.
                     report.failures.append(f"{target}: {e}")
                     log.exception("reconciling %s failed; retrying on the next pass", target)
-        for sweep in self._core.hooks.sweeps:
+        if self._sweep is not None:
             try:
-                await sweep(known, report)
+                await self._sweep.run(known, report)
             except Exception as e:
                 report.failures.append(f"node sweep: {e}")
-                log.exception("a node sweep failed; retrying on the next pass")
+                log.exception("the node sweep failed; retrying on the next pass")
         await self._sweep_driver_files(report)
         for action, items in report.actions.items():
             self._core.metrics.reconcile_actions.labels(action=action).inc(len(items))
@@ -151,7 +160,7 @@ class Reconciler:
                     else:
                         await self._granted(container, row, report)
                 await self._driver_files(container, rows, report)
-                await self._strays(container, known, report)
+                await self._unentitled(container, known, report)
             except TargetGone:
                 # It exited during the pass; the next pass finds out what is left of it.
                 report.failures.append(f"{target}: exited during reconciliation")
@@ -201,22 +210,13 @@ class Reconciler:
         log.warning("released %s: %s has exited", ", ".join(uuids), target)
         return None
 
-    def _revocable(self, container: HostContainer, row: Reservation) -> list[DeviceNode]:
-        """The nodes taking ``row`` back revokes (``GpuNodes.revocable``)."""
-        (nodes,) = self._core.nodes.revocable(
-            [row.gpu], container=container.key, reservations=self._core.allocator.all_attachments()
-        )
-        return nodes
-
     async def _take_back(self, container: HostContainer, row: Reservation) -> None:
         """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
         only when the agent created them (for an attach cut short: when it recorded, before
         the ``mknod``, that it was about to)."""
-        nodes = self._revocable(container, row)
+        (nodes,) = self._revoker.revocable(container, [row.gpu])
         keep = [] if row.node_created else [node.name for node in nodes]
-        await self._core.workers.host(
-            self._core.injector.revoke, container, nodes, force=False, keep_nodes=keep
-        )
+        await self._revoker.revoke(container, nodes, force=False, keep=keep)
 
     async def _reserving(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
@@ -284,51 +284,39 @@ class Reconciler:
             report.failures.append(f"{container}: {e}")
             log.error("the driver's files could not be given to %s: %s", container, e)
 
-    async def _strays(
+    async def _unentitled(
         self, container: HostContainer, known: list[GpuRecord], report: ReconcileReport
     ) -> None:
-        """Revoke GPUs the container can reach that no reservation gives to it (two targets
-        may share one container: each keeps its own)."""
-        owned: set[GpuUuid] = {
-            entry.gpu.uuid
-            for entry in self._core.allocator.all_attachments()
-            if entry.container == container.key
-            or (not entry.container and entry.target.key == container.target.key)
-        }
-        owned |= set(await self._core.workers.host(self._core.hooks.assigned, container))
-        # What the container's own reservations need is never a stray (two slices of one GPU
-        # held by different containers share that GPU's node: each keeps it).
-        needed = {
-            node.device for gpu in known if gpu.uuid in owned for node in self._nodes_or_none(gpu)
-        }
-        candidates: dict[str, tuple[GpuRecord, DeviceNode]] = {}
-        for gpu in known:
-            if gpu.uuid in owned:
-                continue
-            for node in self._nodes_or_none(gpu):
-                if node.device not in needed:
-                    candidates.setdefault(node.name, (gpu, node))
-        others = [gpu for gpu, _ in candidates.values()]
-        nodes = [node for _, node in candidates.values()]
-        if not others:
-            return
-        states = await self._core.workers.host(self._core.injector.status, container, nodes)
-        stray = [
-            (gpu, node)
-            for gpu, node, state in zip(others, nodes, states, strict=True)
-            if state.permitted
+        """Revoke at once what the container can open beyond its entitlement
+        (``entitlement.py``: its own reservations — two targets may share one container, each
+        keeps its own — and what its runtime or device plugin gave it), wherever the grant is
+        one a revoke takes (``permitted``); the node sweep reports the rest."""
+        assigned = await self._core.workers.host(self._core.hooks.assigned, container)
+        nodes = self._core.nodes.known(known)
+        verdicts, by_device = await judged(self._core, container, nodes, assigned)
+        unentitled = [
+            (verdict.gpu, node)
+            for verdict in verdicts
+            if verdict.access is not Access.ACCOUNTED
+            for node in verdict.nodes
+            if by_device[node.device].permitted
         ]
-        if not stray:
-            return
+        if unentitled:
+            await self._revoke_unrecorded(container, unentitled, report)
+
+    async def _revoke_unrecorded(
+        self,
+        container: HostContainer,
+        unentitled: list[tuple[GpuRecord, DeviceNode]],
+        report: ReconcileReport,
+    ) -> None:
+        uuids = list(dict.fromkeys(gpu.uuid for gpu, _ in unentitled))
+        nodes = flat([node] for _, node in unentitled)
         try:
             # Unrecorded: nothing says the agent made these nodes, so they stay; the
             # permission goes.
-            await self._core.workers.host(
-                self._core.injector.revoke,
-                container,
-                [node for _, node in stray],
-                force=False,
-                keep_nodes=[node.name for _, node in stray],
+            await self._revoker.revoke(
+                container, nodes, force=False, keep=[node.name for node in nodes]
             )
         except DeviceInUse as e:
             report.failures.append(f"{container}: unrecorded GPU access in use by {e.holders}")
@@ -336,26 +324,13 @@ class Reconciler:
                 "%s can use %s without a reservation, and processes hold it open (%s); "
                 "detach it with force to end this",
                 container,
-                ", ".join(gpu.uuid for gpu, _ in stray),
+                ", ".join(uuids),
                 ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
             )
             return
-        for gpu, _ in stray:
-            report.add("revoked_unrecorded", gpu.uuid)
-        log.warning(
-            "revoked %s from %s: access without a reservation",
-            ", ".join(gpu.uuid for gpu, _ in stray),
-            container,
-        )
-
-    def _nodes_or_none(self, gpu: GpuRecord) -> list[DeviceNode]:
-        """``gpu``'s nodes, or none when they cannot be told (a slice NVML no longer lists,
-        and that no reservation holds): a stray check has nothing to look for then."""
-        try:
-            return self._core.nodes.of(gpu)
-        except InjectionFailed as e:
-            log.debug("no stray check for %s: %s", gpu.uuid, e)
-            return []
+        for uuid in uuids:
+            report.add("revoked_unrecorded", uuid)
+        log.warning("revoked %s from %s: access without a reservation", ", ".join(uuids), container)
 
     async def run_forever(self, interval: float) -> None:
         """Reconcile every ``interval`` seconds until cancelled; a failed pass is logged."""

@@ -48,9 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
@@ -60,10 +59,8 @@ from ..._structs import (
     GpuList,
     GpuUuid,
     IdleReleaseList,
-    ProcessInfo,
     QueueView,
     RequestId,
-    Target,
     TargetRef,
 )
 from ...linux.devnodes import DeviceNode
@@ -81,36 +78,25 @@ from .attach_checks import (
     with_profile,
 )
 from .bundle import Core
-from .devices import flat
 from .errors import (
     AgentError,
     Busy,
-    Forbidden,
     InsufficientGpus,
     NotFound,
-    TargetNotReady,
-    Unavailable,
 )
 from .grant import attach_error, grant_reserved
 from .injector import (
-    DeviceInUse,
-    HolderInfo,
-    InjectionFailed,
     InjectorError,
-    ScanUnfinished,
-    TargetGone,
 )
 from .inventory import InventorySnapshot
-from .lost import TakeBack
 from .meter import Measure, OperationMeter
 from .queue import Waiter
+from .revoke import Revoker
 from .seams import (
     AttachRequest,
     Caller,
-    GpuRecord,
     HostContainer,
     Reservation,
-    ReservationState,
     Verb,
 )
 
@@ -132,10 +118,6 @@ class ServiceConfig:
     request takes whole GPUs unless it names a profile."""
 
 
-def _processes(holders: Sequence[HolderInfo]) -> list[ProcessInfo]:
-    return [ProcessInfo(pid=h.pid, command=h.command) for h in holders]
-
-
 class AgentService:
     """Attach and detach for every backend; every public method is a coroutine for the API."""
 
@@ -144,6 +126,8 @@ class AgentService:
         """The seams and the state shared with the reconciler and the idle releaser."""
         self._config = config
         self._meter = OperationMeter()
+        self.revoker = Revoker(core, label=self._label)
+        """Every take-back: a detach here, and the loss sequence's and node sweep's."""
 
     async def wait_idle(self) -> None:
         """Return once no attach or detach is running (new ones may start later)."""
@@ -156,16 +140,6 @@ class AgentService:
     def _nodes_of(self, entries: Sequence[Reservation]) -> list[list[DeviceNode]]:
         """The nodes of each entry (``InjectorError`` when a slice's cannot be told)."""
         return [self.core.nodes.of(entry.gpu) for entry in entries]
-
-    def _revocable(
-        self, container: HostContainer, entries: Sequence[Reservation]
-    ) -> list[list[DeviceNode]]:
-        """The nodes taking ``entries`` back revokes from ``container`` (``GpuNodes.revocable``)."""
-        return self.core.nodes.revocable(
-            [entry.gpu for entry in entries],
-            container=container.key,
-            reservations=self.core.allocator.all_attachments(),
-        )
 
     @property
     def _label(self) -> str:
@@ -436,11 +410,11 @@ class AgentService:
                 self.core.resolver.current, entry.target, entry.container
             )
             if container is None:
-                await self._detach_gone(caller, entry.target, [entry])
+                await self.revoker.detach_gone(caller, entry.target, [entry])
                 return
             await self.core.identity.authorize(caller, "delete", container)
             async with self.core.locks.operation(entry.target):
-                await self._detach_locked(container, [entry], force=force)
+                await self.revoker.detach_locked(container, [entry], force=force)
 
     async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
         """Detach every GPU of the target (nothing attached: nothing to do)."""
@@ -450,7 +424,7 @@ class AgentService:
                 entries = self.core.allocator.attachments_of(container.target)
                 measure.gpus = len(entries)
                 if entries:
-                    await self._detach_locked(container, entries, force=force)
+                    await self.revoker.detach_locked(container, entries, force=force)
 
     async def release_unused(self, entry: Reservation, container: HostContainer) -> bool:
         """Detach one GPU for the idle policy, without force; the caller holds the target (as
@@ -459,239 +433,10 @@ class AgentService:
         if self.core.allocator.get(entry.gpu.uuid) != entry:
             return False  # changed since the pass read it
         try:
-            await self._detach_locked(container, [entry], force=False)
+            await self.revoker.detach_locked(container, [entry], force=False)
         except Busy:
             return False
         except AgentError as e:
             log.warning("idle release of %s from %s failed: %s", entry.gpu.uuid, container, e)
             return False
         return True
-
-    # --- lost reservations (lost.py decides when) -------------------------------------------------
-
-    async def take_back(self, entry: Reservation, *, force: bool) -> TakeBack | None:
-        """Revoke a GPU whose reservation lost its backing (a holder pod gone) and release
-        the reservation: the same node rule, ``node_created`` and pool as a detach, under the
-        target's lock (``Busy`` while a caller's operation holds it). None when the
-        reservation changed meanwhile (detached, re-attached)."""
-        async with self.core.locks.operation(entry.target):
-            current = self.core.allocator.get(entry.gpu.uuid)
-            if current is None or current.holder != entry.holder:
-                return None
-            container = await self.core.workers.host(
-                self.core.resolver.lookup, current.target, current.container
-            )
-            outcome = TakeBack(gone=True, forced=False)
-            if container is not None:
-                per_entry = self._revocable(container, [current])
-                outcome = await self._revoke_unbacked(
-                    container, per_entry, keep=_not_created([current], per_entry), force=force
-                )
-            await self.core.release([current.gpu.uuid])
-        return outcome
-
-    async def take_back_orphan(
-        self,
-        container: HostContainer,
-        gpus: Sequence[GpuRecord],
-        *,
-        force: bool,
-        spare: Collection[str] = (),
-    ) -> TakeBack | None:
-        """Revoke from ``container`` the access to ``gpus`` that no reservation backs (an
-        orphaned grant: its holder vanished while the agent was down; or a stray one). No
-        record says the agent made their nodes, so the nodes stay and their permission goes;
-        the nodes named in ``spare`` are not touched (what the container got elsewhere still
-        needs them). None when a reservation for the container appeared meanwhile."""
-        async with self.core.locks.operation(container.target):
-            reserved = {
-                entry.gpu.uuid
-                for entry in self.core.allocator.all_attachments()
-                if entry.container == container.key
-            }
-            gpus = [gpu for gpu in gpus if gpu.uuid not in reserved]
-            if not gpus:
-                return None
-            per_gpu = [
-                [node for node in nodes if node.name not in spare]
-                for nodes in self.core.nodes.revocable(
-                    gpus,
-                    container=container.key,
-                    reservations=self.core.allocator.all_attachments(),
-                )
-            ]
-            keep = [node.name for nodes in per_gpu for node in nodes]
-            return await self._revoke_unbacked(container, per_gpu, keep=keep, force=force)
-
-    async def _revoke_unbacked(
-        self,
-        container: HostContainer,
-        per_gpu: Sequence[Sequence[DeviceNode]],
-        *,
-        keep: Sequence[str],
-        force: bool,
-    ) -> TakeBack:
-        """Revoke without a user's consent: with ``force`` the holders are ended; otherwise
-        the access goes and the processes keep what they have open."""
-        nodes = flat(per_gpu)
-        try:
-            holders = await self.core.workers.host(self.core.injector.holders, container, nodes)
-        except InjectionFailed as e:
-            # Only for the record of who keeps it open: the access goes all the same.
-            log.warning("cannot tell who holds %s open in %s: %s", nodes, container, e)
-            holders = []
-        except TargetGone:
-            return TakeBack(gone=True, forced=False)
-        try:
-            await self.core.workers.host(
-                self.core.injector.revoke,
-                container,
-                nodes,
-                force=force,
-                keep_nodes=keep,
-                leave_open=True,
-            )
-        except TargetGone:
-            return TakeBack(gone=True, forced=False)
-        log.warning(
-            "revoked %s from %s%s%s",
-            ", ".join(node.name for node in nodes),
-            container,
-            " (forced)" if force and holders else "",
-            self._label,
-        )
-        return TakeBack(
-            gone=False,
-            forced=force and bool(holders),
-            still_open=() if force else tuple(holders),
-        )
-
-    async def _detach_gone(
-        self, caller: Caller, target: Target, entries: list[Reservation]
-    ) -> None:
-        """The container has no process left: its GPUs only need to leave the allocator."""
-        if not caller.privileged:
-            raise Forbidden(
-                f"{target} has exited, so no caller can show it is theirs",
-                hint="the agent releases the GPUs of exited processes by itself shortly",
-            )
-        async with self.core.locks.operation(target):
-            remains = await self.core.workers.host(self.core.resolver.remains, entries[0].container)
-            if remains is not None:
-                try:
-                    nodes = flat(self._nodes_of(entries))
-                    await self.core.workers.host(self.core.injector.withdraw, remains, nodes)
-                except InjectorError as e:
-                    raise TargetNotReady(
-                        f"the GPU could not be taken from the empty cgroups of {target}: {e}",
-                        hint="the GPU stays reserved; the agent tries again by itself",
-                        retryable=True,
-                    ) from e
-            await self.core.release([entry.gpu.uuid for entry in entries])
-        log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
-
-    async def _detach_locked(
-        self, container: HostContainer, entries: Sequence[Reservation], *, force: bool
-    ) -> None:
-        """Detach ``entries`` from ``container``, the caller holding the target's lock: mark
-        them ``releasing``, revoke, release (``_revoke_detached`` says what a refused revoke
-        leaves)."""
-        if any(entry.state is ReservationState.RESERVING for entry in entries):
-            raise Busy.operation_in_progress(str(container.target))
-        per_entry = self._detach_nodes(container, entries)
-        uuids = [entry.gpu.uuid for entry in entries]
-        await self.core.allocator.begin_release(uuids)
-        await self.core.checkpoints.reach("after_begin_release")
-        await self._revoke_detached(container, entries, per_entry, force=force)
-        await self.core.checkpoints.reach("after_revoke")
-        await self.core.release(uuids)
-        if not self.core.allocator.attachments_of(container.target):
-            await self._withdraw_driver_files(container)
-        log.info(
-            "detached %s from %s%s%s",
-            ", ".join(uuids),
-            container,
-            " (forced)" if force else "",
-            self._label,
-        )
-
-    async def _withdraw_driver_files(self, container: HostContainer) -> None:
-        """Its last GPU gone, the driver's files go too; a failure is logged, never the
-        detach's (the GPU is already taken back), and the reconciler's sweep retries."""
-        try:
-            await self.core.workers.host(self.core.driver_files.withdraw, container)
-        except Exception:
-            log.exception("taking the driver's files from %s failed; the sweep retries", container)
-
-    def _detach_nodes(
-        self, container: HostContainer, entries: Sequence[Reservation]
-    ) -> list[list[DeviceNode]]:
-        """The nodes a detach of ``entries`` revokes (422 when a slice's cannot be told)."""
-        try:
-            return self._revocable(container, entries)
-        except InjectionFailed as e:
-            raise TargetNotReady(
-                f"the GPU could not be taken from {container}: {e}",
-                hint="the GPU is still attached; see the agent's log",
-                retryable=False,
-            ) from e
-
-    async def _revoke_detached(
-        self,
-        container: HostContainer,
-        entries: Sequence[Reservation],
-        per_entry: Sequence[Sequence[DeviceNode]],
-        *,
-        force: bool,
-    ) -> None:
-        """Revoke the ``releasing`` entries' nodes. Refused with the host unchanged (in use,
-        a scan past its deadline, a clean failure): the release is cancelled, the GPUs stay
-        attached and the refusal is raised. Failed half-way: the entries stay ``releasing``
-        for the reconciler. The container gone: nothing left to revoke."""
-        uuids = [entry.gpu.uuid for entry in entries]
-        try:
-            await self.core.workers.host(
-                self.core.injector.revoke,
-                container,
-                flat(per_entry),
-                force=force,
-                keep_nodes=_not_created(entries, per_entry),
-            )
-        except TargetGone:
-            log.info("%s exited during the detach; releasing its record", container)
-        except DeviceInUse as e:
-            await self.core.allocator.cancel_release(uuids)
-            raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
-        except ScanUnfinished as e:
-            await self.core.allocator.cancel_release(uuids)
-            raise Unavailable(
-                f"could not tell in time whether {', '.join(uuids)} is in use in {container}: {e}",
-                retry_after=math.ceil(e.seconds),
-                hint="nothing was changed; try again (a container with very many processes "
-                "and open files takes long to scan)",
-            ) from e
-        except InjectionFailed as e:
-            if e.clean:
-                await self.core.allocator.cancel_release(uuids)
-                raise TargetNotReady(
-                    f"the GPU could not be taken from {container}: {e}",
-                    hint="the GPU is still attached; try again, and see the agent's log",
-                    retryable=False,
-                ) from e
-            raise TargetNotReady(
-                f"taking the GPU from {container} failed half-way: {e}",
-                hint="the agent finishes the release by itself; see its log",
-                retryable=True,
-            ) from e
-
-
-def _not_created(
-    entries: Sequence[Reservation], nodes: Sequence[Sequence[DeviceNode]]
-) -> list[str]:
-    """The nodes a release must leave in place: those the agent did not create."""
-    return [
-        node.name
-        for entry, own in zip(entries, nodes, strict=True)
-        if not entry.node_created
-        for node in own
-    ]

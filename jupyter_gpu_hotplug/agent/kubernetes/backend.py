@@ -4,9 +4,10 @@ reactions to the node's pod events that the periodic reconciler alone would make
 Why it exists: ``runtime.py`` wires every backend into the core the same way (its allocator,
 resolver, identity and hooks go into the ``Core`` when it is built; ``bind``, ``start``,
 ``stop``, ``close``: see ``local/backend.py`` for local mode's); what is particular to
-Kubernetes lives here, most of it in its hooks (``core/hooks.py``): the node sweep, the device
-plugin's GPUs (never strays), the pods' idle periods and the Events of idle releases and
-losses:
+Kubernetes lives here, most of it in its hooks (``core/hooks.py``): the node's running
+containers with the device plugin's GPUs for the core's node sweep (``running.py``; a plugin's
+GPU is never a stray), the pods' idle periods and the Events of idle releases, losses and
+stray access:
 
 - **a holder lost behind the agent's back** (preempted, evicted, deleted, its pod failed) means
   the GPU is no longer reserved for the container and may be handed to another pod: the core's
@@ -18,9 +19,9 @@ losses:
   on that pod, ``gpu_hotplug_untrusted_holders_total{reason}``;
 - **any change to a pod of the node** (the target pod deleted, its container restarted with a
   new id, a holder gone, a new container that may be able to open GPUs) triggers a
-  reconciliation pass — with the node sweep (``sweep.py``: orphaned grants, stray GPU access)
-  — at once instead of at the next tick; passes never overlap, and a burst of events costs one
-  pass.
+  reconciliation pass — with the node sweep (``core/sweep.py``: orphaned grants, stray GPU
+  access) — at once instead of at the next tick; passes never overlap, and a burst of events
+  costs one pass.
 """
 
 from __future__ import annotations
@@ -28,22 +29,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ..._structs import GpuUuid, PodTarget, format_timestamp
 from ...linux import cgroups
 from ..core.bundle import Core
-from ..core.hooks import BackendHooks, ReconcileReport
+from ..core.hooks import BackendHooks, ReconcileReport, StrayNotice
 from ..core.injector import InjectionFailed
 from ..core.lost import LossNotice, LostGpus, TakeBack
-from ..core.seams import GpuRecord, HostContainer, Reservation
+from ..core.seams import HostContainer, Reservation
 from ..core.service import AgentService
 from ..settings import AgentSettings, KubernetesSettings
 from .allocator import HolderAllocator
 from .cri import CriClient, CriError
-from .events import HOLDER_LOST, REVOKED, UNTRUSTED_HOLDER, PodEvents
+from .events import HOLDER_LOST, REVOKED, STRAY_ACCESS, UNTRUSTED_HOLDER, PodEvents
 from .holders import HolderSpec
 from .identity import TokenIdentity
 from .kube import KubeApi, KubeObject
@@ -51,7 +52,7 @@ from .node_pods import NodePods
 from .pod_idle import PodIdle
 from .podresources import PodResourcesClient, PodResourcesError
 from .resolver import PodResolver
-from .sweep import NodeSweep, plugin_gpus
+from .running import RunningPods, plugin_gpus
 from .tenancy import TenantPolicy
 from .trust import Verdict
 
@@ -60,6 +61,9 @@ __all__ = ["KubernetesBackend"]
 log = logging.getLogger(__name__)
 
 _STOP_TIMEOUT: Final = 5.0
+ORPHAN_REASON: Final = (
+    "no holder pod reserves it any more (deleted or evicted while the agent was not running)"
+)
 
 
 @dataclass
@@ -75,18 +79,24 @@ class KubernetesBackend:
     identity: TokenIdentity
     policy: TenantPolicy
     events: PodEvents
-    stray_policy: str
     pod_idle: PodIdle
     hooks: BackendHooks = field(init=False)
     """Its part in the core's passes, built with the backend and handed to ``Core.build``."""
-    _sweep: NodeSweep | None = field(default=None, init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _wanted: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        running = RunningPods(
+            pods=self.pods,
+            resolver=self.resolver,
+            podresources=self.podresources,
+            trusted=self.allocator.trusts,
+        )
         self.hooks = BackendHooks(
-            sweeps=(self._sweep_node,),
+            running=running,
             assigned=self._plugin_gpus,
+            orphan_reason=ORPHAN_REASON,
+            stray_listeners=(self._tell_stray,),
             idle_period=self.pod_idle.idle_seconds,
             idle_listeners=(self.pod_idle.announce,),
             loss_listeners=(self._tell_loss,),
@@ -137,30 +147,17 @@ class KubernetesBackend:
                 selector=k8s.allowed_namespace_selector,
             ),
             events=events,
-            stray_policy=k8s.stray_policy,
             pod_idle=PodIdle(pods, events),
         )
 
     def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
-        """Take what the hooks act through, before the core's first reconciliation: the node
-        sweep (run in every pass, so at start-up too) takes back through the service and the
-        loss sequence; the allocator reports lost and untrusted holders and reads the
-        inventory. The core itself is not written to: its part came with ``hooks``."""
+        """Take what the hooks act through, before the core's first reconciliation: a lost
+        holder is taken back through the service and the loss sequence; the allocator reports
+        lost and untrusted holders and reads the inventory. The core itself is not written
+        to: its part came with ``hooks``."""
         self._service = service
         self._lost_gpus = lost
         self._queue = core.queue
-        self._sweep = NodeSweep(
-            core,
-            pods=self.pods,
-            resolver=self.resolver,
-            podresources=self.podresources,
-            service=service,
-            lost=lost,
-            events=self.events,
-            revoke_strays=self.stray_policy == "revoke",
-            spawn=self._spawn,
-            trusted=self.allocator.trusts,
-        )
         self.allocator.on_lost(self._lost)
         self.allocator.use_inventory(core.inventory.snapshot)
 
@@ -181,12 +178,6 @@ class KubernetesBackend:
         """React to pod events from now on (after the agent's first reconciliation)."""
         self.pods.listen(self._pod_changed)
         self._spawn(self._reconcile_when_wanted(reconcile))
-
-    async def _sweep_node(self, known: Sequence[GpuRecord], report: ReconcileReport) -> None:
-        """The node sweep, once ``bind`` gave it what it acts through."""
-        if self._sweep is None:
-            raise RuntimeError("the Kubernetes backend sweeps only once bound to the core")
-        await self._sweep.run(known, report)
 
     def _plugin_gpus(self, container: HostContainer) -> set[GpuUuid]:
         """The GPUs the device plugin assigned to ``container`` (blocking: PodResources)."""
@@ -250,7 +241,7 @@ class KubernetesBackend:
         assert entry.holder is not None, "every Kubernetes reservation has its holder pod"
 
         async def revoke(force: bool) -> TakeBack | None:
-            return await self._service.take_back(entry, force=force)
+            return await self._service.revoker.take_back(entry, force=force)
 
         self._spawn(
             self._lost_gpus.handle(
@@ -260,6 +251,19 @@ class KubernetesBackend:
                 reason=reason,
                 revoke=revoke,
             )
+        )
+
+    def _tell_stray(self, notice: StrayNotice) -> None:
+        """The Event of a stray access, when the core's node sweep first sees it."""
+        devices = ", ".join(f"/dev/{node.name} ({node.device})" for node in notice.verdict.nodes)
+        self.events.emit(
+            notice.container.target,
+            STRAY_ACCESS,
+            f"this container can open GPU {notice.verdict.gpu.uuid} ({devices}) although "
+            "neither the "
+            "device plugin assigned it nor the GPU hot-plug agent granted it"
+            + ("; the access is revoked" if notice.revoking else ""),
+            warning=True,
         )
 
     def _tell_loss(self, notice: LossNotice, outcome: TakeBack | None) -> None:

@@ -11,7 +11,12 @@ local mode lives here, as Kubernetes mode's lives in ``kubernetes/backend.py``:
   allocator works over it in the core's ledger thread;
 - targets are **processes**, resolved to their containers through ``/proc`` and the device
   cgroups (``resolver.py``); callers are the **unix socket's peer**, bound to the connection
-  at accept, or holders of the agent's 0600 **token** (``identity.py``).
+  at accept, or holders of the agent's 0600 **token** (``identity.py``);
+- the core's node sweep (``core/sweep.py``) judges **every container of the host** that could
+  be a target (``ProcResolver.running``, below ``--sweep-cgroup``): a sandbox granted a GPU
+  behind the agent's back is found and reported, and revoked with ``--stray-policy=revoke``.
+  Local mode knows no device plugin: nothing is ``assigned``, so a container its runtime gave
+  a GPU (``docker run --gpus``) is reported as a stray too.
 
 Local mode has nothing to run beside the core: a process tells nobody when it exits, so there
 is no event stream to react to as Kubernetes mode reacts to pod events; the core's timed
@@ -20,15 +25,16 @@ reconciliation is what notices.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from ...linux import cgroups
 from ..core.bundle import Core
-from ..core.hooks import BackendHooks, ReconcileReport
+from ..core.hooks import BackendHooks, ReconcileReport, RunningContainer
 from ..core.lost import LostGpus
-from ..core.seams import Resolver
+from ..core.seams import ContainerKey, HostContainer, Reservation, Resolver
 from ..core.service import AgentService
 from ..core.workers import Workers
 from ..settings import AgentSettings
@@ -51,14 +57,19 @@ class LocalBackend:
     identity: LocalIdentity
     policy: None = None
     """No tenant policy: a target is a process, held to the per-container limit alone."""
+    containers: Callable[[Collection[ContainerKey]], list[HostContainer]] | None = None
+    """The host's containers for the node sweep, given the reserved ones
+    (``ProcResolver.running``); None: nothing is swept (tests' in-memory processes)."""
 
     @property
     def hooks(self) -> BackendHooks:
-        """None of its own (the defaults): no node-wide sweep, no device plugin hands out GPUs
-        (nothing is ``assigned``), no per-target idle period, and nobody to tell of idle
-        releases or losses beyond the API (a ledger reservation cannot be lost behind the
-        agent's back)."""
-        return BackendHooks()
+        """The node sweep's containers (``running``); nothing else of its own: no device
+        plugin hands out GPUs (nothing is ``assigned``), no per-target idle period, and nobody
+        to tell of idle releases, losses or strays beyond the API and the log (a ledger
+        reservation cannot be lost behind the agent's back)."""
+        if self.containers is None:
+            return BackendHooks()
+        return BackendHooks(running=functools.partial(_running, self.containers))
 
     @classmethod
     def create(
@@ -79,6 +90,7 @@ class LocalBackend:
             allocator=LedgerAllocator(ledger, workers),
             resolver=resolver,
             identity=LocalIdentity(token, token_path=settings.token_path, resolver=resolver),
+            containers=lambda owners: resolver.running(within=settings.sweep_cgroup, owners=owners),
         )
 
     def bind(self, core: Core, *, service: AgentService, lost: LostGpus) -> None:
@@ -93,3 +105,12 @@ class LocalBackend:
     def close(self) -> None:
         """Close the ledger (and let go of the state dir's lock)."""
         self.ledger.close()
+
+
+def _running(
+    containers: Callable[[Collection[ContainerKey]], list[HostContainer]],
+    reservations: Sequence[Reservation],
+) -> list[RunningContainer]:
+    """``BackendHooks.running`` for local mode: nothing is assigned outside the agent."""
+    owners = {entry.container for entry in reservations if entry.container}
+    return [RunningContainer(container) for container in containers(owners)]

@@ -27,13 +27,14 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from ..._structs import PidRef, PidTarget, PodTarget, Target, TargetRef
 from ...linux import cgroups, devnodes, procfs
 from ...linux.engine import CRUN_INNER_CGROUP
-from ..core.errors import Forbidden, NotFound
+from ..core.errors import AgentError, Forbidden, NotFound
 from ..core.seams import ContainerCgroups, ContainerKey, HostContainer
 
 __all__ = ["ProcResolver"]
@@ -53,6 +54,24 @@ def _fold_inner(path: str | None) -> str | None:
         return None
     head, _, leaf = path.rpartition("/")
     return (head or "/") if leaf == CRUN_INNER_CGROUP else path
+
+
+def _pids(proc: Path) -> Iterator[int]:
+    """Every pid ``proc`` lists now."""
+    with os.scandir(proc) as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                yield int(entry.name)
+
+
+def _below_scope(container: ContainerCgroups, scope: str) -> bool:
+    """Whether every cgroup of ``container`` lies at or below the path ``scope``."""
+    top = scope.rstrip("/") + "/"
+    return all(
+        path == scope or f"{path.rstrip('/')}/".startswith(top)
+        for path in (container.devices_v1, container.unified)
+        if path is not None
+    )
 
 
 def decode_key(key: ContainerKey) -> ContainerCgroups | None:
@@ -185,6 +204,43 @@ class ProcResolver:
             if oldest is None or (who.start_time, member) < oldest:
                 oldest = (who.start_time, member)
         return None if oldest is None else oldest[1]
+
+    # --- the node sweep --------------------------------------------------------------------------
+
+    def running(
+        self, *, within: str = "/", owners: Collection[ContainerKey] = ()
+    ) -> list[HostContainer]:
+        """Every container of the host below the cgroup ``within`` (in each hierarchy in use)
+        that ``resolve`` would accept as a target, each once, through its oldest process: what
+        the node sweep judges (blocking: a walk over ``/proc``). A container that lies in the
+        cgroups of one that holds reservations (``owners``: a process that moved into a child
+        cgroup of its own) is that container, as ``lookup`` has it: the grant it can open is
+        its owner's, never an orphan."""
+        folded = [owner for owner in map(decode_key, owners) if owner is not None]
+        oldest: dict[ContainerCgroups, tuple[int, int]] = {}
+        for pid in _pids(self._proc):
+            try:
+                where = self.container_of(pid)
+                if where is None or where.in_root_cgroup or where == self._agent_container:
+                    continue  # gone, a host process (kernel threads too), the agent's own
+                who = procfs.identity(pid, proc=self._proc)
+            except OSError:
+                continue  # one process's unreadable /proc entry hides no other container
+            if who is None or not _below_scope(where, within):
+                continue
+            where = next((owner for owner in folded if where.within(owner)), where)
+            if (who.start_time, pid) < oldest.get(where, (who.start_time + 1, 0)):
+                oldest[where] = (who.start_time, pid)
+        found = []
+        for where, (_, pid) in oldest.items():
+            try:
+                container = self.resolve(PidRef(pid))
+            except (AgentError, OSError):
+                continue  # exited meanwhile, or not a container (the host's /dev)
+            if container.cgroups != where:
+                container = replace(container, cgroups=where, key=self.key_of(where))
+            found.append(container)
+        return found
 
     # --- the Resolver seam -----------------------------------------------------------------------
 
