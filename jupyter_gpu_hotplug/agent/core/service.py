@@ -692,7 +692,8 @@ class AgentService:
             raise _attach_error(container, e) from e
         nodes = flat(per_entry)
         try:
-            await self._intend_nodes(container, entries, per_entry)
+            await self._intend_grant(container, entries, per_entry)
+            await self.core.checkpoints.reach("after_intent")
             created = await self.core.workers.host(self.core.injector.grant, container, nodes)
             await self.core.workers.host(self.core.driver_files.provide, container, nodes)
         except InjectorError as e:
@@ -724,14 +725,15 @@ class AgentService:
         await self.core.checkpoints.reach("after_mark_granted")
         return granted
 
-    async def _intend_nodes(
+    async def _intend_grant(
         self,
         container: HostContainer,
         entries: Sequence[Reservation],
         per_entry: Sequence[Sequence[DeviceNode]],
     ) -> None:
-        """Record, before the grant, which reservations' nodes it is about to make (all of
-        their nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
+        """Record, before the grant, that it is about to happen and which reservations' nodes
+        it makes (all of their nodes absent now), so a crash after the ``mknod`` leaves them
+        known as ours (``Allocator.intend_grant``)."""
         nodes = flat(per_entry)
         states = await self.core.workers.host(self.core.injector.status, container, nodes)
         absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
@@ -740,8 +742,9 @@ class AgentService:
             for entry, own in zip(entries, per_entry, strict=True)
             if all(node.name in absent for node in own)
         ]
-        if making:
-            await self.core.allocator.intend_nodes(making)
+        await self.core.allocator.intend_grant(
+            [entry.gpu.uuid for entry in entries], nodes_created=making
+        )
 
     def _served(self, target: Target, request: AttachRequest) -> AttachmentList | None:
         """The answer to a retried request, or None for a new one: the one idempotency check
