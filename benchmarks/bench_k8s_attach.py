@@ -17,14 +17,19 @@ token costs; the agent caches answers for 10 s), resolving the pod to its contai
 CRI ``ContainerStatus`` verbose, ``/proc``), a holder pod from create to Running (simulated
 kubelet admission, real containerd sandbox and container) and its deletion, the PodResources
 ``Get``, one annotation written to the holder, and the grant of one GPU node by the engine
-(``_attach_parts.py``, shared with ``bench_realnode.py``). The agent's own overhead is each
-attach minus that attach's own holder create→Running (the agent logs it): what the agent adds
-to the cluster's work.
+(``_attach_parts.py``, shared with ``bench_realnode.py``). It counts the writes to pods one
+more attach and its detach make (each a round trip to etcd on a real cluster). The agent's
+own overhead is each attach minus that attach's own holder create→Running (the agent logs
+it): what the agent adds to the cluster's work.
 
-Part 2 starts ``--pods`` notebook pods and has each attach one GPU at the same moment, over
-``--rounds`` rounds (detaching everything between rounds): 8 succeed, the others get 409
-``insufficient_gpus``; it checks that no GPU was handed out twice (in the answers and in
-PodResources) and prints the latency distribution. Figures are printed, never asserted.
+The agent runs as ``python -m`` from the working directory: run this script from another
+checkout, with ``PYTHONPATH`` set to it, to measure that commit's agent with this harness.
+
+Part 2 starts ``--pods`` notebook pods (``--pods 0``: no part 2) and has each attach one GPU at
+the same moment, over ``--rounds`` rounds (detaching everything between rounds): 8 succeed,
+the others get 409 ``insufficient_gpus``; it checks that no GPU was handed out twice (in the
+answers and in PodResources) and prints the latency distribution. Figures are printed, never
+asserted.
 """
 
 from __future__ import annotations
@@ -142,6 +147,9 @@ def part_one(cluster: Cluster, runs: int) -> None:
     notebook = kubelet.run_notebook_pod(NS, "solo")
     api = cluster.as_pod("solo")
     attach, detach = time_attach_detach(api, runs)
+    assert cluster.agent is not None
+    waits = holder_waits(cluster.agent.log(), runs)
+    writes = holder_writes(cluster, api)
     gpus = kubelet.gpus
     parts = asyncio.run(
         attach_parts(
@@ -157,17 +165,28 @@ def part_one(cluster: Cluster, runs: int) -> None:
         )
     )
     print(f"\n--- one pod, one GPU, {runs} runs ---------------------------------------------")
+    print(f"holder writes: attach {writes[0]}, detach {writes[1]}")
     print(f"attach (HTTP, whole path)        {summary(attach)}")
     print(f"detach (HTTP, whole path)        {summary(detach)}")
     for name, samples in parts.items():
         print(f"  {name:30} {summary(samples)}")
-    assert cluster.agent is not None
-    waits = holder_waits(cluster.agent.log(), runs)
     overhead = [total - wait for total, wait in zip(attach, waits, strict=True)]
     print(f"holder create -> Running, as the agent saw it  {summary(waits)}")
     print(f"agent overhead (attach - its holder wait)     {summary(overhead)}")
     running = statistics.median(parts["holder create -> Running"])
     print(f"(medians subtracted instead: {ms(statistics.median(attach) - running)}; noisier)")
+
+
+def holder_writes(cluster: Cluster, api: ApiClient) -> tuple[str, str]:
+    """The writes to pods (create, PATCH, delete) of one more attach and its detach, as the
+    API server answered them: each is a round trip to etcd on a real cluster."""
+    start = len(cluster.kube.requests)
+    created = api.post("/v1/attachments", {"count": 1})
+    assert created.status == 201, created.body
+    attach = cluster.kube.pod_writes(NS, since=start)
+    middle = len(cluster.kube.requests)
+    assert api.delete(f"/v1/attachments/{created.json()['attachments'][0]['uuid']}").status == 204
+    return " + ".join(attach), " + ".join(cluster.kube.pod_writes(NS, since=middle))
 
 
 def part_two(cluster: Cluster, pods: int, rounds: int) -> None:
@@ -205,7 +224,8 @@ def main() -> None:
         cluster = Cluster(Path(tmp))
         try:
             part_one(cluster, args.runs)
-            part_two(cluster, args.pods, args.rounds)
+            if args.pods:
+                part_two(cluster, args.pods, args.rounds)
         finally:
             cluster.close()
 

@@ -47,6 +47,21 @@ class AllocatorSetup:
     """At least one more than there are candidates, of distinct targets."""
     candidates: Sequence[GpuRecord]
     """At least four GPUs of the node, in index order."""
+    finishes_intended: bool = False
+    """The allocator records the grant itself with its intent (``intend_grant``: the holder
+    allocator's one write after the create), so a restart *finishes* an intended attach (its
+    reservation comes back ``GRANTED``) and a reservation never intended does not outlive a
+    restart (nothing was granted: its holder knows no GPU and is deleted at load). Otherwise
+    ``RESERVING`` is durable as it is (the ledger) and the reconciler rolls it back."""
+
+
+def _after_restart(
+    setup: AllocatorSetup, state: ReservationState | None
+) -> ReservationState | None:
+    """What a fresh instance makes of a reservation left in ``state`` without an intent."""
+    if setup.finishes_intended and state is ReservationState.RESERVING:
+        return None
+    return state
 
 
 async def _loaded(setup: AllocatorSetup) -> Allocator:
@@ -237,7 +252,7 @@ class AllocatorContract:
         now = allocator.get(uuid)
         assert (None if now is None else now.state) is expected
         again = (await _loaded(setup)).get(uuid)
-        assert (None if again is None else again.state) is expected
+        assert (None if again is None else again.state) is _after_restart(setup, expected)
 
     @pytest.mark.parametrize(
         ("transition", "states", "error"),
@@ -280,7 +295,9 @@ class AllocatorContract:
 
         assert [allocator.get(uuid) for uuid in uuids] == before
         restarted = await _loaded(setup)
-        assert [None if e is None else e.state for e in map(restarted.get, uuids)] == list(states)
+        assert [None if e is None else e.state for e in map(restarted.get, uuids)] == [
+            _after_restart(setup, state) for state in states
+        ]
 
     async def test_transitions_keep_what_they_record(self, allocator_setup: AllocatorSetup) -> None:
         setup = allocator_setup
@@ -328,19 +345,30 @@ class AllocatorContract:
         self, allocator_setup: AllocatorSetup
     ) -> None:
         """Intent on a reserving row survives a fresh instance (the agent killed after its
-        ``mknod``); ``mark_granted`` then records what the grant really did."""
+        ``mknod``), as ``RESERVING`` or, where the intent records the grant, ``GRANTED``; in
+        memory the reservation stays ``RESERVING`` until ``mark_granted``, which records what
+        the grant really did, durably."""
         setup = allocator_setup
         allocator = await _loaded(setup)
         (entry,) = await _reserve(allocator, setup, setup.containers[0], 1)
-        await allocator.intend_nodes([entry.gpu.uuid])
+        uuid = entry.gpu.uuid
+        await allocator.intend_grant([uuid], nodes_created=[uuid])
+        assert allocator.get(uuid).state is ReservationState.RESERVING  # type: ignore[union-attr]
         restarted = await _loaded(setup)
-        found = restarted.get(entry.gpu.uuid)
+        found = restarted.get(uuid)
         assert found is not None
-        assert (found.state, found.node_created) == (ReservationState.RESERVING, True)
-        (granted,) = await restarted.mark_granted([entry.gpu.uuid], nodes_created=[])
-        assert not granted.node_created
-        await restarted.intend_nodes([entry.gpu.uuid])  # granted: unchanged
-        assert restarted.get(entry.gpu.uuid) == granted
+        durable = (
+            ReservationState.GRANTED if setup.finishes_intended else ReservationState.RESERVING
+        )
+        assert (found.state, found.node_created) == (durable, True)
+
+        (other,) = await _reserve(restarted, setup, setup.containers[1], 1)
+        await restarted.intend_grant([other.gpu.uuid], nodes_created=[other.gpu.uuid])
+        (granted,) = await restarted.mark_granted([other.gpu.uuid], nodes_created=[])
+        assert (granted.state, granted.node_created) == (ReservationState.GRANTED, False)
+        await restarted.intend_grant([other.gpu.uuid], nodes_created=[other.gpu.uuid])
+        assert restarted.get(other.gpu.uuid) == granted  # granted: the intent changes nothing
+        assert (await _loaded(setup)).get(other.gpu.uuid) == granted
 
     async def test_every_state_survives_a_fresh_instance(
         self, allocator_setup: AllocatorSetup
@@ -348,23 +376,26 @@ class AllocatorContract:
         setup = allocator_setup
         allocator = await _loaded(setup)
         a, b, c = setup.containers[:3]
-        (reserving,) = await _reserve(allocator, setup, a, 1, request_id="r-a")
-        (granted,) = await _reserve(allocator, setup, b, 1)
+        (reserving,) = await _reserve(allocator, setup, a, 1)
+        (granted,) = await _reserve(allocator, setup, b, 1, request_id="r-b")
         await allocator.mark_granted([granted.gpu.uuid], nodes_created=[granted.gpu.uuid])
         (releasing,) = await _reserve(allocator, setup, c, 1)
         await allocator.mark_granted([releasing.gpu.uuid])
         await allocator.begin_release([releasing.gpu.uuid])
-        before = allocator.all_attachments()
+        assert {e.state for e in allocator.all_attachments()} == set(ReservationState)
+        before = [
+            entry
+            for entry in allocator.all_attachments()
+            if _after_restart(setup, entry.state) is not None
+        ]
 
         restarted = await _loaded(setup)
 
         assert restarted.all_attachments() == before
-        assert [e.state for e in restarted.all_attachments()] == [e.state for e in before] and {
-            e.state for e in before
-        } == set(ReservationState)
         assert restarted.get(granted.gpu.uuid) is not None
         assert restarted.get(granted.gpu.uuid).node_created  # type: ignore[union-attr]
-        assert restarted.get(reserving.gpu.uuid).request_id == "r-a"  # type: ignore[union-attr]
+        assert restarted.get(granted.gpu.uuid).request_id == "r-b"  # type: ignore[union-attr]
+        assert (restarted.get(reserving.gpu.uuid) is None) is setup.finishes_intended
 
     async def test_concurrent_reservers_never_share_a_gpu(
         self, allocator_setup: AllocatorSetup

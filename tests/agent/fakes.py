@@ -428,8 +428,10 @@ class MemoryAllocator:
         self._entries[uuid] = entry
         return entry
 
-    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
-        for uuid in uuids:
+    async def intend_grant(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> None:
+        for uuid in nodes_created:
             if self._entries[uuid].state is ReservationState.RESERVING:
                 self._change(uuid, node_created=True)
 

@@ -209,6 +209,7 @@ def test_eight_sandboxes_racing_for_four_gpus(
 # After a kill -9 at each step and a restart: is the sandbox's GPU attached (per the ledger)?
 EXPECTED_AFTER_CRASH = {
     "after_reserve": False,  # reserved only: rolled back
+    "after_intent": False,  # the nodes' intent recorded, the row still reserving: rolled back
     "after_grant": False,  # granted but not recorded as granted: rolled back
     "after_mark_granted": True,  # the attach was complete
     "after_begin_release": False,  # the detach was announced: finished

@@ -351,6 +351,7 @@ def test_text_log_lines_end_with_the_extras() -> None:
 def test_checkpoints_know_their_steps(tmp_path: Path) -> None:
     assert set(STEPS) == {
         "after_reserve",
+        "after_intent",
         "after_grant",
         "after_mark_granted",
         "after_begin_release",

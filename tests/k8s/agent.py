@@ -162,3 +162,14 @@ def pod_events(kube: FakeKube, namespace: str, pod: str) -> list[dict[str, Any]]
 def event_reasons(kube: FakeKube, namespace: str, pod: str) -> list[str]:
     """The reasons of the Events recorded on the pod, oldest first."""
     return [event["reason"] for event in pod_events(kube, namespace, pod)]
+
+
+def devices_of(kubelet: KubeletSimulator, namespace: str) -> set[str]:
+    """The devices the kubelet has assigned to the pods of ``namespace`` (the holders')."""
+    return {
+        device
+        for (ns, _), containers in kubelet.assignments().items()
+        if ns == namespace
+        for devices in containers.values()
+        for device in devices
+    }

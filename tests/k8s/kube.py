@@ -132,6 +132,18 @@ class FakeKube:
         """(method, uri) of every request the server answered, in order."""
         return list(self.server.requests)
 
+    def pod_writes(self, namespace: str, *, since: int = 0) -> list[str]:
+        """The methods of the writes to pods of ``namespace`` (create, PATCH, delete) among the
+        requests answered after the first ``since``: what an operation cost the API server
+        (the agent's Events are written beside its operations, never awaited, and are not
+        pods)."""
+        return [
+            method
+            for method, uri in self.requests[since:]
+            if method in ("POST", "PATCH", "PUT", "DELETE")
+            and f"/namespaces/{namespace}/pods" in uri
+        ]
+
     # ----- objects ----------------------------------------------------------------------
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

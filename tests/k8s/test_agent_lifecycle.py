@@ -4,7 +4,8 @@ request's deadline, and a holder evicted by node pressure (its Failed object lef
 scenarios both tiers can express — attach and detach, tokens and RBAC, the max-gpus annotation
 and quota, 409, garbage collection, a deleted holder, a restarted container, ``kill -9`` during
 an attach, an agent restarted with its attachment intact — run on the real node only
-(docs/testing.md, "What the simulated tier keeps").
+(docs/testing.md, "What the simulated tier keeps"; ``kill -9`` at every step of an attach and
+a detach also runs here: ``test_agent_crash.py``).
 
 The real agent runs as a subprocess; containers are real (containerd + runc); the control plane
 and kubelet are the tier's (``tests/k8s/README.md``). Waits have generous upper bounds and are
@@ -20,7 +21,7 @@ from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
 from ..fixtures.device_messages import ENXIO, EPERM
-from .agent import as_pod, event_reasons, eventually, holders
+from .agent import as_pod, devices_of, event_reasons, eventually, holders
 from .kube import FakeKube
 from .kubelet import KubeletSimulator
 
@@ -38,16 +39,6 @@ def open_fresh_node(kubelet: KubeletSimulator, pod: str, minor: int) -> str:
     script = f"mknod /tmp/p{minor} c 195 {minor} 2>&1; cat /tmp/p{minor}; rm -f /tmp/p{minor}"
     result = kubelet.exec(NS, pod, "notebook", ["sh", "-c", script])
     return result.stdout + result.stderr
-
-
-def devices_of(kubelet: KubeletSimulator, namespace: str) -> set[str]:
-    return {
-        device
-        for (ns, _), containers in kubelet.assignments().items()
-        if ns == namespace
-        for devices in containers.values()
-        for device in devices
-    }
 
 
 # --- refusals -------------------------------------------------------------------------------

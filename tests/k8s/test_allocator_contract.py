@@ -88,7 +88,12 @@ class TestHolderAllocator(AllocatorContract):
                 gone_timeout=60,
             )
 
-        yield AllocatorSetup(open=open_allocator, containers=containers, candidates=candidates)
+        yield AllocatorSetup(
+            open=open_allocator,
+            containers=containers,
+            candidates=candidates,
+            finishes_intended=True,
+        )
         for kube_api, pods, podresources in opened:
             await pods.stop()
             podresources.close()

@@ -1,10 +1,14 @@
-"""An attach whose second holder cannot be recorded is rolled back whole: both holders are
-deleted and the allocator forgets the GPU it had already recorded for the first.
+"""An attach whose second holder's grant cannot be recorded is rolled back whole: the grant's
+intent (``intend_grant``, the attach's one write after the creates) fails retryable, and the
+release the service then makes deletes both holders and forgets both reservations.
 
-Before the fix, the first holder's reservation stayed in the allocator's memory after its pod
-was deleted: the GPU counted as held until a restart. The failure is one PATCH answered 503
-by the fake API server (an injected fault); the test plays the kubelet (the holders' status
-in the fake API server, PodResources' answers), so the two holders run together on demand.
+Before an earlier fix, the first holder's reservation stayed in the allocator's memory after
+its pod was deleted: the GPU counted as held until a restart. Since the holders' writes run
+together, the same would happen if the first holder's write landed (and was remembered) after
+the failure had been raised and the release made: the allocator waits for every write before
+it raises. The failure is one PATCH answered 503 by the fake API server (an injected fault);
+the test plays the kubelet (the holders' status in the fake API server, PodResources'
+answers), so the two holders run together on demand.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ def recorded_gpu(kube: FakeKube, name: str) -> str | None:
     return None if holder is None else holder.uuid
 
 
-async def test_a_failed_annotation_rolls_back_both_holders_and_forgets_the_first(
+async def test_a_failed_grant_record_rolls_back_both_holders_and_forgets_the_first(
     kube: FakeKube, setup: Setup
 ) -> None:
     target = kube.pod(NS, "nb")
@@ -170,7 +174,6 @@ async def test_a_failed_annotation_rolls_back_both_holders_and_forgets_the_first
         index=1,
         spec=SPEC,
     )["metadata"]["name"]
-    kube.fail("PATCH", f"/pods/{second}")
     reserve = asyncio.create_task(
         setup.allocator.reserve(
             setup.container,
@@ -184,13 +187,20 @@ async def test_a_failed_annotation_rolls_back_both_holders_and_forgets_the_first
     for name, gpu in zip(sorted(names, key=lambda n: n == second), GPUS, strict=True):
         setup.kubelet.admit(name, gpu.uuid)
         setup.kubelet.run(name)
+    reserved = await asyncio.wait_for(reserve, 20)
+    assert [entry.gpu.uuid for entry in reserved] == [gpu.uuid for gpu in GPUS]
+    assert [recorded_gpu(kube, name) for name in names] == [None, None], (
+        "reserve writes nothing after the creates"
+    )
+    kube.fail("PATCH", f"/pods/{second}")
 
     with pytest.raises(TargetNotReady, match="503"):
-        await asyncio.wait_for(reserve, 20)
-
+        await setup.allocator.intend_grant([gpu.uuid for gpu in GPUS])
     assert recorded_gpu(kube, next(n for n in names if n != second)) == GPUS[0].uuid, (
-        "the first holder's GPU was recorded before the failure"
+        "the first holder's grant was recorded before the failure"
     )
+    await setup.allocator.release([gpu.uuid for gpu in GPUS])  # the service's rollback
+
     assert setup.allocator.all_attachments() == [], "what was recorded is forgotten"
     assert setup.lost == [], "the attach's own rollback is not a lost holder"
     for name in names:

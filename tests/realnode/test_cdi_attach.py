@@ -239,6 +239,16 @@ def test_kill_9_mid_attach_or_mid_detach_leaves_no_mount_or_node_behind(
         marker.unlink()
         agent.process.start(env={"GPU_HOTPLUG_TEST_PAUSE_AT": ""})
 
+        if step == "after_grant":
+            # The holder says granted (its one PATCH came before the grant): the restart
+            # finishes the attach; the detach then takes everything back.
+            eventually(
+                lambda: (
+                    len(agent.as_pod(ns, "nb").get("/v1/attachments").json()["attachments"]) == 1
+                ),
+                "the interrupted attach is finished",
+            )
+            assert agent.as_pod(ns, "nb").delete("/v1/attachments").status == 204
         eventually(lambda: cdi_cluster.holders(ns) == [], "the interrupted operation ends")
         eventually(
             lambda: has_no_driver(cdi_cluster, ns, "nb"), "the driver's files are taken back"

@@ -20,8 +20,9 @@ __all__ = ["ATTACH_STEPS", "DETACH_STEPS", "STEPS", "Checkpoints", "marker_path"
 
 log = logging.getLogger(__name__)
 
-ATTACH_STEPS: Final = ("after_reserve", "after_grant", "after_mark_granted")
-"""Attach: ledger ``reserving`` → host grant → ledger ``granted``."""
+ATTACH_STEPS: Final = ("after_reserve", "after_intent", "after_grant", "after_mark_granted")
+"""Attach: ``reserving`` → the grant's intent recorded (``Allocator.intend_grant``) → host grant
+→ ``granted``."""
 DETACH_STEPS: Final = ("after_begin_release", "after_revoke")
 """Detach: ledger ``releasing`` → host revoke → ledger row removed."""
 STEPS: Final = ATTACH_STEPS + DETACH_STEPS

@@ -4,7 +4,7 @@ the attach back so that nothing is left half-done.
 Why it exists: after the decision and the reservation (``service.py``), an attach changes the
 host — device nodes made, the cgroup's permission given, the driver's files provided — and each
 step can fail. The promise is that a GPU is never usable by a container without a reservation:
-so the nodes the grant is about to make are recorded first (``intend_nodes``: a crash after the
+so the nodes the grant is about to make are recorded first (``intend_grant``: a crash after the
 ``mknod`` leaves them known as ours), the grant is recorded (``mark_granted``) only once it is
 done, and on any failure the host is put back before the reservation goes — or, where even that
 fails, the reservation stays ``reserving`` for the reconciler to finish. Kept apart from the
@@ -42,7 +42,8 @@ async def grant_reserved(
     uuids = [entry.gpu.uuid for entry in entries]
     nodes = flat(per_entry)
     try:
-        await _intend_nodes(core, container, entries, per_entry)
+        await _intend_grant(core, container, entries, per_entry)
+        await core.checkpoints.reach("after_intent")
         created = await core.workers.host(core.injector.grant, container, nodes)
         await core.workers.host(core.driver_files.provide, container, nodes)
     except InjectorError as e:
@@ -75,14 +76,15 @@ async def grant_reserved(
     return granted
 
 
-async def _intend_nodes(
+async def _intend_grant(
     core: Core,
     container: HostContainer,
     entries: Sequence[Reservation],
     per_entry: Sequence[Sequence[DeviceNode]],
 ) -> None:
-    """Record, before the grant, which reservations' nodes it is about to make (all of their
-    nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
+    """Record, before the grant, that it is about to happen and which reservations' nodes it
+    makes (all of their nodes absent now), so a crash after the ``mknod`` leaves them known as
+    ours (``Allocator.intend_grant``)."""
     nodes = flat(per_entry)
     states = await core.workers.host(core.injector.status, container, nodes)
     absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
@@ -91,8 +93,7 @@ async def _intend_nodes(
         for entry, own in zip(entries, per_entry, strict=True)
         if all(node.name in absent for node in own)
     ]
-    if making:
-        await core.allocator.intend_nodes(making)
+    await core.allocator.intend_grant([entry.gpu.uuid for entry in entries], nodes_created=making)
 
 
 async def undo_reservation(

@@ -29,8 +29,10 @@ Refinements of the design in ``SEAMS.md`` (documented here, where the code is):
   worker pool.
 - ``Allocator.mark_granted`` records ``nodes_created`` (``Reservation.node_created``): the
   agent removes only device nodes it created (Kubernetes: keep it in the holder's annotations);
-  ``Allocator.intend_nodes`` records the intent before the grant makes them, so a crash between
-  the two still leaves the node known as the agent's.
+  ``Allocator.intend_grant`` records the intent before the grant makes them, so a crash between
+  the two still leaves the node known as the agent's. A backend whose writes are dear may record
+  the grant itself there (Kubernetes: one PATCH of the holder, ``kubernetes/allocator.py``): a
+  restart then finishes the attach instead of rolling it back.
 - ``Caller`` also carries ``cgroups`` (local mode's authorization compares them: a caller may
   act on a target whose cgroups are its own or an ancestor's, which is what a grant reaches)
   and the ``connection`` it came on; ``Verb`` is ``get | create | delete``.
@@ -303,11 +305,17 @@ class Allocator(Protocol):
         nothing, recording ``request_id`` on each. ``deadline`` is a ``time.monotonic()``
         value."""
 
-    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
-        """Record, before the grant makes them, that the grant is about to create the device
-        nodes of these ``RESERVING`` GPUs (``Reservation.node_created``; others unchanged):
-        an agent killed between the ``mknod`` and ``mark_granted`` then knows, when it rolls
-        the attach back, that the node is its own and removes it."""
+    async def intend_grant(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> None:
+        """Record, before the grant, that these ``RESERVING`` GPUs are about to be granted and
+        that the grant will create the device nodes of ``nodes_created``
+        (``Reservation.node_created``; GPUs in other states unchanged): an agent killed after
+        the ``mknod`` then knows the node is its own and removes it when it releases the GPU.
+        The reservations stay ``RESERVING`` until ``mark_granted``. What a restart does with
+        them is the backend's: rolled back (the local ledger: ``RESERVING`` durably) or
+        finished (the holder allocator writes ``granted`` here, its one write after the
+        create); either keeps every GPU reserved wherever it may be usable."""
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()

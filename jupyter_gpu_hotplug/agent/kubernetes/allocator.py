@@ -5,8 +5,32 @@ free. To take one, the agent creates a holder pod that requests it, waits (on th
 watch, never by polling) until the holder runs or is refused, and asks PodResources which
 device it got. The holder pods are the durable state: ``load`` rebuilds every reservation from
 their labels and annotations, so a restarted agent knows exactly what it had, and a holder
-that was never told its GPU (the agent died between creating it and reading PodResources) is
+that was never told its GPU (the agent died before the grant's intent was written) is
 deleted — no container was ever granted that GPU.
+
+The writes, each the fewest a crash allows (the API server's PATCH costs ≈ 12 ms on a real
+node, more than the rest of the agent's own work; ``docs/performance.md``), and the crash each
+one is there for (``tests/k8s/test_agent_crash.py`` kills the agent at every step):
+
+- attach, **create** (``reserving``, the target, its container, the request id): the
+  reservation itself — killed after it, the restarted agent finds the holder; one that knows no
+  GPU is deleted (nothing was granted), and the kubelet frees its device;
+- attach, **one PATCH** per holder, all together, before the grant (``intend_grant``): the GPU
+  PodResources named, ``granted`` and since when, and whether the grant is about to make the
+  GPU's device nodes. Killed after it — before, during or after the grant, before the answer —
+  the restarted agent *finishes* the attach: the reconciler grants what is not granted, and the
+  release removes exactly the nodes this write claims. No write follows the grant
+  (``mark_granted`` writes only when the grant did not do what was intended). Rolling back
+  instead would need a second PATCH after the grant, to tell a finished attach from one cut
+  short: the cost of at-most-once, which a client gets without it by sending a request id
+  (a retry is answered with the finished attach);
+- detach, **PATCH** ``releasing`` before the revoke (``begin_release``): killed after the
+  revoke, the restarted agent finishes the release instead of granting the GPU again. Without
+  it the holders would still be consistent (the GPU granted where it is held), but a detach a
+  user, the idle policy or the queue asked for would be undone by a crash — the GPU handed back
+  to a container whose owner gave it up, a waiter kept waiting — to save one write of a path
+  that waits for the holder's deletion anyway;
+- detach, **delete** (by uid), after the revoke: the kubelet frees the GPU once it is gone.
 
 Refusals are decided before anything is created where the node lets us see them (PodResources'
 count of free devices, ``available``: the core's attach decision reads the same; the pod's
@@ -39,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -292,16 +316,21 @@ class HolderAllocator:
                 self._holders.pop(uuid)
                 self._entries.pop(uuid, None)
 
-    def _remember(self, holder: Holder) -> Reservation:
+    def _remember(self, holder: Holder, *, state: ReservationState | None = None) -> Reservation:
+        """Keep ``holder`` and its reservation, in ``state`` (by default: the reservation's
+        state in memory, else the holder's; see "state changes" below)."""
         assert holder.uuid is not None and holder.minor is not None
+        known = self._entries.get(holder.uuid)
+        if state is None:
+            state = holder.state if known is None else known.state
         entry = Reservation(
             gpu=GpuRecord(holder.uuid, holder.index or 0, holder.minor, holder.gpu_name),
             target=holder.target,
             container=ContainerKey(holder.container_id),
-            state=holder.state,
+            state=state,
             request_id=holder.request_id,
             created_at=holder.created_at,
-            granted_at=holder.granted_at,
+            granted_at=None if state is ReservationState.RESERVING else holder.granted_at,
             holder=holder.ref,
             node_created=holder.node_created,
         )
@@ -459,74 +488,79 @@ class HolderAllocator:
                 requested=len(bodies),
                 hint=f"the kubelet refused a holder pod: {outcome}",
             )
-        return await self._learn_gpus(target, names, candidates)
+        return await self._learn_gpus(target, created, candidates)
 
     async def _learn_gpus(
-        self, target: PodTarget, names: list[str], candidates: Sequence[GpuRecord]
+        self, target: PodTarget, created: list[KubeObject], candidates: Sequence[GpuRecord]
     ) -> list[Reservation]:
-        """Ask PodResources which GPU each running holder got, and record it on the holder."""
+        """Ask PodResources which GPU each running holder got, and remember it (in memory: it
+        is written with the grant's intent, ``intend_grant``). A holder is taken as the agent
+        created it (the API server's answer to the create), never from the node's view, which
+        another principal may have patched since."""
         by_uuid = {gpu.uuid: gpu for gpu in candidates}
-        records: list[tuple[str, GpuRecord]] = []
-        for name in names:
+        learnt: list[Holder] = []
+        for pod in created:
+            holder = read_holder(pod)
+            assert holder is not None, "the agent creates readable holders"
             devices: PodDevices | None = await self._blocking(
-                self._podresources.get, target.namespace, name
+                self._podresources.get, target.namespace, holder.name
             )
             ids = [] if devices is None else devices.device_ids(self._spec.resource_name)
             uuids = {device_uuid(device) for device in ids}
             if len(uuids) != 1:
                 raise InsufficientGpus(
                     free=0,
-                    requested=len(names),
-                    hint=f"the kubelet reports devices {ids} for holder {name}, not one "
+                    requested=len(created),
+                    hint=f"the kubelet reports devices {ids} for holder {holder.name}, not one "
                     f"{self._spec.resource_name}",
                 )
             (uuid,) = uuids
             gpu = by_uuid.get(GpuUuid(uuid))
-            if gpu is None or uuid in self._entries or any(r.uuid == uuid for _, r in records):
+            if gpu is None or uuid in self._entries or any(h.uuid == uuid for h in learnt):
                 raise InsufficientGpus(
                     free=0,
-                    requested=len(names),
-                    hint=f"the device plugin gave holder {name} the device {uuid}, which this "
-                    "node's NVML does not list or which is held already: check the agent's "
+                    requested=len(created),
+                    hint=f"the device plugin gave holder {holder.name} the device {uuid}, which "
+                    "this node's NVML does not list or which is held already: check the agent's "
                     "resource name and the device plugin's configuration",
                 )
-            records.append((name, gpu))
-        entries: list[Reservation] = []
-        for name, gpu in records:
-            pod = await self._kube.annotate_pod(
-                target.namespace,
-                name,
-                gpu_annotations(uuid=gpu.uuid, index=gpu.index, minor=gpu.minor, name=gpu.name),
+            learnt.append(
+                replace(holder, uuid=gpu.uuid, index=gpu.index, minor=gpu.minor, gpu_name=gpu.name)
             )
-            self._pods.remember(pod)
-            holder = read_holder(pod)
-            if holder is None or holder.uuid != gpu.uuid:
-                raise InsufficientGpus(
-                    free=0, requested=len(names), hint=f"holder {name} changed under the agent"
-                )
-            entries.append(self._remember(holder))
-        return sorted(entries, key=_order)
+        return sorted(map(self._remember, learnt), key=_order)
 
     # --- state changes -------------------------------------------------------------------------
+    #
+    # The holder's annotations are what a restarted agent rebuilds from; the reservation in
+    # memory is what this agent acts on. They differ in one place: from ``intend_grant`` to
+    # ``mark_granted`` the holder already says ``granted`` (the one write of an attach after
+    # the create) while the reservation is still ``reserving`` (a detach meanwhile is 409, a
+    # failed grant is rolled back). Every other change writes the state it makes.
+
+    async def _write(
+        self, uuid: GpuUuid, annotations: dict[str, str], *, state: ReservationState
+    ) -> Reservation:
+        """Record ``annotations`` on ``uuid``'s holder (none: no request) and make ``state``
+        its reservation's state in memory."""
+        holder = self._holders[uuid]
+        if annotations:
+            holder = await self._record(holder, annotations)
+        return self._remember(holder, state=state)
 
     async def _set_state(
-        self,
-        uuids: Collection[GpuUuid],
-        transition: Transition,
-        *,
-        extra: Callable[[GpuUuid], dict[str, str]] = lambda uuid: {},
+        self, uuids: Collection[GpuUuid], transition: Transition
     ) -> list[Reservation]:
-        """Move the holders as ``transition`` says (``seams.TRANSITIONS``: refused before any
-        holder is touched), recording ``extra(uuid)`` annotations with each change."""
+        """Move the reservations as ``transition`` says (``seams.TRANSITIONS``: refused before
+        any holder is touched), writing the new state on each holder that does not say it."""
         plan = plan_transition(transition, uuids, self._entries.get)
-        changed: list[Reservation] = []
-        for uuid, state in plan.items():
-            holder = self._holders[uuid]
-            if self._entries[uuid].state is state:
-                changed.append(self._entries[uuid])
-                continue
-            annotations = {ANNOTATION_STATE: str(state), **extra(uuid)}
-            changed.append(self._remember(await self._record(holder, annotations)))
+        changed = await _settled_all(
+            self._write(
+                uuid,
+                {} if self._holders[uuid].state is state else {ANNOTATION_STATE: str(state)},
+                state=state,
+            )
+            for uuid, state in plan.items()
+        )
         return sorted(changed, key=_order)
 
     async def _record(self, holder: Holder, annotations: dict[str, str]) -> Holder:
@@ -562,31 +596,74 @@ class HolderAllocator:
             and (metadata.get("labels") or {}).get(LABEL_HOLDER) != "true"
         )
 
-    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
-        for uuid in uuids:
-            holder = self._holders.get(uuid)
-            entry = self._entries.get(uuid)
-            if holder is None or entry is None or entry.state is not ReservationState.RESERVING:
-                continue
-            self._remember(await self._record(holder, {ANNOTATION_NODE_CREATED: "true"}))
+    async def intend_grant(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> None:
+        """The one write of an attach after the holder's create, made before the grant and
+        for all its holders at once: the GPU PodResources named, ``granted`` with its time,
+        and whether the grant is about to make the GPU's device nodes.
+
+        Why ``granted`` already: an agent killed from here on restarts with the attach
+        *finished* — the reconciler grants the GPU to the container again if the grant did
+        not happen (``Reconciler._granted``), and removes the nodes on release only if this
+        write says they are the agent's. Nothing of that needs a second write after the grant
+        (``mark_granted`` writes only where the grant's outcome differs from this intent), and
+        nothing is unsafe: the holder keeps the GPU from every other pod, and the container
+        it names is the one the GPU is granted to. Killed before this write, the holder has no
+        GPU recorded and a restarted agent deletes it — no grant had begun."""
+        now = _timestamp()
+        intended = [
+            uuid
+            for uuid in uuids
+            if (entry := self._entries.get(uuid)) is not None
+            and entry.state is ReservationState.RESERVING
+        ]
+        try:
+            await _settled_all(
+                self._write(
+                    uuid,
+                    _grant_record(self._holders[uuid], now, created=uuid in nodes_created),
+                    state=ReservationState.RESERVING,
+                )
+                for uuid in intended
+            )
+        except KubeError as e:
+            # Passing trouble of the API server, as in ``reserve``; the service rolls the
+            # attach back (every holder goes, written or not).
+            raise TargetNotReady(
+                f"the grant of {', '.join(intended)} cannot be recorded now: {e}",
+                hint="the API server did not answer; try again shortly",
+            ) from e
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
     ) -> list[Reservation]:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        before = {uuid: entry.state for uuid in uuids if (entry := self._entries.get(uuid))}
+        plan = plan_transition(Transition.MARK_GRANTED, uuids, self._entries.get)
+        now = _timestamp()
+        attached = {
+            uuid for uuid in plan if self._entries[uuid].state is ReservationState.RESERVING
+        }
 
         def annotations(uuid: GpuUuid) -> dict[str, str]:
-            if before.get(uuid) is not ReservationState.RESERVING:
+            holder, created = self._holders[uuid], uuid in nodes_created
+            if uuid not in attached:
                 return {}  # a cancelled release: granted already, as it was
-            created = "true" if uuid in nodes_created else "false"
-            return {ANNOTATION_GRANTED_AT: now, ANNOTATION_NODE_CREATED: created}
+            if holder.state is not ReservationState.GRANTED:
+                # No intent written (an older agent's holder the reconciler finishes).
+                return _grant_record(holder, now, created=created)
+            if holder.node_created is not created:
+                # The grant did not do what ``intend_grant`` recorded (a node appeared or went
+                # between the check and the mknod): the release must know the truth.
+                return {ANNOTATION_NODE_CREATED: _flag(created)}
+            return {}
 
-        granted = await self._set_state(uuids, Transition.MARK_GRANTED, extra=annotations)
+        granted = await _settled_all(
+            self._write(uuid, annotations(uuid), state=ReservationState.GRANTED) for uuid in plan
+        )
         for entry in granted:
-            if before.get(entry.gpu.uuid) is ReservationState.RESERVING:
+            if entry.gpu.uuid in attached:
                 self._event(entry, ATTACHED, "attached")
-        return granted
+        return sorted(granted, key=_order)
 
     def _event(self, entry: Reservation, reason: str, verb: str, *, warning: bool = False) -> None:
         if self._events is not None:
@@ -699,6 +776,39 @@ def _ended(pod: KubeObject) -> str | None:
     if status.get("phase") in ("Failed", "Succeeded"):
         return f"its holder pod ended ({status.get('reason') or status.get('phase')})"
     return None
+
+
+async def _settled_all(calls: Iterable[Awaitable[Reservation]]) -> list[Reservation]:
+    """Run ``calls`` together and wait for every one of them; the first failure is raised
+    only then, so that no write lands (and is remembered) after its caller rolled back."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [result for result in results if not isinstance(result, BaseException)]
+
+
+def _timestamp() -> str:
+    """Now, as a holder's ``granted-at`` records it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _grant_record(holder: Holder, now: str, *, created: bool) -> dict[str, str]:
+    """What a holder records of its grant: its GPU, ``granted`` since ``now``, and whether the
+    agent makes (made) the GPU's device nodes in the container."""
+    assert holder.uuid is not None and holder.index is not None and holder.minor is not None
+    return {
+        **gpu_annotations(
+            uuid=holder.uuid, index=holder.index, minor=holder.minor, name=holder.gpu_name
+        ),
+        ANNOTATION_STATE: str(ReservationState.GRANTED),
+        ANNOTATION_GRANTED_AT: now,
+        ANNOTATION_NODE_CREATED: _flag(created),
+    }
 
 
 def _recorded(holder: Holder, annotations: Mapping[str, str]) -> Holder:

@@ -5,7 +5,8 @@ injected into a running container behind their back would be handed to the next 
 So each hot-attached GPU is *held* by a small pod of its own that requests it; the kubelet's
 device plugin picks the device, and PodResources tells us which (DESIGN §4). The holder pods
 are also the agent's durable state: labels and annotations say whom each one serves and how
-far its attach got, so an agent that restarts rebuilds everything from them.
+far its attach got, so an agent that restarts rebuilds everything from them (which write
+records what, and the crash it is there for: ``allocator.py``).
 
 The spec (``holder_pod``), and why each part is there:
 
@@ -245,6 +246,9 @@ class Holder:
     target_uid: str
     container_id: str
     state: ReservationState
+    """As recorded on the pod: ``granted`` from the grant's intent on, while the agent that
+    wrote it still holds the reservation ``reserving`` until the grant is done (``allocator``,
+    "state changes")."""
     request_id: RequestId | None
     created_at: datetime
     granted_at: datetime | None

@@ -98,8 +98,13 @@ class LedgerAllocator:
         self._put(entries)
         return entries
 
-    async def intend_nodes(self, uuids: Collection[GpuUuid]) -> None:
-        self._put(await self._write(self._ledger.intend_nodes, uuids))
+    async def intend_grant(
+        self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
+    ) -> None:
+        # The ledger's rows stay "reserving" (a restart rolls the attach back); only the nodes'
+        # intent is written, and nothing at all when the grant makes none.
+        if nodes_created:
+            self._put(await self._write(self._ledger.intend_nodes, nodes_created))
 
     async def mark_granted(
         self, uuids: Collection[GpuUuid], *, nodes_created: Collection[GpuUuid] = ()
