@@ -84,8 +84,8 @@ async def _intend_nodes(
     """Record, before the grant, which reservations' nodes it is about to make (all of their
     nodes absent now), so a crash after the ``mknod`` leaves them known as ours."""
     nodes = flat(per_entry)
-    states = await core.workers.host(core.injector.status, container, nodes)
-    absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
+    present = await core.workers.host(core.injector.present, container, nodes)
+    absent = {node.name for node in nodes} - present
     making = [
         entry.gpu.uuid
         for entry, own in zip(entries, per_entry, strict=True)
