@@ -43,8 +43,7 @@ async def grant_reserved(
     nodes = flat(per_entry)
     try:
         await _intend_nodes(core, container, entries, per_entry)
-        created = await core.workers.host(core.injector.grant, container, nodes)
-        await core.workers.host(core.driver_files.provide, container, nodes)
+        created = await core.workers.host(core.grant_usable, container, nodes)
     except InjectorError as e:
         await undo_reservation(core, container, uuids, nodes, clean=_is_clean(e))
         raise attach_error(container, e) from e
