@@ -24,6 +24,7 @@ from ...linux.mig import MigCaps
 from .checkpoints import Checkpoints
 from .devices import GpuNodes
 from .driver_files import DriverFiles, NoDriverFiles
+from .errors import TargetNotReady
 from .hooks import BackendHooks
 from .idle import IdleBook, IdlePolicy
 from .injector import Injector
@@ -119,6 +120,18 @@ class Core:
             driver_files=driver_files or NoDriverFiles(),
             hooks=hooks,
         )
+
+    def unready(self, target: HostContainer) -> TargetNotReady | None:
+        """``DriverFiles.check``'s refusal of ``target``, returned instead of raised: blocking,
+        so an attach reads it in the trip that resolves its target (one trip fewer), and
+        raises it where it decides. The check reads whether the target can load the driver or
+        the node's CDI spec can give it: nothing a concurrent operation on the target takes
+        away (a withdrawal of the files is undone by the grant's ``provide``)."""
+        try:
+            self.driver_files.check(target)
+        except TargetNotReady as e:
+            return e
+        return None
 
     def grant_usable(self, target: HostContainer, nodes: Sequence[DeviceNode]) -> frozenset[str]:
         """The injector's grant of ``nodes`` to ``target``, then the driver's files for them
