@@ -15,6 +15,7 @@ when it is built and never writes to it afterwards.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ from .seams import Allocator, HostContainer, Identity, Resolver, TargetPolicy
 from .workers import Workers
 
 __all__ = ["Core"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,6 +145,33 @@ class Core:
         created = self.injector.grant(target, nodes)
         self.driver_files.provide(target, nodes)
         return created
+
+    def revoke_detached(
+        self,
+        target: HostContainer,
+        nodes: Sequence[DeviceNode],
+        *,
+        force: bool,
+        keep_nodes: Collection[str],
+        withdraw: bool,
+    ) -> None:
+        """The injector's revoke of a detach, then, when it takes the target's last GPUs
+        (``withdraw``), the driver's files (``withdraw_files``): blocking, one trip for both.
+        Raises what the revoke raises, and then nothing is withdrawn. The files go before the
+        ledger's release: a crash between leaves the entries ``releasing``, and recovery only
+        finishes their release."""
+        self.injector.revoke(target, nodes, force=force, keep_nodes=keep_nodes)
+        if withdraw:
+            self.withdraw_files(target)
+
+    def withdraw_files(self, target: HostContainer) -> None:
+        """Its last GPU gone, the target's driver's files go too (blocking); a failure is
+        logged, never the detach's (the GPU is already taken back), and the reconciler's
+        sweep retries."""
+        try:
+            self.driver_files.withdraw(target)
+        except Exception:
+            log.exception("taking the driver's files from %s failed; the sweep retries", target)
 
     async def release(self, uuids: Collection[GpuUuid]) -> None:
         """Return GPUs to the pool — the one release step every user takes (a detach, a
