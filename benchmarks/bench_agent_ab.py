@@ -4,6 +4,12 @@ Run as root on a host with cgroups, from the checkout whose agent is "B":
 
     .venv/bin/python benchmarks/bench_agent_ab.py --a /path/to/other/checkout/.venv/bin/python
 
+or, as a regression check against a commit of this repository (its tree is exported with
+``git archive`` into a temporary directory and put first on ``PYTHONPATH`` of this interpreter,
+so A and B run the same Python and packages):
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_agent_ab.py --a-commit main --runs 300
+
 Why interleaved: on a shared machine the load changes from one second to the next, so two
 benchmark runs one after the other compare the machine as much as the code. Here both agents run
 at once (``--simulate 8``, each with a sandbox of its own) and the client alternates one attach
@@ -14,7 +20,9 @@ moment of load is shared by both sides. Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +33,7 @@ from _agent import Client, RunningAgent, start_agent, summary
 from jupyter_gpu_hotplug.linux.sandbox.runtime import Sandbox, SandboxSpec
 
 PARENT = "gpu-hotplug-sandboxes/bench-agent-ab"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def cycle(client: Client, pid: int) -> tuple[float, float]:
@@ -41,15 +50,38 @@ def cycle(client: Client, pid: int) -> tuple[float, float]:
     return attach, detach
 
 
+def commit_python(commit: str, into: Path) -> str:
+    """An interpreter that runs ``commit``'s agent: the commit's tree, exported from this
+    repository, first on ``PYTHONPATH`` of this very interpreter (a small shell script)."""
+    tree = into / "tree"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    wrapper = into / "python"
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(tree))} exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", required=True, help="the python of the other checkout (A)")
+    other = parser.add_mutually_exclusive_group(required=True)
+    other.add_argument("--a", help="the python of the other checkout (A)")
+    other.add_argument("--a-commit", help="A is this commit of this repository (git archive)")
     parser.add_argument("--b", default=sys.executable, help="the python of B (default: this)")
     parser.add_argument("--runs", type=int, default=300)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-agent-ab-") as tmp:
+        if args.a_commit is not None:
+            (Path(tmp) / "commit").mkdir()
+            args.a = commit_python(args.a_commit, Path(tmp) / "commit")
         agents: dict[str, RunningAgent] = {}
         boxes: dict[str, Sandbox] = {}
+        load_before = Path("/proc/loadavg").read_text().split()[0]
         try:
             for side, python in (("A", args.a), ("B", args.b)):
                 (Path(tmp) / side).mkdir()
@@ -73,8 +105,11 @@ def main() -> int:
             for agent in agents.values():
                 agent.stop()
     load = Path("/proc/loadavg").read_text().split()[0]
-    print(f"one GPU, {args.runs} interleaved cycles per side, simulated GPUs, load {load}")
-    print(f"  A = {args.a}\n  B = {args.b}")
+    print(
+        f"one GPU, {args.runs} interleaved cycles per side, simulated GPUs, "
+        f"load {load_before} before, {load} after"
+    )
+    print(f"  A = {args.a_commit or args.a}\n  B = {args.b}")
     for side in ("A", "B"):
         attaches, detaches = samples[side]
         print(f"  {side} POST /v1/attachments            {summary(attaches)}")

@@ -47,6 +47,12 @@ class CgroupNotFoundError(CgroupError):
     """The process, its cgroup entry, the hierarchy's mount or the directory is missing."""
 
 
+_DIRECTORY_CACHE: Final = 4096
+"""How many accepted cgroup paths ``CgroupMount.directory_of`` remembers (then forgets all:
+containers come and go, and a full cache means most of its entries are gone)."""
+_DIRECTORIES: dict[tuple[Path, PurePosixPath, str], Path] = {}
+
+
 @dataclass(frozen=True)
 class CgroupMount:
     """One mount of a cgroup hierarchy, as ``mountinfo`` describes it."""
@@ -61,7 +67,26 @@ class CgroupMount:
 
         Refuses anything that would resolve outside the mount point: ``..`` or ``.``
         components, a relative path, a path outside the mounted subtree, a symlink.
+
+        Remembered (``_DIRECTORIES``): the engine and the resolver ask for a container's
+        directories several times per attach and detach, and the symlink check (a
+        ``realpath`` walk, ≈ 0.06 ms) was a tenth of an attach's CPU. Only accepted paths are
+        kept, and what the check found cannot change while the hierarchy stays mounted: a
+        cgroup filesystem has no symlinks and refuses ``symlink(2)`` (kernfs), so a path
+        below its mount point that resolved inside once resolves inside for good. Refusals
+        are never remembered: a bad path is checked, and refused, every time.
         """
+        key = (self.mount_point, self.root, cgroup_path)
+        directory = _DIRECTORIES.get(key)
+        if directory is None:
+            directory = self._checked_directory(cgroup_path)
+            if len(_DIRECTORIES) >= _DIRECTORY_CACHE:
+                _DIRECTORIES.clear()
+            _DIRECTORIES[key] = directory
+        return directory
+
+    def _checked_directory(self, cgroup_path: str) -> Path:
+        """``directory_of`` without the memory: every check made."""
         path = PurePosixPath(cgroup_path)
         if not path.is_absolute() or any(part in (".", "..") for part in cgroup_path.split("/")):
             raise CgroupPathError(

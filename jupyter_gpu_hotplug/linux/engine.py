@@ -386,6 +386,28 @@ class HotplugEngine:
             for node in nodes
         ]
 
+    def nodes_present(
+        self, pid: int, start_time: int, devices: Iterable[DeviceNode]
+    ) -> frozenset[str]:
+        """The names of ``devices`` whose node (that name, that number) is in the ``/dev`` of
+        process ``pid`` — the very process that started at ``start_time``, checked before
+        and after the listing, so a newcomer with a dead target's pid is never read.
+
+        Why not :meth:`status`: an attach asks this once before its grant (which nodes will it
+        make?), and only the nodes matter; :meth:`inspect` and the cgroup reads of
+        :meth:`status` (the v1 list, every device program read back and run) were half of
+        what the agent added to an attach.
+        """
+        self._check_same(pid, start_time)
+        try:
+            with _reading(f"the devices of process {pid}"):
+                listed = devnodes.list_nodes(pid, proc=self.host_proc)
+        except devnodes.ContainerGoneError as e:
+            raise TargetGoneError(str(e)) from e
+        self._check_same(pid, start_time)
+        present = {node.name: node.device for node in listed}
+        return frozenset(node.name for node in devices if present.get(node.name) == node.device)
+
     def holders_by_device(
         self, container: Container, devices: Iterable[CharDevice]
     ) -> dict[CharDevice, list[busy.Holder]]:
@@ -601,12 +623,18 @@ class HotplugEngine:
         return self.inspect(target)
 
     def _alive(self, container: Container) -> bool:
-        who = procfs.identity(container.pid, proc=self.host_proc)
-        return who is not None and who.start_time == container.start_time
+        return self._same(container.pid, container.start_time)
+
+    def _same(self, pid: int, start_time: int) -> bool:
+        who = procfs.identity(pid, proc=self.host_proc)
+        return who is not None and who.start_time == start_time
 
     def _check_alive(self, container: Container) -> None:
-        if not self._alive(container):
-            raise TargetGoneError(f"process {container.pid} has exited")
+        self._check_same(container.pid, container.start_time)
+
+    def _check_same(self, pid: int, start_time: int) -> None:
+        if not self._same(pid, start_time):
+            raise TargetGoneError(f"process {pid} has exited")
 
     def _create(self, container: Container, node: DeviceNode) -> bool:
         return devnodes.ensure_node(

@@ -331,6 +331,10 @@ class FakeInjector:
             for node in devices
         ]
 
+    def present(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
+        have = self.usable(target)
+        return frozenset(node.name for node in devices if node.device in have)
+
     def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         where = self._container(target)
         found = {

@@ -18,7 +18,8 @@ from jupyter_gpu_hotplug.agent.core.driver_files import (
     DriverFilesFailed,
     DriverFilesMode,
 )
-from jupyter_gpu_hotplug.agent.core.errors import TargetNotReady
+from jupyter_gpu_hotplug.agent.core.errors import Busy, TargetNotReady
+from jupyter_gpu_hotplug.agent.core.injector import DeviceInUse, HolderInfo
 from jupyter_gpu_hotplug.agent.core.seams import (
     AttachRequest,
     ContainerCgroups,
@@ -106,6 +107,22 @@ async def test_the_files_go_with_the_last_gpu_only(
     await harness.service.detach(ADMIN, first, force=False)
     assert ("withdraw", 100) not in files.calls
     await harness.service.detach(ADMIN, second, force=False)
+    assert files.calls[-1] == ("withdraw", 100)
+
+
+async def test_a_refused_detach_of_the_last_gpu_keeps_the_files(
+    harness: Harness, files: RecordingDriverFiles
+) -> None:
+    # The files go in the revoke's trip, after it: a revoke refused (in use) takes nothing.
+    harness.host.spawn(100, "kernel-a")
+    attached = await harness.service.attach(ADMIN, request())
+    (uuid,) = (a["uuid"] for a in attached["attachments"])
+    harness.injector.revoke_error = lambda: DeviceInUse([HolderInfo(100, "python")])
+    with pytest.raises(Busy):
+        await harness.service.detach(ADMIN, uuid, force=False)
+    assert ("withdraw", 100) not in files.calls
+    harness.injector.revoke_error = None
+    await harness.service.detach(ADMIN, uuid, force=False)
     assert files.calls[-1] == ("withdraw", 100)
 
 

@@ -98,6 +98,12 @@ def test_a_read_of_the_real_engine_goes_through(injector: EngineInjector) -> Non
 def test_a_reused_pid_is_a_gone_target(injector: EngineInjector) -> None:
     with pytest.raises(TargetGone, match="another process"):
         injector.status(this_process(start_time=1), [GPU])
+    with pytest.raises(TargetGone, match="has exited"):
+        injector.present(this_process(start_time=1), [GPU])
+
+
+def test_present_reads_the_nodes_of_the_real_engine(injector: EngineInjector) -> None:
+    assert injector.present(this_process(), [GPU]) == frozenset()  # no GPU node here
 
 
 def test_a_failing_read_is_a_clean_failure_with_the_cause_chained(

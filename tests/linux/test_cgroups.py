@@ -166,6 +166,22 @@ class TestDirectoryOf:
         with pytest.raises(CgroupPathError, match="outside"):
             mount.directory_of("/pod/evil/x")
 
+    def test_a_refusal_is_never_remembered(self, tmp_path: Path) -> None:
+        """Accepted paths are remembered (``directory_of``'s docstring says why that is safe on
+        a cgroup filesystem); a refused one is checked again at every call."""
+        mount_point = tmp_path / "devices"
+        (mount_point / "pod").mkdir(parents=True)
+        (tmp_path / "outside").mkdir()
+        evil = mount_point / "pod" / "evil"
+        evil.symlink_to(tmp_path / "outside")
+        mount = CgroupMount(mount_point, PurePosixPath("/"))
+        for _ in range(2):
+            with pytest.raises(CgroupPathError, match="outside"):
+                mount.directory_of("/pod/evil/x")
+        evil.unlink()
+        evil.mkdir()
+        assert mount.directory_of("/pod/evil/x") == evil / "x"
+
 
 class TestProcessCgroups:
     @pytest.fixture

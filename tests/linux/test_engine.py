@@ -108,6 +108,21 @@ def test_other_gpus_stay_denied(engine: HotplugEngine, box: SandboxProbe) -> Non
     assert box.open("/dev/nvidia1") == "ENXIO"
 
 
+def test_nodes_present_names_the_nodes_of_that_number_in_that_process(
+    engine: HotplugEngine, box: SandboxProbe
+) -> None:
+    container = engine.inspect(box.pid)
+    asked = [gpu(3), gpu(4)]
+    assert engine.nodes_present(box.pid, container.start_time, asked) == frozenset()
+
+    engine.grant(container, [gpu(3)])
+    assert box.mknod("/dev/nvidia4", NVIDIA_MAJOR, 5) == "OK"  # its name, another number
+
+    assert engine.nodes_present(box.pid, container.start_time, asked) == {"nvidia3"}
+    with pytest.raises(TargetGoneError):  # a newcomer with the target's pid is never read
+        engine.nodes_present(box.pid, container.start_time + 1, asked)
+
+
 @pytest.mark.parametrize(
     ("grant_order", "revoke_order"),
     [

@@ -44,8 +44,7 @@ async def grant_reserved(
     try:
         await _intend_grant(core, container, entries, per_entry)
         await core.checkpoints.reach("after_intent")
-        created = await core.workers.host(core.injector.grant, container, nodes)
-        await core.workers.host(core.driver_files.provide, container, nodes)
+        created = await core.workers.host(core.grant_usable, container, nodes)
     except InjectorError as e:
         await undo_reservation(core, container, uuids, nodes, clean=_is_clean(e))
         raise attach_error(container, e) from e
@@ -86,8 +85,8 @@ async def _intend_grant(
     makes (all of their nodes absent now), so a crash after the ``mknod`` leaves them known as
     ours (``Allocator.intend_grant``)."""
     nodes = flat(per_entry)
-    states = await core.workers.host(core.injector.status, container, nodes)
-    absent = {node.name for node, state in zip(nodes, states, strict=True) if not state.node}
+    present = await core.workers.host(core.injector.present, container, nodes)
+    absent = {node.name for node in nodes} - present
     making = [
         entry.gpu.uuid
         for entry, own in zip(entries, per_entry, strict=True)

@@ -180,6 +180,10 @@ class Injector(Protocol):
     def status(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[DeviceState]:
         """The state of each of ``devices`` in ``target``, in the order given."""
 
+    def present(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
+        """The names of ``devices`` whose node is in ``target``'s ``/dev`` now (``status``'s
+        ``node``, without reading the cgroups: what an attach asks before its grant)."""
+
     def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
 
@@ -223,6 +227,10 @@ class EngineInjector:
             )
             for s in states
         ]
+
+    def present(self, target: HostContainer, devices: Sequence[DeviceNode]) -> frozenset[str]:
+        with _translated(target):
+            return self._engine.nodes_present(target.pid, target.start_time, devices)
 
     def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
         with _translated(target):

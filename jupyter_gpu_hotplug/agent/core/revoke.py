@@ -91,13 +91,17 @@ class Revoker:
             raise Busy.operation_in_progress(str(container.target))
         per_entry = self._detach_nodes(container, entries)
         uuids = [entry.gpu.uuid for entry in entries]
+        held = self._core.allocator.attachments_of(container.target)
+        last = {entry.gpu.uuid for entry in held} <= set(uuids)
         await self._core.allocator.begin_release(uuids)
         await self._core.checkpoints.reach("after_begin_release")
-        await self._revoke_detached(container, entries, per_entry, force=force)
+        withdrawn = await self._revoke_detached(
+            container, entries, per_entry, force=force, last=last
+        )
         await self._core.checkpoints.reach("after_revoke")
         await self._core.release(uuids)
-        if not self._core.allocator.attachments_of(container.target):
-            await self._withdraw_driver_files(container)
+        if not withdrawn and not self._core.allocator.attachments_of(container.target):
+            await self._core.workers.host(self._core.withdraw_files, container)
         log.info(
             "detached %s from %s%s%s",
             ", ".join(uuids),
@@ -130,14 +134,6 @@ class Revoker:
             await self._core.release([entry.gpu.uuid for entry in entries])
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
-    async def _withdraw_driver_files(self, container: HostContainer) -> None:
-        """Its last GPU gone, the driver's files go too; a failure is logged, never the
-        detach's (the GPU is already taken back), and the reconciler's sweep retries."""
-        try:
-            await self._core.workers.host(self._core.driver_files.withdraw, container)
-        except Exception:
-            log.exception("taking the driver's files from %s failed; the sweep retries", container)
-
     def _detach_nodes(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
@@ -158,18 +154,27 @@ class Revoker:
         per_entry: Sequence[Sequence[DeviceNode]],
         *,
         force: bool,
-    ) -> None:
-        """Revoke the ``releasing`` entries' nodes. Refused with the host unchanged (in use,
-        a scan past its deadline, a clean failure): the release is cancelled, the GPUs stay
-        attached and the refusal is raised. Failed half-way: the entries stay ``releasing``
-        for the reconciler. The container gone: nothing left to revoke."""
+        last: bool,
+    ) -> bool:
+        """Revoke the ``releasing`` entries' nodes, and with the ``last`` GPUs of the container
+        its driver's files in the same trip (``Core.revoke_detached``); whether they were
+        withdrawn. Refused with the host unchanged (in use, a scan past its deadline, a clean
+        failure): the release is cancelled, the GPUs stay attached and the refusal is raised.
+        Failed half-way: the entries stay ``releasing`` for the reconciler. The container
+        gone: nothing left to revoke."""
         uuids = [entry.gpu.uuid for entry in entries]
         try:
-            await self.revoke(
-                container, flat(per_entry), force=force, keep=_not_created(entries, per_entry)
+            await self._core.workers.host(
+                self._core.revoke_detached,
+                container,
+                flat(per_entry),
+                force=force,
+                keep_nodes=_not_created(entries, per_entry),
+                withdraw=last,
             )
         except TargetGone:
             log.info("%s exited during the detach; releasing its record", container)
+            return False
         except DeviceInUse as e:
             await self._core.allocator.cancel_release(uuids)
             raise Busy.gpus_in_use(uuids, _processes(e.holders)) from e
@@ -194,6 +199,7 @@ class Revoker:
                 hint="the agent finishes the release by itself; see its log",
                 retryable=True,
             ) from e
+        return last
 
     # --- without a user's consent (lost.py decides when) --------------------------------------
 

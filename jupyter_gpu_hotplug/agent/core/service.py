@@ -83,6 +83,7 @@ from .errors import (
     Busy,
     InsufficientGpus,
     NotFound,
+    TargetNotReady,
 )
 from .grant import attach_error, grant_reserved
 from .injector import (
@@ -206,7 +207,7 @@ class AgentService:
             check_selectable(request, selectable=self.core.allocator.selectable)
             request = with_profile(request, self._config.mig_profile)
             deadline = time.monotonic() + request.wait_seconds
-            container, snapshot = await self.core.workers.host(
+            container, snapshot, unready = await self.core.workers.host(
                 self._attach_inputs, caller, request.target
             )
             await self.core.identity.authorize(caller, "create", container)
@@ -219,7 +220,7 @@ class AgentService:
                         container.target,
                     )
                     return AttachmentList(attachments=[views.attachment_of(e) for e in earlier])
-                decision = await self._decide(caller, container, request, snapshot)
+                decision = await self._decide(caller, container, request, snapshot, unready)
                 if isinstance(decision, Serve):
                     return await self._attach_locked(container, request, snapshot, deadline)
                 waiter = self.core.queue.join(
@@ -237,6 +238,7 @@ class AgentService:
         container: HostContainer,
         request: AttachRequest,
         snapshot: InventorySnapshot,
+        unready: TargetNotReady | None,
     ) -> Serve | Queue:
         """The decision on a new request, under its target's lock: the backend's policy says
         whether the target may have GPUs and how many its group may hold, the request's shape
@@ -245,10 +247,8 @@ class AgentService:
         policy = self.core.policy
         group = None if policy is None else await policy.gpu_limit(container)
         total = check_shape(request, snapshot)
-        # Before anything is reserved or queued: a GPU it could not use is refused.
-        # (Before the availability is read: nothing awaited comes between that read
-        # and the reservation, so what the queue's head holds is what it holds then.)
-        await self.core.workers.host(self.core.driver_files.check, container)
+        if unready is not None:  # read in the first trip; refused before anything is reserved
+            raise unready
         own = limits_of(
             container.key,
             per_container=self._config.max_gpus_per_target,
@@ -339,13 +339,15 @@ class AgentService:
 
     def _attach_inputs(
         self, caller: Caller, ref: TargetRef | None
-    ) -> tuple[HostContainer, InventorySnapshot]:
-        """The target's container and the node's GPUs, in one trip to the pool.
+    ) -> tuple[HostContainer, InventorySnapshot, TargetNotReady | None]:
+        """The target's container, the node's GPUs and ``Core.unready``, in one trip.
 
-        The inventory is read before the target's lock is taken: it lists the node's GPUs,
-        not who owns them (the allocator says that, under the lock, and decides).
+        Both reads are made before the target's lock is taken: the inventory lists the node's
+        GPUs, not who owns them (the allocator says that, under the lock, and decides); the
+        driver check's refusal is raised only where the attach decides (``_decide``).
         """
-        return self._resolve(caller, ref), self.core.inventory.snapshot()
+        container = self._resolve(caller, ref)
+        return container, self.core.inventory.snapshot(), self.core.unready(container)
 
     async def _attach_locked(
         self,

@@ -45,7 +45,6 @@ _NOT_A_CONTAINER_HINT = (
 )
 LOCAL_TARGET_HINT = 'in local mode a target is a process: {"pid": N}'
 _KEY_PREFIX = "local:"
-_DIRECTORY_CACHE = 4096
 
 
 def _fold_inner(path: str | None) -> str | None:
@@ -102,7 +101,6 @@ class ProcResolver:
         self._proc = host_proc
         self._check_dev = check_dev or functools.partial(devnodes.check_private_dev, proc=host_proc)
         self._hierarchies = hierarchies
-        self._directories: dict[tuple[Path, str], Path] = {}
         self._agent_pid = os.getpid() if agent_pid is None else agent_pid
         agent_container = self.container_of(self._agent_pid)
         if agent_container is None:
@@ -158,21 +156,9 @@ class ProcResolver:
         if mount is None or path is None:
             return 0
         try:
-            return os.stat(self._directory(mount, path)).st_ino
+            return os.stat(mount.directory_of(path)).st_ino
         except (OSError, cgroups.CgroupError):
             return 0
-
-    def _directory(self, mount: cgroups.CgroupMount, path: str) -> Path:
-        """``mount.directory_of(path)``, remembered: the checks it makes (a plain path that
-        stays below the mount) depend on the path alone, and every attach and detach needs
-        the directories of its container (a hot path: ≈ 0.1 ms each)."""
-        key = (mount.mount_point, path)
-        directory = self._directories.get(key)
-        if directory is None:
-            if len(self._directories) >= _DIRECTORY_CACHE:
-                self._directories.clear()
-            directory = self._directories[key] = mount.directory_of(path)
-        return directory
 
     def members(self, container: ContainerCgroups) -> list[int]:
         """Every process in the container's cgroups and below (from whichever hierarchy)."""

@@ -31,6 +31,7 @@ little-endian).
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -151,7 +152,13 @@ def encode_program(insns: Iterable[Insn]) -> bytes:
     return b"".join(insn.encode() for insn in insns)
 
 
+@functools.lru_cache(maxsize=256)
 def decode_program(code: bytes) -> tuple[Insn, ...]:
+    """The instructions of ``code``, remembered by its bytes: a grant or a revoke reads the
+    container's device program back several times and decodes it at each (to check it is one
+    it can read, to split our prefix off, to verify the program it loaded), which was a fifth
+    of the engine's CPU. The result is immutable (a tuple of frozen ``Insn``) and a function of
+    the bytes alone; a refusal (``ValueError``) is never remembered."""
     if len(code) % INSN_SIZE:
         raise ValueError(f"program length {len(code)} is not a multiple of {INSN_SIZE}")
     return tuple(Insn.decode(code[i : i + INSN_SIZE]) for i in range(0, len(code), INSN_SIZE))
@@ -363,8 +370,13 @@ def _decode_block_rules(insns: Sequence[Insn]) -> list[DeviceRule] | None:
     return rules
 
 
+@functools.lru_cache(maxsize=256)
 def _split(code: bytes) -> tuple[frozenset[DeviceRule], bytes]:
-    """(devices our prefix grants, the program without it); unmarked → (empty, code)."""
+    """(devices our prefix grants, the program without it); unmarked → (empty, code).
+
+    Remembered by the bytes, as :func:`decode_program` is (and for its reason: a grant or a
+    revoke splits the same program several times, and the re-rendering that proves the
+    prefix ours costs more than the decoding); the result is immutable."""
     if len(code) < INSN_SIZE or len(code) % INSN_SIZE:
         return frozenset(), code
     length = _marker_length(Insn.decode(code[:INSN_SIZE]))
