@@ -40,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Awaitable, Callable
 
-from ..._structs import Target
+from ..._structs import GpuUuid, Target
 from ...linux.devnodes import DeviceNode
 from .bundle import Core
 from .devices import flat
@@ -221,42 +222,57 @@ class Reconciler:
     async def _reserving(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
-        try:
-            await self._take_back(container, row)
-        except DeviceInUse as e:
-            await self._core.allocator.mark_granted([row.gpu.uuid])
-            report.add("finished_attach", row.gpu.uuid)
-            log.warning(
-                "finished the interrupted attach of %s to %s: %s already use it",
-                row.gpu.uuid,
-                container,
-                ", ".join(f"{h.command}[{h.pid}]" for h in e.holders),
-            )
-            return
-        await self._core.release([row.gpu.uuid])
-        report.add("rolled_back_attach", row.gpu.uuid)
-        log.warning("rolled back the interrupted attach of %s to %s", row.gpu.uuid, container)
+        """An attach cut short: rolled back, unless the container already uses the GPU (then
+        it is finished: taking it away would break a running program)."""
+        await self._settle(
+            container,
+            row,
+            report,
+            refused=(DeviceInUse,),
+            keep=self._core.allocator.mark_granted,
+            kept="finished_attach",
+            ended="rolled_back_attach",
+        )
 
     async def _releasing(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
     ) -> None:
+        """A detach cut short: finished, unless the revoke is refused with the host unchanged
+        (in use, a clean failure: then the GPU stays attached)."""
+        await self._settle(
+            container,
+            row,
+            report,
+            refused=(DeviceInUse, InjectionFailed),
+            keep=self._core.allocator.cancel_release,
+            kept="cancelled_release",
+            ended="finished_detach",
+        )
+
+    async def _settle(
+        self,
+        container: HostContainer,
+        row: Reservation,
+        report: ReconcileReport,
+        *,
+        refused: tuple[type[InjectorError], ...],
+        keep: Callable[[list[GpuUuid]], Awaitable[object]],
+        kept: str,
+        ended: str,
+    ) -> None:
+        """The one way an interrupted operation ends: take ``row``'s GPU back and release it
+        (``ended``), or — the take-back refused with the host unchanged — ``keep`` it attached
+        (``kept``). A failure that changed the host half-way is raised for the next pass."""
         try:
             await self._take_back(container, row)
-        except (DeviceInUse, InjectionFailed) as e:
+        except refused as e:
             if isinstance(e, InjectionFailed) and not e.clean:
                 raise
-            await self._core.allocator.cancel_release([row.gpu.uuid])
-            report.add("cancelled_release", row.gpu.uuid)
-            log.warning(
-                "could not finish the interrupted detach of %s from %s (%s); it stays attached",
-                row.gpu.uuid,
-                container,
-                e,
-            )
+            await keep([row.gpu.uuid])
+            _settled(report, kept, row, container, _why(e))
             return
         await self._core.release([row.gpu.uuid])
-        report.add("finished_detach", row.gpu.uuid)
-        log.warning("finished the interrupted detach of %s from %s", row.gpu.uuid, container)
+        _settled(report, ended, row, container)
 
     async def _granted(
         self, container: HostContainer, row: Reservation, report: ReconcileReport
@@ -343,3 +359,30 @@ class Reconciler:
                 continue
             if report.changed:
                 log.info("reconciliation: %s", dict(report.actions))
+
+
+_SETTLED = {
+    "finished_attach": "finished the interrupted attach of %s to %s: %s",
+    "rolled_back_attach": "rolled back the interrupted attach of %s to %s",
+    "cancelled_release": "could not finish the interrupted detach of %s from %s (%s); it "
+    "stays attached",
+    "finished_detach": "finished the interrupted detach of %s from %s",
+}
+"""How each end of an interrupted attach or detach is told in the log (its report key)."""
+
+
+def _settled(
+    report: ReconcileReport, outcome: str, row: Reservation, container: HostContainer, *why: object
+) -> None:
+    """Report and log how an interrupted operation on ``row`` ended: every such end is both
+    a count in the pass's report and a warning naming the GPU and the container."""
+    report.add(outcome, row.gpu.uuid)
+    log.warning(_SETTLED[outcome], row.gpu.uuid, container, *why)
+
+
+def _why(error: InjectorError) -> str:
+    """Why a take-back was refused, for the log: who uses the GPU, or the failure."""
+    if isinstance(error, DeviceInUse):
+        users = ", ".join(f"{h.command}[{h.pid}]" for h in error.holders)
+        return f"{users} already use it"
+    return str(error)
