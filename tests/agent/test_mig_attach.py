@@ -5,7 +5,8 @@ are test files (the simulator's ``mig-minors``, an ``nvidia-caps`` major of 241)
 hold: a slice's attach grants its GPU's node and its two capability nodes, nothing of the other
 slice; a GPU in MIG mode is never handed out whole; detaching a slice takes back exactly its
 capabilities (and its GPU's node only when no other slice of that GPU stays with the
-container); the reconciler leaves the shared GPU node alone.
+container, reserved or assigned by a device plugin); the reconciler leaves the shared GPU node
+alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
 from jupyter_gpu_hotplug.agent.core.devices import GpuNodes
 from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus, InvalidRequest
 from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice
-from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, HostContainer
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from jupyter_gpu_hotplug.linux.mig import MigCaps
 from jupyter_gpu_hotplug.nvml.sim import (
@@ -284,3 +285,37 @@ async def test_a_gpu_in_mig_mode_cannot_be_named_whole(
     assert not listed[parent.uuid] and listed[whole.uuid]
     assert all(listed[device.uuid] for device in node.gpus[0].mig_devices)
     assert harness.ledger.attachments() == []
+
+
+async def test_detaching_a_slice_keeps_the_gpu_node_of_the_plugins_slice(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    """The device plugin gave the container slice 0 at its start (``BackendHooks.assigned``,
+    its rules the runtime's); the agent attaches slice 1 and detaches it: slice 1's caps go,
+    ``/dev/nvidia0`` stays, which the plugin's slice needs too. A whole GPU's detach never
+    asks what was assigned (no other GPU needs its node)."""
+    planned, attached = (device.uuid for device in node.gpus[0].mig_devices)
+    asked: list[HostContainer] = []
+
+    def assigned(container: HostContainer) -> set[GpuUuid]:
+        asked.append(container)
+        return {planned}
+
+    harness.core.hooks = dataclasses.replace(harness.core.hooks, assigned=assigned)
+    kernel = harness.host.spawn(100, "kernel-100")
+    harness.injector.granted[kernel.container] = {GPU0} | caps(node, 0)
+    named = AttachRequest(
+        count=1, target=PidRef(100), wait_seconds=60, request_id=None, gpus=(attached,)
+    )
+    await harness.service.attach(ADMIN, named)
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 0) | caps(node, 1)
+
+    await harness.service.detach(ADMIN, GpuUuid(attached), force=False)
+
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 0)
+    assert len(asked) == 1
+    whole = harness.inventory.gpus[-1]
+    await harness.service.attach(ADMIN, dataclasses.replace(named, gpus=(whole.uuid,)))
+    await harness.service.detach(ADMIN, whole.uuid, force=False)
+    assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 0)
+    assert len(asked) == 1, "a whole GPU's detach asks nothing of the backend"

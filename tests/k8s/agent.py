@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_gpu_hotplug.linux import cgroups
+
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
 from ..fixtures.agent import kubernetes_agent_argv
@@ -173,3 +175,14 @@ def devices_of(kubelet: KubeletSimulator, namespace: str) -> set[str]:
         for devices in containers.values()
         for device in devices
     }
+
+
+def allow_in_cgroup(kubelet: KubeletSimulator, namespace: str, pod: str, rule: str) -> None:
+    """Add ``rule`` to the notebook container's v1 device cgroup, as a runtime would at
+    creation (the NVIDIA runtime, for what the device plugin assigned)."""
+    pid = kubelet.container_info(namespace, pod, "notebook").pid
+    paths = cgroups.parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    assert paths.devices_v1 is not None, "the tier's host has the v1 devices controller"
+    (Path("/sys/fs/cgroup/devices") / paths.devices_v1.lstrip("/") / "devices.allow").write_text(
+        rule
+    )

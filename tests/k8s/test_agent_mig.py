@@ -5,7 +5,9 @@ is in MIG mode (``--simulate-mig``), the kubelet simulator advertises the same t
 a notebook pod (a real containerd container) holds both. Attaching slices through NVIDIA's
 own plugin and the real kubelet is proven on the real node (``tests/realnode/test_mig.py``);
 this file keeps the one scenario that needs an evicted holder whose Failed object stays, which
-the real kubelet does not produce on demand.
+the real kubelet does not produce on demand, and a pod whose plugin slice shares its GPU with a
+hot-attached one (the tier's host has cgroup v1, where a deny removes an entry whoever added
+it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tests.fixtures.requirements import needs_root
 
 from ..agent.agent_process import AgentProcess
 from ..fixtures.device_messages import ENXIO, EPERM
-from .agent import as_pod, eventually, running_k8s_agent
+from .agent import allow_in_cgroup, as_pod, eventually, running_k8s_agent
 from .containerd import Containerd
 from .fixtures import KubeletFactory
 from .inventory import simulated_slices
@@ -103,3 +105,34 @@ def test_an_evicted_slice_holder_takes_only_that_slice_from_a_pod_holding_both(
     assert "unlink c 195:0" not in mig_agent.log(), "the shared GPU node was never taken"
     for node in kept_caps:
         assert ENXIO in opens(mig_kubelet, "nb", node), node
+
+
+def test_detaching_a_slice_keeps_the_gpu_node_of_the_plugin_slice_beside_it(
+    kube: FakeKube, mig_kubelet: KubeletSimulator, mig_agent: AgentProcess
+) -> None:
+    """The device plugin gave the pod one slice of GPU 0 at its start; the agent hot-attaches
+    the other. Detaching it revokes its caps nodes and never ``/dev/nvidia0``, which the
+    plugin's slice needs too (``Revoker.revocable`` keeps what the container was assigned)."""
+    mig_kubelet.run_notebook_pod(NS, "nb", resources={"limits": {RESOURCE: "1"}})
+    ((planned,),) = mig_kubelet.assignments()[(NS, "nb")].values()
+    simulation = mig_agent.state_dir / "simulation"
+    planned_caps = caps_nodes(simulation, planned)
+    gpu: Node = ("/dev/nvidia0", 195, 0)
+    for _, major, minor in (gpu, *planned_caps):  # as the NVIDIA runtime does at creation
+        allow_in_cgroup(mig_kubelet, NS, "nb", f"c {major}:{minor} rwm")
+    api = as_pod(mig_agent, kube, NS, "nb")
+    answer = api.post("/v1/attachments", {"count": 1})
+    assert answer.status == 201, answer.body
+    (attached,) = answer.json()["attachments"]
+    assert attached["uuid"] != planned, "the holder gets the slice the plugin did not give"
+    attached_caps = caps_nodes(simulation, attached["uuid"])
+    for node in (gpu, *planned_caps, *attached_caps):
+        assert ENXIO in opens(mig_kubelet, "nb", node), node
+
+    assert api.delete(f"/v1/attachments/{attached['uuid']}").status == 204
+
+    for node in attached_caps:
+        assert EPERM in opens(mig_kubelet, "nb", node), node
+    for node in (gpu, *planned_caps):
+        assert ENXIO in opens(mig_kubelet, "nb", node), f"the plugin's slice keeps {node}"
+    assert "unlink c 195:0" not in mig_agent.log(), "the shared GPU node was never taken"

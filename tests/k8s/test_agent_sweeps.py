@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug.linux import cgroups
 from jupyter_gpu_hotplug.nvml.sim.config import SimulatedProcess
 from tests.fixtures.requirements import needs_root
 
@@ -35,6 +34,7 @@ from ..agent.agent_process import AgentProcess
 from ..fixtures.device_messages import ENXIO, EPERM
 from ..fixtures.nvml import FakeNvmlNode
 from .agent import (
+    allow_in_cgroup,
     as_pod,
     event_reasons,
     eventually,
@@ -57,16 +57,6 @@ def open_fresh_node(kubelet: KubeletSimulator, pod: str, minor: int) -> str:
     script = f"mknod /tmp/p{minor} c 195 {minor} 2>&1; cat /tmp/p{minor}; rm -f /tmp/p{minor}"
     result = kubelet.exec(NS, pod, "notebook", ["sh", "-c", script])
     return result.stdout + result.stderr
-
-
-def allow_in_cgroup(kubelet: KubeletSimulator, pod: str, rule: str) -> None:
-    """Add ``rule`` to the container's v1 device cgroup, as a runtime would at creation."""
-    pid = kubelet.container_info(NS, pod, "notebook").pid
-    paths = cgroups.parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
-    assert paths.devices_v1 is not None, "the tier's host has the v1 devices controller"
-    (Path("/sys/fs/cgroup/devices") / paths.devices_v1.lstrip("/") / "devices.allow").write_text(
-        rule
-    )
 
 
 Metric = Callable[[str], float | None]
@@ -223,8 +213,8 @@ def test_a_notebook_allowed_every_gpu_is_reported_and_a_plugin_gpu_is_not(
     kubelet.run_notebook_pod(NS, "planned", resources={"limits": {"nvidia.com/gpu": "1"}})
     ((planned,),) = kubelet.assignments()[(NS, "planned")].values()
     minor = next(gpu.minor for gpu in kubelet.gpus if gpu.id == planned)
-    allow_in_cgroup(kubelet, "wide-open", "c 195:* rwm")
-    allow_in_cgroup(kubelet, "planned", f"c 195:{minor} rwm")  # as the NVIDIA runtime does
+    allow_in_cgroup(kubelet, NS, "wide-open", "c 195:* rwm")
+    allow_in_cgroup(kubelet, NS, "planned", f"c 195:{minor} rwm")  # as the NVIDIA runtime does
     assert ENXIO in open_fresh_node(kubelet, "wide-open", 0)
 
     eventually(
@@ -242,7 +232,7 @@ def test_with_the_revoke_policy_a_stray_device_rule_is_taken_away(
     kube: FakeKube, kubelet: KubeletSimulator, kubelet_nvml: FakeNvmlNode, containerd: Containerd
 ) -> None:
     kubelet.run_notebook_pod(NS, "nb")
-    allow_in_cgroup(kubelet, "nb", "c 195:2 rwm")
+    allow_in_cgroup(kubelet, NS, "nb", "c 195:2 rwm")
     assert ENXIO in open_fresh_node(kubelet, "nb", 2)
 
     with running_k8s_agent(

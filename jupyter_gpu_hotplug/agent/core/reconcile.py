@@ -215,7 +215,7 @@ class Reconciler:
         """Revoke ``row``'s GPU from ``container`` without force. Device nodes are removed
         only when the agent created them (for an attach cut short: when it recorded, before
         the ``mknod``, that it was about to)."""
-        (nodes,) = self._revoker.revocable(container, [row.gpu])
+        (nodes,) = await self._revoker.revocable(container, [row.gpu])
         keep = [] if row.node_created else [node.name for node in nodes]
         await self._revoker.revoke(container, nodes, force=False, keep=keep)
 

@@ -3,7 +3,9 @@ reservation, an orphaned or stray grant.
 
 Why it exists: every way a GPU leaves a container must follow the same rules — the nodes
 revoked are those the container's entitlement no longer needs (``entitlement.py``, through
-``GpuNodes.revocable``: never the GPU node a slice it keeps shares), a node is removed only
+``GpuNodes.revocable``: never the GPU node a slice it keeps shares, whether the slice is
+reserved or the device plugin assigned it — on cgroup v1 a deny removes the entry whoever
+added it, so revoking that node would take the plugin's slice too), a node is removed only
 where the agent recorded that it made it (``Reservation.node_created``), each durable write
 comes before the host change it announces, and a refused revoke leaves the reservation as it
 was. The service (a user's detach), the idle releaser, the loss sequence (``lost.py``) and the
@@ -25,8 +27,9 @@ from collections.abc import Collection, Sequence
 
 from ..._structs import GpuUuid, ProcessInfo, Target
 from ...linux.devnodes import DeviceNode
+from .attach_checks import as_record
 from .bundle import Core
-from .devices import flat
+from .devices import flat, is_mig
 from .entitlement import Entitlement
 from .errors import Busy, Forbidden, TargetNotReady, Unavailable
 from .injector import (
@@ -53,15 +56,41 @@ class Revoker:
         self._label = label
         """Appended to each log line of a change (`` (SIMULATED)`` when the GPUs are)."""
 
-    def revocable(
+    async def revocable(
         self, container: HostContainer, leaving: Sequence[GpuRecord]
     ) -> list[list[DeviceNode]]:
         """The nodes taking each of ``leaving`` back from ``container`` revokes: never one
-        that its other reservations need (``Entitlement.keeping``). ``InjectionFailed``
-        (clean) when a slice's nodes cannot be told."""
-        entitlement = Entitlement.of(container, self._core.allocator.all_attachments())
-        kept = entitlement.keeping({gpu.uuid for gpu in leaving})
+        that its other reservations or what it was assigned need (``_revoked_nodes``).
+        ``InjectionFailed`` (clean) when a slice's nodes, or what the container was
+        assigned, cannot be told."""
+        assigned, known = await self._assigned(container, leaving)
+        entitlement = Entitlement.of(container, self._core.allocator.all_attachments(), assigned)
+        return self._revoked_nodes(entitlement, leaving, known)
+
+    def _revoked_nodes(
+        self, entitlement: Entitlement, leaving: Sequence[GpuRecord], known: Sequence[GpuRecord]
+    ) -> list[list[DeviceNode]]:
+        """The one rule of every take-back: the nodes of each of ``leaving`` that nothing
+        ``entitlement`` keeps needs (its other reservations; its assigned GPUs among
+        ``known``)."""
+        kept = entitlement.keeping({gpu.uuid for gpu in leaving}, known)
         return self._core.nodes.revocable(leaving, keeping=kept)
+
+    async def _assigned(
+        self, container: HostContainer, leaving: Sequence[GpuRecord]
+    ) -> tuple[Collection[GpuUuid], list[GpuRecord]]:
+        """What the runtime or device plugin assigned ``container`` (``BackendHooks``), with
+        the records of those NVML lists now. Asked only when a slice leaves: a whole GPU's
+        one node is needed by no other GPU (a GPU in MIG mode is never handed out whole),
+        so only a slice can share a node with what the container was assigned."""
+        if not any(is_mig(gpu.uuid) for gpu in leaving):
+            return (), []
+        assigned = await self._core.workers.host(self._core.hooks.assigned, container)
+        if not assigned:
+            return (), []
+        snapshot = await self._core.workers.host(self._core.inventory.snapshot)
+        self._core.nodes.learn(snapshot)
+        return assigned, [as_record(gpu) for gpu in snapshot.gpus if gpu.uuid in assigned]
 
     async def revoke(
         self,
@@ -89,7 +118,7 @@ class Revoker:
         leaves)."""
         if any(entry.state is ReservationState.RESERVING for entry in entries):
             raise Busy.operation_in_progress(str(container.target))
-        per_entry = self._detach_nodes(container, entries)
+        per_entry = await self._detach_nodes(container, entries)
         uuids = [entry.gpu.uuid for entry in entries]
         held = self._core.allocator.attachments_of(container.target)
         last = {entry.gpu.uuid for entry in held} <= set(uuids)
@@ -134,12 +163,12 @@ class Revoker:
             await self._core.release([entry.gpu.uuid for entry in entries])
         log.info("released %s of exited %s", ", ".join(e.gpu.uuid for e in entries), target)
 
-    def _detach_nodes(
+    async def _detach_nodes(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
         """The nodes a detach of ``entries`` revokes (422 when a slice's cannot be told)."""
         try:
-            return self.revocable(container, [entry.gpu for entry in entries])
+            return await self.revocable(container, [entry.gpu for entry in entries])
         except InjectionFailed as e:
             raise TargetNotReady(
                 f"the GPU could not be taken from {container}: {e}",
@@ -217,7 +246,7 @@ class Revoker:
             )
             outcome = TakeBack(gone=True, forced=False)
             if container is not None:
-                per_entry = self.revocable(container, [current.gpu])
+                per_entry = await self.revocable(container, [current.gpu])
                 outcome = await self._revoke_unbacked(
                     container, per_entry, keep=_not_created([current], per_entry), force=force
                 )
@@ -245,8 +274,7 @@ class Revoker:
             gpus = [gpu for gpu in gpus if gpu.uuid not in entitlement.uuids]
             if not gpus:
                 return None
-            kept = entitlement.keeping({gpu.uuid for gpu in gpus}, known)
-            per_gpu = self._core.nodes.revocable(gpus, keeping=kept)
+            per_gpu = self._revoked_nodes(entitlement, gpus, known)
             keep = [node.name for nodes in per_gpu for node in nodes]
             return await self._revoke_unbacked(container, per_gpu, keep=keep, force=force)
 
