@@ -18,7 +18,8 @@ import pytest
 
 from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
 from jupyter_gpu_hotplug.agent.core.devices import GpuNodes
-from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus, InvalidRequest
+from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus, InvalidRequest, Unavailable
+from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed
 from jupyter_gpu_hotplug.agent.core.inventory import GpuDevice
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, HostContainer
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
@@ -319,3 +320,37 @@ async def test_detaching_a_slice_keeps_the_gpu_node_of_the_plugins_slice(
     await harness.service.detach(ADMIN, whole.uuid, force=False)
     assert harness.injector.usable(kernel.target) == {GPU0} | caps(node, 0)
     assert len(asked) == 1, "a whole GPU's detach asks nothing of the backend"
+
+
+async def test_a_slice_detach_while_the_plugins_gpus_cannot_be_read_is_a_retryable_503(
+    harness: Harness, node: FakeNvmlConfig
+) -> None:
+    """What the container was assigned cannot be read just now (the kubelet restarting): the
+    detach changes nothing and says to try again (503), rather than a final 422; once the
+    backend answers again the same detach goes through."""
+    slice_uuid = node.gpus[0].mig_devices[1].uuid
+    answering = False
+
+    def assigned(container: HostContainer) -> set[GpuUuid]:
+        if not answering:
+            raise InjectionFailed("PodResources: connection refused", clean=True, passing=True)
+        return set()
+
+    harness.core.hooks = dataclasses.replace(harness.core.hooks, assigned=assigned)
+    kernel = harness.host.spawn(100, "kernel-100")
+    named = AttachRequest(
+        count=1, target=PidRef(100), wait_seconds=60, request_id=None, gpus=(slice_uuid,)
+    )
+    await harness.service.attach(ADMIN, named)
+    granted = harness.injector.usable(kernel.target)
+
+    with pytest.raises(Unavailable) as caught:
+        await harness.service.detach(ADMIN, GpuUuid(slice_uuid), force=False)
+
+    assert caught.value.retryable
+    assert harness.injector.usable(kernel.target) == granted
+    assert harness.core.allocator.get(GpuUuid(slice_uuid)) is not None
+    answering = True
+    await harness.service.detach(ADMIN, GpuUuid(slice_uuid), force=False)
+    assert harness.core.allocator.get(GpuUuid(slice_uuid)) is None
+    assert harness.injector.usable(kernel.target) == set()

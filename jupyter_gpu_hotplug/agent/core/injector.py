@@ -103,11 +103,14 @@ class ScanUnfinished(InjectorError):
 
 class InjectionFailed(InjectorError):
     """A step failed. ``clean``: everything begun was undone and the target is as it was;
-    otherwise its state is unknown and must be reconciled."""
+    otherwise its state is unknown and must be reconciled. ``passing``: what failed was a
+    service that should answer again shortly (the kubelet's PodResources), so the same
+    request may succeed when retried."""
 
-    def __init__(self, message: str, *, clean: bool) -> None:
+    def __init__(self, message: str, *, clean: bool, passing: bool = False) -> None:
         super().__init__(message)
         self.clean = clean
+        self.passing = passing
 
 
 @dataclass(frozen=True)

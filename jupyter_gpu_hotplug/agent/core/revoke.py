@@ -166,10 +166,17 @@ class Revoker:
     async def _detach_nodes(
         self, container: HostContainer, entries: Sequence[Reservation]
     ) -> list[list[DeviceNode]]:
-        """The nodes a detach of ``entries`` revokes (422 when a slice's cannot be told)."""
+        """The nodes a detach of ``entries`` revokes: 422 when a slice's cannot be told, 503
+        when what the container was assigned cannot be read just now (nothing changed)."""
         try:
             return await self.revocable(container, [entry.gpu for entry in entries])
         except InjectionFailed as e:
+            if e.passing:
+                raise Unavailable(
+                    f"the GPU could not be taken from {container} now: {e}",
+                    retry_after=1,
+                    hint="nothing was changed and the GPU is still attached; try again",
+                ) from e
             raise TargetNotReady(
                 f"the GPU could not be taken from {container}: {e}",
                 hint="the GPU is still attached; see the agent's log",
