@@ -271,7 +271,9 @@ async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
     the agent was down) is an orphan: announced, then revoked by the loss sequence; a
     container holding its GPU through the agent is accounted and keeps it."""
     running: list[HostContainer] = []
-    hooks = BackendHooks(running=lambda reservations: [RunningContainer(c) for c in running])
+    hooks = BackendHooks(
+        running=lambda reservations: [RunningContainer(c) for c in running], orphans=True
+    )
     harness = await build(tmp_path, workers=workers, hooks=hooks)
     spawned: list[Coroutine[Any, Any, None]] = []
     lost = LostGpus(
@@ -301,5 +303,42 @@ async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
         assert harness.sample("gpu_hotplug_lost_revokes_total", kind="orphan") == 1.0
         assert harness.injector.usable(kernel.target) == {CharDevice(195, mine.minor)}
         assert harness.sample("gpu_hotplug_stray_gpu_access") == 0.0
+    finally:
+        harness.ledger.close()
+
+
+async def test_where_grants_cannot_outlive_reservations_an_unbacked_grant_is_a_stray(
+    tmp_path: Path, workers: Workers
+) -> None:
+    """Local mode (``BackendHooks.orphans`` False): the ledger drops a row only after the
+    revoke, so a grant that looks like the agent's but that no row backs is somebody else's —
+    another agent's, or NVIDIA's legacy runtime hook, which writes the same ``c 195:N rw`` on
+    cgroup v1. It is reported as a stray and left alone (the default stray policy); it never
+    goes through the loss sequence that takes an orphan back."""
+    running: list[HostContainer] = []
+    hooks = BackendHooks(running=lambda reservations: [RunningContainer(c) for c in running])
+    harness = await build(tmp_path, workers=workers, hooks=hooks)
+    spawned: list[Coroutine[Any, Any, None]] = []
+    lost = LostGpus(
+        rules=LossRules(grace_seconds=0), book=harness.core.losses, metrics=harness.metrics
+    )
+    sweep = NodeSweep(
+        harness.core,
+        revoker=harness.service.revoker,
+        lost=lost,
+        revoke_strays=False,
+        spawn=spawned.append,
+    )
+    try:
+        other = harness.host.spawn(200, "docker-gpus")
+        harness.injector.grant(harness.host.host_container(other), [node(3)])
+        running.append(harness.host.host_container(other))
+
+        report = await Reconciler(harness.core, sweep=sweep).run_once()
+
+        assert report.actions == {"stray_found": [harness.inventory.gpus[3].uuid]}
+        assert spawned == []
+        assert harness.injector.usable(other.target) == {CharDevice(195, 3)}
+        assert harness.sample("gpu_hotplug_stray_gpu_access") == 1.0
     finally:
         harness.ledger.close()

@@ -112,6 +112,13 @@ class BackendHooks:
     assigned: Assigned = _nothing_assigned
     """What the runtime or the device plugin gave one container (the reconciler's question,
     for a container with reservations)."""
+    orphans: bool = False
+    """Whether a grant of the agent's can outlive its reservation while the agent is down
+    (Kubernetes: a holder pod deleted or evicted meanwhile) — then an ours-looking grant that
+    no reservation backs is an orphan, taken back by the loss sequence. Local mode's ledger
+    removes a row only after the revoke, so there such a grant is somebody else's (another
+    agent's, a hand-written ``c 195:N rw`` — the rule NVIDIA's legacy runtime hook also
+    writes on cgroup v1): judged a stray, reported, and revoked only by the stray policy."""
     orphan_reason: str = "no reservation backs it any more"
     """Why an orphaned grant is taken back, as the user is told (the loss sequence)."""
     stray_listeners: tuple[StrayListener, ...] = ()

@@ -111,10 +111,11 @@ class NodeSweep:
                 log.debug("node sweep: %s not judged: %s", item.container, e)
                 continue
             verdicts = [v for v in verdicts if v.access is not Access.ACCOUNTED]
-            orphans = [v.gpu for v in verdicts if v.access is Access.ORPHAN]
-            if orphans:
-                self._orphaned(item, orphans, known, report)
-            strays += [(item, v) for v in verdicts if v.access is Access.STRAY]
+            orphans = [v for v in verdicts if v.access is Access.ORPHAN]
+            if orphans and self.core.hooks.orphans:
+                self._orphaned(item, [v.gpu for v in orphans], known, report)
+                verdicts = [v for v in verdicts if v.access is not Access.ORPHAN]
+            strays += [(item, v) for v in verdicts]
         seen = {(item.container.key, verdict.gpu.uuid) for item, verdict in strays}
         for item, verdict in strays:
             await self._stray(item, verdict, known, report)

@@ -95,6 +95,7 @@ class KubernetesBackend:
         self.hooks = BackendHooks(
             running=running,
             assigned=self._plugin_gpus,
+            orphans=True,
             orphan_reason=ORPHAN_REASON,
             stray_listeners=(self._tell_stray,),
             idle_period=self.pod_idle.idle_seconds,
