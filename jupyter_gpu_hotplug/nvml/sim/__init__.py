@@ -7,7 +7,8 @@ The pieces, each in its own module:
   versioned file the library reads; rewrite it (atomically) to change utilisation or hot-plug
   GPUs while processes run. It also writes the ``nvidia-caps`` minors file of a simulated node.
 - ``build``: compiles ``fakenvml.c`` (and ``fakecuda.c``, a ``libcuda.so.1`` that counts the
-  GPU nodes a process may open) once into a cache keyed by source and compiler.
+  GPU nodes a process may open and implements the driver's process checkpoint calls) once into
+  a cache keyed by source and compiler.
 - ``driver_root``: a directory laid out as NVIDIA's driver installs itself (versioned
   libraries, ``nvidia-smi``, ``ld.so.cache``), for NVIDIA's Container Toolkit to describe.
 - ``runtime``: the environment for a child process, or a load into this process.
