@@ -273,7 +273,16 @@ class _AttachRequestRequired(TypedDict):
     count: int
 
 
-class AttachRequestBody(_AttachRequestRequired, total=False):
+class SelectorWire(TypedDict, total=False):
+    """The members of an attach that ask for GPUs by attribute (``GpuSelector``)."""
+
+    model: str
+    """A case-insensitive part of the GPU's product name as NVML reports it (``H100``)."""
+    min_memory: int
+    """The least memory, in bytes, each GPU must have."""
+
+
+class AttachRequestBody(_AttachRequestRequired, SelectorWire, total=False):
     """The body of ``POST /v1/attachments``; only ``count`` is required."""
 
     target: TargetWire
@@ -746,6 +755,105 @@ def check_named_gpus(value: object, *, count: int) -> tuple[GpuUuid, ...]:
     if len(set(uuids)) != len(uuids):
         raise WireFormatError("gpus names a GPU more than once", field="gpus")
     return uuids
+
+
+MODEL_MAX: Final = 64
+"""The longest ``model`` an attach may give (NVML's product names are shorter)."""
+
+_MEMORY_UNITS: Final = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_MEMORY_TEXT_RE: Final = re.compile(r"([1-9][0-9]*)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def format_memory(size: int) -> str:
+    """Bytes as a person reads a GPU's memory (binary units, as ``--min-memory`` takes them)."""
+    return f"{size / 2**30:.4g} GiB" if size >= 2**30 else f"{size / 2**20:.4g} MiB"
+
+
+@dataclass(frozen=True)
+class GpuSelector:
+    """What an attach asks of each GPU it gets beside the count: a model (part of the product
+    name) and a least memory. One value for both APIs and the agent's candidates, so that
+    what is validated is what is matched."""
+
+    model: str | None = None
+    min_memory: int | None = None
+
+    def matches(self, name: str, memory_total: int) -> bool:
+        """Whether a GPU of product name ``name`` and ``memory_total`` bytes may serve it."""
+        return (self.model is None or self.model.casefold() in name.casefold()) and (
+            self.min_memory is None or memory_total >= self.min_memory
+        )
+
+    @property
+    def key(self) -> str:
+        """What the queue orders waiters by (``Waiter.kind``): equal for equal selectors
+        (the model's case aside), never a profile or a GPU UUID."""
+        model = "" if self.model is None else self.model.casefold()
+        return f"select:{model}:{self.min_memory or 0}"
+
+    def __str__(self) -> str:
+        parts = [] if self.model is None else [f"model {self.model!r}"]
+        if self.min_memory is not None:
+            parts.append(f"at least {format_memory(self.min_memory)} of memory")
+        return " and ".join(parts)
+
+
+def check_model(value: object) -> str:
+    """A ``model``: 1 to ``MODEL_MAX`` printable characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= MODEL_MAX or not value.isprintable():
+        raise WireFormatError(
+            f"model must be 1 to {MODEL_MAX} printable characters, part of the GPU's product "
+            f"name (e.g. H100), got {describe_value(value)}",
+            field="model",
+        )
+    return value
+
+
+def check_min_memory(value: object) -> int:
+    """A ``min_memory``: a whole number of bytes above 0."""
+    size = json_integer(value)
+    if size is None or size < 1:
+        raise WireFormatError(
+            f"min_memory must be a whole number of bytes greater than 0, got "
+            f"{describe_value(value)}",
+            field="min_memory",
+        )
+    return size
+
+
+def check_selector(
+    obj: Mapping[str, object], *, named: bool, mig: bool = False
+) -> GpuSelector | None:
+    """The selector of an attach body (None: it gives neither member). Refused beside
+    ``gpus`` (a named GPU is exact already) and beside ``mig`` (a slice's NVML name is its
+    profile's, so a model could not be matched as the user means it; the profile says the
+    memory)."""
+    present = [name for name in ("model", "min_memory") if name in obj]
+    if not present:
+        return None
+    if named or mig:
+        other = "gpus: a named GPU is exact already" if named else "mig: the profile says it"
+        raise WireFormatError(
+            f"{present[0]} cannot be given with {other}; give one or the other",
+            field=present[0],
+        )
+    return GpuSelector(
+        model=check_model(obj["model"]) if "model" in obj else None,
+        min_memory=check_min_memory(obj["min_memory"]) if "min_memory" in obj else None,
+    )
+
+
+def parse_memory_text(text: str) -> int:
+    """Bytes from what a person types (``40G``, ``40GiB``, ``512M``, ``1024``): units are
+    binary (``G`` and ``GB`` are both 2**30), as NVML's and nvidia-smi's MiB are."""
+    found = _MEMORY_TEXT_RE.fullmatch(text.strip())
+    if found is None:
+        raise WireFormatError(
+            f"min_memory must be a size such as 40G, 40GiB or 512M (binary units), got "
+            f"{describe_value(text)}",
+            field="min_memory",
+        )
+    return int(found[1]) * _MEMORY_UNITS[found[2].lower()]
 
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------

@@ -37,6 +37,7 @@ from ..._structs import (
     check_request_id,
     check_required,
     check_seconds,
+    check_selector,
     describe_value,
     json_integer,
 )
@@ -50,6 +51,8 @@ _BODY_FIELDS = (
     "gpus",
     "idle_release_seconds",
     "mig",
+    "min_memory",
+    "model",
     "request_id",
     "target",
     "wait_seconds",
@@ -163,6 +166,7 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
         idle_release_seconds=idle_release_seconds,
         mig=mig,
         gpus=gpus,
+        selector=_checked(check_selector, obj, named="gpus" in obj, mig=mig is not None),
         queued=wait_seconds is not None,
     )
 
