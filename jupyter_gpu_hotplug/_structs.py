@@ -759,6 +759,9 @@ def check_named_gpus(value: object, *, count: int) -> tuple[GpuUuid, ...]:
 
 MODEL_MAX: Final = 64
 """The longest ``model`` an attach may give (NVML's product names are shorter)."""
+MODEL_RE: Final = re.compile(rf"[ -~]{{1,{MODEL_MAX}}}")
+"""A ``model``: printable ASCII, as NVML's product names are (and a JSON Schema pattern can
+say exactly, unlike Python's ``isprintable``)."""
 
 _MEMORY_UNITS: Final = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _MEMORY_TEXT_RE: Final = re.compile(r"([1-9][0-9]*)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
@@ -799,10 +802,10 @@ class GpuSelector:
 
 
 def check_model(value: object) -> str:
-    """A ``model``: 1 to ``MODEL_MAX`` printable characters."""
-    if not isinstance(value, str) or not 0 < len(value) <= MODEL_MAX or not value.isprintable():
+    """A ``model``: 1 to ``MODEL_MAX`` printable ASCII characters (``MODEL_RE``)."""
+    if not isinstance(value, str) or MODEL_RE.fullmatch(value) is None:
         raise WireFormatError(
-            f"model must be 1 to {MODEL_MAX} printable characters, part of the GPU's product "
+            f"model must be 1 to {MODEL_MAX} printable ASCII characters, part of the GPU's product "
             f"name (e.g. H100), got {describe_value(value)}",
             field="model",
         )

@@ -174,6 +174,7 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("model-empty", b'{"count": 1, "model": ""}', "model", "1 to 64 printable"),
     ("model-long", body({"count": 1, "model": "m" * 65}), "model", "1 to 64 printable"),
     ("model-control", b'{"count": 1, "model": "H\\n100"}', "model", "printable"),
+    ("model-unicode", body({"count": 1, "model": "H100\u00e9"}), "model", "ASCII"),
     ("model-number", b'{"count": 1, "model": 100}', "model", "got 100"),
     ("memory-zero", b'{"count": 1, "min_memory": 0}', "min_memory", "greater than 0"),
     ("memory-text", b'{"count": 1, "min_memory": "40G"}', "min_memory", 'got "40G"'),

@@ -270,7 +270,7 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
         ("attach --gpu all", "--gpu takes a GPU index on the node"),
         ("attach --gpu GPU-zz", "got 'GPU-zz'"),
-        ("attach --model ''", "--model must be 1 to 64 printable characters"),
+        ("attach --model ''", "--model must be 1 to 64 printable ASCII characters"),
         ("attach --min-memory 40X", "--min-memory must be a size such as 40G, 40GiB or 512M"),
         ("attach --min-memory 0G", '(binary units), got "0G"'),
         ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),

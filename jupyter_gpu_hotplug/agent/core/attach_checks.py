@@ -164,6 +164,7 @@ def check_shape(request: AttachRequest, snapshot: InventorySnapshot) -> int:
         return check_named(request, snapshot)
     total = len(candidates(snapshot, request))
     if request.mig is None:
+        # A lost GPU may come back: it counts where it matched, or where it was never read.
         lost = [
             gpu
             for gpu in snapshot.lost
@@ -193,7 +194,7 @@ def _unmatched(selector: GpuSelector, count: int, snapshot: InventorySnapshot) -
     kinds = Counter(
         f"{gpu.name} ({format_memory(gpu.memory_total)})" for gpu in snapshot.gpus if gpu.whole
     )
-    has = ", ".join(f"{kind} x{number}" for kind, number in sorted(kinds.items())) or "no GPU"
+    has = ", ".join(f"{kind} x{number}" for kind, number in sorted(kinds.items())) or "no whole GPU"
     return InsufficientGpus(
         free=0,
         requested=count,
