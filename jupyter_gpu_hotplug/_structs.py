@@ -711,15 +711,17 @@ def check_seconds(value: object, *, field: str, maximum: float) -> float:
     return float(value)
 
 
+def check_text(value: object, pattern: re.Pattern[str], *, field: str, shape: str) -> str:
+    """A string member that ``pattern`` must match whole; ``shape`` says what it looks like."""
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise WireFormatError(f"{field} must be {shape}, got {describe_value(value)}", field=field)
+    return value
+
+
 def check_request_id(value: object) -> RequestId:
     """A client's idempotency key (``REQUEST_ID_RE``)."""
-    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
-        raise WireFormatError(
-            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
-            f"got {describe_value(value)}",
-            field="request_id",
-        )
-    return RequestId(value)
+    shape = f"1 to {REQUEST_ID_MAX} letters, digits or . _ : -"
+    return RequestId(check_text(value, REQUEST_ID_RE, field="request_id", shape=shape))
 
 
 def check_gpu_uuid(value: object, *, alternatives: str = "", field: str = "uuid") -> GpuUuid:
@@ -803,13 +805,10 @@ class GpuSelector:
 
 def check_model(value: object) -> str:
     """A ``model``: 1 to ``MODEL_MAX`` printable ASCII characters (``MODEL_RE``)."""
-    if not isinstance(value, str) or MODEL_RE.fullmatch(value) is None:
-        raise WireFormatError(
-            f"model must be 1 to {MODEL_MAX} printable ASCII characters, part of the GPU's product "
-            f"name (e.g. H100), got {describe_value(value)}",
-            field="model",
-        )
-    return value
+    shape = (
+        f"1 to {MODEL_MAX} printable ASCII characters, part of the GPU's product name (e.g. H100)"
+    )
+    return check_text(value, MODEL_RE, field="model", shape=shape)
 
 
 def check_min_memory(value: object) -> int:

@@ -136,6 +136,22 @@ def test_valid_bodies(raw: bytes, expected: AttachRequest) -> None:
 
 # --- bodies that do not -------------------------------------------------------------------------
 
+SELECTOR_BODIES: list[tuple[str, bytes, str, str]] = [
+    (f"{field}-{name}", body({"count": 1, field: value}), field, words)
+    for name, field, value, words in (
+        ("empty", "model", "", "1 to 64 printable"),
+        ("long", "model", "m" * 65, "1 to 64 printable"),
+        ("control", "model", "H\n100", "printable"),
+        ("unicode", "model", "H100\u00e9", "ASCII"),
+        ("number", "model", 100, "got 100"),
+        ("zero", "min_memory", 0, "greater than 0"),
+        ("text", "min_memory", "40G", 'got "40G"'),
+        ("fraction", "min_memory", 1.5, "whole number"),
+        ("bool", "min_memory", True, "got true"),
+    )
+]
+"""``model`` and ``min_memory`` refused alone (``_structs.check_selector``)."""
+
 INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("empty", b"", "body", "empty"),
     ("blank", b" \n\t", "body", "empty"),
@@ -171,15 +187,7 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("gpus-twice", body({"count": 2, "gpus": [NAMED[0]] * 2}), "gpus", "more than once"),
     ("gpus-upper", body({"count": 1, "gpus": [NAMED[0].upper()]}), "gpus[0]", "lowercase hex"),
     ("gpus-index", b'{"count": 2, "gpus": ["%s", 1]}' % NAMED[0].encode(), "gpus[1]", "got 1"),
-    ("model-empty", b'{"count": 1, "model": ""}', "model", "1 to 64 printable"),
-    ("model-long", body({"count": 1, "model": "m" * 65}), "model", "1 to 64 printable"),
-    ("model-control", b'{"count": 1, "model": "H\\n100"}', "model", "printable"),
-    ("model-unicode", body({"count": 1, "model": "H100\u00e9"}), "model", "ASCII"),
-    ("model-number", b'{"count": 1, "model": 100}', "model", "got 100"),
-    ("memory-zero", b'{"count": 1, "min_memory": 0}', "min_memory", "greater than 0"),
-    ("memory-text", b'{"count": 1, "min_memory": "40G"}', "min_memory", 'got "40G"'),
-    ("memory-fraction", b'{"count": 1, "min_memory": 1.5}', "min_memory", "whole number"),
-    ("memory-bool", b'{"count": 1, "min_memory": true}', "min_memory", "got true"),
+    *SELECTOR_BODIES,
     (
         "model-with-gpus",
         body({"count": 1, "gpus": NAMED[:1], "model": "H100"}),
