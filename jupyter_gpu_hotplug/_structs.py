@@ -765,12 +765,12 @@ MODEL_RE: Final = re.compile(rf"[ -~]{{1,{MODEL_MAX}}}")
 """A ``model``: printable ASCII, as NVML's product names are (and a JSON Schema pattern can
 say exactly, unlike Python's ``isprintable``)."""
 
-_MEMORY_UNITS: Final = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_MEMORY_TEXT_RE: Final = re.compile(r"([1-9][0-9]*)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_MEMORY_POWERS: Final = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+_MEMORY_TEXT_RE: Final = re.compile(r"([1-9][0-9]*)\s*(?:([kmgt])(i?)b?|b?)", re.IGNORECASE)
 
 
 def format_memory(size: int) -> str:
-    """Bytes as a person reads a GPU's memory (binary units, as ``--min-memory`` takes them)."""
+    """Bytes as a person reads a GPU's memory (binary units, as NVML and nvidia-smi count)."""
     return f"{size / 2**30:.4g} GiB" if size >= 2**30 else f"{size / 2**20:.4g} MiB"
 
 
@@ -846,16 +846,19 @@ def check_selector(
 
 
 def parse_memory_text(text: str) -> int:
-    """Bytes from what a person types (``40G``, ``40GiB``, ``512M``, ``1024``): units are
-    binary (``G`` and ``GB`` are both 2**30), as NVML's and nvidia-smi's MiB are."""
+    """Bytes from what a person types, as Kubernetes reads a quantity: ``G``/``GB`` decimal
+    (10**9, the unit a card is sold in: an "80GB" H100, 79.6 GiB by NVML's count, has 80G),
+    ``Gi``/``GiB`` binary (2**30), ``512M``, ``1024``."""
     found = _MEMORY_TEXT_RE.fullmatch(text.strip())
     if found is None:
         raise WireFormatError(
-            f"min_memory must be a size such as 40G, 40GiB or 512M (binary units), got "
+            f"min_memory must be a size such as 80G (10**9 bytes), 40Gi (2**30) or 512M, got "
             f"{describe_value(text)}",
             field="min_memory",
         )
-    return int(found[1]) * _MEMORY_UNITS[found[2].lower()]
+    unit, binary = (found[2] or "").lower(), bool(found[3])
+    scale: int = (1024 if binary else 1000) ** _MEMORY_POWERS[unit]
+    return int(found[1]) * scale
 
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------

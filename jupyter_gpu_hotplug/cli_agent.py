@@ -128,8 +128,8 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-memory",
         metavar="SIZE",
-        help="attach only GPUs with at least SIZE of memory: 40G, 40GiB or 512M, binary "
-        "units (G and GB mean GiB); the same limits as --model",
+        help="attach only GPUs with at least SIZE of memory, as Kubernetes reads it: 80G "
+        "(10**9 bytes) or 40Gi (2**30); the same limits as --model",
     )
     _common(parser)
 

@@ -222,7 +222,8 @@ def attach(
     ask the agent to release them after that long unused (if stricter than its own policy).
     ``gpus``: attach exactly these (``count`` of them; ``Gpu.selectable`` says where the agent
     can). ``model`` (part of the product name, ``H100``) and ``min_memory`` (bytes, or text
-    such as ``40G`` in binary units) ask for GPUs by attribute; the agent checks them."""
+    such as ``80G``, decimal, or ``40Gi``, binary) ask for GPUs by attribute; the agent checks
+    them."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
     if gpus:
         body["gpus"] = list(gpus)

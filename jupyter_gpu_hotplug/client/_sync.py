@@ -120,7 +120,7 @@ class AgentClient(BaseAgentClient):
         ``gpus`` names the GPUs (UUIDs, ``count`` of them) to attach instead of any free ones;
         the agent refuses it where the cluster picks the device (``Gpu.selectable``).
         ``model`` (part of the product name, ``"H100"``) and ``min_memory`` (bytes, or
-        ``"40G"``: binary units) ask for GPUs by attribute instead.
+        ``"80G"`` decimal, ``"40Gi"`` binary) ask for GPUs by attribute instead.
         """
         return self._call(
             attach_call(

@@ -233,7 +233,7 @@ def gpu_model(text: str) -> str:
 
 
 def memory_size(text: str) -> int:
-    """``--min-memory SIZE`` of ``attach``: ``40G``, ``40GiB``, ``512M`` (binary) in bytes."""
+    """``--min-memory SIZE`` of ``attach`` in bytes: ``80G`` (10**9), ``40Gi`` (2**30), ``512M``."""
     try:
         return parse_memory_text(text)
     except WireFormatError as error:
@@ -358,8 +358,8 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         type=memory_size,
         default=None,
         metavar="SIZE",
-        help="attach only GPUs with at least SIZE of memory: 40G, 40GiB or 512M, binary "
-        "units (G and GB mean GiB, 2**30 bytes); the same limits as --model",
+        help="attach only GPUs with at least SIZE of memory, as Kubernetes reads it: 80G "
+        "(10**9 bytes, as cards are sold) or 40Gi (2**30); the same limits as --model",
     )
 
 

@@ -98,7 +98,7 @@ def test_attach_by_model_and_memory(
     )
     assert "--wait" not in err  # waiting cannot help: no such GPU here
     assert main(["attach", "--min-memory", "40X", "--agent-url", unix_url]) == 1
-    assert "min_memory must be a size such as 40G" in capsys.readouterr().err
+    assert "min_memory must be a size such as 80G" in capsys.readouterr().err
     assert len(served.ledger.attachments()) == 1
 
 

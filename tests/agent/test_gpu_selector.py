@@ -26,7 +26,10 @@ A100 = ("NVIDIA A100-SXM4-40GB", 40 * 2**30)
         (GpuSelector(model="A100"), H100, False),
         (GpuSelector(model="H100 "), H100, True),
         (GpuSelector(model="H100X"), H100, False),
-        # An "80GB" H100 has 79.6 GiB (NVML's total): binary units, as documented.
+        # An "80GB" H100 has 79.6 GiB (NVML's total): 80G (decimal, how cards are sold)
+        # matches it, 80Gi (binary) does not.
+        (GpuSelector(min_memory=parse_memory_text("80G")), H100, True),
+        (GpuSelector(min_memory=parse_memory_text("80Gi")), H100, False),
         (GpuSelector(min_memory=80 * 2**30), H100, False),
         (GpuSelector(min_memory=79 * 2**30), H100, True),
         (GpuSelector(min_memory=85520809984), H100, True),
@@ -57,29 +60,35 @@ def test_queue_keys_equal_for_equal_selectors_only() -> None:
 @pytest.mark.parametrize(
     ("text", "size"),
     [
-        ("40G", 40 * 2**30),
+        ("80G", 80 * 10**9),
+        ("80GB", 80 * 10**9),
+        ("40Gi", 40 * 2**30),
         ("40GiB", 40 * 2**30),
-        ("40gb", 40 * 2**30),
-        ("40 G", 40 * 2**30),
-        ("512M", 512 * 2**20),
+        ("40gib", 40 * 2**30),
+        ("40 Gi", 40 * 2**30),
+        ("512M", 512 * 10**6),
         ("512MiB", 512 * 2**20),
-        ("1T", 2**40),
-        ("64K", 64 * 2**10),
+        ("1T", 10**12),
+        ("1Ti", 2**40),
+        ("64K", 64 * 10**3),
+        ("64Ki", 64 * 2**10),
         ("1024", 1024),
         ("1024B", 1024),
-        (" 8G ", 8 * 2**30),
+        (" 8G ", 8 * 10**9),
     ],
 )
 def test_memory_text(text: str, size: int) -> None:
     assert parse_memory_text(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "G", "0G", "-1G", "1.5G", "40X", "40 GiBs", "4e9"])
+@pytest.mark.parametrize(
+    "text", ["", "G", "0G", "-1G", "1.5G", "40X", "40 GiBs", "4e9", "40iB", "40Bi"]
+)
 def test_memory_text_refused(text: str) -> None:
     with pytest.raises(WireFormatError) as caught:
         parse_memory_text(text)
     assert caught.value.field == "min_memory"
-    assert "40G, 40GiB or 512M (binary units)" in caught.value.message
+    assert "80G (10**9 bytes), 40Gi (2**30) or 512M" in caught.value.message
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,9 @@ async def test_attach_names_its_gpus(api: Api, stub: StubAgent) -> None:
     check_attach_request(body)
 
 
-@pytest.mark.parametrize(("memory", "sent"), [("40G", 40 * 2**30), (512 * 2**20, 512 * 2**20)])
+@pytest.mark.parametrize(
+    ("memory", "sent"), [("80G", 80 * 10**9), ("40Gi", 40 * 2**30), (512 * 2**20, 512 * 2**20)]
+)
 async def test_attach_selects_by_model_and_memory(
     api: Api, stub: StubAgent, memory: str | int, sent: int
 ) -> None:

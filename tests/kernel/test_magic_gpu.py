@@ -226,9 +226,9 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach --gpu 1", "attach", {"count": 1, "gpu": "1"}),
         ("attach --gpu gpu-A4BD620B", "attach", {"count": 1, "gpu": "GPU-a4bd620b"}),
         ("attach 1 --model H100", "attach", {"model": "H100", "min_memory": None}),
-        ("attach --min-memory 40G", "attach", {"model": None, "min_memory": 40 * 2**30}),
+        ("attach --min-memory 40G", "attach", {"model": None, "min_memory": 40 * 10**9}),
         ("attach --min-memory=40GiB", "attach", {"min_memory": 40 * 2**30}),
-        ("attach --min-memory 512M", "attach", {"min_memory": 512 * 2**20}),
+        ("attach --min-memory 512M", "attach", {"min_memory": 512 * 10**6}),
         ("attach --min-memory 1024", "attach", {"min_memory": 1024}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
@@ -271,8 +271,11 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --gpu all", "--gpu takes a GPU index on the node"),
         ("attach --gpu GPU-zz", "got 'GPU-zz'"),
         ("attach --model ''", "--model must be 1 to 64 printable ASCII characters"),
-        ("attach --min-memory 40X", "--min-memory must be a size such as 40G, 40GiB or 512M"),
-        ("attach --min-memory 0G", '(binary units), got "0G"'),
+        (
+            "attach --min-memory 40X",
+            "--min-memory must be a size such as 80G (10**9 bytes), 40Gi (2**30) or 512M",
+        ),
+        ("attach --min-memory 0G", '(2**30) or 512M, got "0G"'),
         ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -453,7 +456,7 @@ def test_attach_by_model_and_memory(
 ) -> None:
     shell.run_line_magic("gpu", "attach 1 --model H100 --min-memory 40G")
 
-    assert agent.calls == [("attach", 1, None, {"model": "H100", "min_memory": 40 * 2**30})]
+    assert agent.calls == [("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9})]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
