@@ -115,6 +115,15 @@ def wait_until_usable(container: Container, device: str) -> None:
         time.sleep(0.05)
 
 
+def wait_for_log(agent: AgentProcess, text: str) -> None:
+    """The agent logs a repair just after making it: the device opens a moment before the
+    line is written, so the line is waited for, not read at once."""
+    deadline = time.monotonic() + REGRANT_TIMEOUT
+    while text not in agent.log():
+        assert time.monotonic() < deadline, f"the agent never logged {text!r}:\n{agent.log()}"
+        time.sleep(0.05)
+
+
 def test_attach_from_inside_then_detach(start: Any, agent: AgentProcess) -> None:
     container = start()
     attachment = attach_from_inside(container)
@@ -190,7 +199,7 @@ def test_v1_rules_reapplied_by_the_runtime_are_repaired(start: Any, agent: Agent
     assert container.probe.open(device) == "EPERM"
 
     wait_until_usable(container, device)
-    assert "had lost access" in agent.log()
+    wait_for_log(agent, "had lost access")
     assert ask(container, "DELETE", f"/v1/attachments/{attachment['uuid']}")["status"] == 204
     assert container.probe.open(device) in ("EPERM", "ENOENT")
 
@@ -217,7 +226,7 @@ def test_v2_program_replaced_by_the_runtimes_is_repaired(start: Any, agent: Agen
     assert container.probe.open(device) == "EPERM"
 
     wait_until_usable(container, device)
-    assert "had lost access" in agent.log()
+    wait_for_log(agent, "had lost access")
     assert ask(container, "DELETE", f"/v1/attachments/{attachment['uuid']}")["status"] == 204
     assert container.probe.open(device) in ("EPERM", "ENOENT")
 
