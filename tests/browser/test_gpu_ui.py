@@ -437,11 +437,7 @@ def test_keyboard_only_menu_and_no_serious_accessibility_violation(
     page = lab.page
     # The GPU service answered this page (the menu built before would offer nothing to pick).
     expect(lab.button).to_have_attribute("aria-label", re.compile("free$"), timeout=SETTLE_MS)
-    page.locator(".jp-Notebook").first.click()
-    page.keyboard.press("Escape")  # command mode: the notebook has the focus
-
-    page.keyboard.press("Alt+G")  # the settable shortcut of "open this notebook's GPU menu"
-    expect(lab.menu).to_be_visible()
+    _open_menu_with_the_shortcut(lab)
     active = lab.menu.locator(".lm-Menu-item.lm-mod-active .lm-Menu-itemLabel")
     expect(active).to_have_text(re.compile("^Attach 1 GPU"))
     page.keyboard.press("ArrowDown")
@@ -477,6 +473,26 @@ def test_keyboard_only_menu_and_no_serious_accessibility_violation(
     page.keyboard.press("Enter")  # the dialog's default button: Detach
     expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     assert lab.attached() == []
+
+
+def _open_menu_with_the_shortcut(lab: GpuLab) -> None:
+    """Focus the notebook in command mode and press Alt+G, the settable shortcut of "open this
+    notebook's GPU menu". While the page still settles (the kernel connecting, a notification
+    shown), the focus can move away between the click and the key, and the key then reaches
+    something else: the three steps are repeated until the menu shows (a keyboard user presses
+    again), never more than ``SETTLE_MS`` in all."""
+    page = lab.page
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while True:
+        page.locator(".jp-Notebook").first.click()
+        page.keyboard.press("Escape")  # command mode: the notebook has the focus
+        page.keyboard.press("Alt+G")
+        try:
+            expect(lab.menu).to_be_visible(timeout=5_000)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
 
 
 @contextlib.contextmanager
