@@ -263,16 +263,13 @@ async def test_replaced_container_gets_the_gpu_and_the_reservation(harness: Harn
     assert harness.injector.usable(successor.target) == {CharDevice(195, gpu.minor)}
 
 
-async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
-    tmp_path: Path, workers: Workers
-) -> None:
-    """Issue 38: the one node sweep of the core, over a backend's ``running`` containers. A
-    container that can open a grant of ours no reservation backs (its reservation gone while
-    the agent was down) is an orphan: announced, then revoked by the loss sequence; a
-    container holding its GPU through the agent is accounted and keeps it."""
-    running: list[HostContainer] = []
+async def _swept(
+    tmp_path: Path, workers: Workers, running: list[HostContainer], *, orphans: bool
+) -> tuple[Harness, NodeSweep, list[Coroutine[Any, Any, None]]]:
+    """A service whose backend lists ``running`` as the node's containers, and a node sweep
+    over it whose loss sequences (no grace) are collected, not run."""
     hooks = BackendHooks(
-        running=lambda reservations: [RunningContainer(c) for c in running], orphans=True
+        running=lambda reservations: [RunningContainer(c) for c in running], orphans=orphans
     )
     harness = await build(tmp_path, workers=workers, hooks=hooks)
     spawned: list[Coroutine[Any, Any, None]] = []
@@ -286,6 +283,18 @@ async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
         revoke_strays=False,
         spawn=spawned.append,
     )
+    return harness, sweep, spawned
+
+
+async def test_the_node_sweep_takes_an_orphan_back_through_the_loss_sequence(
+    tmp_path: Path, workers: Workers
+) -> None:
+    """Issue 38: the one node sweep of the core, over a backend's ``running`` containers. A
+    container that can open a grant of ours no reservation backs (its reservation gone while
+    the agent was down) is an orphan: announced, then revoked by the loss sequence; a
+    container holding its GPU through the agent is accounted and keeps it."""
+    running: list[HostContainer] = []
+    harness, sweep, spawned = await _swept(tmp_path, workers, running, orphans=True)
     try:
         kernel = harness.host.spawn(100, "kernel-a")
         mine = await attach(harness, kernel)
@@ -316,19 +325,7 @@ async def test_where_grants_cannot_outlive_reservations_an_unbacked_grant_is_a_s
     cgroup v1. It is reported as a stray and left alone (the default stray policy); it never
     goes through the loss sequence that takes an orphan back."""
     running: list[HostContainer] = []
-    hooks = BackendHooks(running=lambda reservations: [RunningContainer(c) for c in running])
-    harness = await build(tmp_path, workers=workers, hooks=hooks)
-    spawned: list[Coroutine[Any, Any, None]] = []
-    lost = LostGpus(
-        rules=LossRules(grace_seconds=0), book=harness.core.losses, metrics=harness.metrics
-    )
-    sweep = NodeSweep(
-        harness.core,
-        revoker=harness.service.revoker,
-        lost=lost,
-        revoke_strays=False,
-        spawn=spawned.append,
-    )
+    harness, sweep, spawned = await _swept(tmp_path, workers, running, orphans=False)
     try:
         other = harness.host.spawn(200, "docker-gpus")
         harness.injector.grant(harness.host.host_container(other), [node(3)])
