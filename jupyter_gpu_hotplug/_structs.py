@@ -273,7 +273,16 @@ class _AttachRequestRequired(TypedDict):
     count: int
 
 
-class AttachRequestBody(_AttachRequestRequired, total=False):
+class SelectorWire(TypedDict, total=False):
+    """The members of an attach that ask for GPUs by attribute (``GpuSelector``)."""
+
+    model: str
+    """A case-insensitive part of the GPU's product name as NVML reports it (``H100``)."""
+    min_memory: int
+    """The least memory, in bytes, each GPU must have."""
+
+
+class AttachRequestBody(_AttachRequestRequired, SelectorWire, total=False):
     """The body of ``POST /v1/attachments``; only ``count`` is required."""
 
     target: TargetWire
@@ -702,15 +711,17 @@ def check_seconds(value: object, *, field: str, maximum: float) -> float:
     return float(value)
 
 
+def check_text(value: object, pattern: re.Pattern[str], *, field: str, shape: str) -> str:
+    """A string member that ``pattern`` must match whole; ``shape`` says what it looks like."""
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise WireFormatError(f"{field} must be {shape}, got {describe_value(value)}", field=field)
+    return value
+
+
 def check_request_id(value: object) -> RequestId:
     """A client's idempotency key (``REQUEST_ID_RE``)."""
-    if not isinstance(value, str) or REQUEST_ID_RE.fullmatch(value) is None:
-        raise WireFormatError(
-            f"request_id must be 1 to {REQUEST_ID_MAX} letters, digits or . _ : -, "
-            f"got {describe_value(value)}",
-            field="request_id",
-        )
-    return RequestId(value)
+    shape = f"1 to {REQUEST_ID_MAX} letters, digits or . _ : -"
+    return RequestId(check_text(value, REQUEST_ID_RE, field="request_id", shape=shape))
 
 
 def check_gpu_uuid(value: object, *, alternatives: str = "", field: str = "uuid") -> GpuUuid:
@@ -746,6 +757,108 @@ def check_named_gpus(value: object, *, count: int) -> tuple[GpuUuid, ...]:
     if len(set(uuids)) != len(uuids):
         raise WireFormatError("gpus names a GPU more than once", field="gpus")
     return uuids
+
+
+MODEL_MAX: Final = 64
+"""The longest ``model`` an attach may give (NVML's product names are shorter)."""
+MODEL_RE: Final = re.compile(rf"[ -~]{{1,{MODEL_MAX}}}")
+"""A ``model``: printable ASCII, as NVML's product names are (and a JSON Schema pattern can
+say exactly, unlike Python's ``isprintable``)."""
+
+_MEMORY_POWERS: Final = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+_MEMORY_TEXT_RE: Final = re.compile(r"([1-9][0-9]*)\s*(?:([kmgt])(i?)b?|b?)", re.IGNORECASE)
+
+
+def format_memory(size: int) -> str:
+    """Bytes as a person reads a GPU's memory (binary units, as NVML and nvidia-smi count)."""
+    return f"{size / 2**30:.4g} GiB" if size >= 2**30 else f"{size / 2**20:.4g} MiB"
+
+
+@dataclass(frozen=True)
+class GpuSelector:
+    """What an attach asks of each GPU it gets beside the count: a model (part of the product
+    name) and a least memory. One value for both APIs and the agent's candidates, so that
+    what is validated is what is matched."""
+
+    model: str | None = None
+    min_memory: int | None = None
+
+    def matches(self, name: str, memory_total: int) -> bool:
+        """Whether a GPU of product name ``name`` and ``memory_total`` bytes may serve it."""
+        return (self.model is None or self.model.casefold() in name.casefold()) and (
+            self.min_memory is None or memory_total >= self.min_memory
+        )
+
+    @property
+    def key(self) -> str:
+        """What the queue orders waiters by (``Waiter.kind``): equal for equal selectors
+        (the model's case aside), never a profile or a GPU UUID."""
+        model = "" if self.model is None else self.model.casefold()
+        return f"select:{model}:{self.min_memory or 0}"
+
+    def __str__(self) -> str:
+        parts = [] if self.model is None else [f"model {self.model!r}"]
+        if self.min_memory is not None:
+            parts.append(f"at least {format_memory(self.min_memory)} of memory")
+        return " and ".join(parts)
+
+
+def check_model(value: object) -> str:
+    """A ``model``: 1 to ``MODEL_MAX`` printable ASCII characters (``MODEL_RE``)."""
+    shape = (
+        f"1 to {MODEL_MAX} printable ASCII characters, part of the GPU's product name (e.g. H100)"
+    )
+    return check_text(value, MODEL_RE, field="model", shape=shape)
+
+
+def check_min_memory(value: object) -> int:
+    """A ``min_memory``: a whole number of bytes above 0."""
+    size = json_integer(value)
+    if size is None or size < 1:
+        raise WireFormatError(
+            f"min_memory must be a whole number of bytes greater than 0, got "
+            f"{describe_value(value)}",
+            field="min_memory",
+        )
+    return size
+
+
+def check_selector(
+    obj: Mapping[str, object], *, named: bool, mig: bool = False
+) -> GpuSelector | None:
+    """The selector of an attach body (None: it gives neither member). Refused beside
+    ``gpus`` (a named GPU is exact already) and beside ``mig`` (a slice's NVML name is its
+    profile's, so a model could not be matched as the user means it; the profile says the
+    memory)."""
+    present = [name for name in ("model", "min_memory") if name in obj]
+    if not present:
+        return None
+    if named or mig:
+        other = "gpus: a named GPU is exact already" if named else "mig: the profile says it"
+        raise WireFormatError(
+            f"{present[0]} cannot be given with {other}; give one or the other",
+            field=present[0],
+        )
+    return GpuSelector(
+        model=check_model(obj["model"]) if "model" in obj else None,
+        min_memory=check_min_memory(obj["min_memory"]) if "min_memory" in obj else None,
+    )
+
+
+def parse_memory_text(text: str) -> int:
+    """Bytes from what a person types, as Kubernetes reads a quantity: ``G``/``GB`` decimal
+    (10**9, the unit a card is sold in: an "80GB" H100, 79.6 GiB by NVML's count, has 80G),
+    ``Gi``/``GiB`` binary (2**30), ``512M``, ``1024``."""
+    found = _MEMORY_TEXT_RE.fullmatch(text.strip())
+    if found is None:
+        raise WireFormatError(
+            f"min_memory must be a size such as 80G (10**9 bytes), 40Gi (2**30) or 512M, got "
+            f"{describe_value(text)}",
+            field="min_memory",
+        )
+    unit, binary = (found[2] or "").lower(), bool(found[3])
+    scale: int = (1024 if binary else 1000) ** _MEMORY_POWERS[unit]
+    return int(found[1]) * scale
 
 
 # --- the Kubernetes contract (DESIGN §3): what spawners, manifests and the agent agree on -------

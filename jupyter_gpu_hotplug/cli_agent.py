@@ -119,6 +119,18 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         help="attach this GPU of the node (its index as 'status' and the host's nvidia-smi "
         "show it, or its UUID) rather than any free one; not in Kubernetes mode",
     )
+    parser.add_argument(
+        "--model",
+        metavar="TEXT",
+        help="attach only GPUs whose product name contains TEXT, in any case (e.g. H100); "
+        "not with --gpu or --mig, not in Kubernetes mode with the device plugin",
+    )
+    parser.add_argument(
+        "--min-memory",
+        metavar="SIZE",
+        help="attach only GPUs with at least SIZE of memory, as Kubernetes reads it: 80G "
+        "(10**9 bytes) or 40Gi (2**30); the same limits as --model",
+    )
     _common(parser)
 
 
@@ -210,6 +222,8 @@ def run_attach(args: argparse.Namespace) -> int:
             mig=args.mig,
             idle_release_seconds=args.idle,
             gpus=named,
+            model=args.model,
+            min_memory=args.min_memory,
         )
     except ValueError as error:
         return _fail(args, error)

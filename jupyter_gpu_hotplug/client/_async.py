@@ -110,6 +110,8 @@ class AsyncAgentClient(BaseAgentClient):
         mig: str | None = None,
         idle_release_seconds: float | None = None,
         gpus: Sequence[GpuUuid | str] = (),
+        model: str | None = None,
+        min_memory: int | str | None = None,
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
@@ -119,6 +121,8 @@ class AsyncAgentClient(BaseAgentClient):
         asks the agent to release them after that long unused (never later than its policy).
         ``gpus`` names the GPUs (UUIDs, ``count`` of them) to attach instead of any free ones;
         the agent refuses it where the cluster picks the device (``Gpu.selectable``).
+        ``model`` (part of the product name, ``"H100"``) and ``min_memory`` (bytes, or
+        ``"80G"`` decimal, ``"40Gi"`` binary) ask for GPUs by attribute instead.
         """
         return await self._call(
             attach_call(
@@ -129,6 +133,8 @@ class AsyncAgentClient(BaseAgentClient):
                 mig=mig,
                 idle_release_seconds=idle_release_seconds,
                 gpus=[GpuUuid(uuid) for uuid in gpus],
+                model=model,
+                min_memory=min_memory,
             )
         )
 

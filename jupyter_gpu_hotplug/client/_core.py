@@ -40,10 +40,12 @@ from .._structs import (
     DEFAULT_WAIT_SECONDS,
     TOKEN_PATH_ENV,
     AttachRequestBody,
+    GpuSelector,
     GpuUuid,
     PidRef,
     PidTarget,
     PodTarget,
+    parse_memory_text,
 )
 from .._version import __version__
 from ._http import (
@@ -212,15 +214,26 @@ def attach(
     mig: str | None = None,
     idle_release_seconds: float | None = None,
     gpus: Sequence[GpuUuid] = (),
+    model: str | None = None,
+    min_memory: int | str | None = None,
 ) -> ApiCall[tuple[Attachment, ...]]:
     """``request_id`` defaults to a new one: every attach is safe to repeat. ``mig``: attach
     MIG slices of that profile (``1g.10gb``) instead of whole GPUs. ``idle_release_seconds``:
     ask the agent to release them after that long unused (if stricter than its own policy).
     ``gpus``: attach exactly these (``count`` of them; ``Gpu.selectable`` says where the agent
-    can)."""
+    can). ``model`` (part of the product name, ``H100``) and ``min_memory`` (bytes, or text
+    such as ``80G``, decimal, or ``40Gi``, binary) ask for GPUs by attribute; the agent checks
+    them."""
     body = AttachRequestBody(count=count, request_id=request_id or new_request_id())
     if gpus:
         body["gpus"] = list(gpus)
+    selector = GpuSelector(
+        model, parse_memory_text(min_memory) if isinstance(min_memory, str) else min_memory
+    )
+    if selector.model is not None:
+        body["model"] = selector.model
+    if selector.min_memory is not None:
+        body["min_memory"] = selector.min_memory
     if target is not None:
         body["target"] = target.to_wire()
     if wait_seconds is not None:
@@ -232,6 +245,8 @@ def attach(
     what = f"GPU{'' if count == 1 else 's'}" if mig is None else f"MIG {mig} slice(s)"
     if gpus:
         what += f" ({', '.join(gpus)})"
+    if selector != GpuSelector():
+        what += f" ({selector})"
     return ApiCall(
         f"attach {count} {what} to {_subject(target)}",
         "POST",

@@ -108,6 +108,8 @@ class AgentClient(BaseAgentClient):
         mig: str | None = None,
         idle_release_seconds: float | None = None,
         gpus: Sequence[GpuUuid | str] = (),
+        model: str | None = None,
+        min_memory: int | str | None = None,
     ) -> tuple[Attachment, ...]:
         """Attach ``count`` GPUs; waits up to ``wait_seconds`` (agent default 60) for them.
 
@@ -117,6 +119,8 @@ class AgentClient(BaseAgentClient):
         asks the agent to release them after that long unused (never later than its policy).
         ``gpus`` names the GPUs (UUIDs, ``count`` of them) to attach instead of any free ones;
         the agent refuses it where the cluster picks the device (``Gpu.selectable``).
+        ``model`` (part of the product name, ``"H100"``) and ``min_memory`` (bytes, or
+        ``"80G"`` decimal, ``"40Gi"`` binary) ask for GPUs by attribute instead.
         """
         return self._call(
             attach_call(
@@ -127,6 +131,8 @@ class AgentClient(BaseAgentClient):
                 mig=mig,
                 idle_release_seconds=idle_release_seconds,
                 gpus=[GpuUuid(uuid) for uuid in gpus],
+                model=model,
+                min_memory=min_memory,
             )
         )
 

@@ -50,7 +50,11 @@ from .._structs import (
     MIG_PROFILE_RE,
     NVIDIA_MAJOR,
     SANDBOX_PID_ENV,
+    GpuSelector,
     GpuUuid,
+    WireFormatError,
+    check_model,
+    parse_memory_text,
 )
 from .._version import __version__
 from ..client import (
@@ -220,6 +224,24 @@ def mig_profile(text: str) -> str:
     return text
 
 
+def gpu_model(text: str) -> str:
+    """``--model M`` of ``attach``: part of the GPU's product name (the wire's rule)."""
+    try:
+        return check_model(text)
+    except WireFormatError as error:
+        raise argparse.ArgumentTypeError(error.message.replace("model", "--model", 1)) from error
+
+
+def memory_size(text: str) -> int:
+    """``--min-memory SIZE`` of ``attach`` in bytes: ``80G`` (10**9), ``40Gi`` (2**30), ``512M``."""
+    try:
+        return parse_memory_text(text)
+    except WireFormatError as error:
+        raise argparse.ArgumentTypeError(
+            error.message.replace("min_memory", "--min-memory", 1)
+        ) from error
+
+
 def refresh_interval(text: str) -> float:
     """``--interval S`` of ``monitor``: seconds between two refreshes."""
     return _seconds(
@@ -322,6 +344,23 @@ def _add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         "host's nvidia-smi number it, or its UUID) rather than any free one; not where the "
         "cluster picks the GPU (Kubernetes)",
     )
+    parser.add_argument(
+        "--model",
+        type=gpu_model,
+        default=None,
+        metavar="TEXT",
+        help="attach only GPUs whose product name contains TEXT, in any case (e.g. H100 for "
+        "'NVIDIA H100 80GB HBM3'); not with --gpu or --mig, not where the device plugin picks "
+        "the GPU (Kubernetes)",
+    )
+    parser.add_argument(
+        "--min-memory",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="attach only GPUs with at least SIZE of memory, as Kubernetes reads it: 80G "
+        "(10**9 bytes, as cards are sold) or 40Gi (2**30); the same limits as --model",
+    )
 
 
 def _attach(args: argparse.Namespace, context: MagicContext) -> None:
@@ -330,6 +369,9 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
     limit = "" if args.wait is None else f" (waiting up to {args.wait:g} s)"
     what = _plural(count) if args.mig is None else _plural(count, f"MIG {args.mig} slice")
     named: list[GpuUuid] = []
+    selector = GpuSelector(args.model, args.min_memory)
+    if selector != GpuSelector():
+        what += f" ({selector})"
     if args.gpu is not None:
         if count != 1:
             raise UsageError(f"{PROG} attach --gpu names one GPU: leave N out")
@@ -343,6 +385,8 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
                 mig=args.mig,
                 idle_release_seconds=args.idle,
                 gpus=named,
+                model=selector.model,
+                min_memory=selector.min_memory,
             ),
             label=f"Attaching {what}{limit}",
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
@@ -351,8 +395,12 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
             tick=context.progress_tick,
         )
     except (InsufficientGpus, InvalidRequest) as error:
-        if named or (isinstance(error, InvalidRequest) and error.field != "count"):
-            raise  # a named GPU's refusal names it already
+        if (
+            named
+            or selector != GpuSelector()
+            or (isinstance(error, InvalidRequest) and error.field != "count")
+        ):
+            raise  # a named GPU's refusal names it, a selector's what the node has
         raise GpuCommandError(_too_many(count, client, error, mig=args.mig)) from error
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))

@@ -432,6 +432,8 @@ class HotplugManager:
                 wait_seconds=request.wait_seconds,
                 request_id=request_id,
                 gpus=request.gpus,
+                model=None if request.selector is None else request.selector.model,
+                min_memory=None if request.selector is None else request.selector.min_memory,
             )
         )
         self._calls.add(call)

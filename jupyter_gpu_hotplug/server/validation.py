@@ -20,7 +20,14 @@ from typing import Final, NewType
 
 from .. import _structs as wire
 from .._httpkit import load_request_json
-from .._structs import MAX_WAIT_SECONDS, FieldChecks, GpuUuid, RequestId, describe_value
+from .._structs import (
+    MAX_WAIT_SECONDS,
+    FieldChecks,
+    GpuSelector,
+    GpuUuid,
+    RequestId,
+    describe_value,
+)
 from .errors import InvalidInput
 
 __all__ = [
@@ -48,7 +55,15 @@ MAX_BODY_BYTES: Final = 16 * 1024
 _KERNEL_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 DETACH_ALL: Final = "all"
 
-_ATTACH_FIELDS: Final = ("count", "gpus", "kernel_id", "request_id", "wait_seconds")
+_ATTACH_FIELDS: Final = (
+    "count",
+    "gpus",
+    "kernel_id",
+    "min_memory",
+    "model",
+    "request_id",
+    "wait_seconds",
+)
 _DETACH_FIELDS: Final = ("force", "kernel_id", "uuid")
 _CANCEL_FIELDS: Final = ("kernel_id", "request_id")
 _QUERY_FIELDS: Final = ("kernel_id",)
@@ -68,6 +83,9 @@ class AttachRequest:
     gpus: tuple[GpuUuid, ...] = ()
     """The GPUs to attach (a GPU card's Attach names its own), ``count`` of them; empty: any
     free ones. The agent refuses it where the cluster picks the device (``selectable``)."""
+    selector: GpuSelector | None = None
+    """What each GPU must be (``model``, ``min_memory``); never with ``gpus``. Passed on to
+    the agent, which refuses it where the cluster picks the device."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +142,8 @@ def _optional_kernel_id(obj: Mapping[str, object]) -> KernelId | None:
 
 
 def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
-    """``{"count": N, "gpus"?: [UUID, ...], "kernel_id"?, "wait_seconds"?, "request_id"?}``."""
+    """``{"count": N, "gpus"?: [UUID, ...], "model"?, "min_memory"?, "kernel_id"?,
+    "wait_seconds"?, "request_id"?}``."""
     obj = _json_object(body)
     _only(obj, _ATTACH_FIELDS, where="member")
     count = _checked(
@@ -146,6 +165,7 @@ def parse_attach(body: bytes, *, max_count: int) -> AttachRequest:
         wait_seconds=wait_seconds,
         request_id=None if request_id is None else _checked(wire.check_request_id, request_id),
         gpus=() if gpus is None else _checked(wire.check_named_gpus, gpus, count=count),
+        selector=_checked(wire.check_selector, obj, named=gpus is not None),
     )
 
 

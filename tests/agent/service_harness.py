@@ -8,7 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
 
 from jupyter_gpu_hotplug.agent.core.bundle import Core
 from jupyter_gpu_hotplug.agent.core.checkpoints import Checkpoints
@@ -18,6 +18,8 @@ from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
 from jupyter_gpu_hotplug.agent.core.seams import Caller, ConnectionInfo, PeerCredentials
 from jupyter_gpu_hotplug.agent.core.service import AgentService, ServiceConfig
 from jupyter_gpu_hotplug.agent.core.workers import Workers
+from jupyter_gpu_hotplug.agent.kubernetes.allocator import HolderAllocator
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec
 from jupyter_gpu_hotplug.agent.local.allocator import LedgerAllocator
 from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
@@ -120,6 +122,19 @@ async def build(
         service,
         Reconciler(core),
         tmp_path / "state",
+    )
+
+
+def device_plugin_allocator() -> HolderAllocator:
+    """Kubernetes' allocator with the device plugin (``selectable`` False), with no API
+    server, kubelet or pods: any use of them fails, so a test over it shows that the service
+    refused a request before the allocator was asked."""
+    return HolderAllocator(
+        kube=cast(Any, None),
+        pods=cast(Any, None),
+        podresources=cast(Any, None),
+        spec=HolderSpec(node_name="gpu-node-1", resource_name="nvidia.com/gpu"),
+        blocking=cast(Any, None),
     )
 
 

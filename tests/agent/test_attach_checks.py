@@ -5,11 +5,12 @@ allocator or lock: these are the attach's rules as values (``core/attach_checks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidTarget, RequestId, Target
+from jupyter_gpu_hotplug._structs import GpuSelector, GpuUuid, PidTarget, RequestId, Target
 from jupyter_gpu_hotplug.agent.core import attach_checks as checks
 from jupyter_gpu_hotplug.agent.core.admission import Limit
 from jupyter_gpu_hotplug.agent.core.errors import AgentError, InvalidRequest
@@ -70,6 +71,7 @@ def ask(
     gpus: tuple[GpuUuid, ...] = (),
     queued: bool = False,
     request_id: str | None = None,
+    selector: GpuSelector | None = None,
 ) -> AttachRequest:
     return AttachRequest(
         count=count,
@@ -78,8 +80,16 @@ def ask(
         request_id=None if request_id is None else RequestId(request_id),
         mig=mig,
         gpus=gpus,
+        selector=selector,
         queued=queued,
     )
+
+
+TEST_MODEL, TOO_LARGE = GpuSelector("Test"), GpuSelector(min_memory=2**30 + 1)
+LOST_HOPPER = InventorySnapshot(
+    gpus=(WHOLE0,),
+    lost=(LostGpu(3, "fell off the bus", replace(WHOLE1, name="NVIDIA H100 80GB HBM3")),),
+)
 
 
 def held(
@@ -139,8 +149,20 @@ def test_what_an_attach_not_naming_its_gpus_may_get(
         (ask(), [GPU0, GPU1]),
         (ask(mig=SMALL), [SLICE_A, SLICE_B]),
         (ask(gpus=(GPU1,)), [GPU1]),
+        (ask(selector=TEST_MODEL), [GPU0, GPU1]),
+        (ask(selector=GpuSelector(min_memory=2**30)), [GPU0, GPU1]),
+        (ask(selector=TOO_LARGE), []),
+        (ask(selector=GpuSelector("H100")), []),
     ],
-    ids=["whole GPUs", "slices of its profile", "what it names"],
+    ids=[
+        "whole GPUs",
+        "slices of its profile",
+        "what it names",
+        "whole GPUs of the model",
+        "whole GPUs with the memory",
+        "none with more memory",
+        "none of another model",
+    ],
 )
 def test_the_candidates_the_allocator_is_given(
     request_: AttachRequest, expected: list[GpuUuid]
@@ -150,8 +172,13 @@ def test_the_candidates_the_allocator_is_given(
 
 @pytest.mark.parametrize(
     ("request_", "expected"),
-    [(ask(), None), (ask(mig=SMALL), SMALL), (ask(gpus=(GPU1, GPU0)), f"{GPU0},{GPU1}")],
-    ids=["whole GPUs", "a profile", "named GPUs, in one order"],
+    [
+        (ask(), None),
+        (ask(mig=SMALL), SMALL),
+        (ask(gpus=(GPU1, GPU0)), f"{GPU0},{GPU1}"),
+        (ask(selector=GpuSelector("H100", 5)), "select:h100:5"),
+    ],
+    ids=["whole GPUs", "a profile", "named GPUs, in one order", "a selector"],
 )
 def test_what_a_request_waits_for_in_the_queue(
     request_: AttachRequest, expected: str | None
@@ -176,6 +203,10 @@ SHAPES: list[tuple[str, AttachRequest, InventorySnapshot, int | tuple[str, bool]
         ("invalid_request", False),
     ),
     ("a whole GPU, with a profile", ask(mig=SMALL, gpus=(GPU0,)), NODE, ("invalid_request", False)),
+    ("a selector: the matching and the unread lost", ask(selector=TEST_MODEL), NODE, 3),
+    ("a selector no GPU matches", ask(selector=TOO_LARGE), NO_SLICES, ("insufficient_gpus", False)),
+    ("a selector only a lost GPU matched", ask(selector=GpuSelector("H100")), LOST_HOPPER, 1),
+    ("a selector a lost GPU did not match", ask(selector=TEST_MODEL), LOST_HOPPER, 1),
 ]
 
 
@@ -198,6 +229,7 @@ def test_the_shape_of_a_request_against_the_node(
 def test_a_named_gpu_is_refused_where_the_cluster_picks_the_device() -> None:
     checks.check_selectable(ask(gpus=(GPU0,)), selectable=True)
     checks.check_selectable(ask(), selectable=False)
+    checks.check_selectable(ask(selector=TEST_MODEL), selectable=True)
     with pytest.raises(InvalidRequest) as refused:
         checks.check_selectable(ask(gpus=(GPU0,)), selectable=False)
     assert (refused.value.code, refused.value.field) == ("invalid_request", "gpus")

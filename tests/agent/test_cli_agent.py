@@ -82,6 +82,26 @@ def test_attach_a_named_gpu(
     assert "--gpu names one GPU" in capsys.readouterr().err
 
 
+def test_attach_by_model_and_memory(
+    served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 37: the served agent's four GPUs are "Fake GPU (simulated)" with 80 GiB each.
+    args = ["attach", "--model", "fake gpu", "--min-memory", "80G", "--agent-url", unix_url]
+    assert main(args) == 0
+    assert len(served.ledger.attachments()) == 1
+
+    assert main(["attach", "--model", "A100", "--agent-url", unix_url]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "no GPU of this node matches model 'A100' (the node has: Fake GPU (simulated) "
+        "(80 GiB) x4)" in err
+    )
+    assert "--wait" not in err  # waiting cannot help: no such GPU here
+    assert main(["attach", "--min-memory", "40X", "--agent-url", unix_url]) == 1
+    assert "min_memory must be a size such as 80G" in capsys.readouterr().err
+    assert len(served.ledger.attachments()) == 1
+
+
 def test_json_output(
     served: ServedAgent, unix_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
@@ -21,12 +20,10 @@ from jupyter_gpu_hotplug._structs import GpuUuid, PidRef, Target
 from jupyter_gpu_hotplug.agent.core.errors import InsufficientGpus, InvalidRequest, NotFound
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest
 from jupyter_gpu_hotplug.agent.core.workers import Workers
-from jupyter_gpu_hotplug.agent.kubernetes.allocator import HolderAllocator
-from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec
 from tests.fixtures.waiting import eventually
 
 from .fakes import MemoryAllocator
-from .service_harness import ADMIN, Harness, build
+from .service_harness import ADMIN, Harness, build, device_plugin_allocator
 
 
 def named(pid: int, *uuids: str, queued: bool = False) -> AttachRequest:
@@ -179,13 +176,7 @@ async def test_the_kubernetes_allocator_is_refused_before_it_is_asked(harness: H
     """Kubernetes mode: a holder pod asks for *a* GPU, and the device plugin picks which. The
     service refuses a named GPU before the allocator is used at all (this one has no API
     server, kubelet or pods: any use of them would fail otherwise)."""
-    holders = HolderAllocator(
-        kube=cast(Any, None),
-        pods=cast(Any, None),
-        podresources=cast(Any, None),
-        spec=HolderSpec(node_name="gpu-node-1", resource_name="nvidia.com/gpu"),
-        blocking=cast(Any, None),
-    )
+    holders = device_plugin_allocator()
     assert not holders.selectable
     harness.core.allocator = holders
     harness.host.spawn(100, "kernel-a")

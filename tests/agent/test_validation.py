@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jupyter_gpu_hotplug._structs import (
     DEFAULT_WAIT_SECONDS,
     PID_MAX_LIMIT,
+    GpuSelector,
     GpuUuid,
     PidRef,
     PodTarget,
@@ -104,6 +105,21 @@ VALID_BODIES: list[tuple[str, bytes, AttachRequest]] = [
         AttachRequest(2, None, 60.0, None, gpus=tuple(GpuUuid(u) for u in NAMED)),
     ),
     (
+        "model",
+        body({"count": 2, "model": "H100"}),
+        AttachRequest(2, None, 60.0, None, selector=GpuSelector(model="H100")),
+    ),
+    (
+        "model-64-and-memory",
+        body({"count": 1, "model": "m" * 64, "min_memory": 40 * 2**30}),
+        AttachRequest(1, None, 60.0, None, selector=GpuSelector("m" * 64, 40 * 2**30)),
+    ),
+    (
+        "min-memory-integral-float",
+        body({"count": 1, "min_memory": 1024.0}),
+        AttachRequest(1, None, 60.0, None, selector=GpuSelector(min_memory=1024)),
+    ),
+    (
         "request-id-128",
         body({"count": 1, "request_id": "r" * 128}),
         AttachRequest(1, None, 60.0, RequestId("r" * 128)),
@@ -119,6 +135,22 @@ def test_valid_bodies(raw: bytes, expected: AttachRequest) -> None:
 
 
 # --- bodies that do not -------------------------------------------------------------------------
+
+SELECTOR_BODIES: list[tuple[str, bytes, str, str]] = [
+    (f"{field}-{name}", body({"count": 1, field: value}), field, words)
+    for name, field, value, words in (
+        ("empty", "model", "", "1 to 64 printable"),
+        ("long", "model", "m" * 65, "1 to 64 printable"),
+        ("control", "model", "H\n100", "printable"),
+        ("unicode", "model", "H100\u00e9", "ASCII"),
+        ("number", "model", 100, "got 100"),
+        ("zero", "min_memory", 0, "greater than 0"),
+        ("text", "min_memory", "40G", 'got "40G"'),
+        ("fraction", "min_memory", 1.5, "whole number"),
+        ("bool", "min_memory", True, "got true"),
+    )
+]
+"""``model`` and ``min_memory`` refused alone (``_structs.check_selector``)."""
 
 INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("empty", b"", "body", "empty"),
@@ -155,6 +187,19 @@ INVALID_BODIES: list[tuple[str, bytes, str, str]] = [
     ("gpus-twice", body({"count": 2, "gpus": [NAMED[0]] * 2}), "gpus", "more than once"),
     ("gpus-upper", body({"count": 1, "gpus": [NAMED[0].upper()]}), "gpus[0]", "lowercase hex"),
     ("gpus-index", b'{"count": 2, "gpus": ["%s", 1]}' % NAMED[0].encode(), "gpus[1]", "got 1"),
+    *SELECTOR_BODIES,
+    (
+        "model-with-gpus",
+        body({"count": 1, "gpus": NAMED[:1], "model": "H100"}),
+        "model",
+        "cannot be given with gpus",
+    ),
+    (
+        "memory-with-mig",
+        b'{"count": 1, "mig": "1g.10gb", "min_memory": 1}',
+        "min_memory",
+        "cannot be given with mig",
+    ),
     ("unknown-several", b'{"count": 1, "b": 1, "a": 1}', "a", '"a", "b"'),
     ("missing-count", b"{}", "count", "count is required"),
     ("count-zero", b'{"count": 0}', "count", "at least 1"),

@@ -160,6 +160,28 @@ async def test_attach_names_its_gpus(api: Api, stub: StubAgent) -> None:
     check_attach_request(body)
 
 
+@pytest.mark.parametrize(
+    ("memory", "sent"), [("80G", 80 * 10**9), ("40Gi", 40 * 2**30), (512 * 2**20, 512 * 2**20)]
+)
+async def test_attach_selects_by_model_and_memory(
+    api: Api, stub: StubAgent, memory: str | int, sent: int
+) -> None:
+    stub.respond("POST", "/v1/attachments", 201, samples.LOCAL_ATTACHMENTS)
+
+    await api("attach", 1, target=PidRef(4242), model="H100", min_memory=memory, request_id="r.3")
+
+    (request,) = stub.requests
+    body = request.json()
+    assert body == {
+        "count": 1,
+        "target": {"pid": 4242},
+        "request_id": "r.3",
+        "model": "H100",
+        "min_memory": sent,
+    }
+    check_attach_request(body)
+
+
 async def test_attach_defaults(api: Api, stub: StubAgent) -> None:
     stub.respond("POST", "/v1/attachments", 201, samples.ATTACHMENTS)
 

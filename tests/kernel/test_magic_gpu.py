@@ -97,6 +97,9 @@ class FakeAgent:
             call = (*call, kwargs["mig"])
         if kwargs.get("gpus"):
             call = (*call, tuple(kwargs["gpus"]))
+        selector = {key: kwargs[key] for key in ("model", "min_memory") if kwargs.get(key)}
+        if selector:
+            call = (*call, selector)
         self.calls.append(call)
         self.attach_started.set()
         if not self.release.wait(WAIT_S):
@@ -222,6 +225,11 @@ def run_refused(shell: InteractiveShell, line: str, capsys: pytest.CaptureFixtur
         ("attach 2 --idle 300", "attach", {"count": 2, "idle": 300.0}),
         ("attach --gpu 1", "attach", {"count": 1, "gpu": "1"}),
         ("attach --gpu gpu-A4BD620B", "attach", {"count": 1, "gpu": "GPU-a4bd620b"}),
+        ("attach 1 --model H100", "attach", {"model": "H100", "min_memory": None}),
+        ("attach --min-memory 40G", "attach", {"model": None, "min_memory": 40 * 10**9}),
+        ("attach --min-memory=40GiB", "attach", {"min_memory": 40 * 2**30}),
+        ("attach --min-memory 512M", "attach", {"min_memory": 512 * 10**6}),
+        ("attach --min-memory 1024", "attach", {"min_memory": 1024}),
         ("detach", "detach", {"gpu": None, "force": False}),
         ("detach all --force", "detach", {"gpu": "all", "force": True}),
         ("detach ALL", "detach", {"gpu": "all", "force": False}),
@@ -262,6 +270,12 @@ def test_parsing(line: str, name: str, expected: dict[str, Any]) -> None:
         ("attach --idle 0", "--idle must be a number of seconds, more than 0"),
         ("attach --gpu all", "--gpu takes a GPU index on the node"),
         ("attach --gpu GPU-zz", "got 'GPU-zz'"),
+        ("attach --model ''", "--model must be 1 to 64 printable ASCII characters"),
+        (
+            "attach --min-memory 40X",
+            "--min-memory must be a size such as 80G (10**9 bytes), 40Gi (2**30) or 512M",
+        ),
+        ("attach --min-memory 0G", '(2**30) or 512M, got "0G"'),
         ("detach foo", "expected 'all', a GPU index on the node (0, 1, ..."),
         ("detach GPU-zz", "got 'GPU-zz'"),
         ("detach all extra", "unrecognized arguments: extra"),
@@ -435,6 +449,33 @@ def test_quick_attach_shows_no_progress(
     shell.run_line_magic("gpu", "attach")
 
     assert progress == []
+
+
+def test_attach_by_model_and_memory(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_line_magic("gpu", "attach 1 --model H100 --min-memory 40G")
+
+    assert agent.calls == [("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9})]
+    assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
+
+
+def test_no_matching_gpu_shows_the_agents_reason(shell: InteractiveShell, agent: FakeAgent) -> None:
+    """The agent's 409 says what the node has; the magic's own "N free" would be wrong for
+    a selector (it counts every GPU), so the agent's words are shown as they are."""
+    reason = (
+        "no GPU of this node matches model 'A100' (the node has: NVIDIA H100 80GB HBM3 "
+        "(79.65 GiB) x2)"
+    )
+    agent.errors["attach"] = InsufficientGpus(
+        reason, status=409, code="insufficient_gpus", extra={"free": 0, "requested": 1}
+    )
+
+    with pytest.raises(GpuCommandError) as caught:
+        shell.run_line_magic("gpu", "attach --model A100")
+
+    assert caught.value.message == reason
+    assert agent.calls == [("attach", 1, None, {"model": "A100"})]
 
 
 def test_insufficient_gpus_offers_the_wait_and_points_to_list(

@@ -142,6 +142,17 @@ BAD_INPUT = [
         "attach", b'{"count": 2, "gpus": ["%s"]}' % GPU_B, "gpus", "count is 2", id="gpus-count"
     ),
     pytest.param("attach", b'{"count": 1, "gpus": [1]}', "gpus[0]", "GPU UUID", id="gpus-index"),
+    pytest.param("attach", b'{"count": 1, "model": ""}', "model", "printable", id="model-empty"),
+    pytest.param(
+        "attach", b'{"count": 1, "min_memory": "40G"}', "min_memory", "bytes", id="memory-text"
+    ),
+    pytest.param(
+        "attach",
+        b'{"count": 1, "gpus": ["%s"], "min_memory": 1}' % GPU_B,
+        "min_memory",
+        "cannot be given with gpus",
+        id="memory-with-gpus",
+    ),
     pytest.param("detach", b"{}", "uuid", "uuid is required", id="uuid-missing"),
     pytest.param("detach", b'{"uuid": "GPU-1"}', "uuid", "GPU UUID like", id="uuid-bad"),
     pytest.param("detach", b'{"uuid": 7}', "uuid", "GPU UUID like", id="uuid-number"),

@@ -216,3 +216,27 @@ async def test_a_named_gpu_is_passed_on_and_the_agents_refusal_comes_back(
     assert (error["field"], error["message"]) == ("gpus", refusal["message"])
     (post,) = [r for r in stub.requests if r.method == "POST"]
     assert post.json()["gpus"] == [UUID_A]
+
+
+async def test_a_selector_is_passed_on_and_the_device_plugins_refusal_shown(
+    jp_fetch: Fetch, stub: StubAgent
+) -> None:
+    """Issue 37: ``model`` and ``min_memory`` reach the agent as they were sent; with the
+    device plugin the agent refuses them (400 naming the field), passed on unchanged."""
+    refusal = {
+        "error": "invalid_request",
+        "message": "selecting GPUs by model or memory needs DRA (--allocation dra); the device "
+        "plugin picks the device itself",
+        "retryable": False,
+        "field": "model",
+    }
+    stub.respond("POST", "/v1/attachments", 400, refusal)
+
+    reply = await call(
+        jp_fetch, "POST", "attach", {"count": 1, "model": "H100", "min_memory": 40 * 2**30}
+    )
+
+    error = reply.error(400, "invalid_request")
+    assert (error["field"], error["message"]) == ("model", refusal["message"])
+    (post,) = [r for r in stub.requests if r.method == "POST"]
+    assert (post.json()["model"], post.json()["min_memory"]) == ("H100", 40 * 2**30)

@@ -37,6 +37,8 @@ from ..._structs import (
     check_request_id,
     check_required,
     check_seconds,
+    check_selector,
+    check_text,
     describe_value,
     json_integer,
 )
@@ -50,6 +52,8 @@ _BODY_FIELDS = (
     "gpus",
     "idle_release_seconds",
     "mig",
+    "min_memory",
+    "model",
     "request_id",
     "target",
     "wait_seconds",
@@ -163,19 +167,15 @@ def parse_attach_request(body: bytes, *, max_body: int = MAX_BODY_BYTES) -> Atta
         idle_release_seconds=idle_release_seconds,
         mig=mig,
         gpus=gpus,
+        selector=_checked(check_selector, obj, named="gpus" in obj, mig=mig is not None),
         queued=wait_seconds is not None,
     )
 
 
 def _mig_profile(value: object) -> str:
     """A MIG GPU instance profile as NVIDIA names them: ``<slices>g.<memory>gb``."""
-    if not isinstance(value, str) or MIG_PROFILE_RE.fullmatch(value) is None:
-        raise InvalidRequest(
-            f"mig must be a MIG profile such as 1g.10gb (<slices>g.<memory>gb), got "
-            f"{describe_value(value)}",
-            field="mig",
-        )
-    return value
+    shape = "a MIG profile such as 1g.10gb (<slices>g.<memory>gb)"
+    return _checked(check_text, value, MIG_PROFILE_RE, field="mig", shape=shape)
 
 
 def _seconds(obj: dict[str, object], name: str, maximum: float) -> float | None:

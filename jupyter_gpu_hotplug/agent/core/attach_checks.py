@@ -12,10 +12,11 @@ refuse what no waiting can fix.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from ..._structs import GpuUuid, Target
+from ..._structs import GpuSelector, GpuUuid, Target, format_memory
 from .admission import Limit
 from .errors import Busy, InsufficientGpus, InvalidRequest, NotFound
 from .inventory import GpuDevice, InventorySnapshot
@@ -41,6 +42,7 @@ __all__ = [
     "named_taken",
     "queue_kind",
     "repeated",
+    "selected",
     "serves",
     "taken_by_another",
     "with_profile",
@@ -61,10 +63,18 @@ def as_record(gpu: GpuDevice) -> GpuRecord:
     return GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
 
 
+def selected(gpu: GpuDevice, selector: GpuSelector | None) -> bool:
+    """Whether ``gpu`` is what a request's selector (None: any) asks for."""
+    return selector is None or selector.matches(gpu.name, gpu.memory_total)
+
+
 def queue_kind(request: AttachRequest) -> str | None:
-    """What a request waits for in the queue (``Waiter.kind``): its named GPUs, or whole GPUs,
-    or slices of its MIG profile."""
-    return ",".join(sorted(request.gpus)) if request.gpus else request.mig
+    """What a request waits for in the queue (``Waiter.kind``): its named GPUs, or whole GPUs
+    of its selector (so that a waiter for an H100 does not hold up one for any GPU), or
+    slices of its MIG profile."""
+    if request.gpus:
+        return ",".join(sorted(request.gpus))
+    return request.mig if request.selector is None else request.selector.key
 
 
 def describe(gpu: GpuDevice) -> str:
@@ -107,6 +117,13 @@ def check_selectable(request: AttachRequest, *, selectable: bool) -> None:
             hint='leave "gpus" out and give only count; GET /v1/gpus marks such GPUs '
             '"selectable": false',
         )
+    if request.selector is not None and not selectable:
+        raise InvalidRequest(
+            "selecting GPUs by model or memory needs DRA (--allocation dra); the device plugin "
+            "picks the device itself",
+            field="model" if request.selector.model is not None else "min_memory",
+            hint='leave "model" and "min_memory" out and give only count',
+        )
 
 
 def with_profile(request: AttachRequest, profile: str | None) -> AttachRequest:
@@ -125,10 +142,13 @@ def with_profile(request: AttachRequest, profile: str | None) -> AttachRequest:
 
 def candidates(snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuDevice]:
     """What a request may get: the GPUs it names (``check_shape`` checked that they can be
-    handed out), else whole GPUs, or the MIG slices of its profile."""
+    handed out), else whole GPUs (those its selector matches), or the MIG slices of its
+    profile."""
     if request.gpus:
         return [gpu for gpu in snapshot.gpus if gpu.uuid in request.gpus]
-    return [gpu for gpu in snapshot.gpus if serves(gpu, request.mig)]
+    return [
+        gpu for gpu in snapshot.gpus if serves(gpu, request.mig) and selected(gpu, request.selector)
+    ]
 
 
 def candidate_records(snapshot: InventorySnapshot, request: AttachRequest) -> list[GpuRecord]:
@@ -144,7 +164,15 @@ def check_shape(request: AttachRequest, snapshot: InventorySnapshot) -> int:
         return check_named(request, snapshot)
     total = len(candidates(snapshot, request))
     if request.mig is None:
-        return total + len(snapshot.lost)
+        # A lost GPU may come back: it counts where it matched, or where it was never read.
+        lost = [
+            gpu
+            for gpu in snapshot.lost
+            if gpu.last_known is None or selected(gpu.last_known, request.selector)
+        ]
+        if total == 0 and request.selector is not None and not lost:
+            raise _unmatched(request.selector, request.count, snapshot)
+        return total + len(lost)
     if total == 0:
         profiles = sorted({g.mig.profile or "?" for g in snapshot.gpus if g.mig})
         raise InsufficientGpus(
@@ -158,6 +186,22 @@ def check_shape(request: AttachRequest, snapshot: InventorySnapshot) -> int:
             retryable=False,
         )
     return total
+
+
+def _unmatched(selector: GpuSelector, count: int, snapshot: InventorySnapshot) -> InsufficientGpus:
+    """409, not retryable: no GPU of the node, free or not, is what ``selector`` asks for;
+    the message says what the node has, so the user can ask again for that."""
+    kinds = Counter(
+        f"{gpu.name} ({format_memory(gpu.memory_total)})" for gpu in snapshot.gpus if gpu.whole
+    )
+    has = ", ".join(f"{kind} x{number}" for kind, number in sorted(kinds.items())) or "no whole GPU"
+    return InsufficientGpus(
+        free=0,
+        requested=count,
+        message=f"no GPU of this node matches {selector} (the node has: {has})",
+        hint="ask for a model or memory this node has, or leave model and min_memory out",
+        retryable=False,
+    )
 
 
 def check_named(request: AttachRequest, snapshot: InventorySnapshot) -> int:

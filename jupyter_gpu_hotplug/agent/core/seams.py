@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NewType, Protocol
 
-from ..._structs import GpuUuid, RequestId, Target, TargetRef
+from ..._structs import GpuSelector, GpuUuid, RequestId, Target, TargetRef
 from .errors import Busy, NotFound
 
 __all__ = [
@@ -158,6 +158,9 @@ class AttachRequest:
     gpus: tuple[GpuUuid, ...] = ()
     """The GPUs (or MIG slices) to attach, ``count`` of them; empty: any free ones. Only an
     allocator that is ``selectable`` can honour it."""
+    selector: GpuSelector | None = None
+    """What each GPU must be (model, memory); never with ``gpus`` or ``mig``. Like ``gpus``,
+    only a ``selectable`` allocator can honour it."""
     queued: bool = False
     """The request gave ``wait_seconds``: it waits in the queue when too few GPUs are free
     (``core/queue.py``); without it, it is answered at once."""
