@@ -13,7 +13,8 @@ the run stays bounded (an invalid one is kept, to be refused).
 
 And an attach naming its GPUs must name ``count`` of them, a rule between two members that
 JSON Schema cannot state (the documents say it in words): where ``count`` is a positive
-integer and ``gpus`` an array, the array is cut or filled up (with UUIDs no node has) to
+integer as JSON Schema reads one (``72`` or ``72.0``, as the APIs do: ``json_integer``) and
+``gpus`` an array, the array is cut or filled up (with UUIDs no node has) to
 ``count`` entries (or, for a count too large to name, left out), so that a request the
 schema calls valid is one the APIs accept; ``count`` itself is never changed, so an invalid
 one is still refused.
@@ -27,6 +28,7 @@ from typing import Any
 
 import schemathesis
 
+from jupyter_gpu_hotplug._structs import json_integer
 from tests.fuzz.schemathesis_run import VICTIM_ENV
 
 _PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
@@ -70,10 +72,10 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
 
 def _name_count_gpus(body: dict[str, Any]) -> None:
     """``gpus`` cut or filled up to ``count`` entries (module docstring)."""
-    count, gpus = body.get("count"), body.get("gpus")
-    if not isinstance(gpus, list) or not gpus or isinstance(count, bool):
-        return
-    if not isinstance(count, int) or count < 1:
+    # ``count`` read as the APIs read it: schemathesis spells an ``integer`` as ``72.0`` too, a
+    # count the APIs take (and so must be named in full) though it is no Python ``int``.
+    count, gpus = json_integer(body.get("count")), body.get("gpus")
+    if not isinstance(gpus, list) or not gpus or count is None or count < 1:
         return
     if count > _MAX_NAMED:
         # So many UUIDs would not fit a body: the request asks for any GPUs instead (a
