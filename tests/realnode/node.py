@@ -76,10 +76,19 @@ from ..k8s.containerd import (
     terminate_group,
 )
 from ..k8s.cri import CriClient
-from ..k8s.image import PAUSE_IMAGE, write_oci_archive
+from ..k8s.image import write_oci_archive
 from ..manifests.support import kubectl as kubectl_binary
 from .cdi import GeneratedSpec, generate_spec, make_dev_root
 from .components import Components, find_components
+from .node_config import (
+    BRIDGE,
+    TAP,
+    NodeRuntime,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+    runtime_handler,
+)
 from .pki import Pki, make_pki, write_kubeconfig
 
 STATE_FILE: Final = Path("/run/jupyter-gpu-hotplug-node.json")
@@ -93,7 +102,6 @@ DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 """Fixed in the kubelet (``pluginapi.DevicePluginPath``) whatever ``--root-dir`` says."""
 NODE_AGENTS: Final = ("nvidia-device-plugin", "kube-proxy", "kubelet")
 """Stopped before the pods are removed, in this order."""
-BRIDGE: Final = "jghnode0"
 POD_SUBNET: Final = "10.244.77.0/24"
 SERVICE_SUBNET: Final = "10.96.0.0/24"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -278,11 +286,11 @@ class RealNode:
 
     @property
     def containerd_dir(self) -> Path:
-        return self.directory / "ctd"
+        return self.runtime.containerd_dir
 
     @property
     def cri_endpoint(self) -> str:
-        return f"unix://{self.containerd_dir / 'containerd.sock'}"
+        return self.runtime.cri_endpoint
 
     @property
     def kubelet_dir(self) -> Path:
@@ -561,7 +569,10 @@ class RealNode:
                 f"--tls-private-key-file={pki.apiserver.key}",
                 f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
                 f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
-                "--kubelet-preferred-address-types=Hostname",
+                # Every node's kubelet listens on its InternalIP (the host's own address, the
+                # VM node's link address): one rule reaches both, and the node proxy refuses
+                # loopback addresses.
+                "--kubelet-preferred-address-types=InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.service_account_public}",
                 f"--service-account-signing-key-file={pki.service_account_key}",
@@ -618,63 +629,24 @@ class RealNode:
             ],
         )
 
-    def _containerd_config(self) -> str:
-        d = self.containerd_dir
-        runtime = "plugins.'io.containerd.cri.v1.runtime'"
-        runc = f"{runtime}.containerd.runtimes.runc"
-        return f"""version = 3
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-  # What `ctr images import` (the transfer service) unpacks into: the snapshotter CRI uses.
-  platform = "linux/amd64"
-  snapshotter = "native"
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "native"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-[{runtime}]
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  {f'cdi_spec_dirs = ["{self.cdi_spec_dir}"]' if self.mode == "cdi" else ""}
-  [{runtime}.cni]
-    bin_dirs = ["{self.components.cni_bin_dir}"]
-    conf_dir = "{d}/net.d"
-  [{runtime}.containerd]
-    default_runtime_name = "runc"
-  [{runc}]
-    runtime_type = "io.containerd.runc.v2"
-    snapshotter = "native"
-  [{runc}.options]
-    BinaryName = "{self.components.runc}"
-    Root = "{d}/runc"
-    SystemdCgroup = false
-{self._containerd_cdi_config() if self.mode == "cdi" else ""}"""
+    @property
+    def runtime(self) -> NodeRuntime:
+        """How this node runs pods: the host's cgroup v1 with the ``cgroupfs`` driver."""
+        return NodeRuntime(self.directory, self.components, "cgroupfs", "native", POD_SUBNET)
 
-    def _containerd_cdi_config(self) -> str:
-        """NVIDIA's runtime as the ``nvidia`` handler beside the default ``runc``, as the GPU
-        Operator's toolkit container configures containerd
-        (``NVIDIA_RUNTIME_SET_AS_DEFAULT=false``). CDI itself needs only ``cdi_spec_dirs``
-        (above): containerd 2.x has no ``enable_cdi``, CDI is always on and the 1.x key is
-        dropped when an old config is migrated."""
-        d = self.containerd_dir
-        runtime = "plugins.'io.containerd.cri.v1.runtime'"
-        nvidia = f"{runtime}.containerd.runtimes.{NVIDIA_RUNTIME}"
-        return f"""  [{nvidia}]
-    runtime_type = "io.containerd.runc.v2"
-    snapshotter = "native"
-  [{nvidia}.options]
-    BinaryName = "{self.components.container_toolkit.nvidia_container_runtime}"
-    Root = "{d}/runc"
-    SystemdCgroup = false
-"""
+    def _containerd_config(self) -> str:
+        if self.mode == "plain":
+            return containerd_config(self.runtime)
+        # NVIDIA's runtime as the ``nvidia`` handler beside the default ``runc``, as the GPU
+        # Operator's toolkit container configures containerd
+        # (``NVIDIA_RUNTIME_SET_AS_DEFAULT=false``). CDI itself needs only ``cdi_spec_dirs``:
+        # containerd 2.x has no ``enable_cdi``, CDI is always on.
+        nvidia = self.components.container_toolkit.nvidia_container_runtime
+        return containerd_config(
+            self.runtime,
+            cdi_spec_dir=self.cdi_spec_dir,
+            runtimes=runtime_handler(self.runtime, NVIDIA_RUNTIME, nvidia),
+        )
 
     def _nvidia_runtime_config_text(self) -> str:
         """NVIDIA's runtime in ``cdi`` mode (what the toolkit container writes with
@@ -698,28 +670,6 @@ path = "{toolkit.nvidia_ctk}"
 root = "{self.driver_root}"
 """
 
-    def _cni_config(self) -> str:
-        return json.dumps(
-            {
-                "cniVersion": "1.0.0",
-                "name": "jgh-node",
-                "plugins": [
-                    {
-                        "type": "bridge",
-                        "bridge": BRIDGE,
-                        "isGateway": True,
-                        "isDefaultGateway": True,  # pods reach Services (ClusterIPs) through it
-                        "ipMasq": False,
-                        "ipam": {
-                            "type": "host-local",
-                            "ranges": [[{"subnet": POD_SUBNET}]],
-                            "dataDir": str(self.containerd_dir / "ipam"),
-                        },
-                    }
-                ],
-            }
-        )
-
     def crictl(self, *args: str) -> str:
         return _run_tool(
             [
@@ -742,7 +692,7 @@ root = "{self.driver_root}"
         d = self.containerd_dir
         (d / "net.d").mkdir(parents=True)
         (d / "config.toml").write_text(self._containerd_config())
-        (d / "net.d" / "10-jgh-node.conflist").write_text(self._cni_config())
+        (d / "net.d" / "10-jgh-node.conflist").write_text(cni_config(self.runtime))
         path = ":".join([*self.components.path_dirs, os.environ.get("PATH", "")])
         env = {"PATH": path}
         if self.mode == "cdi":  # the shims pass it on to NVIDIA's runtime
@@ -767,36 +717,6 @@ root = "{self.driver_root}"
             timeout=IMPORT_TIMEOUT,
         )  # fmt: skip
 
-    def _kubelet_config(self) -> str:
-        assert self.pki is not None
-        return f"""apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: 127.0.0.1
-port: {self.ports.kubelet}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: {self.ports.kubelet_healthz}
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: "{self.pki.ca.cert}"}}
-authorization: {{mode: Webhook}}
-containerRuntimeEndpoint: "{self.cri_endpoint}"
-cgroupDriver: cgroupfs
-cgroupRoot: {self.cgroup_root}
-failCgroupV1: false
-failSwapOn: false
-podLogsDir: "{self.directory / "pod-logs"}"
-clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
-syncFrequency: 5s
-nodeStatusUpdateFrequency: 4s
-serializeImagePulls: false
-"""  # noqa: E501
-
     def _start_kubelet(self) -> None:
         for mount in cgroup_mount_points():
             path = mount / self.cgroup_root.strip("/")
@@ -806,7 +726,17 @@ serializeImagePulls: false
                 if source.exists() and (path / name).exists():
                     (path / name).write_text(source.read_text())
         self.kubelet_dir.mkdir()
-        (self.directory / "kubelet.yaml").write_text(self._kubelet_config())
+        assert self.pki is not None
+        (self.directory / "kubelet.yaml").write_text(
+            kubelet_config(
+                self.runtime,
+                ca=self.pki.ca.cert,
+                address=self.node_ip,
+                port=self.ports.kubelet,
+                healthz_port=self.ports.kubelet_healthz,
+                cgroup_root=self.cgroup_root,
+            )
+        )
         self._spawn_kubelet()
 
     def _spawn_kubelet(self) -> None:
@@ -820,6 +750,7 @@ serializeImagePulls: false
                 f"--root-dir={self.kubelet_dir}",
                 f"--cert-dir={self.kubelet_dir / 'pki'}",
                 f"--hostname-override={self.node_name}",
+                f"--node-ip={self.node_ip}",
                 "--v=2",
             ],
         )
@@ -1028,8 +959,9 @@ serializeImagePulls: false
         for mount in cgroup_mount_points():
             if (mount / self.cgroup_root.strip("/")).exists():
                 found.append(f"cgroup {mount / self.cgroup_root.strip('/')}")
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
-            found.append(f"bridge {BRIDGE}")
+        for link in (BRIDGE, TAP):
+            if subprocess.run(["ip", "link", "show", link], capture_output=True).returncode == 0:
+                found.append(f"link {link}")
         found += [f"iptables {rule}" for rule in _proxy_rules()]
         for name, value in self._saved_sysctls.items():
             if _read_sysctl(name) != value:
@@ -1140,11 +1072,9 @@ def teardown_host(
         subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
     left.extend(f"cgroup {p}" for p in remove_cgroup_tree(cgroup_root))
     _remove_proxy_rules()
-    if (
-        subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode
-        == 0
-    ):
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+    for link in (BRIDGE, TAP):  # the pods' bridge, the VM node's link
+        if subprocess.run(["ip", "link", "show", link], capture_output=True).returncode == 0:
+            subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
     for name, value in sysctls.items():
         with contextlib.suppress(OSError):
             if _read_sysctl(name) != value:

@@ -154,16 +154,22 @@ def make_pki(directory: Path, node_name: str, node_ip: str) -> Pki:
             directory, "controller-manager", "/CN=system:kube-controller-manager", None, ca
         ),
         scheduler=_sign(directory, "scheduler", "/CN=system:kube-scheduler", None, ca),
-        node=_sign(
-            directory,
-            "node",
-            f"/O=system:nodes/CN=system:node:{node_name}",
-            f"DNS:{node_name},IP:127.0.0.1",
-            ca,
-        ),
+        node=sign_node(directory, "node", node_name, node_ip, ca),
         proxy=_sign(directory, "proxy", "/CN=system:kube-proxy", None, ca),
         service_account_key=sa_key,
         service_account_public=sa_pub,
+    )
+
+
+def sign_node(directory: Path, name: str, node_name: str, node_ip: str, ca: Identity) -> Identity:
+    """A kubelet's client certificate: ``system:node:<node_name>`` in ``system:nodes``, the
+    identity the Node authorizer and ``NodeRestriction`` hold to its own node."""
+    return _sign(
+        directory,
+        name,
+        f"/O=system:nodes/CN=system:node:{node_name}",
+        f"DNS:{node_name},IP:127.0.0.1,IP:{node_ip}",
+        ca,
     )
 
 
