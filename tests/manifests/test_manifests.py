@@ -99,6 +99,11 @@ def test_daemonset(objects: list[dict[str, Any]]) -> None:
     (container,) = pod["containers"]
     assert container["securityContext"]["privileged"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # Liveness waits for the first answer, and a slow start has minutes (the production node's
+    # agent under emulation was killed in a loop before the start-up probe).
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/healthz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"] and container["resources"]["limits"]
     env = {e["name"]: e for e in container["env"]}
