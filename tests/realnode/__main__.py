@@ -3,7 +3,10 @@ by hand (a test session brings up its own); ``up --cdi`` brings it up in ``cdi``
 GPU Operator >= 25.10's setup, ``node.NodeMode``); ``up --hub`` brings up a ``cdi`` node with
 the agent's DaemonSet and a JupyterHub (``hub.py``) and prints the hub's URL and the users'
 logins. ``up`` builds no component: run ``tests/realnode/build.sh`` first (``--hub`` builds the
-three images, cached). ``up`` prints the admin kubeconfig to use with ``kubectl``;
+three images, cached); ``up --vm-node`` also joins the production node (``vm_node.py``: cgroup
+v2, systemd, the kubelet's ``systemd`` driver) and prints one line per node (kubelet,
+containerd, cgroup version, driver), as ``status`` does. ``up`` prints the admin kubeconfig to
+use with ``kubectl``;
 the node keeps running after the command returns (a detached owner process holds it) until
 ``down``. ``down`` also removes a node whose owner was killed (a test session or ``up``).
 """
@@ -30,6 +33,7 @@ from .node import (
     node_is_running,
     take_down_recorded,
 )
+from .vm_node import describe_host, running_vm_node
 
 READY_KEY = "ready"
 """Written into the state file by the owner: ``true`` once the node is Ready, else the error."""
@@ -50,7 +54,14 @@ def _hub(node: RealNode, stack: contextlib.ExitStack) -> dict[str, object]:
     return {"hub": hub.url, "users": ", ".join(USERS), "password": hub.password}
 
 
-def _up(gpus: int, mode: NodeMode, with_hub: bool) -> int:
+def _vm_node(node: RealNode, stack: contextlib.ExitStack) -> dict[str, object]:
+    """The production node joined to ``node``'s cluster until ``stack`` closes; what the state
+    file records of it."""
+    vm = stack.enter_context(running_vm_node(node))
+    return {"vm_node": vm.name, "vm_timings": vm.timings, "nodes": vm.describe_nodes()}
+
+
+def _up(gpus: int, mode: NodeMode, with_hub: bool, with_vm: bool) -> int:
     if node_is_running():
         print(f"a node is already up ({STATE_FILE}); `python -m tests.realnode down` first")
         return 1
@@ -76,6 +87,7 @@ def _up(gpus: int, mode: NodeMode, with_hub: bool) -> int:
             print(f"the node did not come up: {state[READY_KEY]}", file=sys.stderr)
             return 1
         print(f"node {state['node']} Ready ({mode}); seconds to each milestone: {state['timings']}")
+        _print_nodes(state)
         print(f"export KUBECONFIG={state['kubeconfig']}")
         if with_hub:
             print(f"JupyterHub: {state['hub']}/hub/login  users {state['users']}, "
@@ -93,7 +105,8 @@ def _up(gpus: int, mode: NodeMode, with_hub: bool) -> int:
     with contextlib.ExitStack() as stack:
         try:
             node.start()
-            extra = _hub(node, stack) if with_hub else {}
+            extra = _vm_node(node, stack) if with_vm else {"nodes": [describe_host(node)]}
+            extra |= _hub(node, stack) if with_hub else {}
         except Exception as error:  # reported through the state file, then the owner ends
             STATE_FILE.write_text(json.dumps({READY_KEY: str(error)}))
             stack.close()
@@ -105,6 +118,13 @@ def _up(gpus: int, mode: NodeMode, with_hub: bool) -> int:
             time.sleep(1)
     left = node.stop()
     os._exit(1 if left else 0)
+
+
+def _print_nodes(state: dict[str, object]) -> None:
+    """The one line per node that ``up --vm-node`` recorded."""
+    lines = state.get("nodes")
+    for line in lines if isinstance(lines, list) else []:
+        print(line)
 
 
 def _state() -> dict[str, object]:
@@ -133,11 +153,16 @@ def main() -> int:
         action="store_true",
         help="a CDI node with the agent's DaemonSet and a JupyterHub (builds the images)",
     )
+    up.add_argument(
+        "--vm-node",
+        action="store_true",
+        help="also the production node: a cgroup v2 + systemd worker in a qemu VM, joined",
+    )
     sub.add_parser("down", help="stop the node (or a stale one) and remove everything it made")
     sub.add_parser("status", help="say whether a node is up")
     args = parser.parse_args()
     if args.command == "up":
-        return _up(args.gpus, "cdi" if args.hub else args.mode, args.hub)
+        return _up(args.gpus, "cdi" if args.hub else args.mode, args.hub, args.vm_node)
     if args.command == "down":
         try:
             left = take_down_recorded(stop_live_owner=True)
@@ -147,7 +172,9 @@ def main() -> int:
         print("node down" + (f"; removed what its owner left: {left}" if left else ""))
         return 0
     if node_is_running():
-        print(json.dumps(_state(), indent=1))
+        state = _state()
+        _print_nodes(state)
+        print(json.dumps(state, indent=1))
         return 0
     print("no node is up" + (" (a stale one is recorded: `down` removes it)" if _state() else ""))
     return 1

@@ -16,9 +16,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import kubernetes.client as k8s
+
+from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
 
 from ..agent.agent_process import AgentProcess
 from ..agent.api_harness import ApiClient
@@ -105,6 +107,22 @@ def node_elsewhere(cluster: Cluster, name: str) -> Iterator[str]:
         yield name
     finally:
         cluster.core.delete_node(name)
+
+
+def holder_as_the_agent_builds_it(
+    cluster: Cluster, notebook: dict[str, Any], index: int, node: str | None = None
+) -> dict[str, Any]:
+    """A holder for ``notebook``'s container as the agent builds it (the test's pause image is
+    the holder image), pinned to ``node`` (default: the host's node)."""
+    namespace, name = notebook["metadata"]["namespace"], notebook["metadata"]["name"]
+    return holder_pod(
+        notebook,
+        container="notebook",
+        container_id=cluster.container_id(namespace, name),
+        request_id=None,
+        index=index,
+        spec=HolderSpec(node_name=node or cluster.node_name, image=PAUSE_IMAGE),
+    )
 
 
 def api_as(token: str, cluster: Cluster) -> k8s.ApiClient:

@@ -25,6 +25,7 @@ from jupyter_gpu_hotplug.agent.kubernetes.protos import podresources_pb2 as pb
 
 from ..k8s.cri import CriClient, ExecResult
 from ..k8s.image import TOOLS_IMAGE
+from ..manifests.support import kubectl as kubectl_binary
 from .node import GPU_RESOURCE, RealNode
 
 HOLDER_LABEL: Final = "gpu-hotplug.jupyter.org/holder"
@@ -107,12 +108,14 @@ class Cluster:
         host_files: dict[str, str] | None = None,
         read_only_root: bool = False,
         restricted: bool = False,
+        node: str | None = None,
     ) -> dict[str, Any]:
         """A pod with container ``notebook`` (``sleep``, busybox's unless ``image`` says
         otherwise), Running; returns it. ``runtime_class``: its ``runtimeClassName`` (none: the
         node's default, runc); ``host_files``: host path → path in the container, read-only;
         ``restricted``: as PodSecurity ``restricted`` requires (non-root, seccomp, no
-        capabilities, no privilege escalation)."""
+        capabilities, no privilege escalation); ``node``: scheduled to that node only (a
+        ``nodeSelector`` on its hostname label)."""
         container: dict[str, Any] = {
             "name": "notebook",
             "image": image,
@@ -148,6 +151,8 @@ class Cluster:
         }
         if runtime_class is not None:
             body["spec"]["runtimeClassName"] = runtime_class
+        if node is not None:
+            body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
         self.core.create_namespaced_pod(namespace, body)
         return self.wait_running(namespace, name)
 
@@ -228,8 +233,18 @@ class Cluster:
         timeout: int = 10,
     ) -> ExecResult:
         """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in),
-        for at most ``timeout`` seconds."""
-        return self.cri.exec_sync(self.container_id(namespace, pod, container), argv, timeout)
+        for at most ``timeout`` seconds. A pod on another node of the cluster (the VM node) is
+        reached as ``kubectl exec`` reaches it: the API server, then that node's kubelet."""
+        found = self.pod(namespace, pod)
+        if found["spec"].get("nodeName") == self.node_name:
+            return self.cri.exec_sync(self.container_id(namespace, pod, container), argv, timeout)
+        done = subprocess.run(
+            [kubectl_binary(), f"--kubeconfig={self.node.admin_kubeconfig}", "exec",
+             f"--request-timeout={timeout}s", "-n", namespace, pod, "-c", container, "--", *argv],
+            capture_output=True, timeout=timeout + 30, check=False,
+        )  # fmt: skip
+        # Decoded as bytes, not text=True: that would turn the answer's CRLFs into LFs.
+        return ExecResult(done.returncode, done.stdout.decode(), done.stderr.decode())
 
     def open_device(self, namespace: str, pod: str, minor: int) -> str:
         """What opening ``/dev/nvidia<minor>`` in the notebook says (ENXIO: allowed, the

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -34,6 +35,7 @@ from .agent import AGENT_NAMESPACE
 from .agent_image import AgentImage, agent_image
 from .cluster import Cluster, eventually
 from .node import RealNode
+from .vm_node import VmNode
 
 GPU_NODE_LABEL: Final = "nvidia.com/gpu.present"
 HOST_STATE_DIR: Final = Path("/run/gpu-hotplug")
@@ -148,15 +150,18 @@ def agent_patch(cluster: Cluster, image: AgentImage, driver_files: DriverFiles) 
     }  # fmt: skip
 
 
-def agent_service_when_ready(cluster: Cluster, namespace: str, what: str) -> str:
-    """Wait until the agent's DaemonSet pod in ``namespace`` is Ready (its readiness probe
-    passes, ``what`` says whose); then the ClusterIP of its Service."""
+def agent_service_when_ready(cluster: Cluster, namespace: str, what: str, nodes: int = 1) -> str:
+    """Wait until the agent's DaemonSet pods in ``namespace`` are Ready on ``nodes`` nodes
+    (their readiness probes pass, ``what`` says whose); then the ClusterIP of its Service."""
 
     def ready() -> bool:
         pods = cluster.pods(namespace, "app.kubernetes.io/name=gpu-hotplug-agent")
-        return any(
-            all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
-            for p in pods
+        return (
+            sum(
+                all(s.get("ready") for s in (p["status"].get("containerStatuses") or [{}]))
+                for p in pods
+            )
+            >= nodes
         )
 
     eventually(ready, f"{what} is Ready (its readiness probe passes)", 300)
@@ -171,15 +176,24 @@ def print_agent_log(cluster: Cluster, namespace: str) -> None:
 
 
 @contextlib.contextmanager
-def deployed_agent(cluster: Cluster, driver_files: DriverFiles = "off") -> Iterator[str]:
+def deployed_agent(
+    cluster: Cluster, driver_files: DriverFiles = "off", workers: Sequence[VmNode] = ()
+) -> Iterator[str]:
     """``kubectl apply -k`` of the overlay; yields the Service's ClusterIP once the agent's
-    pod is Ready; deletes everything it applied at the end."""
+    pod is Ready on every GPU node (the host's and ``workers``); deletes everything it
+    applied at the end."""
     image = agent_image()
     cluster.node.import_image(image.archive)
     had_state_dir = HOST_STATE_DIR.exists()
-    cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite")
     overlay = Path(tempfile.mkdtemp(prefix="jgh-overlay-", dir="/tmp"))
     patch = agent_patch(cluster, image, driver_files)
+    for worker in workers:  # the same pod template: its hostPaths must be there too
+        worker.import_image(image.archive)
+        sources = [v["hostPath"]["path"] for v in patch["spec"]["template"]["spec"]["volumes"]
+                   if v.get("hostPath", {}).get("type") == "Directory"]  # fmt: skip
+        worker.run(shlex.join(["mkdir", "-p", *sources]))
+    nodes = [cluster.node_name, *(worker.name for worker in workers)]
+    cluster.kubectl("label", "node", *nodes, f"{GPU_NODE_LABEL}=true", "--overwrite")
     (overlay / "agent-patch.json").write_text(json.dumps(patch))
     # The admission policy admits holders of the holder image only: the test's pause image.
     # (tests/manifests checks that variables[0] is holderImage.)
@@ -197,7 +211,9 @@ def deployed_agent(cluster: Cluster, driver_files: DriverFiles = "off") -> Itera
         # The cluster-wide objects are the session's too (``agent_account``, applied client-side
         # and re-applied after the chart's release): the overlay takes over their fields.
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(overlay))
-        yield agent_service_when_ready(cluster, AGENT_NAMESPACE, "the agent's DaemonSet pod")
+        yield agent_service_when_ready(
+            cluster, AGENT_NAMESPACE, "the agent's DaemonSet pod", len(nodes)
+        )
     finally:
         print_agent_log(cluster, AGENT_NAMESPACE)
         # The agent's workload only: its Namespace, ServiceAccount and RBAC are the session's
@@ -209,7 +225,7 @@ def deployed_agent(cluster: Cluster, driver_files: DriverFiles = "off") -> Itera
             lambda: not cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent"),
             "the agent's pod is gone",
         )
-        cluster.kubectl("label", "node", cluster.node_name, f"{GPU_NODE_LABEL}-", check=False)
+        cluster.kubectl("label", "node", *nodes, f"{GPU_NODE_LABEL}-", check=False)
         shutil.rmtree(overlay, ignore_errors=True)
         if not had_state_dir:  # the DaemonSet's hostPath (DirectoryOrCreate) made it
             shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)

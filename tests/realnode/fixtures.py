@@ -35,6 +35,12 @@ modules (the Helm chart's, the holder spec's) use them:
 ``agent_account`` (session) → ``agent.AgentAccount``
     The agent's Namespace, ServiceAccount and RBAC applied from ``k8s/`` and a kubeconfig
     with a token of that ServiceAccount.
+``vm_node`` (module) → ``vm_node.VmNode``
+    The production node (cgroup v2, systemd, the kubelet's ``systemd`` cgroup driver) in a qemu
+    VM, joined to ``cluster`` as a second node with two simulated GPUs of its own, for one
+    module (other modules see a one-node cluster). Its tests log one line per node (kubelet,
+    containerd, cgroup version, driver). Skipped or failed as ``real_node`` is when the VM
+    tier's tools or image are missing.
 ``node_agent`` (function) → ``agent.NodeAgent``
     The real agent (a subprocess) in Kubernetes mode against the node as that ServiceAccount;
     ``as_pod(ns, pod)`` is an API client carrying the pod's bound token (audience
@@ -55,6 +61,7 @@ from .agent import AgentAccount, NodeAgent, install_agent_account, running_node_
 from .cluster import Cluster
 from .components import ContainerToolkit, MissingComponents, find_container_toolkit
 from .node import NodeBusy, NodeMode, RealNode, new_node
+from .vm_node import VmNode, running_vm_node
 
 REQUIRE_ENV: Final = "JGH_REQUIRE_REAL_NODE"
 CDI_FIXTURE: Final = "cdi_cluster"
@@ -145,3 +152,17 @@ def agent_account(cluster: Cluster) -> AgentAccount:
 def node_agent(cluster: Cluster, agent_account: AgentAccount) -> Iterator[NodeAgent]:
     with running_node_agent(cluster, agent_account) as agent:
         yield agent
+
+
+@pytest.fixture(scope="module")
+def vm_node(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[VmNode]:
+    from ..vm.image import missing_host_tools
+
+    if missing := missing_host_tools():
+        absent(f"the VM node needs {missing}: run `bash .ci/setup --with-vm`")
+    with running_vm_node(cluster.node) as node:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        for line in node.describe_nodes():
+            if reporter is not None:
+                reporter.write_line(line)
+        yield node

@@ -19,11 +19,17 @@ import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from jupyter_gpu_hotplug.agent.kubernetes.holders import HolderSpec, holder_pod
-
 from ..fixtures.requirements import needs_root
-from ..k8s.image import PAUSE_IMAGE, TOOLS_IMAGE
-from .agent import AGENT_ACCOUNT, AGENT_NAMESPACE, AgentAccount, agent_token, api_as, node_elsewhere
+from ..k8s.image import TOOLS_IMAGE
+from .agent import (
+    AGENT_ACCOUNT,
+    AGENT_NAMESPACE,
+    AgentAccount,
+    agent_token,
+    api_as,
+    holder_as_the_agent_builds_it,
+    node_elsewhere,
+)
 from .cluster import Cluster, eventually
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
@@ -67,19 +73,6 @@ def notebook(cluster: Cluster, agent_account: AgentAccount) -> dict[str, Any]:
     namespace = cluster.namespace("vap", pod_security=None)
     cluster.run_notebook_pod(namespace, "nb")
     return cluster.pod(namespace, "nb")
-
-
-def _holder(cluster: Cluster, notebook: dict[str, Any], index: int) -> dict[str, Any]:
-    """A holder as the agent builds it (the test's pause image is the holder image)."""
-    namespace, name = notebook["metadata"]["namespace"], notebook["metadata"]["name"]
-    return holder_pod(
-        notebook,
-        container="notebook",
-        container_id=cluster.container_id(namespace, name),
-        request_id=None,
-        index=index,
-        spec=HolderSpec(node_name=cluster.node_name, image=PAUSE_IMAGE),
-    )
 
 
 def _denied(call: Callable[[], Any]) -> str:
@@ -127,7 +120,7 @@ def test_the_agents_token_names_its_node(cluster: Cluster, agent_account: AgentA
 def test_the_agents_own_holder_is_admitted(
     cluster: Cluster, notebook: dict[str, Any], as_agent: Any
 ) -> None:
-    holder = _holder(cluster, notebook, 0)
+    holder = holder_as_the_agent_builds_it(cluster, notebook, 0)
     namespace, name = holder["metadata"]["namespace"], holder["metadata"]["name"]
     as_agent.create_namespaced_pod(namespace, holder)
     # Recording its state: an UPDATE of a holder of this node.
@@ -231,7 +224,7 @@ FORGERIES: Final[dict[str, Forgery]] = {
 def test_a_forged_holder_is_denied(
     cluster: Cluster, notebook: dict[str, Any], as_agent: Any, elsewhere: str, forgery: str
 ) -> None:
-    pod = copy.deepcopy(_holder(cluster, notebook, 1))
+    pod = copy.deepcopy(holder_as_the_agent_builds_it(cluster, notebook, 1))
     FORGERIES[forgery](pod)
     namespace = pod["metadata"]["namespace"]
     _denied(lambda: as_agent.create_namespaced_pod(namespace, pod))
@@ -253,7 +246,7 @@ def test_the_agent_cannot_touch_other_pods(
 def test_an_agent_elsewhere_cannot_touch_this_nodes_holders(
     cluster: Cluster, notebook: dict[str, Any], as_agent: Any, as_agent_elsewhere: Any
 ) -> None:
-    holder = _holder(cluster, notebook, 2)
+    holder = holder_as_the_agent_builds_it(cluster, notebook, 2)
     namespace, name = holder["metadata"]["namespace"], holder["metadata"]["name"]
     _denied(lambda: as_agent_elsewhere.create_namespaced_pod(namespace, holder))
     as_agent.create_namespaced_pod(namespace, holder)
@@ -284,7 +277,7 @@ def test_what_ties_a_holder_to_its_notebook_never_changes(
 ) -> None:
     """Issue 31, finding 9: the agent's own UPDATEs that would cut a holder loose from its
     notebook (garbage collection, the target it grants to) were admitted before."""
-    holder = _holder(cluster, notebook, 3)
+    holder = holder_as_the_agent_builds_it(cluster, notebook, 3)
     namespace, name = holder["metadata"]["namespace"], holder["metadata"]["name"]
     as_agent.create_namespaced_pod(namespace, holder)
     try:

@@ -29,10 +29,10 @@ from ..image.agent_image import BUILD_TIMEOUT
 from ..k8s.image import PAUSE_IMAGE
 from ..manifests.support import CHART_DIR, helm, render, with_holder_image
 from . import deployment
-from . import test_deployed as deployed
 from .agent import RBAC_KINDS, AgentAccount
 from .agent_image import agent_image
 from .cluster import Cluster
+from .service_calls import attach_and_detach_through_the_service
 
 pytestmark = [*needs_root, pytest.mark.realnode, pytest.mark.slow]
 
@@ -136,4 +136,4 @@ def test_helm_install_brings_the_agent_up_and_a_notebook_attaches(
     )
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert "@sha256:" in container["image"]
-    deployed.attach_and_detach_through_the_service(cluster, namespace, installed)
+    attach_and_detach_through_the_service(cluster, namespace, installed)

@@ -36,7 +36,7 @@ from typing import Final
 
 from .image import Image
 
-__all__ = ["BOOT_TIMEOUT", "GUEST_TREE", "Machine", "MachineError", "boot", "use_kvm"]
+__all__ = ["BOOT_TIMEOUT", "GUEST_TREE", "Machine", "MachineError", "Share", "boot", "use_kvm"]
 
 BOOT_TIMEOUT: Final = 600.0
 """From qemu's start to a root shell over ssh: 20-70 s measured, 3x that under load."""
@@ -48,6 +48,22 @@ VCPUS: Final = 2
 MEMORY: Final = "3G"
 _TREE_PARTS: Final = ("pyproject.toml", "jupyter_gpu_hotplug", "tests")
 _SKIP_IN_TREE: Final = ("__pycache__", ".pytest_cache", ".mypy_cache", "node_modules")
+
+
+@dataclass(frozen=True)
+class Share:
+    """A host directory the guest mounts read-only over virtio-9p at ``guest_path``."""
+
+    tag: str
+    host_path: Path
+    guest_path: str
+
+    def mount_command(self) -> str:
+        return (
+            f"mkdir -p {shlex.quote(self.guest_path)} && mount -t 9p -o "
+            "trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose "
+            f"{self.tag} {shlex.quote(self.guest_path)}"
+        )
 
 
 class MachineError(Exception):
@@ -137,15 +153,18 @@ class Machine:
             )
         return result
 
-    def put(self, data: bytes, command: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
-        """Feed ``data`` to ``command`` in the guest (binary safe)."""
-        result = subprocess.run(
-            [*self._ssh_argv(), command],
-            input=data,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
+    def put(self, data: bytes | Path, command: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """Feed ``data`` (bytes, or a file's content, streamed) to ``command`` in the guest."""
+        with contextlib.ExitStack() as stack:
+            source = stack.enter_context(data.open("rb")) if isinstance(data, Path) else None
+            result = subprocess.run(
+                [*self._ssh_argv(), command],
+                input=data if isinstance(data, bytes) else None,
+                stdin=source,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         if result.returncode != 0:
             raise MachineError(
                 f"in the VM: {command!r} exited {result.returncode}: {result.stderr!r}"
@@ -202,7 +221,15 @@ class Machine:
                 self.process.wait(timeout=30)
 
 
-def _qemu_argv(image: Image, run_dir: Path, port: int, deps: Path, *, kvm: bool) -> list[str]:
+def _qemu_argv(
+    image: Image,
+    run_dir: Path,
+    port: int,
+    *,
+    kvm: bool,
+    shares: Sequence[Share],
+    nics: Sequence[str],
+) -> list[str]:
     accel = (
         ["-accel", "kvm", "-cpu", "host"]
         if kvm
@@ -229,8 +256,16 @@ def _qemu_argv(image: Image, run_dir: Path, port: int, deps: Path, *, kvm: bool)
         f"file={image.rootfs},format=raw,if=virtio,snapshot=on,cache=unsafe",
         "-nic",
         f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{port}-:22",
-        "-virtfs",
-        f"local,path={deps},mount_tag={_DEPS_TAG},security_model=none,readonly=on",
+        *(arg for nic in nics for arg in ("-nic", nic)),
+        *(
+            arg
+            for share in shares
+            for arg in (
+                "-virtfs",
+                f"local,path={share.host_path},mount_tag={share.tag},"
+                "security_model=none,readonly=on",
+            )
+        ),
         "-serial",
         f"file:{run_dir / 'serial.log'}",
     ]
@@ -250,16 +285,28 @@ def _tree_archive(root: Path) -> bytes:
 
 
 @contextlib.contextmanager
-def boot(image: Image, run_dir: Path, *, tree: Path) -> Iterator[Machine]:
-    """Boot the image, wait for ssh, share the test venv and install ``tree``; stop at exit."""
+def boot(
+    image: Image,
+    run_dir: Path,
+    *,
+    tree: Path | None,
+    shares: Sequence[Share] = (),
+    nics: Sequence[str] = (),
+) -> Iterator[Machine]:
+    """Boot the image and wait for ssh; with ``tree``, share the test venv and install the
+    tree; mount ``shares``; ``nics`` are further ``-nic`` options (the first, user networking
+    with ssh forwarded, is always there). Stop at exit."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    deps = Path(sysconfig.get_paths()["purelib"])
+    if tree is not None:
+        deps = Path(sysconfig.get_paths()["purelib"])
+        shares = (Share(_DEPS_TAG, deps, GUEST_DEPS), *shares)
     kvm = use_kvm()
     port = _free_port()
     started = time.monotonic()
+    argv = _qemu_argv(image, run_dir, port, kvm=kvm, shares=shares, nics=nics)
     with (run_dir / "qemu.log").open("wb") as qemu_log:
         process = subprocess.Popen(
-            ["nice", "-n", "5", *_qemu_argv(image, run_dir, port, deps, kvm=kvm)],
+            ["nice", "-n", "5", *argv],
             stdin=subprocess.DEVNULL,
             stdout=qemu_log,
             stderr=subprocess.STDOUT,
@@ -268,12 +315,10 @@ def boot(image: Image, run_dir: Path, *, tree: Path) -> Iterator[Machine]:
     try:
         _wait_for_ssh(machine, started)
         machine.boot_seconds = time.monotonic() - started
-        machine.run(
-            f"mkdir -p {GUEST_DEPS} {GUEST_TREE} && "
-            "mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose "
-            f"{_DEPS_TAG} {GUEST_DEPS}"
-        )
-        machine.put(_tree_archive(tree), f"tar -xzf - -C {GUEST_TREE}")
+        if shares:
+            machine.run(" && ".join(share.mount_command() for share in shares))
+        if tree is not None:
+            machine.put(_tree_archive(tree), f"mkdir -p {GUEST_TREE} && tar -xzf - -C {GUEST_TREE}")
         machine.timings["ready"] = time.monotonic() - started
         yield machine
     finally:

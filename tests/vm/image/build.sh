@@ -11,7 +11,8 @@
 # cgroup v2, containerd with the systemd cgroup driver (runc), podman with crun — plus what the
 # tests need inside: python3 (the test venv's packages are shared in read-only), gcc for the
 # simulated NVML library, bpftool for the operator checks the docs describe, busybox-static
-# for the test images, sshd for the host's test driver.
+# for the test images, sshd for the host's test driver, iptables for kube-proxy on the
+# production node (tests/realnode/vm_node.py; Debian 13 no longer pulls it in with podman).
 set -euo pipefail
 out=$1 mirror=$2 security=$3 suite=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,7 @@ rootfs="$out/rootfs"
 packages=(
   systemd systemd-sysv udev dbus kmod linux-image-amd64 initramfs-tools
   containerd runc podman crun conmon golang-github-containers-common
-  bpftool iproute2 openssh-server busybox-static procps util-linux
+  bpftool iproute2 iptables openssh-server busybox-static procps util-linux
   python3 gcc libc6-dev
 )
 
