@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 
 _SETTLE_STEP = 0.1
 """Seconds between two looks at whether the checkpointed processes let go of the GPUs."""
+LOCK_TIMEOUT_MS = 10_000
+"""How long a lock waits for a process's GPU work in flight to drain, by default."""
 
 
 class Suspender:
@@ -71,7 +73,7 @@ class Suspender:
         core: Core,
         revoker: Revoker,
         *,
-        lock_timeout_ms: int = 10_000,
+        lock_timeout_ms: int = LOCK_TIMEOUT_MS,
         settle_seconds: float = 10.0,
     ) -> None:
         self._core = core
@@ -396,7 +398,7 @@ def _checkpoint_again(cuda: CudaCheckpoint, pids: Sequence[int]) -> list[str]:
         try:
             state = _state(cuda, pid)
             if state is ProcessState.RUNNING:
-                cuda.lock(pid, 10_000)
+                cuda.lock(pid, LOCK_TIMEOUT_MS)
             if state in (ProcessState.RUNNING, ProcessState.LOCKED):
                 cuda.checkpoint(pid)
         except CheckpointError as e:
