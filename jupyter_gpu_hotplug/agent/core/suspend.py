@@ -82,13 +82,38 @@ class Suspender:
         """How long a process's GPU work in flight may take to drain before the lock gives up."""
         self._settle_seconds = settle_seconds
         """How long NVML may take to stop listing a checkpointed process."""
+        self._copy: dict[str, Suspension] | None = None
+        """The book's suspensions by target key (``find``)."""
 
     async def find(self, target: Target) -> Suspension | None:
-        """The target's suspension, if the backend keeps them and it has one."""
+        """The target's suspension, if the backend keeps them and it has one: from the
+        in-memory copy, as the allocator's reads are (every attach and listing asks, and
+        this agent is the book's only writer), loaded on first use."""
+        known = await self._known()
+        return None if known is None else known.get(target.key)
+
+    async def _known(self) -> dict[str, Suspension] | None:
         book = self._core.suspensions
         if book is None:
             return None
-        return await self._core.workers.ledger(book.suspension, target)
+        if self._copy is None:
+            found = await self._core.workers.ledger(book.suspensions)
+            self._copy = {suspension.target.key: suspension for suspension in found}
+        return self._copy
+
+    async def _record(self, suspension: Suspension) -> None:
+        """Write ``suspension`` to the book, then to the copy."""
+        await self._core.workers.ledger(self._book().record_suspension, suspension)
+        known = await self._known()
+        assert known is not None
+        known[suspension.target.key] = suspension
+
+    async def _forget(self, target: Target) -> None:
+        """Drop the target's suspension from the book, then from the copy."""
+        await self._core.workers.ledger(self._book().forget_suspension, target)
+        known = await self._known()
+        assert known is not None
+        known.pop(target.key, None)
 
     # --- suspend ---------------------------------------------------------------------------
 
@@ -97,7 +122,7 @@ class Suspender:
     ) -> Suspension | None:
         """Checkpoint ``container``'s CUDA processes, then detach ``entries`` (its GPUs) as a
         detach does; None when no process uses them (a plain detach: nothing to keep)."""
-        cuda, book = self._parts()
+        cuda = self._driver()
         if any(entry.state is ReservationState.RESERVING for entry in entries):
             raise Busy.operation_in_progress(str(container.target))
         nodes = flat(self._core.nodes.of(entry.gpu) for entry in entries)
@@ -114,7 +139,7 @@ class Suspender:
             state=SuspensionState.SUSPENDING,
             host_memory=await self._core.workers.host(_device_memory, cuda, pids),
         )
-        await self._core.workers.ledger(book.record_suspension, suspension)
+        await self._record(suspension)
         await self._core.checkpoints.reach("after_suspend_intent")
         try:
             await self._core.workers.host(_checkpoint_all, cuda, pids, self._lock_timeout_ms)
@@ -125,7 +150,7 @@ class Suspender:
             raise await self._rolled_back(container, suspension, e) from e
         await self._core.checkpoints.reach("after_suspend_revoke")
         suspended = dataclasses.replace(suspension, state=SuspensionState.SUSPENDED)
-        await self._core.workers.ledger(book.record_suspension, suspended)
+        await self._record(suspended)
         log.info(
             "suspended %s: processes %s checkpointed, %s released",
             container,
@@ -134,15 +159,22 @@ class Suspender:
         )
         return suspended
 
-    def _parts(self) -> tuple[CudaCheckpoint, SuspensionBook]:
-        """The driver and the book a suspension needs, or the refusal that says which lacks."""
-        book, cuda = self._core.suspensions, self._core.cuda
+    def _book(self) -> SuspensionBook:
+        """Where suspensions are recorded, or the refusal of a backend that keeps none."""
+        book = self._core.suspensions
         if book is None:
             raise TargetNotReady(
                 "this agent cannot keep a kernel's CUDA state in its mode (local mode only)",
                 hint="detach without keep",
                 retryable=False,
             )
+        return book
+
+    def _driver(self) -> CudaCheckpoint:
+        """The driver's checkpoint calls, once the backend keeps suspensions (``_book``), or
+        the refusal that says which of the two lacks."""
+        self._book()
+        cuda = self._core.cuda
         if cuda is None or not cuda.supported():
             raise TargetNotReady(
                 "the CUDA driver on this node lacks the checkpoint API "
@@ -150,7 +182,7 @@ class Suspender:
                 hint="detach without keep (the kernel's GPU state is then lost)",
                 retryable=False,
             )
-        return cuda, book
+        return cuda
 
     async def _cuda_processes(
         self, container: HostContainer, nodes: Sequence[DeviceNode]
@@ -219,12 +251,12 @@ class Suspender:
     async def _put_back(self, container: HostContainer, suspension: Suspension) -> list[str]:
         """Every process restored onto the GPUs it still holds and unlocked, then the record
         forgotten; what could not be done (the record is then kept for the next start)."""
-        cuda, book = self._parts()
+        cuda = self._driver()
         problems = await self._core.workers.host(_roll_back, cuda, suspension.pids)
         if problems:
             log.error("rolling back the suspend of %s failed: %s", container, "; ".join(problems))
             return problems
-        await self._core.workers.ledger(book.forget_suspension, container.target)
+        await self._forget(container.target)
         return []
 
     # --- resume ----------------------------------------------------------------------------
@@ -259,7 +291,7 @@ class Suspender:
         """Restore the suspended processes onto ``granted`` (in the order of
         ``suspension.gpus``), unlock them and forget the record. On failure what was restored
         is checkpointed again and ``TargetNotReady`` raised: the caller detaches ``granted``."""
-        cuda, book = self._parts()
+        cuda = self._driver()
         pairs = {old.uuid: new for old, new in zip(suspension.gpus, granted, strict=True)}
         moved = None if all(old == new for old, new in pairs.items()) else pairs
         try:
@@ -273,7 +305,7 @@ class Suspender:
                 hint="its CUDA state stays kept in host memory; try again",
                 retryable=e.name != "CUDA_ERROR_INVALID_VALUE",
             ) from e
-        await self._core.workers.ledger(book.forget_suspension, container.target)
+        await self._forget(container.target)
         log.info("resumed %s on %s", container, ", ".join(granted))
 
     # --- recovery --------------------------------------------------------------------------
@@ -281,10 +313,11 @@ class Suspender:
     async def recover(self) -> None:
         """Bring every recorded suspension to a consistent state (module docstring); one
         target's failure is logged and never stops the others."""
-        book = self._core.suspensions
-        if book is None:
+        self._copy = None  # read the book afresh
+        known = await self._known()
+        if known is None:
             return
-        for suspension in await self._core.workers.ledger(book.suspensions):
+        for suspension in list(known.values()):
             try:
                 await self._recover(suspension)
             except Exception:
@@ -292,12 +325,11 @@ class Suspender:
 
     async def _recover(self, suspension: Suspension) -> None:
         core = self._core
-        _, book = self._parts()
         container = await core.workers.host(
             core.resolver.lookup, suspension.target, suspension.container
         )
         if container is None:
-            await core.workers.ledger(book.forget_suspension, suspension.target)
+            await self._forget(suspension.target)
             log.info("%s is gone: its suspension is forgotten", suspension.target)
             return
         granted = [
@@ -315,7 +347,7 @@ class Suspender:
                 log.info("the suspend of %s was cut short: rolled back", container)
             return
         finished = dataclasses.replace(suspension, state=SuspensionState.SUSPENDED)
-        await core.workers.ledger(book.record_suspension, finished)
+        await self._record(finished)
         log.info("the suspend of %s was cut short after its release: finished", container)
 
 
