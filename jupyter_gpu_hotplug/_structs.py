@@ -263,10 +263,30 @@ class IdleReleaseList(TypedDict):
     releases: list[IdleReleaseRecord]
 
 
-class AttachmentList(TypedDict):
-    """The body of ``GET /v1/attachments`` and of a ``201`` from ``POST /v1/attachments``."""
+class _SuspendedRequired(TypedDict):
+    state: Literal["suspending", "suspended"]
+    model: str
+    uuids: list[GpuUuid]
+    pids: list[int]
+    host_memory: int | None
 
+
+class SuspendedWire(_SuspendedRequired):
+    """A target whose CUDA state the agent keeps in host memory without its GPUs (a detach
+    with ``keep``): its processes are checkpointed, and its next attach resumes them on GPUs
+    of ``model`` (``uuids`` first, when free). ``host_memory``: bytes kept, when the driver
+    says; ``state`` ``suspending`` only while the suspend runs."""
+
+
+class _AttachmentListRequired(TypedDict):
     attachments: list[Attachment]
+
+
+class AttachmentList(_AttachmentListRequired, total=False):
+    """The body of ``GET /v1/attachments`` and of a ``201`` from ``POST /v1/attachments``;
+    ``suspended`` is there only while the target's CUDA state is kept without its GPUs."""
+
+    suspended: SuspendedWire
 
 
 class _AttachRequestRequired(TypedDict):

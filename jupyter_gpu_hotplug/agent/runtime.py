@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..linux import cgroups
 from ..linux.cdi_spec import CdiRegistry
 from ..linux.mig import MigCaps
+from ..nvml.checkpoint import DRIVER_LIBRARY, CheckpointError, CudaCheckpoint
 from . import openapi_document
 from .api.handlers import (
     ApiContext,
@@ -51,7 +52,7 @@ from .core.inventory import Inventory, NvmlInventory
 from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler
-from .core.seams import Allocator, Identity, Resolver, TargetPolicy
+from .core.seams import Allocator, Identity, Resolver, SuspensionBook, TargetPolicy
 from .core.service import AgentService, ServiceConfig
 from .core.sweep import NodeSweep
 from .core.workers import Workers
@@ -148,6 +149,10 @@ class AgentBackend(Protocol):
     def policy(self) -> TargetPolicy | None: ...
 
     @property
+    def suspensions(self) -> SuspensionBook | None:
+        """Where suspended CUDA state is recorded (local: the ledger; None: not kept)."""
+
+    @property
     def hooks(self) -> BackendHooks:
         """Its part in the core's passes, handed to ``Core.build`` (``core/hooks.py``)."""
 
@@ -184,6 +189,8 @@ class Components:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     driver_files: DriverFiles = field(default_factory=NoDriverFiles)
     """How targets get the driver's libraries (``Agent.create``: from the settings)."""
+    cuda: CudaCheckpoint | None = None
+    """The CUDA driver's checkpoint calls, for a detach that keeps the kernel's state."""
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Called in reverse order when the agent stops (the backend's ``close`` among them)."""
 
@@ -210,7 +217,22 @@ def _core(components: Components) -> Core:
         checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
         driver_files=components.driver_files,
         hooks=backend.hooks,
+        suspensions=backend.suspensions,
+        cuda=components.cuda,
     )
+
+
+def _cuda(simulation: Simulation | None) -> CudaCheckpoint | None:
+    """The CUDA driver's checkpoint calls: the simulated driver's with ``--simulate``, else
+    the host's ``libcuda.so.1``; None where there is none (a keep is refused, saying why)."""
+    library = DRIVER_LIBRARY if simulation is None else str(simulation.cuda_library())
+    try:
+        cuda = CudaCheckpoint(library)
+    except CheckpointError as e:
+        log.info("no CUDA driver library (%s): a detach cannot keep a kernel's state", e)
+        return None
+    log.info("CUDA checkpoint API: %s", "present" if cuda.supported() else "not in this driver")
+    return cuda
 
 
 def _driver_files(settings: AgentSettings) -> DriverFiles:
@@ -331,6 +353,7 @@ class Agent:
                 usage=inventory.utilization,
                 mig_caps=_mig_caps(settings, simulation),
                 driver_files=_driver_files(settings),
+                cuda=_cuda(simulation),
                 closers=closers,
             )
         )
@@ -343,6 +366,7 @@ class Agent:
         """Reconcile, then serve and run the background loops."""
         self.backend.bind(self.core, service=self.service, lost=self.lost)
         await self.core.allocator.load()
+        await self.service.suspender.recover()
         report = await self.reconciler.run_once()
         log.info(
             "start-up reconciliation: %s",

@@ -409,23 +409,24 @@ class HotplugEngine:
         return frozenset(node.name for node in devices if present.get(node.name) == node.device)
 
     def holders_by_device(
-        self, container: Container, devices: Iterable[CharDevice]
+        self, container: Container, devices: Iterable[CharDevice], *, extra: bool = True
     ) -> dict[CharDevice, list[busy.Holder]]:
-        """For each of ``devices``, the processes of the container that hold it open; one
-        walk of the container's processes and their fds for all of them, within
-        ``busy_scan_seconds`` (:class:`ScanTimedOut` past them)."""
+        """For each of ``devices``, the processes of the container that hold it open (and,
+        with ``extra``, those ``extra_holders`` names); one walk of the container's processes
+        and their fds for all of them, within ``busy_scan_seconds`` (:class:`ScanTimedOut`
+        past them)."""
         with _reading(f"which processes of process {container.pid}'s container hold devices"):
-            return self._scan(container, devices)
+            return self._scan(container, devices, extra=extra)
 
     def _scan(
-        self, container: Container, devices: Iterable[CharDevice]
+        self, container: Container, devices: Iterable[CharDevice], *, extra: bool = True
     ) -> dict[CharDevice, list[busy.Holder]]:
         try:
             return busy.find_holders_by_device(
                 [d for d in container.cgroup_dirs if d.is_dir()],
                 devices,
                 proc=self.host_proc,
-                extra_holders=self.extra_holders,
+                extra_holders=self.extra_holders if extra else None,
                 deadline=time.monotonic() + self.busy_scan_seconds,
             )
         except busy.ScanTimeout as e:

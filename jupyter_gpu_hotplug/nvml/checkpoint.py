@@ -167,6 +167,16 @@ class CudaCheckpoint:
         """LOCKED → RUNNING: ``pid``'s CUDA calls proceed again."""
         self._call("cuCheckpointProcessUnlock", pid, ctypes.byref(_ZeroArgs()))
 
+    def device_memory(self, pid: int) -> int | None:
+        """Bytes of device memory ``pid`` uses, which a checkpoint moves to host memory: only
+        the simulator answers (its ``fakeCudaProcessMemory``); the real driver has no such
+        call, so None (NVML's per-process memory is the real source)."""
+        lookup = getattr(self._cuda, "fakeCudaProcessMemory", None)
+        used = ctypes.c_ulonglong()
+        if lookup is None or lookup(ctypes.c_int(pid), ctypes.byref(used)) != 0:
+            return None
+        return used.value
+
     def _call(self, name: str, pid: int, argument: object) -> None:
         function = getattr(self._cuda, name, None)
         if function is None:

@@ -335,7 +335,9 @@ class FakeInjector:
         have = self.usable(target)
         return frozenset(node.name for node in devices if node.device in have)
 
-    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(
+        self, target: HostContainer, devices: Sequence[DeviceNode], *, nvml: bool = True
+    ) -> list[HolderInfo]:
         where = self._container(target)
         found = {
             h.pid: h for node in devices for h in self.holders_of.get((where, node.device), [])

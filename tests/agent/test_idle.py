@@ -243,7 +243,7 @@ async def test_opened_during_the_release_is_kept(
     assert await idle.after(0) == []
     holders = idle.harness.injector.holders
     # The busy check finds nothing, then a process opens the GPU before the revoke.
-    monkeypatch.setattr(idle.harness.injector, "holders", lambda *args: [])
+    monkeypatch.setattr(idle.harness.injector, "holders", lambda *args, **how: [])
     idle.harness.injector.hold(process, 0, pid=101)
 
     assert await idle.after(60) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
@@ -25,6 +26,8 @@ from jupyter_gpu_hotplug.agent.core.seams import (
     IllegalTransition,
     Reservation,
     ReservationState,
+    Suspension,
+    SuspensionState,
 )
 from jupyter_gpu_hotplug.agent.local import ledger as ledger_module
 from jupyter_gpu_hotplug.agent.local.ledger import (
@@ -540,3 +543,42 @@ def test_kill_at_any_moment_keeps_changes_whole(
     with Ledger.open(state_dir) as after:
         after.release(uuids(after.attachments()))
         assert free(after, GPUS) == GPUS
+
+
+# --- suspensions (issue 39) ---------------------------------------------------------------------
+
+
+def test_a_suspension_is_kept_replaced_and_forgotten(state_dir: Path, clock: FakeClock) -> None:
+    suspending = Suspension(
+        target=BOB,
+        container=KEY,
+        model=GPUS[0].name,
+        gpus=(GPUS[0], GPUS[1]),
+        pids=(4242, 4250),
+        state=SuspensionState.SUSPENDING,
+        host_memory=None,
+    )
+    suspended = dataclasses.replace(
+        suspending, state=SuspensionState.SUSPENDED, host_memory=3 * 2**30
+    )
+    with Ledger.open(state_dir, clock=clock) as ledger:
+        assert ledger.suspension(BOB) is None
+        ledger.record_suspension(suspending)
+        ledger.record_suspension(suspended)
+    with Ledger.open(state_dir, clock=clock) as ledger:  # durable: a restarted agent reads it
+        assert ledger.suspension(BOB) == suspended
+        assert ledger.suspensions() == [suspended]
+        assert ledger.suspension(PidTarget(4242, 1001)) is None, "another process, same pid"
+        ledger.forget_suspension(BOB)
+        ledger.forget_suspension(BOB)
+        assert ledger.suspensions() == []
+
+
+def test_a_tampered_suspension_is_a_ledger_error(ledger: Ledger, state_dir: Path) -> None:
+    ledger.record_suspension(
+        Suspension(BOB, KEY, "GPU", (GPUS[0],), (1,), SuspensionState.SUSPENDED)
+    )
+    with contextlib.closing(sqlite3.connect(state_dir / LEDGER_FILE)) as raw, raw:
+        raw.execute("UPDATE suspensions SET pids = '[\"x\"]'")
+    with pytest.raises(LedgerError, match=r"suspension .* is corrupt"):
+        ledger.suspensions()

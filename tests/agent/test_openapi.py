@@ -207,6 +207,7 @@ SHAPES = [
     (_structs.GpuList, "GpuList"),
     (_structs.Attachment, "Attachment"),
     (_structs.AttachmentList, "AttachmentList"),
+    (_structs.SuspendedWire, "Suspended"),
     (_structs.AttachRequestBody, "AttachRequest"),
     (_structs.PodRefWire, "PodRef"),
     (_structs.PodTargetWire, "PodTarget"),

@@ -356,6 +356,9 @@ def test_checkpoints_know_their_steps(tmp_path: Path) -> None:
         "after_mark_granted",
         "after_begin_release",
         "after_revoke",
+        "after_suspend_intent",
+        "after_checkpoint",
+        "after_suspend_revoke",
     }
     with pytest.raises(ValueError, match="unknown step"):
         Checkpoints(pause_at="after_lunch", marker_dir=tmp_path)

@@ -28,6 +28,7 @@ from jupyter_gpu_hotplug.agent.api.validation import (
     MAX_BODY_BYTES,
     check_query_names,
     parse_attach_request,
+    parse_detach_all,
     parse_force,
     parse_gpu_uuid,
     parse_request_id,
@@ -463,6 +464,30 @@ def test_bad_force(query: Mapping[str, Sequence[bytes]]) -> None:
     with pytest.raises(InvalidRequest) as caught:
         parse_force(query)
     assert caught.value.field == "force"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (q(), (False, False)),
+        (q(keep="true"), (False, True)),
+        (q(keep="0", force="1"), (True, False)),
+    ],
+    ids=["absent", "keep", "force"],
+)
+def test_detach_all_flags(
+    query: Mapping[str, Sequence[bytes]], expected: tuple[bool, bool]
+) -> None:
+    assert parse_detach_all(query) == expected
+
+
+@pytest.mark.parametrize(
+    "query", [q(keep="yes"), q(keep="true", force="true")], ids=["bad", "with-force"]
+)
+def test_bad_keep(query: Mapping[str, Sequence[bytes]]) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_detach_all(query)
+    assert caught.value.field == "keep"
 
 
 def test_unknown_query_names() -> None:

@@ -18,6 +18,12 @@ integer as JSON Schema reads one (``72`` or ``72.0``, as the APIs do: ``json_int
 ``count`` entries (or, for a count too large to name, left out), so that a request the
 schema calls valid is one the APIs accept; ``count`` itself is never changed, so an invalid
 one is still refused.
+
+And ``DELETE /v1/attachments`` takes ``force`` or ``keep``, never both true (keep suspends the
+processes force would end), another rule OpenAPI cannot state between two query parameters
+(the document says it in words): where both are true, ``keep`` is left out, so the request the
+schema calls valid is the plain forced detach (an invalid value of either is kept, to be
+refused).
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
         return
     if isinstance(case.query, dict) and "pid" in case.query:
         case.query["pid"] = _safe(case.query["pid"], victim)
+    if isinstance(case.query, dict):
+        _force_or_keep(case.query)
     body = case.body if isinstance(case.body, dict) else {}
     target = body.get("target")
     if isinstance(target, dict) and "pid" in target:
@@ -86,3 +94,12 @@ def _name_count_gpus(body: dict[str, Any]) -> None:
     filler = (f"GPU-ffffffff-0000-4000-8000-{i:012x}" for i in range(2 * _MAX_NAMED))
     gpus.extend(uuid for uuid in filler if uuid not in gpus)
     del gpus[count:]
+
+
+_TRUE = ("true", "1")
+
+
+def _force_or_keep(query: dict[str, Any]) -> None:
+    """``keep`` left out where ``force`` is true too (module docstring)."""
+    if query.get("force") in _TRUE and query.get("keep") in _TRUE:
+        del query["keep"]

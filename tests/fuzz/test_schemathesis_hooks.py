@@ -17,7 +17,7 @@ import pytest
 from jupyter_gpu_hotplug.agent.api.validation import parse_attach_request
 from jupyter_gpu_hotplug.agent.core.errors import InvalidRequest
 
-from .schemathesis_hooks import _MAX_NAMED, _name_count_gpus
+from .schemathesis_hooks import _MAX_NAMED, _force_or_keep, _name_count_gpus
 
 NAMED = [f"GPU-00000000-0000-4000-8000-{i:012x}" for i in range(11)]
 
@@ -56,3 +56,17 @@ def test_an_invalid_count_is_left_as_it_is_and_still_refused(count: object) -> N
     with pytest.raises(InvalidRequest) as refused:
         parse_attach_request(json.dumps(body).encode())
     assert refused.value.field == "count"
+
+
+@pytest.mark.parametrize(
+    ("query", "left"),
+    [
+        ({"force": "true", "keep": "1"}, {"force": "true"}),
+        ({"force": "1", "keep": "yes"}, {"force": "1", "keep": "yes"}),
+        ({"force": "false", "keep": "true"}, {"force": "false", "keep": "true"}),
+    ],
+    ids=["both", "invalid-keep-kept", "keep-alone"],
+)
+def test_force_and_keep_are_never_both_true(query: dict[str, Any], left: dict[str, Any]) -> None:
+    _force_or_keep(query)
+    assert query == left

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import pytest
 
-from jupyter_gpu_hotplug.agent.core.checkpoints import ATTACH_STEPS, STEPS, marker_path
+from jupyter_gpu_hotplug.agent.core.checkpoints import ATTACH_STEPS, DETACH_STEPS, marker_path
 from jupyter_gpu_hotplug.agent.kubernetes.holders import ANNOTATION_STATE, ANNOTATION_UUID
 from tests.fixtures.requirements import needs_root
 
@@ -48,7 +48,7 @@ ATTACHED_AFTER_RESTART: Final = {
     "after_begin_release": False,  # the holders say releasing: the detach is finished
     "after_revoke": False,  # revoked, the holders not yet deleted: finished
 }
-assert set(ATTACHED_AFTER_RESTART) == set(STEPS)
+assert set(ATTACHED_AFTER_RESTART) == {*ATTACH_STEPS, *DETACH_STEPS}
 
 
 def fresh_node_opens(kubelet: KubeletSimulator, minor: int) -> str:
@@ -77,7 +77,7 @@ def _ignore_errors(call: Any) -> None:
         return
 
 
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", ATTACHED_AFTER_RESTART)
 def test_kill_9_at_each_step_then_holders_kubelet_and_container_agree(
     step: str, kube: FakeKube, kubelet: KubeletSimulator, k8s_agent: AgentProcess
 ) -> None:

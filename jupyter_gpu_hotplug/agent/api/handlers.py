@@ -59,6 +59,7 @@ from .validation import (
     MAX_BODY_BYTES,
     check_query_names,
     parse_attach_request,
+    parse_detach_all,
     parse_force,
     parse_gpu_uuid,
     parse_request_id,
@@ -441,10 +442,10 @@ class AttachmentsHandler(ApiHandler):
 
     async def delete(self) -> None:
         caller = await self.authenticate()
-        arguments = self.query(*_TARGET_QUERY, "force")
+        arguments = self.query(*_TARGET_QUERY, "force", "keep")
         target = self.aim(parse_target_query(arguments))
-        force = parse_force(arguments)
-        await self.context.service.detach_all(caller, target, force=force)
+        force, keep = parse_detach_all(arguments)
+        await self.context.service.detach_all(caller, target, force=force, keep=keep)
         self.reply_empty()
 
 

@@ -276,12 +276,31 @@ def parse_target_query(query: Mapping[str, Sequence[bytes]]) -> TargetRef | None
 
 def parse_force(query: Mapping[str, Sequence[bytes]]) -> bool:
     """``?force=true|false|1|0``; absent means ``False``."""
-    value = _single(query, "force")
+    return _flag(query, "force")
+
+
+def parse_detach_all(query: Mapping[str, Sequence[bytes]]) -> tuple[bool, bool]:
+    """``force`` and ``keep`` of ``DELETE /v1/attachments``: both default to ``False``, and
+    never both (force ends the processes whose state keep would save)."""
+    force, keep = _flag(query, "force"), _flag(query, "keep")
+    if force and keep:
+        raise InvalidRequest(
+            "force and keep exclude each other: force ends the processes that hold the GPU, "
+            "keep suspends them",
+            field="keep",
+            hint="give keep=true to keep the kernel's CUDA state, or force=true to end it",
+        )
+    return force, keep
+
+
+def _flag(query: Mapping[str, Sequence[bytes]], name: str) -> bool:
+    """``?<name>=true|false|1|0``; absent means ``False``."""
+    value = _single(query, name)
     if value is None:
         return False
     if value not in _FORCE_VALUES:
         raise InvalidRequest(
-            f"query parameter force must be true, false, 1 or 0, got {describe_value(value)}",
-            field="force",
+            f"query parameter {name} must be true, false, 1 or 0, got {describe_value(value)}",
+            field=name,
         )
     return _FORCE_VALUES[value]

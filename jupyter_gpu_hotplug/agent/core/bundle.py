@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..._structs import GpuUuid
 from ...linux.devnodes import DeviceNode
 from ...linux.mig import MigCaps
+from ...nvml.checkpoint import CudaCheckpoint
 from .checkpoints import Checkpoints
 from .devices import GpuNodes
 from .driver_files import DriverFiles, NoDriverFiles
@@ -34,7 +35,14 @@ from .locks import TargetLocks
 from .lost import LossBook
 from .metrics import AgentMetrics
 from .queue import WaitQueue
-from .seams import Allocator, HostContainer, Identity, Resolver, TargetPolicy
+from .seams import (
+    Allocator,
+    HostContainer,
+    Identity,
+    Resolver,
+    SuspensionBook,
+    TargetPolicy,
+)
 from .workers import Workers
 
 __all__ = ["Core"]
@@ -78,6 +86,11 @@ class Core:
     hooks: BackendHooks = field(default_factory=BackendHooks)
     """The backend's part in the core's passes (``hooks.py``), fixed at ``build``: the idle
     and loss books were built with theirs, the reconciler reads its sweeps and ``assigned``."""
+    suspensions: SuspensionBook | None = None
+    """Where suspended targets are recorded durably (local: the ledger); None: the backend
+    cannot keep a target's CUDA state (Kubernetes mode, for now)."""
+    cuda: CudaCheckpoint | None = None
+    """The CUDA driver's checkpoint calls (``nvml.checkpoint``); None: no driver library."""
 
     @classmethod
     def build(
@@ -97,11 +110,14 @@ class Core:
         policy: TargetPolicy | None = None,
         driver_files: DriverFiles | None = None,
         hooks: BackendHooks | None = None,
+        suspensions: SuspensionBook | None = None,
+        cuda: CudaCheckpoint | None = None,
     ) -> Core:
         """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
         MIG tables, None when no slices are handed out; ``idle_policy``: off by default;
         ``policy``: the backend's ``TargetPolicy``, if it has one; ``hooks``: the backend's
-        ``BackendHooks``, none by default)."""
+        ``BackendHooks``, none by default; ``suspensions`` and ``cuda``: what suspending a
+        target's CUDA state needs, ``suspend.py``)."""
         hooks = BackendHooks() if hooks is None else hooks
         return cls(
             allocator=allocator,
@@ -122,6 +138,8 @@ class Core:
             policy=policy,
             driver_files=driver_files or NoDriverFiles(),
             hooks=hooks,
+            suspensions=suspensions,
+            cuda=cuda,
         )
 
     def unready(self, target: HostContainer) -> TargetNotReady | None:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-__all__ = ["ATTACH_STEPS", "DETACH_STEPS", "STEPS", "Checkpoints", "marker_path"]
+__all__ = ["ATTACH_STEPS", "DETACH_STEPS", "STEPS", "SUSPEND_STEPS", "Checkpoints", "marker_path"]
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,10 @@ ATTACH_STEPS: Final = ("after_reserve", "after_intent", "after_grant", "after_ma
 → ``granted``."""
 DETACH_STEPS: Final = ("after_begin_release", "after_revoke")
 """Detach: ledger ``releasing`` → host revoke → ledger row removed."""
-STEPS: Final = ATTACH_STEPS + DETACH_STEPS
+SUSPEND_STEPS: Final = ("after_suspend_intent", "after_checkpoint", "after_suspend_revoke")
+"""Suspend (``suspend.py``): ``suspending`` recorded → processes locked and checkpointed → the
+detach's revoke and release → ``suspended`` recorded."""
+STEPS: Final = ATTACH_STEPS + DETACH_STEPS + SUSPEND_STEPS
 
 
 def marker_path(marker_dir: Path, step: str) -> Path:

@@ -135,7 +135,11 @@ class IdleReleaser:
                 continue
             container = await self._container(entry)
             try:
-                holders = [] if container is None else await self._holders(entry, container)
+                # The scan alone: NVML's list is the simulation's own output here, and
+                # counting it kept a process listed after it let go of the GPU.
+                holders = (
+                    [] if container is None else await self._holders(entry, container, nvml=False)
+                )
             except InjectorError as e:
                 log.debug("cannot tell whether %s is held: %s", entry.gpu.uuid, e)
                 continue
@@ -147,9 +151,13 @@ class IdleReleaser:
         core = self._core
         return await core.workers.host(core.resolver.lookup, entry.target, entry.container)
 
-    async def _holders(self, entry: Reservation, container: HostContainer) -> list[HolderInfo]:
+    async def _holders(
+        self, entry: Reservation, container: HostContainer, *, nvml: bool = True
+    ) -> list[HolderInfo]:
         nodes = self._core.nodes.of(entry.gpu)
-        return await self._core.workers.host(self._core.injector.holders, container, nodes)
+        return await self._core.workers.host(
+            self._core.injector.holders, container, nodes, nvml=nvml
+        )
 
     async def run_forever(self, interval: float) -> None:
         while True:

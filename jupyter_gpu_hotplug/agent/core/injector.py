@@ -187,8 +187,11 @@ class Injector(Protocol):
         """The names of ``devices`` whose node is in ``target``'s ``/dev`` now (``status``'s
         ``node``, without reading the cgroups: what an attach asks before its grant)."""
 
-    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
-        """Processes of ``target``'s container that hold any of ``devices`` open, by pid."""
+    def holders(
+        self, target: HostContainer, devices: Sequence[DeviceNode], *, nvml: bool = True
+    ) -> list[HolderInfo]:
+        """Processes of ``target``'s container that hold any of ``devices`` open, by pid;
+        with ``nvml``, also those NVML lists on them (the busy check's whole answer)."""
 
 
 class EngineInjector:
@@ -235,10 +238,12 @@ class EngineInjector:
         with _translated(target):
             return self._engine.nodes_present(target.pid, target.start_time, devices)
 
-    def holders(self, target: HostContainer, devices: Sequence[DeviceNode]) -> list[HolderInfo]:
+    def holders(
+        self, target: HostContainer, devices: Sequence[DeviceNode], *, nvml: bool = True
+    ) -> list[HolderInfo]:
         with _translated(target):
             held = self._engine.holders_by_device(
-                self._container(target), [node.device for node in devices]
+                self._container(target), [node.device for node in devices], extra=nvml
             )
         found = {h.pid: HolderInfo(h.pid, h.comm) for holders in held.values() for h in holders}
         return [found[pid] for pid in sorted(found)]

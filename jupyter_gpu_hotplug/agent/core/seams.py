@@ -74,6 +74,9 @@ __all__ = [
     "Reservation",
     "ReservationState",
     "Resolver",
+    "Suspension",
+    "SuspensionBook",
+    "SuspensionState",
     "TargetPolicy",
     "Transition",
     "Verb",
@@ -501,3 +504,51 @@ class Identity(Protocol):
     def self_target(self, caller: Caller) -> TargetRef:
         """What a request without a target means ("the caller itself"); ``InvalidRequest``
         when the caller has no such thing (local TCP). May block: runs in the worker pool."""
+
+
+# --- suspended CUDA state (issue 39) -----------------------------------------------------------
+
+
+class SuspensionState(enum.StrEnum):
+    """Where a target's suspension is, as recorded *before* the step it announces."""
+
+    SUSPENDING = "suspending"
+    """Recorded before the first lock: its processes may be locked or checkpointed while its
+    GPUs are still granted. A restart rolls it back (``suspend.Suspender.recover``)."""
+    SUSPENDED = "suspended"
+    """Its processes are checkpointed and its GPUs released: the next attach resumes them."""
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """A target whose CUDA processes the agent checkpointed, to resume on its next attach."""
+
+    target: Target
+    container: ContainerKey
+    model: str
+    """The product name of its GPUs: a resume takes GPUs of exactly this name (the driver
+    restores only onto the same chip type)."""
+    gpus: tuple[GpuRecord, ...]
+    """The GPUs it held, in order: a resume prefers them and pairs each old UUID with a new."""
+    pids: tuple[int, ...]
+    """Its CUDA processes, as the agent (the host) numbers them."""
+    state: SuspensionState
+    host_memory: int | None = None
+    """Bytes of device memory kept in host memory, when the driver says (the fake does)."""
+
+
+class SuspensionBook(Protocol):
+    """Where suspensions are kept durably (local mode: the ledger). Calls block: run them in
+    the ledger's thread (``Workers.ledger``)."""
+
+    def record_suspension(self, suspension: Suspension) -> None:
+        """Write ``suspension``, replacing the target's earlier one."""
+
+    def suspension(self, target: Target) -> Suspension | None:
+        """The target's suspension, if it has one."""
+
+    def suspensions(self) -> list[Suspension]:
+        """Every suspension (a restart's recovery reads them)."""
+
+    def forget_suspension(self, target: Target) -> None:
+        """Drop the target's suspension (none: nothing to do)."""

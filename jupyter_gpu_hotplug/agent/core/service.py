@@ -47,6 +47,7 @@ PodResources, so the device plugin's GPUs are not free); the decision is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -98,8 +99,10 @@ from .seams import (
     Caller,
     HostContainer,
     Reservation,
+    Suspension,
     Verb,
 )
+from .suspend import Suspender
 
 __all__ = ["AgentService", "ServiceConfig"]
 
@@ -129,6 +132,8 @@ class AgentService:
         self._meter = OperationMeter()
         self.revoker = Revoker(core, label=self._label)
         """Every take-back: a detach here, and the loss sequence's and node sweep's."""
+        self.suspender = Suspender(core, self.revoker)
+        """A detach with ``keep`` and the resume of the next attach (``suspend.py``)."""
 
     async def wait_idle(self) -> None:
         """Return once no attach or detach is running (new ones may start later)."""
@@ -173,7 +178,11 @@ class AgentService:
     async def attachments(self, caller: Caller, ref: TargetRef | None) -> AttachmentList:
         """The target's attachments (granted, or being released: still usable)."""
         container = await self._target(caller, ref, "get")
-        return views.attachment_list(self.core, container.target)
+        listed = views.attachment_list(self.core, container.target)
+        suspension = await self.suspender.find(container.target)
+        if suspension is not None:
+            listed["suspended"] = views.suspended_of(suspension)
+        return listed
 
     async def idle_releases(self, caller: Caller, ref: TargetRef | None) -> IdleReleaseList:
         """What the idle policy took back from the target lately, oldest first."""
@@ -220,6 +229,9 @@ class AgentService:
                         container.target,
                     )
                     return AttachmentList(attachments=[views.attachment_of(e) for e in earlier])
+                suspension = await self.suspender.find(container.target)
+                if suspension is not None:
+                    return await self._resume(container, request, suspension, deadline)
                 decision = await self._decide(caller, container, request, snapshot, unready)
                 if isinstance(decision, Serve):
                     return await self._attach_locked(container, request, snapshot, deadline)
@@ -377,6 +389,36 @@ class AgentService:
         )
         return AttachmentList(attachments=[views.attachment_of(entry) for entry in granted])
 
+    async def _resume(
+        self,
+        container: HostContainer,
+        request: AttachRequest,
+        suspension: Suspension,
+        deadline: float,
+    ) -> AttachmentList:
+        """The attach of a suspended target: the GPUs ``Suspender.placement`` picks (of the
+        suspended model, the same ones first; the request's count and selection give way to
+        them), attached as a request naming them is, then its processes resumed on them; a
+        failed resume detaches them again and the target stays suspended."""
+        snapshot = await self.core.workers.host(self.core.inventory.snapshot)
+        wanted = AttachRequest(
+            count=len(suspension.gpus),
+            target=request.target,
+            wait_seconds=0,
+            request_id=request.request_id,
+        )
+        free = await self.core.allocator.available(candidate_records(snapshot, wanted))
+        chosen = self.suspender.placement(suspension, snapshot, {gpu.uuid for gpu in free})
+        named = dataclasses.replace(wanted, gpus=chosen)
+        attached = await self._attach_locked(container, named, snapshot, deadline)
+        try:
+            await self.suspender.resume(container, suspension, chosen)
+        except AgentError:
+            entries = [entry for e in chosen if (entry := self.core.allocator.get(e)) is not None]
+            await self.revoker.detach_locked(container, entries, force=False)
+            raise
+        return attached
+
     async def _reserve(
         self,
         container: HostContainer,
@@ -418,14 +460,20 @@ class AgentService:
             async with self.core.locks.operation(entry.target):
                 await self.revoker.detach_locked(container, [entry], force=force)
 
-    async def detach_all(self, caller: Caller, ref: TargetRef | None, *, force: bool) -> None:
-        """Detach every GPU of the target (nothing attached: nothing to do)."""
+    async def detach_all(
+        self, caller: Caller, ref: TargetRef | None, *, force: bool, keep: bool = False
+    ) -> None:
+        """Detach every GPU of the target (nothing attached: nothing to do); with ``keep``,
+        its CUDA processes are suspended first and resumed by its next attach
+        (``Suspender.suspend``)."""
         with self._measured("detach") as measure:
             container = await self._target(caller, ref, "delete")
             async with self.core.locks.operation(container.target):
                 entries = self.core.allocator.attachments_of(container.target)
                 measure.gpus = len(entries)
-                if entries:
+                if entries and keep:
+                    await self.suspender.suspend(container, entries)
+                elif entries:
                     await self.revoker.detach_locked(container, entries, force=force)
 
     async def release_unused(self, entry: Reservation, container: HostContainer) -> bool:

@@ -28,6 +28,7 @@ from ..._structs import (
     QueuedRequest,
     QueueView,
     RequestId,
+    SuspendedWire,
     Target,
     format_timestamp,
 )
@@ -38,7 +39,7 @@ from .idle import IdleWarning
 from .inventory import InventorySnapshot
 from .metrics import AgentMetrics
 from .queue import WaitQueue
-from .seams import Caller, Reservation, ReservationState
+from .seams import Caller, Reservation, ReservationState, Suspension
 
 __all__ = [
     "attachment_list",
@@ -169,6 +170,17 @@ def attachment_list(core: Core, target: Target) -> AttachmentList:
             for entry in core.allocator.attachments_of(target)
             if entry.state is not ReservationState.RESERVING
         ]
+    )
+
+
+def suspended_of(suspension: Suspension) -> SuspendedWire:
+    """A suspended target's kept state as the API shows it."""
+    return SuspendedWire(
+        state=suspension.state.value,
+        model=suspension.model,
+        uuids=[gpu.uuid for gpu in suspension.gpus],
+        pids=list(suspension.pids),
+        host_memory=suspension.host_memory,
     )
 
 

@@ -103,6 +103,12 @@ class KubernetesBackend:
             loss_listeners=(self._tell_loss,),
         )
 
+    @property
+    def suspensions(self) -> None:
+        """Kubernetes mode keeps no suspended CUDA state yet (issue 39: local mode first), so
+        a detach with ``keep`` is refused there, saying so."""
+        return None
+
     @classmethod
     def create(
         cls, settings: AgentSettings, hierarchies: cgroups.CgroupHierarchies

@@ -34,7 +34,7 @@ from ...linux import cgroups
 from ..core.bundle import Core
 from ..core.hooks import BackendHooks, ReconcileReport, RunningContainer
 from ..core.lost import LostGpus
-from ..core.seams import ContainerKey, HostContainer, Reservation, Resolver
+from ..core.seams import ContainerKey, HostContainer, Reservation, Resolver, SuspensionBook
 from ..core.service import AgentService
 from ..core.workers import Workers
 from ..settings import AgentSettings
@@ -60,6 +60,11 @@ class LocalBackend:
     containers: Callable[[Collection[ContainerKey]], list[HostContainer]] | None = None
     """The host's containers for the node sweep, given the reserved ones
     (``ProcResolver.running``); None: nothing is swept (tests' in-memory processes)."""
+
+    @property
+    def suspensions(self) -> SuspensionBook:
+        """Suspended targets are rows of the ledger (``ledger.py``), as reservations are."""
+        return self.ledger
 
     @property
     def hooks(self) -> BackendHooks:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import sqlite3
 import threading
@@ -59,6 +60,8 @@ from ..core.seams import (
     GpuRecord,
     Reservation,
     ReservationState,
+    Suspension,
+    SuspensionState,
     Transition,
     plan_transition,
 )
@@ -128,7 +131,25 @@ def _schema_v3(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN node_created INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: Sequence[Migration] = (_schema_v1, _schema_v2, _schema_v3)
+def _schema_v4(conn: sqlite3.Connection) -> None:
+    # A target whose CUDA processes were checkpointed (issue 39): one row per target, written
+    # before its first process is locked ('suspending') and moved to 'suspended' once its GPUs
+    # are released, so a restarted agent can roll back or resume whatever a crash interrupted.
+    conn.execute(
+        """CREATE TABLE suspensions (
+            target_key TEXT PRIMARY KEY NOT NULL,
+            container_key TEXT NOT NULL,
+            model TEXT NOT NULL,
+            gpus TEXT NOT NULL,
+            pids TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('suspending', 'suspended')),
+            host_memory INTEGER,
+            updated_at TEXT NOT NULL
+        ) STRICT"""
+    )
+
+
+MIGRATIONS: Sequence[Migration] = (_schema_v1, _schema_v2, _schema_v3, _schema_v4)
 """The schema's history; append, never edit (a deployed ledger has run the old steps)."""
 
 _ENTRY_SELECT = """
@@ -167,6 +188,24 @@ def _decode_entry(row: sqlite3.Row) -> Reservation:
         granted_at=None if row["granted_at"] is None else datetime.fromisoformat(row["granted_at"]),
         node_created=bool(row["node_created"]),
     )
+
+
+def _suspension(row: sqlite3.Row) -> Suspension:
+    try:
+        return Suspension(
+            target=target_from_key(row["target_key"]),
+            container=ContainerKey(row["container_key"]),
+            model=row["model"],
+            gpus=tuple(
+                GpuRecord(GpuUuid(uuid), index, minor, name)
+                for uuid, index, minor, name in json.loads(row["gpus"])
+            ),
+            pids=tuple(int(pid) for pid in json.loads(row["pids"])),
+            state=SuspensionState(row["state"]),
+            host_memory=row["host_memory"],
+        )
+    except (ValueError, TypeError) as e:
+        raise LedgerError(f"ledger suspension of {row['target_key']} is corrupt: {e}") from e
 
 
 def _acquire_lock(lock_path: Path) -> int:
@@ -506,6 +545,45 @@ class Ledger:
         """Entries not ``granted``: what a crash left half-done, to finish or roll back."""
         with self._session(write=False) as conn:
             return self._entries(conn, "WHERE a.state != 'granted'", ())
+
+    # --- suspensions (``seams.SuspensionBook``) ---------------------------------------------
+
+    def record_suspension(self, suspension: Suspension) -> None:
+        """Write the target's suspension, replacing its earlier one."""
+        gpus = [[g.uuid, g.index, g.minor, g.name] for g in suspension.gpus]
+        with self._session(write=True) as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO suspensions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    suspension.target.key,
+                    suspension.container,
+                    suspension.model,
+                    json.dumps(gpus),
+                    json.dumps(list(suspension.pids)),
+                    suspension.state.value,
+                    suspension.host_memory,
+                    self._now(),
+                ),
+            )
+
+    def suspension(self, target: Target) -> Suspension | None:
+        """The target's suspension, if it has one."""
+        with self._session(write=False) as conn:
+            row = conn.execute(
+                "SELECT * FROM suspensions WHERE target_key = ?", (target.key,)
+            ).fetchone()
+        return None if row is None else _suspension(row)
+
+    def suspensions(self) -> list[Suspension]:
+        """Every suspension, in target order."""
+        with self._session(write=False) as conn:
+            rows = conn.execute("SELECT * FROM suspensions ORDER BY target_key").fetchall()
+        return [_suspension(row) for row in rows]
+
+    def forget_suspension(self, target: Target) -> None:
+        """Drop the target's suspension (none: nothing to do)."""
+        with self._session(write=True) as conn:
+            conn.execute("DELETE FROM suspensions WHERE target_key = ?", (target.key,))
 
 
 def _check_distinct(candidates: Sequence[GpuRecord]) -> None:

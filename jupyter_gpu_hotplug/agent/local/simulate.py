@@ -36,11 +36,13 @@ from ..._structs import GpuUuid
 from ...linux.devnodes import parse_proc_devices
 from ...nvml.sim import (
     CONFIG_ENV,
+    CUDA_LIBRARY_NAME,
     MAX_PROCESSES,
     FakeNvmlConfig,
     SimulatedGpu,
     SimulatedProcess,
     default_gpus,
+    ensure_fake_cuda,
     ensure_fake_nvml,
     fake_nvml_environ,
     load_in_process,
@@ -168,6 +170,11 @@ class Simulation:
         """
         os.environ[CONFIG_ENV] = str(self.config_path)
         load_in_process(self.library_dir)
+
+    def cuda_library(self) -> Path:
+        """The simulated CUDA driver (``libcuda.so.1``, built once in the fake NVML's cache):
+        the library whose checkpoint calls the agent makes in simulation."""
+        return ensure_fake_cuda(self.library_dir.parent) / CUDA_LIBRARY_NAME
 
     def environ(
         self, *, device_filter: Path | None = Path("/dev"), base: Mapping[str, str] | None = None

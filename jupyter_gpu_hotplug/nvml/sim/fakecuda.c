@@ -47,7 +47,9 @@
  * no driver: ENXIO, as sim/load.py holds one), so the agent's busy scan sees it, and it
  * serves a control thread on the unix socket $FAKE_CUDA_CHECKPOINT_DIR/<pid>.sock.  The
  * CONTROLLER (the agent) calls cuCheckpointProcess*(pid, ...), which connect to that
- * socket; the target runs the state machine.  Checkpoint closes the target's GPU fds
+ * socket (pid as the controller numbers it: a target in a pid and mount namespace of its
+ * own, a sandbox's process, is reached through /proc/<pid>/root under its own number
+ * there); the target runs the state machine.  Checkpoint closes the target's GPU fds
  * and keeps its "device memory" (bytes, touched) in host memory; restore reopens the
  * nodes, of the paired GPUs when gpuPairs is given: a paired UUID is looked up in the
  * fake NVML's config ([gpu] uuid=, minor=, name=), and its name must equal the old GPU's.
@@ -663,17 +665,51 @@ static void *control_thread(void *unused)
     return NULL;
 }
 
-static int socket_path(int pid, struct sockaddr_un *address)
+/*
+ * The target's socket: `root` + $FAKE_CUDA_CHECKPOINT_DIR/<pid>.sock, <pid> as the target
+ * numbers itself.  The target passes its own getpid() and root "".
+ */
+static int socket_path(const char *root, int pid, struct sockaddr_un *address)
 {
     const char *dir = getenv(CHECKPOINT_DIR_ENV);
     memset(address, 0, sizeof *address);
     address->sun_family = AF_UNIX;
     if (dir == NULL || *dir == '\0')
         return -1;
-    return snprintf(address->sun_path, sizeof address->sun_path, "%s/%d.sock", dir, pid) <
-                   (int)sizeof address->sun_path
+    return snprintf(address->sun_path, sizeof address->sun_path, "%s%s/%d.sock", root, dir,
+                    pid) < (int)sizeof address->sun_path
                ? 0
                : -1;
+}
+
+/*
+ * The controller's way to the socket of host process `pid`, as the real driver takes
+ * host pids: a target in a pid namespace of its own (a sandbox, a container) named its
+ * socket by its own number there, the last of /proc/<pid>/status's NSpid, in its own
+ * mount namespace, reached through /proc/<pid>/root.  Elsewhere: the plain path.
+ */
+static int target_socket_path(int pid, struct sockaddr_un *address)
+{
+    char path[64], line[256], root[64];
+    int inner = pid, nested = 0;
+    FILE *status;
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    status = fopen(path, "re");
+    while (status != NULL && fgets(line, sizeof line, status) != NULL) {
+        char *field, *rest;
+        if (strncmp(line, "NSpid:", 6) != 0)
+            continue;
+        for (field = strtok_r(line + 6, " \t\n", &rest); field != NULL;
+             field = strtok_r(NULL, " \t\n", &rest), nested++)
+            inner = atoi(field);
+        break;
+    }
+    if (status != NULL)
+        fclose(status);
+    if (nested <= 1)
+        return socket_path("", pid, address);
+    snprintf(root, sizeof root, "/proc/%d/root", pid);
+    return socket_path(root, inner, address);
 }
 
 /* Listen on this process's socket (once); the thread answers the controller's calls. */
@@ -684,7 +720,7 @@ static CUresult start_serving(void)
     int fd;
     if (target.serving)
         return CUDA_SUCCESS;
-    if (socket_path(getpid(), &address) != 0)
+    if (socket_path("", getpid(), &address) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -766,7 +802,7 @@ static CUresult call(int pid, struct request *request, struct reply *reply)
     int fd;
     ssize_t got;
     request->fail = injected_failure();
-    if (pid <= 0 || socket_path(pid, &address) != 0)
+    if (pid <= 0 || target_socket_path(pid, &address) != 0)
         return CUDA_ERROR_NOT_SUPPORTED;
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
