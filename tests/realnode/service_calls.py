@@ -67,6 +67,7 @@ def agent_call(
     body: str | None = None,
     *,
     pod: str = "nb",
+    timeout: int = REQUEST_TIMEOUT,
 ) -> tuple[int, str]:
     """``method /v1/attachments`` from inside the notebook pod ``pod`` with its projected
     token; returns the status and the body, so that a refusal shows the agent's own words
@@ -81,9 +82,9 @@ def agent_call(
         request += f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
     request += "\\r\\n" + (body or "")  # printf's format: no '%' in the body
     program = f'printf "$1" "$(cat {TOKEN_PATH})"; cat >&2'
-    argv = ["nc", "-w", str(REQUEST_TIMEOUT), service_ip, str(AGENT_PORT),
+    argv = ["nc", "-w", str(timeout), service_ip, str(AGENT_PORT),
             "-e", "/bin/sh", "-c", program, "sh", request]  # fmt: skip
-    answer = cluster.exec(ns, pod, argv, timeout=REQUEST_TIMEOUT + 10)
+    answer = cluster.exec(ns, pod, argv, timeout=timeout + 10)
     status_line, _, rest = answer.stderr.partition("\r\n")
     if not status_line.startswith("HTTP/"):
         return 0, f"no HTTP answer: {answer}"
@@ -91,15 +92,26 @@ def agent_call(
 
 
 def attach_through_the_service(
-    cluster: Cluster, ns: str, service_ip: str, *, pod: str = "nb", expect: int = 201
+    cluster: Cluster,
+    ns: str,
+    service_ip: str,
+    *,
+    pod: str = "nb",
+    expect: int = 201,
+    wait_seconds: int | None = None,
 ) -> dict[str, Any]:
     """An attach of one GPU from ``pod``, retried while the Service has no endpoint yet or
     the agent says the refusal is temporary; the answer's body once its status is ``expect``
-    (anything else fails at once with the agent's answer)."""
+    (anything else fails at once with the agent's answer). ``wait_seconds``: the request's
+    (how long its holder may take to start, and to wait in the queue)."""
     answers: list[tuple[int, str]] = []
+    request = {"count": 1} | ({} if wait_seconds is None else {"wait_seconds": wait_seconds})
+    timeout = REQUEST_TIMEOUT + (wait_seconds or 0)
 
     def attach() -> dict[str, Any] | None:
-        status, body = agent_call(cluster, ns, service_ip, "POST", '{"count": 1}', pod=pod)
+        status, body = agent_call(
+            cluster, ns, service_ip, "POST", json.dumps(request), pod=pod, timeout=timeout
+        )
         answers.append((status, body))
         if status == 0:
             return None

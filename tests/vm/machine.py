@@ -229,6 +229,7 @@ def _qemu_argv(
     kvm: bool,
     shares: Sequence[Share],
     nics: Sequence[str],
+    vcpus: int,
 ) -> list[str]:
     accel = (
         ["-accel", "kvm", "-cpu", "host"]
@@ -239,7 +240,7 @@ def _qemu_argv(
         "qemu-system-x86_64",
         *accel,
         "-smp",
-        str(VCPUS),
+        str(vcpus),
         "-m",
         MEMORY,
         "-nodefaults",
@@ -292,6 +293,7 @@ def boot(
     tree: Path | None,
     shares: Sequence[Share] = (),
     nics: Sequence[str] = (),
+    vcpus: int = VCPUS,
 ) -> Iterator[Machine]:
     """Boot the image and wait for ssh; with ``tree``, share the test venv and install the
     tree; mount ``shares``; ``nics`` are further ``-nic`` options (the first, user networking
@@ -303,7 +305,7 @@ def boot(
     kvm = use_kvm()
     port = _free_port()
     started = time.monotonic()
-    argv = _qemu_argv(image, run_dir, port, kvm=kvm, shares=shares, nics=nics)
+    argv = _qemu_argv(image, run_dir, port, kvm=kvm, shares=shares, nics=nics, vcpus=vcpus)
     with (run_dir / "qemu.log").open("wb") as qemu_log:
         process = subprocess.Popen(
             ["nice", "-n", "5", *argv],
