@@ -20,7 +20,8 @@ from ..manifests.support import by_kind, render
 from .agent_image import BUILD_TIMEOUT, AgentImage, agent_image
 from .images import REPO, assert_the_sbom_lists_what_the_image_holds, inspect, run
 
-pytestmark = [*needs_root, pytest.mark.slow]
+# The images the real node runs: built in .ci/test's real-node lane, never in two lanes at once.
+pytestmark = [*needs_root, pytest.mark.slow, pytest.mark.realnode]
 
 
 @pytest.fixture(scope="module")

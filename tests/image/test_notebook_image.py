@@ -19,7 +19,13 @@ from tests.fixtures.requirements import needs_root
 from .hub_images import BUILD_TIMEOUT, BuiltImage, notebook_image
 from .images import assert_the_sbom_lists_what_the_image_holds, inspect, run
 
-pytestmark = [*needs_root, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
+# The images the real node runs: built in .ci/test's real-node lane, never in two lanes at once.
+pytestmark = [
+    *needs_root,
+    pytest.mark.slow,
+    pytest.mark.realnode,
+    pytest.mark.timeout(BUILD_TIMEOUT + 300),
+]
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,10 @@ DEFAULTS: Final[dict[str, Any]] = yaml.safe_load((CHART_DIR / "values.yaml").rea
 HELM_SCHEMA_ERROR: Final = "values don't meet the specifications of the schema(s)"
 
 
+# Helm from tests/realnode/build.sh: the real-node lane of .ci/test, which builds it first.
+pytestmark = pytest.mark.realnode
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _helm() -> None:
     helm_or_skip()

@@ -36,6 +36,10 @@ AGENT_SELECTOR: Final = 'app_kubernetes_io_name="gpu-hotplug-agent"'
 SUFFIXES: Final = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count")}
 
 
+# promtool from tests/realnode/build.sh: the real-node lane of .ci/test, which builds it first.
+pytestmark = pytest.mark.realnode
+
+
 @pytest.fixture(scope="module")
 def promtool() -> str:
     return tool_or_skip("promtool")

@@ -27,7 +27,8 @@ from jupyter_gpu_hotplug.spawner import configure_kubespawner
 from ..spawner.kube_support import env_of, notebook_container, pod_for
 from .support import K8S_DIR, VALUES_FILE, by_kind, helm_or_skip, render, validate
 
-pytestmark = pytest.mark.usefixtures("unreachable_kubeconfig")
+# Helm from tests/realnode/build.sh: the real-node lane of .ci/test, which builds it first.
+pytestmark = [pytest.mark.usefixtures("unreachable_kubeconfig"), pytest.mark.realnode]
 
 EGRESS_FILE: Final = K8S_DIR / "jupyterhub" / "notebook-egress.yaml"
 

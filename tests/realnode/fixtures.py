@@ -136,10 +136,19 @@ def cdi_cluster() -> Iterator[Cluster]:
             handle.close()
 
 
+NODE_FIXTURES: Final = frozenset({"real_node", CDI_FIXTURE})
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests on ``cdi_cluster`` first (stable otherwise): one node per machine, so its
-    module's node must be down before the session's ``real_node`` comes up, and it is
-    (a module fixture ends with its module)."""
+    """Every test on a node is in the ``realnode`` lane (``.ci/test`` runs that lane apart, and
+    only it may start the one node a machine can run), marked here before ``-m`` selects;
+    tests on ``cdi_cluster`` first (stable otherwise): one node per machine, so its module's
+    node must be down before the session's ``real_node`` comes up, and it is (a module
+    fixture ends with its module)."""
+    for item in items:
+        if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.realnode)
     items.sort(key=lambda item: CDI_FIXTURE not in getattr(item, "fixturenames", ()))
 
 
