@@ -35,6 +35,7 @@ from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
     Attachment,
+    AttachmentState,
     Busy,
     Gpu,
     IdleNotice,
@@ -42,6 +43,8 @@ from jupyter_gpu_hotplug.client import (
     InsufficientGpus,
     InvalidRequest,
     QueuedRequest,
+    Suspension,
+    TargetNotReady,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.holders import HolderNames
@@ -81,6 +84,9 @@ class FakeAgent:
         self.node: list[Gpu] = []
         self.released: list[IdleRelease] = []
         self.waiting: list[QueuedRequest] = []
+        self.suspended: Suspension | None = None
+        """What a kept detach leaves (``detach_all(keep=True)`` sets ``on_keep``)."""
+        self.on_keep: Suspension | None = None
         self.errors: dict[str, Exception] = {}
         self.attach_started = threading.Event()
         self.release = threading.Event()
@@ -114,6 +120,11 @@ class FakeAgent:
         self._maybe_fail("attachments")
         return tuple(self.attached)
 
+    def attachment_state(self, target: Any = None) -> AttachmentState:
+        self.calls.append(("attachment_state",))
+        self._maybe_fail("attachments")
+        return AttachmentState(tuple(self.attached), self.suspended)
+
     def queued(self, target: Any = None) -> tuple[QueuedRequest, ...]:
         self.calls.append(("queued",))
         self._maybe_fail("queued")
@@ -128,9 +139,11 @@ class FakeAgent:
         self.calls.append(("detach", uuid, force))
         self._maybe_fail("detach")
 
-    def detach_all(self, *, target: Any = None, force: bool = False) -> None:
-        self.calls.append(("detach_all", force))
+    def detach_all(self, *, target: Any = None, force: bool = False, keep: bool = False) -> None:
+        self.calls.append(("detach_all", force, keep) if keep else ("detach_all", force))
         self._maybe_fail("detach_all")
+        if keep:
+            self.attached, self.suspended = [], self.on_keep
 
     def gpus(self) -> tuple[Gpu, ...]:
         self.calls.append(("gpus",))
@@ -709,6 +722,121 @@ def test_detach_all(
     assert out == "Detached GPU 0, GPU 1 (2 GPUs).\n"
 
 
+KEPT = Suspension(
+    state="suspended",
+    model="NVIDIA H100 80GB HBM3",
+    uuids=(GpuUuid(UUID_A), GpuUuid(UUID_B)),
+    pids=(4242,),
+    host_memory=3 * 2**30,
+)
+
+
+KEPT_BOTH = (
+    "Released GPU 0, GPU 1 (2 GPUs). This kernel is suspended (state kept, 3.0 GiB in host "
+    "memory); '%gpu attach' resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when "
+    "free).\n"
+)
+NOTHING_KEPT = (
+    "Released GPU 0 (1 GPU). No process of this kernel used it: there was no CUDA state to keep.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "uuids", "kept", "said"),
+    [
+        ("release --keep", (UUID_A, UUID_B), KEPT, KEPT_BOTH),
+        ("detach all --keep", (UUID_A, UUID_B), KEPT, KEPT_BOTH),
+        # No process used the GPU: the agent detached it plainly and keeps nothing.
+        ("detach --keep", (UUID_A,), None, NOTHING_KEPT),
+    ],
+    ids=["release", "detach-all", "nothing-to-keep"],
+)
+def test_release_keep_says_what_was_kept_and_how_it_comes_back(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    uuids: tuple[str, ...],
+    kept: Suspension | None,
+    said: str,
+) -> None:
+    agent.attached = [attachment(uuid, index) for index, uuid in enumerate(uuids)]
+    agent.on_keep = kept
+
+    out = run(shell, line, capsys)
+
+    assert [call for call in agent.calls if call[0] == "detach_all"] == [
+        ("detach_all", False, True)
+    ]
+    assert out == said
+
+
+def test_release_keep_of_an_unknown_size_and_an_already_suspended_kernel(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    agent.on_keep = dataclasses.replace(KEPT, uuids=(GpuUuid(UUID_A),), host_memory=None)
+
+    first = run(shell, "release --keep", capsys)
+    again = run(shell, "release --keep", capsys)
+
+    assert (
+        "This kernel is suspended (state kept in host memory); '%gpu attach' resumes it on "
+        "1 free NVIDIA H100 80GB HBM3 GPU (the same one when free)." in first
+    )
+    assert again == (
+        "No GPU is attached to this notebook; nothing to detach. It is suspended (state kept "
+        "in host memory).\n"
+    )
+    assert [call for call in agent.calls if call[0] == "detach_all"] == [
+        ("detach_all", False, True)
+    ]
+
+
+def test_release_without_keep_is_detach_all(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    out = run(shell, "release", capsys)
+
+    assert ("detach_all", False) in agent.calls
+    assert out == "Detached GPU 0 (1 GPU).\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("release --keep --force", "force and keep exclude each other"),
+        ("detach all --force --keep", "force and keep exclude each other"),
+        ("detach 0 --keep", "leave the GPU out"),
+    ],
+)
+def test_keep_with_force_or_one_gpu_is_a_usage_error_and_sends_nothing(
+    shell: InteractiveShell, agent: FakeAgent, line: str, words: str
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    with pytest.raises(UsageError, match=words):
+        shell.run_line_magic("gpu", line)
+
+    assert agent.calls == []
+
+
+def test_a_refused_keep_shows_the_agents_words_and_no_force_advice(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    agent.errors["detach_all"] = TargetNotReady(
+        "the CUDA driver on this node lacks the checkpoint API", status=422, code="target_not_ready"
+    )
+
+    shown = run_refused(shell, "release --keep", capsys)
+
+    assert "lacks the checkpoint API" in shown
+    assert "--force" not in shown
+
+
 def test_force_says_what_it_will_do(
     shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -847,6 +975,33 @@ def test_status(
     assert "This kernel sees (NVML): 2 GPUs, SIMULATED (SIMULATED)." not in lines
     assert "This kernel sees (NVML): 2 GPUs (SIMULATED)." in lines
     assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_status_shows_a_suspended_kernel(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    tmp_path: Path,
+    fake_nvml: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.suspended = KEPT
+    shell.register_magics(
+        GPUMagics(
+            shell,
+            context=dataclasses.replace(context, monitor=lambda: GpuMonitor(dev_dir=tmp_path)),
+        )
+    )
+
+    lines = run(shell, "status", capsys).splitlines()
+
+    assert lines[0] == "This notebook: 0 GPUs attached (SIMULATED)"
+    assert (
+        "! This kernel is suspended (state kept, 3.0 GiB in host memory); '%gpu attach' "
+        "resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when free)."
+        in " ".join(lines)
+    )
     assert max(len(line) for line in lines) <= 80
 
 
