@@ -379,6 +379,10 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
             raise UsageError(f"{PROG} attach --gpu names one GPU: leave N out")
         gpu = _named_gpu(args.gpu, client)
         named, what = [gpu.uuid], f"GPU {gpu.index} ({gpu.uuid})"
+    suspended = _kept_state(client)
+    label = f"Attaching {what}{limit}"
+    if suspended is not None:
+        label = f"Resuming this kernel on {_plural(len(suspended.uuids), suspended.model + ' GPU')}"
     try:
         attachments = wait_with_progress(
             lambda: client.attach(
@@ -390,7 +394,7 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
                 model=selector.model,
                 min_memory=selector.min_memory,
             ),
-            label=f"Attaching {what}{limit}",
+            label=label,
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
             new_progress=context.new_progress,
             after=context.progress_after,
@@ -404,9 +408,27 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
         ):
             raise  # a named GPU's refusal names it, a selector's what the node has
         raise GpuCommandError(_too_many(count, client, error, mig=args.mig)) from error
+    if suspended is not None:
+        print(
+            f"Resumed this kernel on {_plural(len(attachments))}: the agent restored its CUDA "
+            f"state from host memory (it was {render.suspended_state(suspended)}; a resume "
+            "takes GPUs of the suspended model, whatever the attach asked):"
+        )
+        print("\n".join(render.attachment_lines(attachments)))
+        return
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))
     print(advice(context.cuda(), attached=len(attachments)))
+
+
+def _kept_state(client: AgentClient) -> Suspension | None:
+    """This kernel's CUDA state the agent keeps, which the attach about to be sent resumes;
+    None when there is none, or when the agent cannot say (the attach then speaks for
+    itself)."""
+    try:
+        return client.attachment_state().suspended
+    except AgentClientError:
+        return None
 
 
 def _named_gpu(selector: str, client: AgentClient) -> Gpu:

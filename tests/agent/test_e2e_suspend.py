@@ -345,7 +345,9 @@ def test_the_user_side_release_keep_status_and_attach(
 
     attached = magic(node, k.probe, "attach")
 
-    assert attached.startswith("Attached 1 GPU to this kernel:")
+    assert attached.startswith(
+        "Resumed this kernel on 1 GPU: the agent restored its CUDA state from host memory"
+    )
     assert node.cuda.state(k.pid) is ProcessState.RUNNING
     assert held(k.pid) == {k.minor}
     assert "suspended" not in listed(node, k.probe)

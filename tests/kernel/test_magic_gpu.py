@@ -313,7 +313,7 @@ def test_attach_says_gpu_ready(
 ) -> None:
     out = run(shell, "attach", capsys)
 
-    assert agent.calls == [("attach", 1, None)]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None)]
     assert out.splitlines()[0] == "Attached 1 GPU to this kernel:"
     assert "  GPU 0  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0  attached at " in out
     assert out.splitlines()[1].endswith(UUID_A)  # the UUID last, for copying (issue 36)
@@ -339,7 +339,7 @@ def test_attach_after_cuda_started_says_what_to_do(
 def test_attach_passes_the_wait(shell: InteractiveShell, agent: FakeAgent) -> None:
     shell.run_line_magic("gpu", "attach --wait 12.5")
 
-    assert agent.calls == [("attach", 1, 12.5)]
+    assert agent.calls == [("attachment_state",), ("attach", 1, 12.5)]
 
 
 def test_attach_a_mig_slice(
@@ -347,7 +347,7 @@ def test_attach_a_mig_slice(
 ) -> None:
     shell.run_line_magic("gpu", "attach 1 --mig 1g.10gb")
 
-    assert agent.calls == [("attach", 1, None, "1g.10gb")]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None, "1g.10gb")]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
@@ -359,7 +359,7 @@ def test_attach_a_named_gpu(
 
     shell.run_line_magic("gpu", "attach --gpu 1 --wait 5")
 
-    assert agent.calls == [("gpus",), ("attach", 1, 5.0, (UUID_B,))]
+    assert agent.calls == [("gpus",), ("attachment_state",), ("attach", 1, 5.0, (UUID_B,))]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
     with pytest.raises(UsageError, match="--gpu names one GPU: leave N out"):
         shell.run_line_magic("gpu", "attach 2 --gpu 1")
@@ -469,7 +469,10 @@ def test_attach_by_model_and_memory(
 ) -> None:
     shell.run_line_magic("gpu", "attach 1 --model H100 --min-memory 40G")
 
-    assert agent.calls == [("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9})]
+    assert agent.calls == [
+        ("attachment_state",),
+        ("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9}),
+    ]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
@@ -488,7 +491,7 @@ def test_no_matching_gpu_shows_the_agents_reason(shell: InteractiveShell, agent:
         shell.run_line_magic("gpu", "attach --model A100")
 
     assert caught.value.message == reason
-    assert agent.calls == [("attach", 1, None, {"model": "A100"})]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None, {"model": "A100"})]
 
 
 def test_insufficient_gpus_offers_the_wait_and_points_to_list(
@@ -769,6 +772,22 @@ def test_release_keep_says_what_was_kept_and_how_it_comes_back(
         ("detach_all", False, True)
     ]
     assert out == said
+
+
+def test_attach_of_a_suspended_kernel_says_it_resumed(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.suspended = dataclasses.replace(KEPT, uuids=(GpuUuid(UUID_A),))
+
+    out = run(shell, "attach 2", capsys)
+
+    assert out.splitlines()[0] == (
+        "Resumed this kernel on 1 GPU: the agent restored its CUDA state from host memory (it was "
+        "suspended (state kept, 3.0 GiB in host memory); a resume takes GPUs of the suspended "
+        "model, whatever the attach asked):"
+    )
+    assert out.splitlines()[1].split()[:2] == ["GPU", "0"]
+    assert "CUDA" not in out.splitlines()[-1], "no advice about new GPUs: these are its own"
 
 
 def test_release_keep_of_an_unknown_size_and_an_already_suspended_kernel(
