@@ -487,11 +487,11 @@ def _add_release_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="keep this kernel's CUDA state (its model, tensors, variables): the agent "
-        "suspends the kernel's CUDA processes into host memory with the CUDA driver's "
-        "checkpoint API, then releases all of its GPUs; the next '%%gpu attach' resumes them, "
-        "on a free GPU of the same model. Refused, with nothing changed, where the driver or "
-        "a process cannot be checkpointed; all GPUs of the kernel; not with --force",
+        help="keep the kernel running with its CUDA state (the models and tensors on its "
+        "GPUs): the agent suspends the kernel's CUDA processes into host memory with the CUDA "
+        "driver's checkpoint API, then releases all of its GPUs; the next '%%gpu attach' "
+        "resumes them, on free GPUs of the same type. Refused, with nothing changed, where the "
+        "driver or a process cannot be checkpointed; all GPUs of the kernel; not with --force",
     )
 
 
