@@ -744,6 +744,18 @@ def check_request_id(value: object) -> RequestId:
     return RequestId(check_text(value, REQUEST_ID_RE, field="request_id", shape=shape))
 
 
+def check_detach_flags(*, force: bool, keep: bool) -> None:
+    """A detach's ``force`` and ``keep`` exclude each other: ``force`` ends the processes that
+    hold the GPU, ``keep`` suspends them to save their CUDA state. Every API and the client
+    refuse the pair with these words, before anything is asked of the GPUs."""
+    if force and keep:
+        raise WireFormatError(
+            "force and keep exclude each other: force ends the processes that hold the GPU, "
+            "keep suspends them to save their CUDA state; give one of the two",
+            field="keep",
+        )
+
+
 def check_gpu_uuid(value: object, *, alternatives: str = "", field: str = "uuid") -> GpuUuid:
     """A GPU or MIG UUID as NVML writes it (``GPU_UUID_RE``); ``alternatives`` names what else
     the field accepts, for the message (``'"all" or '``)."""

@@ -18,6 +18,7 @@ Exit codes: 0 done, 1 the agent refused or could not be reached (the message say
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from ._structs import PidRef, TargetRef
-    from .client import AgentClient, Attachment, Gpu
+    from .client import AgentClient, Attachment, Gpu, Suspension
 
 __all__ = [
     "AGENT_HELP",
@@ -147,6 +148,13 @@ def add_detach_arguments(parser: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="kill the processes that hold the GPU open instead of refusing",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the CUDA state: suspend the processes that use the GPUs into host memory "
+        "(the CUDA driver's checkpoint API), then detach all of them; the next attach "
+        "resumes them (only with all, never with --force; local mode)",
     )
     _common(parser)
 
@@ -273,14 +281,18 @@ def run_detach(args: argparse.Namespace) -> int:
 
     client = _client(args)
     index: int | None = None
+    if args.keep and args.what != "all":
+        return _fail(args, ValueError("--keep detaches all GPUs (the CUDA state is kept whole)"))
     try:
         if args.what == "all":
-            client.detach_all(target=_target(args), force=args.force)
+            client.detach_all(target=_target(args), force=args.force, keep=args.keep)
         else:
             args.what, index = _resolve(client, args.what)
             client.detach(args.what, force=args.force)
     except (AgentClientError, ValueError) as error:
         return _fail(args, error)
+    if args.keep:
+        return _kept(args, client)
     if args.json:
         print(json.dumps({"detached": args.what}))
     elif args.what == "all":
@@ -289,6 +301,37 @@ def run_detach(args: argparse.Namespace) -> int:
         # The node's number first, as nvidia-smi and every other view give it (issue 36).
         print(f"detached {args.what}" if index is None else f"detached GPU {index} ({args.what})")
     return EXIT_OK
+
+
+def _kept(args: argparse.Namespace, client: AgentClient) -> int:
+    """After ``detach all --keep``: what the agent kept, read back from it (nothing, when no
+    process used the GPUs: the agent then detached them plainly)."""
+    from .client import AgentClientError
+
+    try:
+        suspended = client.attachment_state(_target(args)).suspended
+    except AgentClientError as error:
+        return _fail(args, error)
+    if args.json:
+        print(json.dumps({"detached": "all", "suspended": _suspended_wire(suspended)}))
+    elif suspended is None:
+        print("detached all GPUs; no process used them: no CUDA state to keep")
+    else:
+        print(f"detached all GPUs; {_suspended_line(suspended)}")
+    return EXIT_OK
+
+
+def _suspended_wire(suspended: Suspension | None) -> object:
+    return None if suspended is None else dataclasses.asdict(suspended)
+
+
+def _suspended_line(suspended: Suspension) -> str:
+    from .kernel.render import suspended_state
+
+    return (
+        f"{suspended_state(suspended)}: the next attach resumes it on "
+        f"{len(suspended.uuids)} free {suspended.model} GPU(s)"
+    )
 
 
 def holder_name(target: TargetRef) -> str:
@@ -320,8 +363,10 @@ def run_status(args: argparse.Namespace) -> int:
     except AgentClientError as error:
         return _fail(args, error)
     attachments: Sequence[Attachment] | None
+    suspended: Suspension | None = None
     try:
-        attachments = client.attachments(_target(args))
+        state = client.attachment_state(_target(args))
+        attachments, suspended = state.attachments, state.suspended
     except (Forbidden, InvalidRequest, NotFound):
         # e.g. over TCP without --pid, or from the host rather than a container
         attachments = None
@@ -333,6 +378,7 @@ def run_status(args: argparse.Namespace) -> int:
                 {
                     "gpus": [gpu.raw for gpu in gpus],
                     "attachments": None if attachments is None else [a.raw for a in attachments],
+                    "suspended": _suspended_wire(suspended),
                 },
                 indent=2,
             )
@@ -350,4 +396,6 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"attached here ({len(attachments)}):")
         for attachment in attachments:
             print(f"  {_attachment_line(attachment)}")
+    if suspended is not None:
+        print(f"suspended here: {_suspended_line(suspended)}")
     return EXIT_OK

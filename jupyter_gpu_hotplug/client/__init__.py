@@ -54,12 +54,14 @@ from .errors import (
 )
 from .models import (
     Attachment,
+    AttachmentState,
     Gpu,
     Health,
     IdleNotice,
     IdleRelease,
     LostHolderNotice,
     QueuedRequest,
+    Suspension,
     plain_free,
     plain_total,
 )
@@ -81,6 +83,7 @@ __all__ = [
     "AnyTarget",
     "AsyncAgentClient",
     "Attachment",
+    "AttachmentState",
     "BaseAgentClient",
     "Busy",
     "BusyProcess",
@@ -96,6 +99,7 @@ __all__ = [
     "NotFound",
     "QueuedRequest",
     "RetryPolicy",
+    "Suspension",
     "TargetNotReady",
     "Timeouts",
     "Unauthenticated",

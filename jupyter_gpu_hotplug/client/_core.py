@@ -45,6 +45,8 @@ from .._structs import (
     PidRef,
     PidTarget,
     PodTarget,
+    WireFormatError,
+    check_detach_flags,
     parse_memory_text,
 )
 from .._version import __version__
@@ -62,14 +64,17 @@ from .errors import (
     AgentProtocolError,
     AgentUnavailable,
     ClientConfigError,
+    InvalidRequest,
     error_from_response,
 )
 from .models import (
     Attachment,
+    AttachmentState,
     Gpu,
     Health,
     IdleRelease,
     QueuedRequest,
+    parse_attachment_state,
     parse_attachments,
     parse_gpus,
     parse_health,
@@ -195,14 +200,25 @@ def list_gpus() -> ApiCall[tuple[Gpu, ...]]:
     return ApiCall("list the node's GPUs", "GET", "/v1/gpus", parse_gpus, idempotent=True)
 
 
-def list_attachments(target: AnyTarget | None) -> ApiCall[tuple[Attachment, ...]]:
+def _attachments_read(
+    target: AnyTarget | None, what: str, parse: Callable[[object], _T]
+) -> ApiCall[_T]:
+    """``GET /v1/attachments`` for ``target``, read by ``parse``."""
     return ApiCall(
-        f"list the GPUs attached to {_subject(target)}",
+        f"{what} {_subject(target)}",
         "GET",
         _with_query("/v1/attachments", _target_query(target)),
-        parse_attachments,
+        parse,
         idempotent=True,
     )
+
+
+def list_attachments(target: AnyTarget | None) -> ApiCall[tuple[Attachment, ...]]:
+    return _attachments_read(target, "list the GPUs attached to", parse_attachments)
+
+
+def attachment_state(target: AnyTarget | None) -> ApiCall[AttachmentState]:
+    return _attachments_read(target, "read the GPU state of", parse_attachment_state)
 
 
 def attach(
@@ -303,11 +319,28 @@ def detach(uuid_: GpuUuid | str, *, force: bool) -> ApiCall[None]:
     )
 
 
-def detach_all(*, target: AnyTarget | None, force: bool) -> ApiCall[None]:
+def detach_all(*, target: AnyTarget | None, force: bool, keep: bool = False) -> ApiCall[None]:
+    """``keep``: suspend the target's CUDA processes into host memory first (the agent's
+    ``keep=true``); never with ``force``: the agent's own refusal (``InvalidRequest``, the
+    same words) is raised here, without sending anything."""
+    try:
+        check_detach_flags(force=force, keep=keep)
+    except WireFormatError as error:
+        raise InvalidRequest(
+            error.message,
+            status=400,
+            code="invalid_request",
+            retryable=False,
+            extra={"field": error.field},
+        ) from error
+    query = {**_target_query(target), **_force_query(force)}
+    if keep:
+        query["keep"] = "true"
+    what = "force-detach" if force else "detach"
     return ApiCall(
-        f"{'force-' if force else ''}detach all GPUs of {_subject(target)}",
+        f"{what} all GPUs of {_subject(target)}{' keeping its CUDA state' if keep else ''}",
         "DELETE",
-        _with_query("/v1/attachments", {**_target_query(target), **_force_query(force)}),
+        _with_query("/v1/attachments", query),
         _no_body,
         has_body=False,
     )

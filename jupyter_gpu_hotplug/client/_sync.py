@@ -15,6 +15,7 @@ from typing import TypeVar
 from .._structs import GpuUuid
 from ._core import AnyTarget, ApiCall, BaseAgentClient
 from ._core import attach as attach_call
+from ._core import attachment_state as attachment_state_call
 from ._core import cancel_queued as cancel_queued_call
 from ._core import detach as detach_call
 from ._core import detach_all as detach_all_call
@@ -24,7 +25,7 @@ from ._core import list_gpus as list_gpus_call
 from ._core import list_idle_releases as list_idle_releases_call
 from ._core import list_queued as list_queued_call
 from ._http import AgentEndpoint, ResponseReader, Stage, TransportFailure, failure_from_os_error
-from .models import Attachment, Gpu, Health, IdleRelease, QueuedRequest
+from .models import Attachment, AttachmentState, Gpu, Health, IdleRelease, QueuedRequest
 
 __all__ = ["AgentClient"]
 
@@ -98,6 +99,11 @@ class AgentClient(BaseAgentClient):
         """The GPUs hot-attached to ``target`` (default: the caller itself)."""
         return self._call(list_attachments_call(target))
 
+    def attachment_state(self, target: AnyTarget | None = None) -> AttachmentState:
+        """``target``'s GPUs and, while its CUDA state is kept without them (a
+        ``detach_all(keep=True)``), that suspension; one request, as ``attachments``."""
+        return self._call(attachment_state_call(target))
+
     def attach(
         self,
         count: int = 1,
@@ -140,9 +146,14 @@ class AgentClient(BaseAgentClient):
         """Detach one GPU; ``force`` kills the target's processes that hold it open."""
         self._call(detach_call(uuid, force=force))
 
-    def detach_all(self, *, target: AnyTarget | None = None, force: bool = False) -> None:
-        """Detach every GPU hot-attached to ``target`` (default: the caller itself)."""
-        self._call(detach_all_call(target=target, force=force))
+    def detach_all(
+        self, *, target: AnyTarget | None = None, force: bool = False, keep: bool = False
+    ) -> None:
+        """Detach every GPU hot-attached to ``target`` (default: the caller itself). ``keep``
+        suspends its CUDA processes into host memory first, so its next ``attach`` resumes
+        them (``attachment_state`` shows the suspension); never with ``force``
+        (``InvalidRequest``, nothing sent)."""
+        self._call(detach_all_call(target=target, force=force, keep=keep))
 
     def queued(self, target: AnyTarget | None = None) -> tuple[QueuedRequest, ...]:
         """``target``'s attach requests waiting for GPUs, with their positions (local mode)."""

@@ -32,12 +32,15 @@ from .._structs import (
 
 __all__ = [
     "Attachment",
+    "AttachmentState",
     "Gpu",
     "Health",
     "IdleNotice",
     "IdleRelease",
     "LostHolderNotice",
     "QueuedRequest",
+    "Suspension",
+    "parse_attachment_state",
     "parse_attachments",
     "parse_gpus",
     "parse_health",
@@ -70,6 +73,14 @@ def _object(value: object, where: str) -> Mapping[str, object]:
 
 def _list(obj: Mapping[str, object], key: str, where: str) -> list[object]:
     return cast("list[object]", _member(obj, key, list, where))
+
+
+def _items(obj: Mapping[str, object], key: str, kind: type[_T], where: str) -> tuple[_T, ...]:
+    """A list member whose every item is a ``kind``."""
+    items = _list(obj, key, where)
+    return tuple(
+        _member({f"{key}[{i}]": item}, f"{key}[{i}]", kind, where) for i, item in enumerate(items)
+    )
 
 
 def _target(value: object, where: str) -> TargetRef:
@@ -338,6 +349,60 @@ def parse_attachments(value: object) -> tuple[Attachment, ...]:
     return tuple(
         Attachment.from_wire(item, where=f"attachments[{i}]")
         for i, item in enumerate(_list(body, "attachments", "body"))
+    )
+
+
+_SUSPENSION_STATES: Final[frozenset[str]] = frozenset({"suspending", "suspended"})
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """A target's CUDA state kept in host memory without its GPUs (a detach with ``keep``):
+    its next attach resumes it on GPUs of ``model``, ``uuids`` first when free."""
+
+    state: str
+    """``suspended``; ``suspending`` only while the suspend runs."""
+    model: str
+    uuids: tuple[GpuUuid, ...]
+    pids: tuple[int, ...]
+    host_memory: int | None
+    """Bytes of device memory kept in host memory, when the driver says (``None`` when not)."""
+
+    @classmethod
+    def from_wire(cls, value: object, *, where: str) -> Suspension:
+        wire = _object(value, where)
+        memory = _member(wire, "host_memory", object, where)
+        if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool)):
+            raise ValueError(
+                f"{where}.host_memory must be int or null, not {type(memory).__name__}"
+            )
+        return cls(
+            state=_one_of(wire, "state", _SUSPENSION_STATES, where),
+            model=_member(wire, "model", str, where),
+            uuids=tuple(GpuUuid(uuid) for uuid in _items(wire, "uuids", str, where)),
+            pids=_items(wire, "pids", int, where),
+            host_memory=memory,
+        )
+
+
+@dataclass(frozen=True)
+class AttachmentState:
+    """All ``GET /v1/attachments`` says of a target: its GPUs and, while its CUDA state is
+    kept without them, that suspension (``None`` otherwise, and from an agent older than it)."""
+
+    attachments: tuple[Attachment, ...]
+    suspended: Suspension | None
+
+
+def parse_attachment_state(value: object) -> AttachmentState:
+    """The body of ``GET /v1/attachments``, ``suspended`` included."""
+    body = _object(value, "body")
+    suspended = body.get("suspended")
+    return AttachmentState(
+        attachments=parse_attachments(body),
+        suspended=None
+        if suspended is None
+        else Suspension.from_wire(suspended, where="body.suspended"),
     )
 
 

@@ -53,6 +53,7 @@ from .._structs import (
     GpuSelector,
     GpuUuid,
     WireFormatError,
+    check_detach_flags,
     check_model,
     parse_memory_text,
 )
@@ -65,6 +66,7 @@ from ..client import (
     Gpu,
     InsufficientGpus,
     InvalidRequest,
+    Suspension,
     is_index,
     normalise_selector,
     select_gpus,
@@ -377,6 +379,10 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
             raise UsageError(f"{PROG} attach --gpu names one GPU: leave N out")
         gpu = _named_gpu(args.gpu, client)
         named, what = [gpu.uuid], f"GPU {gpu.index} ({gpu.uuid})"
+    suspended = _kept_state(client)
+    label = f"Attaching {what}{limit}"
+    if suspended is not None:
+        label = f"Resuming this kernel on {_plural(len(suspended.uuids), suspended.model + ' GPU')}"
     try:
         attachments = wait_with_progress(
             lambda: client.attach(
@@ -388,7 +394,7 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
                 model=selector.model,
                 min_memory=selector.min_memory,
             ),
-            label=f"Attaching {what}{limit}",
+            label=label,
             detail=QueuePlace(client) if args.wait is not None else lambda: "",
             new_progress=context.new_progress,
             after=context.progress_after,
@@ -402,9 +408,27 @@ def _attach(args: argparse.Namespace, context: MagicContext) -> None:
         ):
             raise  # a named GPU's refusal names it, a selector's what the node has
         raise GpuCommandError(_too_many(count, client, error, mig=args.mig)) from error
+    if suspended is not None:
+        print(
+            f"Resumed this kernel on {_plural(len(attachments))}: the agent restored its CUDA "
+            f"state from host memory (it was {render.suspended_state(suspended)}; a resume "
+            "takes GPUs of the suspended model, whatever the attach asked):"
+        )
+        print("\n".join(render.attachment_lines(attachments)))
+        return
     print(f"Attached {_plural(len(attachments))} to this kernel:")
     print("\n".join(render.attachment_lines(attachments)))
     print(advice(context.cuda(), attached=len(attachments)))
+
+
+def _kept_state(client: AgentClient) -> Suspension | None:
+    """This kernel's CUDA state the agent keeps, which the attach about to be sent resumes;
+    None when there is none, or when the agent cannot say (the attach then speaks for
+    itself)."""
+    try:
+        return client.attachment_state().suspended
+    except AgentClientError:
+        return None
 
 
 def _named_gpu(selector: str, client: AgentClient) -> Gpu:
@@ -449,12 +473,31 @@ def _add_detach_arguments(parser: argparse.ArgumentParser) -> None:
         "the host's nvidia-smi number it), its UUID or a unique beginning of it, or 'all'; "
         "may be left out when exactly one GPU is attached",
     )
+    _add_release_flags(parser)
+
+
+def _add_release_flags(parser: argparse.ArgumentParser) -> None:
+    """``--force`` and ``--keep``, of ``detach`` and ``release`` alike."""
     parser.add_argument(
         "--force",
         action="store_true",
         help="kill the processes of this kernel's container that use the GPU (this kernel "
         "too, if it does), then release it",
     )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the kernel running with its CUDA state (the models and tensors on its "
+        "GPUs): the agent suspends the kernel's CUDA processes into host memory with the CUDA "
+        "driver's checkpoint API, then releases all of its GPUs; the next '%%gpu attach' "
+        "resumes them, on free GPUs of the same type. Refused, with nothing changed, where the "
+        "driver or a process cannot be checkpointed; all GPUs of the kernel; not with --force",
+    )
+
+
+def _release(args: argparse.Namespace, context: MagicContext) -> None:
+    """``release``: give back every GPU of this kernel, as ``detach all`` does."""
+    _detach(argparse.Namespace(**vars(args), gpu="all"), context)
 
 
 def _choose(selector: str | None, attachments: Sequence[Attachment]) -> list[Attachment]:
@@ -518,31 +561,72 @@ def _force_notice(chosen: Sequence[Attachment]) -> str:
     return notice
 
 
+def _check_keep(args: argparse.Namespace) -> None:
+    """``--keep`` suspends the whole kernel (the agent keeps a kernel's CUDA state whole,
+    never one GPU's), and never with ``--force``: a usage error, before the agent is asked."""
+    command = f"{PROG} {args.subcommand}"
+    try:
+        check_detach_flags(force=args.force, keep=args.keep)
+    except WireFormatError as error:
+        raise UsageError(f"{command} --keep --force: {error.message}") from error
+    if args.gpu not in (None, "all"):
+        raise UsageError(
+            f"{command} --keep keeps the whole kernel's CUDA state and gives back all of its "
+            f"GPUs: leave the GPU out ('{PROG} detach all --keep' or '{PROG} release --keep')"
+        )
+
+
 def _detach(args: argparse.Namespace, context: MagicContext) -> None:
+    if args.keep:
+        _check_keep(args)
     client = context.client()
-    selector: str | None = args.gpu
-    attachments = client.attachments()
+    selector: str | None = "all" if args.keep else args.gpu
+    suspended: Suspension | None = None
+    if args.keep:
+        state = client.attachment_state()
+        attachments, suspended = state.attachments, state.suspended
+    else:
+        attachments = client.attachments()
     chosen = _choose(selector, attachments)
     if selector is not None and selector != "all" and not chosen:
         uuids = [selector]  # a full UUID the agent did not list for us: it decides
     else:
         uuids = [a.uuid for a in chosen]
     if not uuids:
-        print("No GPU is attached to this notebook; nothing to detach.")
+        already = "" if suspended is None else f" It is {render.suspended_state(suspended)}."
+        print(f"No GPU is attached to this notebook; nothing to detach.{already}")
         return
     if args.force:
         print(_force_notice(chosen))
     try:
         if selector == "all":
-            client.detach_all(force=args.force)
+            client.detach_all(force=args.force, keep=args.keep)
         else:
             for gpu_uuid in uuids:
                 client.detach(gpu_uuid, force=args.force)
     except Busy as error:
+        if args.keep:
+            raise  # its words are the agent's: no --force advice for a kept state
         raise GpuCommandError(_busy_message(error, chosen, uuids, selector, args.force)) from error
     known: dict[str, Attachment] = {a.uuid: a for a in chosen}
     names = ", ".join(f"GPU {known[u].index}" if u in known else u for u in uuids)
-    print(f"Detached {names} ({_plural(len(uuids))}).")
+    if args.keep:
+        print(_kept(client, f"Released {names} ({_plural(len(uuids))}).", len(uuids)))
+    else:
+        print(f"Detached {names} ({_plural(len(uuids))}).")
+
+
+def _kept(client: AgentClient, released: str, count: int) -> str:
+    """What a release with ``--keep`` did, as the agent now shows the kernel: suspended, or
+    nothing to keep (no process used the GPUs: the agent then detached them plainly)."""
+    try:
+        suspension = client.attachment_state().suspended
+    except AgentClientError as error:
+        return f"{released} Whether its CUDA state was kept could not be read: {error.message}"
+    if suspension is None:
+        it = "it" if count == 1 else "them"
+        return f"{released} No process of this kernel used {it}: there was no CUDA state to keep."
+    return f"{released} {render.suspended_line(suspension)}"
 
 
 def _busy_message(
@@ -590,15 +674,21 @@ def _status_tables(context: MagicContext) -> list[Table]:
     each (one NVML read)."""
     client = context.client()
     attachments: Sequence[Attachment] | str
+    suspended: Suspension | None = None
     try:
-        attachments = client.attachments()
+        state = client.attachment_state()
+        attachments, suspended = state.attachments, state.suspended
         released = client.idle_releases()
     except AgentClientError as error:
         attachments, released = error.message, ()
     with context.monitor() as monitor:
         snapshot = monitor.snapshot()
     status = reports.status_table(
-        attachments, released, snapshot, cuda_line=_cuda_line(context.cuda())
+        attachments,
+        released,
+        snapshot,
+        cuda_line=_cuda_line(context.cuda()),
+        suspended=suspended,
     )
     by_notebook = _attribution_table(snapshot, context)
     return [status] if by_notebook is None else [status, by_notebook]
@@ -720,6 +810,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         help="detach a GPU (node index or UUID), or all",
         run=_detach,
         add_arguments=_add_detach_arguments,
+    ),
+    Subcommand(
+        name="release",
+        help="release all GPUs; --keep keeps the kernel's CUDA state",
+        run=_release,
+        add_arguments=_add_release_flags,
     ),
     Subcommand(
         name="status",

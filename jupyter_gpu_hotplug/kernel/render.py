@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from ..client import AgentClientError, Attachment, Gpu, InsufficientGpus, plain_free, plain_total
+from ..client import (
+    AgentClientError,
+    Attachment,
+    Gpu,
+    InsufficientGpus,
+    Suspension,
+    plain_free,
+    plain_total,
+)
 from ..nvml.sim import SIMULATED_SUFFIX
 from ..nvml.state import GpuProcess, GpuState, Snapshot
 
@@ -187,6 +195,30 @@ def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
                 f"({why}) unless a process uses it"
             )
     return lines
+
+
+def suspended_state(suspension: Suspension) -> str:
+    """A kernel's kept CUDA state in a few words, the same in ``%gpu status``, the widget and
+    after ``%gpu release --keep``: "suspended (state kept, 3.0 GiB in host memory)"; the size
+    only where the driver says it (the real driver does not)."""
+    if suspension.state == "suspending":
+        return "suspending (its CUDA state is being moved to host memory)"
+    size = "" if suspension.host_memory is None else f", {human_bytes(suspension.host_memory)}"
+    return f"suspended (state kept{size} in host memory)"
+
+
+def resume_hint(suspension: Suspension) -> str:
+    """What brings a suspended kernel back, and onto which GPUs."""
+    count = len(suspension.uuids)
+    gpus = f"{count} free {suspension.model} GPU{'' if count == 1 else 's'}"
+    return (
+        f"'%gpu attach' resumes it on {gpus} (the same one{'' if count == 1 else 's'} when free)."
+    )
+
+
+def suspended_line(suspension: Suspension) -> str:
+    """The sentence every view gives a suspended kernel: its state and what resumes it."""
+    return f"This kernel is {suspended_state(suspension)}; {resume_hint(suspension)}"
 
 
 def model_name(name: str) -> str:

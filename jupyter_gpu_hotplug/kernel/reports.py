@@ -14,10 +14,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from .._structs import TargetRef
-from ..client import Attachment, Gpu, IdleRelease, QueuedRequest, plain_free, plain_total
+from ..client import (
+    Attachment,
+    Gpu,
+    IdleRelease,
+    QueuedRequest,
+    Suspension,
+    plain_free,
+    plain_total,
+)
 from ..nvml.attribution import GpuUse, Usage
 from ..nvml.state import GpuState, Snapshot
-from .render import human_bytes, model_name, percent
+from .render import human_bytes, model_name, percent, suspended_line
 from .tables import Table, Uuid
 
 __all__ = ["attribution_table", "node_table", "queue_table", "status_table"]
@@ -39,9 +47,11 @@ def status_table(
     snapshot: Snapshot,
     *,
     cuda_line: str,
+    suspended: Suspension | None = None,
 ) -> Table:
     """This notebook's GPUs with what NVML here says they do; ``attachments`` is the agent's
-    list, or its error message when it could not be asked."""
+    list, or its error message when it could not be asked; ``suspended``: the kernel's CUDA
+    state the agent keeps without its GPUs (``%gpu release --keep``)."""
     simulated = " (SIMULATED)" if snapshot.simulated else ""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
     notes: list[str] = []
@@ -77,6 +87,8 @@ def status_table(
                     f"{_local_time(attachment.idle_release.release_at)} ({why}) unless a "
                     "process uses it."
                 )
+    if suspended is not None:
+        notes.append(f"! {suspended_line(suspended)}")
     notes.extend(
         f"Released by the agent's idle policy: GPU {release.uuid} at "
         f"{_local_time(release.released_at)} "

@@ -30,8 +30,10 @@ turns red and says what will happen, a Cancel button appears), the second click 
 The node's view comes from the agent every few refreshes (``NODE_EVERY``; at once after an
 action): how many GPUs are free — Attach is disabled, with the reason beside it, when none is —
 and each GPU's index on the node, so the rows say ``GPU 1 (cuda:0)`` like every other view
-rather than the kernel's own ``[0]``. A message about an action goes as soon as the GPUs
-change after it, so it never describes a state that is gone.
+rather than the kernel's own ``[0]``. With it comes whether the agent keeps this kernel's CUDA
+state without GPUs (``%gpu release --keep``): the header then says "suspended (state kept, …)",
+in the words of ``%gpu status``. A message about an action goes as soon as the GPUs change
+after it, so it never describes a state that is gone.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from ..client import (
     Gpu,
     InsufficientGpus,
     InvalidRequest,
+    Suspension,
     plain_free,
     plain_total,
 )
@@ -218,6 +221,8 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         self._last: Snapshot | None = None
         self._node: tuple[Gpu, ...] | None = None
         """The node's GPUs as the agent last listed them (``None``: not asked, or no answer)."""
+        self._suspended: Suspension | None = None
+        """This kernel's CUDA state kept by the agent without its GPUs, as last read."""
         self._node_due = True
         self._said_for: frozenset[str] | None = None
         """The GPUs shown when the status line last spoke of an action."""
@@ -335,10 +340,15 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         """Ask the agent for the node's GPUs; without an answer the widget goes on with
         what NVML here says (Attach stays enabled: the agent will say why it cannot)."""
         self._node_due = False
+        client = self._client_factory()
         try:
-            self._node = await self._client_factory().gpus()
+            self._node = await client.gpus()
         except AgentClientError:
             self._node = None
+        try:
+            self._suspended = (await client.attachment_state()).suspended
+        except AgentClientError:
+            self._suspended = None
         self._show_free()
 
     def _show_free(self) -> None:
@@ -368,6 +378,7 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
             + (render.badge_html("SIMULATED") if simulated else "")
             + f' <span class="gpuhp-muted">· held by {html.escape(own)}</span>'
             + f' <span class="gpuhp-muted">· {html.escape(" · ".join(details))}</span>'
+            + self._suspended_html()
         )
         node_indexes = {gpu.uuid: gpu.index for gpu in self._node or ()}
         rows = []
@@ -390,6 +401,13 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
         if self._said_for is not None and shown_now != self._said_for:
             self._said_for = None  # the GPUs changed since: that message is stale
             self.status.value = ""
+
+    def _suspended_html(self) -> str:
+        """The header's word on a kept CUDA state (nothing while the kernel has none)."""
+        if self._suspended is None:
+            return ""
+        line = html.escape(render.suspended_line(self._suspended))
+        return f'<br><span class="gpuhp-warn">{line}</span>'
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -527,7 +545,10 @@ class GpuMonitorWidget(widgets.VBox):  # type: ignore[misc]
     def text(self) -> str:
         """The latest readings as text (for frontends that cannot show widgets)."""
         snapshot = self._last or self._monitor.snapshot()
-        return "\n".join(render.snapshot_lines(snapshot))
+        lines = render.snapshot_lines(snapshot)
+        if self._suspended is not None:
+            lines.append(render.suspended_line(self._suspended))
+        return "\n".join(lines)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)

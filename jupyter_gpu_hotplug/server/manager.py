@@ -506,7 +506,8 @@ class HotplugManager:
         self._log.info("cancelled the waiting attach %s of %s", request.request_id, target.label)
 
     async def detach(self, request: DetachRequest) -> None:
-        """Detach one GPU of the target, or all of them."""
+        """Detach one GPU of the target, or all of them (with ``keep``, the agent suspends
+        the target's CUDA processes first and resumes them at its next attach)."""
         self._check_open()
         target = self.targets.required(request.kernel_id, "detach a GPU")
         if request.uuid is None:
@@ -515,7 +516,9 @@ class HotplugManager:
             mine = self._releases.held(request.kernel_id)
             self._releases.detached_here(mine)
             try:
-                await self.client.detach_all(target=target.ref, force=request.force)
+                await self.client.detach_all(
+                    target=target.ref, force=request.force, keep=request.keep
+                )
             except BaseException:
                 self._releases.not_detached_here(mine)
                 raise
@@ -536,7 +539,7 @@ class HotplugManager:
             "detached %s from %s%s",
             "all GPUs" if request.uuid is None else request.uuid,
             target.label,
-            " (forced)" if request.force else "",
+            " (forced)" if request.force else " (CUDA state kept)" if request.keep else "",
         )
 
     # --- streams -------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ _ATTACH_FIELDS: Final = (
     "request_id",
     "wait_seconds",
 )
-_DETACH_FIELDS: Final = ("force", "kernel_id", "uuid")
+_DETACH_FIELDS: Final = ("force", "keep", "kernel_id", "uuid")
 _CANCEL_FIELDS: Final = ("kernel_id", "request_id")
 _QUERY_FIELDS: Final = ("kernel_id",)
 
@@ -90,11 +90,13 @@ class AttachRequest:
 
 @dataclass(frozen=True)
 class DetachRequest:
-    """``POST detach``: release one GPU (``uuid``) or all of them (``uuid is None``)."""
+    """``POST detach``: release one GPU (``uuid``) or all of them (``uuid is None``);
+    ``keep``: all of them, the kernel's CUDA state suspended into host memory first."""
 
     uuid: GpuUuid | None
     force: bool = False
     kernel_id: KernelId | None = None
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,9 @@ def parse_cancel(body: bytes) -> CancelRequest:
 
 
 def parse_detach(body: bytes) -> DetachRequest:
-    """``{"uuid": "GPU-…" | "all", "force"?: bool, "kernel_id"?}``."""
+    """``{"uuid": "GPU-…" | "all", "force"?: bool, "keep"?: bool, "kernel_id"?}``; ``keep``
+    only with ``"all"`` (the agent keeps a kernel's CUDA state whole, never one GPU's) and
+    never with ``force`` (the agent's own rule, ``check_detach_flags``)."""
     obj = _json_object(body)
     _only(obj, _DETACH_FIELDS, where="member")
     uuid = _checked(
@@ -193,16 +197,27 @@ def parse_detach(body: bytes) -> DetachRequest:
     )
     if uuid != DETACH_ALL:
         uuid = _checked(wire.check_gpu_uuid, uuid, alternatives=f"{json.dumps(DETACH_ALL)} or ")
-    force = obj.get("force", False)
-    if not isinstance(force, bool):
+    force, keep = _flag(obj, "force"), _flag(obj, "keep")
+    _checked(wire.check_detach_flags, force=force, keep=keep)
+    if keep and uuid != DETACH_ALL:
         raise InvalidInput(
-            f"force must be true or false, got {describe_value(force)}", field="force"
+            'keep suspends the whole kernel and gives back all of its GPUs: give "uuid": "all"',
+            field="keep",
         )
     return DetachRequest(
         uuid=None if uuid == DETACH_ALL else GpuUuid(str(uuid)),
         force=force,
         kernel_id=_optional_kernel_id(obj),
+        keep=keep,
     )
+
+
+def _flag(obj: Mapping[str, object], name: str) -> bool:
+    """An optional boolean member (absent: ``False``)."""
+    value = obj.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, got {describe_value(value)}", field=name)
+    return value
 
 
 def parse_kernel_query(arguments: Mapping[str, Sequence[bytes]]) -> KernelId | None:

@@ -185,6 +185,31 @@ def test_detach_by_node_index_or_uuid_beginning(
     assert "'9' names no GPU of this node (0 = GPU-" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--keep"], "lacks the checkpoint API"),  # this agent has no CUDA driver
+        (["--keep", "--force"], "force and keep exclude each other"),  # never sent
+        (["0", "--keep"], "--keep detaches all GPUs"),  # never sent
+    ],
+    ids=["no-driver", "with-force", "one-gpu"],
+)
+def test_a_refused_keep_exits_1_saying_why_and_the_gpu_stays(
+    served: ServedAgent,
+    unix_url: str,
+    capsys: pytest.CaptureFixture[str],
+    words: list[str],
+    said: str,
+) -> None:
+    assert main(["attach", "--agent-url", unix_url]) == 0
+    capsys.readouterr()
+
+    assert main(["detach", *words, "--agent-url", unix_url]) == 1
+
+    assert said in capsys.readouterr().err
+    assert len(served.ledger.attachments()) == 1
+
+
 def test_none_free_says_how_to_wait(
     served: ServedAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,11 +25,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from IPython.core.error import UsageError
 
 from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.agent.core.checkpoints import SUSPEND_STEPS, marker_path
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME
+from jupyter_gpu_hotplug.agent.settings import TcpAddress
+from jupyter_gpu_hotplug.cli import main
+from jupyter_gpu_hotplug.kernel.magic import run_line
 from jupyter_gpu_hotplug.nvml import sim
 from jupyter_gpu_hotplug.nvml.checkpoint import CudaCheckpoint, ProcessState
 from tests.fixtures.requirements import needs_root
@@ -41,6 +45,7 @@ from .test_e2e_idle_queue import opens
 
 pytestmark = [*needs_root, pytest.mark.slow]
 
+ROOT: Final = Path(__file__).parents[2]
 GPUS: Final = 2
 MEMORY_BYTES: Final = 5 * 2**20
 CHECKPOINT_DIR_ENV: Final = "FAKE_CUDA_CHECKPOINT_DIR"
@@ -279,6 +284,73 @@ def test_suspend_then_resume_on_the_same_gpu(node: Node, sandbox: SandboxProbe) 
     assert_suspended(node, k)
 
     assert resumed_on(node, k) == k.minor
+
+
+MAGIC: Final = """
+import pathlib, sys
+from jupyter_gpu_hotplug.kernel.magic import run_line
+shown = pathlib.Path(sys.argv[2])
+sys.stdout = shown.open("w")
+try:
+    run_line(sys.argv[1])
+except Exception as error:
+    result = f"{type(error).__name__}: {getattr(error, 'message', error)}"
+else:
+    result = "0"
+sys.stdout.close()
+pathlib.Path(sys.argv[3]).write_text(result)
+"""
+"""``%gpu <argv[1]>`` run in the sandbox as its kernel runs it (the agent sees the caller's
+own container); what it printed goes to ``argv[2]``, then "0" (or its error) to ``argv[3]``."""
+
+
+def magic(node: Node, probe: SandboxProbe, line: str) -> str:
+    """What ``%gpu line`` prints in ``probe``'s sandbox, reaching the agent on its socket."""
+    shown = node.tmp / f"magic-{len(list(node.tmp.glob('magic-*')))}"
+    env = [f"GPU_HOTPLUG_AGENT_URL=unix:{node.agent.socket_path}", f"PYTHONPATH={ROOT}"]
+    spawned(node, probe, env, [MAGIC, line, str(shown)])
+    return shown.read_text()
+
+
+def test_the_user_side_release_keep_status_and_attach(
+    node: Node, sandbox: SandboxProbe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``%gpu release --keep`` in the kernel's sandbox suspends it and says so, the command
+    line's ``status`` shows it, and ``%gpu attach`` resumes it; ``--keep --force`` sends
+    nothing (the kernel still runs on its GPU)."""
+    start(node)
+    k = kernel(node, sandbox)
+    tcp = node.api.address
+    assert isinstance(tcp, TcpAddress)
+    cli = ["--agent-url", f"http://{tcp.host}:{tcp.port}", "--pid", str(k.probe.pid)]
+    cli += ["--token-file", str(node.agent.state_dir / "token")]
+
+    with pytest.raises(UsageError, match="force and keep exclude each other"):
+        run_line("release --keep --force")
+    assert_running_as_before(node, k)
+
+    released = magic(node, k.probe, "release --keep")
+
+    assert released == (
+        f"Released GPU {k.minor} (1 GPU). This kernel is suspended (state kept, 5.0 MiB in host "
+        "memory); '%gpu attach' resumes it on 1 free NVIDIA H100 80GB HBM3 (simulated) GPU (the "
+        "same one when free).\n"
+    )
+    assert_suspended(node, k)
+    capsys.readouterr()
+    assert main(["status", *cli]) == 0
+    assert (
+        "suspended here: suspended (state kept, 5.0 MiB in host memory)" in capsys.readouterr().out
+    )
+
+    attached = magic(node, k.probe, "attach")
+
+    assert attached.startswith(
+        "Resumed this kernel on 1 GPU: the agent restored its CUDA state from host memory"
+    )
+    assert node.cuda.state(k.pid) is ProcessState.RUNNING
+    assert held(k.pid) == {k.minor}
+    assert "suspended" not in listed(node, k.probe)
 
 
 def test_a_detach_with_keep_and_force_is_refused(node: Node, sandbox: SandboxProbe) -> None:

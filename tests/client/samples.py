@@ -12,6 +12,7 @@ from jupyter_gpu_hotplug._structs import (
     GpuUuid,
     PidRef,
     PodTarget,
+    SuspendedWire,
 )
 
 UUID_A: Final = GpuUuid("GPU-0123abcd-4567-89ef-0123-456789abcdef")
@@ -78,3 +79,15 @@ LOCAL_ATTACHMENTS: Final = AttachmentList(
         )
     ]
 )
+
+SUSPENDED: Final = AttachmentList(
+    attachments=[],
+    suspended=SuspendedWire(
+        state="suspended",
+        model="NVIDIA H100 80GB HBM3",
+        uuids=[UUID_A],
+        pids=[4242],
+        host_memory=3 * 2**30,
+    ),
+)
+"""A local-mode kernel whose CUDA state the agent keeps without its GPU (a detach with keep)."""

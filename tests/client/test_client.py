@@ -36,7 +36,9 @@ from jupyter_gpu_hotplug.client import (
     Gpu,
     Health,
     InsufficientGpus,
+    InvalidRequest,
     RetryPolicy,
+    Suspension,
     Timeouts,
     Unauthenticated,
 )
@@ -245,6 +247,53 @@ async def test_detach_all(
 
     (request,) = stub.requests
     assert (request.method, request.path, request.query) == ("DELETE", "/v1/attachments", query)
+
+
+async def test_detach_all_keep_sends_keep(api: Api, stub: StubAgent) -> None:
+    stub.respond("DELETE", "/v1/attachments", 204)
+
+    assert await api("detach_all", target=PidRef(77), keep=True) is None
+
+    (request,) = stub.requests
+    assert (request.method, request.path, request.query) == (
+        "DELETE",
+        "/v1/attachments",
+        {"pid": "77", "keep": "true"},
+    )
+
+
+async def test_detach_all_refuses_keep_with_force_before_sending(api: Api, stub: StubAgent) -> None:
+    with pytest.raises(InvalidRequest, match="force and keep exclude each other") as caught:
+        await api("detach_all", force=True, keep=True)
+
+    assert (caught.value.status, caught.value.field, caught.value.retryable) == (400, "keep", False)
+    assert stub.requests == [], "nothing reaches the agent"
+
+
+async def test_attachment_state_reads_the_suspension(api: Api, stub: StubAgent) -> None:
+    stub.respond("GET", "/v1/attachments", 200, samples.SUSPENDED)
+
+    state = await api("attachment_state", PidRef(4242))
+
+    assert state.attachments == ()
+    assert state.suspended == Suspension(
+        state="suspended",
+        model="NVIDIA H100 80GB HBM3",
+        uuids=(samples.UUID_A,),
+        pids=(4242,),
+        host_memory=3 * 2**30,
+    )
+    (request,) = stub.requests
+    assert (request.path, request.query) == ("/v1/attachments", {"pid": "4242"})
+
+
+async def test_attachment_state_without_a_suspension(api: Api, stub: StubAgent) -> None:
+    stub.respond("GET", "/v1/attachments", 200, samples.ATTACHMENTS)
+
+    state = await api("attachment_state")
+
+    assert [a.uuid for a in state.attachments] == [samples.UUID_A]
+    assert state.suspended is None
 
 
 async def test_health_sends_no_token(api: Api, stub: StubAgent) -> None:

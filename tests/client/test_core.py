@@ -35,6 +35,7 @@ CALLS: dict[str, ApiCall[Any]] = {
     "detach": detach("GPU-1", force=False),
     "detach-force": detach("GPU-1", force=True),
     "detach_all": detach_all(target=None, force=True),
+    "detach_all-keep": detach_all(target=None, force=False, keep=True),
     "health": health(),
 }
 
@@ -48,6 +49,7 @@ REPEATABLE = {
     ("detach", Stage.EXCHANGE): False,
     ("detach-force", Stage.EXCHANGE): False,
     ("detach_all", Stage.EXCHANGE): False,
+    ("detach_all-keep", Stage.EXCHANGE): False,
 }
 
 
@@ -128,6 +130,9 @@ def test_operations_read_well() -> None:
     )
     assert CALLS["attach"].operation == "attach 1 GPU to this notebook"
     assert CALLS["detach-force"].operation == "force-detach GPU GPU-1"
+    assert CALLS["detach_all-keep"].operation == (
+        "detach all GPUs of this notebook keeping its CUDA state"
+    )
 
 
 def test_prepare_sends_the_token(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from jupyter_gpu_hotplug.client.models import (
     Attachment,
     Gpu,
     Health,
+    parse_attachment_state,
     parse_attachments,
     parse_gpus,
     parse_health,
@@ -27,6 +28,7 @@ def test_samples_are_contract_answers() -> None:
     check_against_contract("GET", "/v1/gpus", 200, samples.GPUS)
     check_against_contract("GET", "/v1/attachments", 200, samples.ATTACHMENTS)
     check_against_contract("POST", "/v1/attachments", 201, samples.LOCAL_ATTACHMENTS)
+    check_against_contract("GET", "/v1/attachments", 200, samples.SUSPENDED)
 
 
 def test_parse_gpus() -> None:
@@ -176,3 +178,32 @@ def test_from_wire_defaults_name_the_object() -> None:
         Gpu.from_wire(None)
     with pytest.raises(ValueError, match=r"^attachment must be an object"):
         Attachment.from_wire("x")
+
+
+def _broken_suspension(**changes: object) -> dict[str, Any]:
+    body: dict[str, Any] = copy.deepcopy(dict(samples.SUSPENDED))
+    body["suspended"].update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (_broken_suspension(state="asleep"), r"body.suspended.state 'asleep' is not one of"),
+        (_broken_suspension(host_memory="3G"), r"body.suspended.host_memory must be int or null"),
+        (_broken_suspension(host_memory=True), r"body.suspended.host_memory must be int or null"),
+        (_broken_suspension(pids=["42"]), r"body.suspended.pids\[0\] must be int"),
+        (_broken_suspension(uuids=[7]), r"body.suspended.uuids\[0\] must be str"),
+        ({"attachments": [], "suspended": []}, "body.suspended must be an object"),
+    ],
+)
+def test_parse_attachment_state_refuses(body: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_attachment_state(body)
+
+
+def test_a_suspension_of_unknown_size_reads_as_none() -> None:
+    state = parse_attachment_state(_broken_suspension(host_memory=None))
+
+    assert state.suspended is not None
+    assert (state.suspended.host_memory, state.suspended.pids) == (None, (4242,))

@@ -23,7 +23,9 @@ And ``DELETE /v1/attachments`` takes ``force`` or ``keep``, never both true (kee
 processes force would end), another rule OpenAPI cannot state between two query parameters
 (the document says it in words): where both are true, ``keep`` is left out, so the request the
 schema calls valid is the plain forced detach (an invalid value of either is kept, to be
-refused).
+refused). The server extension's ``POST detach`` body has the same rule, and one more: ``keep``
+only with ``"uuid": "all"`` (the whole kernel is suspended); there ``keep`` is left out of a
+body that breaks either.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     if isinstance(target, dict) and "pid" in target:
         target["pid"] = _safe(target["pid"], victim)
     _name_count_gpus(body)
+    _detach_keep(body)
     wait = body.get("wait_seconds")
     if isinstance(wait, int | float) and not isinstance(wait, bool) and _MAX_WAIT < wait <= 600:
         body["wait_seconds"] = _MAX_WAIT
@@ -103,3 +106,10 @@ def _force_or_keep(query: dict[str, Any]) -> None:
     """``keep`` left out where ``force`` is true too (module docstring)."""
     if query.get("force") in _TRUE and query.get("keep") in _TRUE:
         del query["keep"]
+
+
+def _detach_keep(body: dict[str, Any]) -> None:
+    """The server's detach body: ``keep`` left out where ``force`` is true or ``uuid`` is not
+    ``"all"`` (module docstring); a ``keep`` that is not a boolean is kept, to be refused."""
+    if body.get("keep") is True and (body.get("force") is True or body.get("uuid") != "all"):
+        del body["keep"]

@@ -16,8 +16,9 @@ import pytest
 
 from jupyter_gpu_hotplug.agent.api.validation import parse_attach_request
 from jupyter_gpu_hotplug.agent.core.errors import InvalidRequest
+from jupyter_gpu_hotplug.server.validation import parse_detach
 
-from .schemathesis_hooks import _MAX_NAMED, _force_or_keep, _name_count_gpus
+from .schemathesis_hooks import _MAX_NAMED, _detach_keep, _force_or_keep, _name_count_gpus
 
 NAMED = [f"GPU-00000000-0000-4000-8000-{i:012x}" for i in range(11)]
 
@@ -70,3 +71,22 @@ def test_an_invalid_count_is_left_as_it_is_and_still_refused(count: object) -> N
 def test_force_and_keep_are_never_both_true(query: dict[str, Any], left: dict[str, Any]) -> None:
     _force_or_keep(query)
     assert query == left
+
+
+@pytest.mark.parametrize(
+    ("body", "left"),
+    [
+        ({"uuid": "all", "force": True, "keep": True}, {"uuid": "all", "force": True}),
+        ({"uuid": NAMED[0], "keep": True}, {"uuid": NAMED[0]}),
+        ({"uuid": "all", "keep": True}, {"uuid": "all", "keep": True}),
+        ({"uuid": NAMED[0], "keep": 1}, {"uuid": NAMED[0], "keep": 1}),
+    ],
+    ids=["with-force", "one-gpu", "keep-all", "invalid-keep-kept"],
+)
+def test_the_servers_detach_keeps_keep_only_where_the_server_takes_it(
+    body: dict[str, Any], left: dict[str, Any]
+) -> None:
+    _detach_keep(body)
+    assert body == left
+    if "keep" not in body or isinstance(body["keep"], bool):
+        parse_detach(json.dumps(body).encode())  # what the hook leaves valid, the server takes

@@ -35,6 +35,7 @@ from jupyter_gpu_hotplug.client import (
     AgentClient,
     AgentUnavailable,
     Attachment,
+    AttachmentState,
     Busy,
     Gpu,
     IdleNotice,
@@ -42,6 +43,8 @@ from jupyter_gpu_hotplug.client import (
     InsufficientGpus,
     InvalidRequest,
     QueuedRequest,
+    Suspension,
+    TargetNotReady,
 )
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
 from jupyter_gpu_hotplug.kernel.holders import HolderNames
@@ -81,6 +84,9 @@ class FakeAgent:
         self.node: list[Gpu] = []
         self.released: list[IdleRelease] = []
         self.waiting: list[QueuedRequest] = []
+        self.suspended: Suspension | None = None
+        """What a kept detach leaves (``detach_all(keep=True)`` sets ``on_keep``)."""
+        self.on_keep: Suspension | None = None
         self.errors: dict[str, Exception] = {}
         self.attach_started = threading.Event()
         self.release = threading.Event()
@@ -114,6 +120,11 @@ class FakeAgent:
         self._maybe_fail("attachments")
         return tuple(self.attached)
 
+    def attachment_state(self, target: Any = None) -> AttachmentState:
+        self.calls.append(("attachment_state",))
+        self._maybe_fail("attachments")
+        return AttachmentState(tuple(self.attached), self.suspended)
+
     def queued(self, target: Any = None) -> tuple[QueuedRequest, ...]:
         self.calls.append(("queued",))
         self._maybe_fail("queued")
@@ -128,9 +139,11 @@ class FakeAgent:
         self.calls.append(("detach", uuid, force))
         self._maybe_fail("detach")
 
-    def detach_all(self, *, target: Any = None, force: bool = False) -> None:
-        self.calls.append(("detach_all", force))
+    def detach_all(self, *, target: Any = None, force: bool = False, keep: bool = False) -> None:
+        self.calls.append(("detach_all", force, keep) if keep else ("detach_all", force))
         self._maybe_fail("detach_all")
+        if keep:
+            self.attached, self.suspended = [], self.on_keep
 
     def gpus(self) -> tuple[Gpu, ...]:
         self.calls.append(("gpus",))
@@ -300,7 +313,7 @@ def test_attach_says_gpu_ready(
 ) -> None:
     out = run(shell, "attach", capsys)
 
-    assert agent.calls == [("attach", 1, None)]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None)]
     assert out.splitlines()[0] == "Attached 1 GPU to this kernel:"
     assert "  GPU 0  NVIDIA H100 80GB HBM3 (simulated)  /dev/nvidia0  attached at " in out
     assert out.splitlines()[1].endswith(UUID_A)  # the UUID last, for copying (issue 36)
@@ -326,7 +339,7 @@ def test_attach_after_cuda_started_says_what_to_do(
 def test_attach_passes_the_wait(shell: InteractiveShell, agent: FakeAgent) -> None:
     shell.run_line_magic("gpu", "attach --wait 12.5")
 
-    assert agent.calls == [("attach", 1, 12.5)]
+    assert agent.calls == [("attachment_state",), ("attach", 1, 12.5)]
 
 
 def test_attach_a_mig_slice(
@@ -334,7 +347,7 @@ def test_attach_a_mig_slice(
 ) -> None:
     shell.run_line_magic("gpu", "attach 1 --mig 1g.10gb")
 
-    assert agent.calls == [("attach", 1, None, "1g.10gb")]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None, "1g.10gb")]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
@@ -346,7 +359,7 @@ def test_attach_a_named_gpu(
 
     shell.run_line_magic("gpu", "attach --gpu 1 --wait 5")
 
-    assert agent.calls == [("gpus",), ("attach", 1, 5.0, (UUID_B,))]
+    assert agent.calls == [("gpus",), ("attachment_state",), ("attach", 1, 5.0, (UUID_B,))]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
     with pytest.raises(UsageError, match="--gpu names one GPU: leave N out"):
         shell.run_line_magic("gpu", "attach 2 --gpu 1")
@@ -456,7 +469,10 @@ def test_attach_by_model_and_memory(
 ) -> None:
     shell.run_line_magic("gpu", "attach 1 --model H100 --min-memory 40G")
 
-    assert agent.calls == [("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9})]
+    assert agent.calls == [
+        ("attachment_state",),
+        ("attach", 1, None, {"model": "H100", "min_memory": 40 * 10**9}),
+    ]
     assert "Attached 1 GPU to this kernel" in capsys.readouterr().out
 
 
@@ -475,7 +491,7 @@ def test_no_matching_gpu_shows_the_agents_reason(shell: InteractiveShell, agent:
         shell.run_line_magic("gpu", "attach --model A100")
 
     assert caught.value.message == reason
-    assert agent.calls == [("attach", 1, None, {"model": "A100"})]
+    assert agent.calls == [("attachment_state",), ("attach", 1, None, {"model": "A100"})]
 
 
 def test_insufficient_gpus_offers_the_wait_and_points_to_list(
@@ -709,6 +725,137 @@ def test_detach_all(
     assert out == "Detached GPU 0, GPU 1 (2 GPUs).\n"
 
 
+KEPT = Suspension(
+    state="suspended",
+    model="NVIDIA H100 80GB HBM3",
+    uuids=(GpuUuid(UUID_A), GpuUuid(UUID_B)),
+    pids=(4242,),
+    host_memory=3 * 2**30,
+)
+
+
+KEPT_BOTH = (
+    "Released GPU 0, GPU 1 (2 GPUs). This kernel is suspended (state kept, 3.0 GiB in host "
+    "memory); '%gpu attach' resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when "
+    "free).\n"
+)
+NOTHING_KEPT = (
+    "Released GPU 0 (1 GPU). No process of this kernel used it: there was no CUDA state to keep.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "uuids", "kept", "said"),
+    [
+        ("release --keep", (UUID_A, UUID_B), KEPT, KEPT_BOTH),
+        ("detach all --keep", (UUID_A, UUID_B), KEPT, KEPT_BOTH),
+        # No process used the GPU: the agent detached it plainly and keeps nothing.
+        ("detach --keep", (UUID_A,), None, NOTHING_KEPT),
+    ],
+    ids=["release", "detach-all", "nothing-to-keep"],
+)
+def test_release_keep_says_what_was_kept_and_how_it_comes_back(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    uuids: tuple[str, ...],
+    kept: Suspension | None,
+    said: str,
+) -> None:
+    agent.attached = [attachment(uuid, index) for index, uuid in enumerate(uuids)]
+    agent.on_keep = kept
+
+    out = run(shell, line, capsys)
+
+    assert [call for call in agent.calls if call[0] == "detach_all"] == [
+        ("detach_all", False, True)
+    ]
+    assert out == said
+
+
+def test_attach_of_a_suspended_kernel_says_it_resumed(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.suspended = dataclasses.replace(KEPT, uuids=(GpuUuid(UUID_A),))
+
+    out = run(shell, "attach 2", capsys)
+
+    assert out.splitlines()[0] == (
+        "Resumed this kernel on 1 GPU: the agent restored its CUDA state from host memory (it was "
+        "suspended (state kept, 3.0 GiB in host memory); a resume takes GPUs of the suspended "
+        "model, whatever the attach asked):"
+    )
+    assert out.splitlines()[1].split()[:2] == ["GPU", "0"]
+    assert "CUDA" not in out.splitlines()[-1], "no advice about new GPUs: these are its own"
+
+
+def test_release_keep_of_an_unknown_size_and_an_already_suspended_kernel(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    agent.on_keep = dataclasses.replace(KEPT, uuids=(GpuUuid(UUID_A),), host_memory=None)
+
+    first = run(shell, "release --keep", capsys)
+    again = run(shell, "release --keep", capsys)
+
+    assert (
+        "This kernel is suspended (state kept in host memory); '%gpu attach' resumes it on "
+        "1 free NVIDIA H100 80GB HBM3 GPU (the same one when free)." in first
+    )
+    assert again == (
+        "No GPU is attached to this notebook; nothing to detach. It is suspended (state kept "
+        "in host memory).\n"
+    )
+    assert [call for call in agent.calls if call[0] == "detach_all"] == [
+        ("detach_all", False, True)
+    ]
+
+
+def test_release_without_keep_is_detach_all(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    out = run(shell, "release", capsys)
+
+    assert ("detach_all", False) in agent.calls
+    assert out == "Detached GPU 0 (1 GPU).\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("release --keep --force", "force and keep exclude each other"),
+        ("detach all --force --keep", "force and keep exclude each other"),
+        ("detach 0 --keep", "leave the GPU out"),
+    ],
+)
+def test_keep_with_force_or_one_gpu_is_a_usage_error_and_sends_nothing(
+    shell: InteractiveShell, agent: FakeAgent, line: str, words: str
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+
+    with pytest.raises(UsageError, match=words):
+        shell.run_line_magic("gpu", line)
+
+    assert agent.calls == []
+
+
+def test_a_refused_keep_shows_the_agents_words_and_no_force_advice(
+    shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.attached = [attachment(UUID_A, 0)]
+    agent.errors["detach_all"] = TargetNotReady(
+        "the CUDA driver on this node lacks the checkpoint API", status=422, code="target_not_ready"
+    )
+
+    shown = run_refused(shell, "release --keep", capsys)
+
+    assert "lacks the checkpoint API" in shown
+    assert "--force" not in shown
+
+
 def test_force_says_what_it_will_do(
     shell: InteractiveShell, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -847,6 +994,33 @@ def test_status(
     assert "This kernel sees (NVML): 2 GPUs, SIMULATED (SIMULATED)." not in lines
     assert "This kernel sees (NVML): 2 GPUs (SIMULATED)." in lines
     assert lines[-1] == "CUDA: not started in this kernel; GPUs you attach now are usable here."
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_status_shows_a_suspended_kernel(
+    shell: InteractiveShell,
+    agent: FakeAgent,
+    context: MagicContext,
+    tmp_path: Path,
+    fake_nvml: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    agent.suspended = KEPT
+    shell.register_magics(
+        GPUMagics(
+            shell,
+            context=dataclasses.replace(context, monitor=lambda: GpuMonitor(dev_dir=tmp_path)),
+        )
+    )
+
+    lines = run(shell, "status", capsys).splitlines()
+
+    assert lines[0] == "This notebook: 0 GPUs attached (SIMULATED)"
+    assert (
+        "! This kernel is suspended (state kept, 3.0 GiB in host memory); '%gpu attach' "
+        "resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when free)."
+        in " ".join(lines)
+    )
     assert max(len(line) for line in lines) <= 80
 
 

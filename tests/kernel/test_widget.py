@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import html
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,13 +20,16 @@ import ipywidgets  # type: ignore[import-untyped]
 import pytest
 from traitlets import TraitError
 
+from jupyter_gpu_hotplug._structs import GpuUuid
 from jupyter_gpu_hotplug.client import (
     AgentUnavailable,
     AsyncAgentClient,
     Attachment,
+    AttachmentState,
     Busy,
     Gpu,
     InvalidRequest,
+    Suspension,
 )
 from jupyter_gpu_hotplug.kernel import render
 from jupyter_gpu_hotplug.kernel.cuda import CudaState
@@ -76,7 +80,11 @@ class FakeAgent:
         self.calls.append(("gpus",))
         return self.node
 
+    async def attachment_state(self, target: Any = None) -> AttachmentState:
+        return AttachmentState((), self.suspended)
+
     node: tuple[Gpu, ...] = ()
+    suspended: Suspension | None = None
 
 
 @pytest.fixture
@@ -269,6 +277,31 @@ async def test_rows_use_the_node_numbering_and_attach_says_why_it_cannot(
     )
     await eventually(lambda: not widget.attach_button.disabled, "a GPU freed up")
     assert widget.attach_reason.value == ""
+
+
+async def test_a_suspended_kernel_is_said_in_the_header_and_the_text_until_it_resumes(
+    make_widget: Callable[..., GpuMonitorWidget], agent: FakeAgent
+) -> None:
+    agent.suspended = Suspension(
+        state="suspended",
+        model="NVIDIA H100 80GB HBM3",
+        uuids=(GpuUuid("GPU-a4bd620b-df27-5b18-a4aa-19cb70a40624"),),
+        pids=(4242,),
+        host_memory=3 * 2**30,
+    )
+    widget = make_widget()
+    said = (
+        "This kernel is suspended (state kept, 3.0 GiB in host memory); '%gpu attach' resumes "
+        "it on 1 free NVIDIA H100 80GB HBM3 GPU (the same one when free)."
+    )
+
+    await eventually(lambda: html.escape(said) in widget.header.value, "the header says it")
+    assert widget.text().splitlines()[-1] == said
+
+    agent.suspended = None
+    widget.attach_button.click()  # an action reads the node (and the kernel's state) again
+    await eventually(lambda: "suspended" not in widget.header.value, "resumed: not said")
+    assert "suspended" not in widget.text()
 
 
 async def test_a_message_goes_when_the_gpus_change_after_it(

@@ -159,6 +159,21 @@ BAD_INPUT = [
     pytest.param(
         "detach", b'{"uuid": "all", "force": "yes"}', "force", "true or false", id="force"
     ),
+    pytest.param("detach", b'{"uuid": "all", "keep": 1}', "keep", "true or false", id="keep"),
+    pytest.param(
+        "detach",
+        b'{"uuid": "all", "keep": true, "force": true}',
+        "keep",
+        "force and keep exclude each other",
+        id="keep-force",
+    ),
+    pytest.param(
+        "detach",
+        b'{"uuid": "%s", "keep": true}' % GPU_B,
+        "keep",
+        'give "uuid": "all"',
+        id="keep-one-gpu",
+    ),
     pytest.param("detach", b'{"uuid": "all", "x": 1}', "x", "unknown member", id="unknown"),
     pytest.param("detach", b'{"uuid": "all"}', "kernel_id", "name the kernel", id="no-kernel"),
     # Regression (issue 9): a 500 (ValueError, RecursionError) or accepted (last key wins).
@@ -523,6 +538,27 @@ async def test_busy_gpu_is_409_until_forced(
     assert forced.status == 204
     assert sandbox.stat(GPU0).result == "ENOENT"
     assert not process_running(worker, started)
+
+
+@needs_root
+async def test_keep_reaches_the_agent_and_a_holder_it_cannot_suspend_keeps_its_gpu(
+    jp_fetch: Fetch, local_agent: LocalAgent, sandbox: SandboxProbe, kernel: str
+) -> None:
+    """``keep`` travels to the agent: a holder with no CUDA context is refused as one that
+    cannot be checkpointed (422, not a plain detach's 409 busy), and keeps its GPU."""
+    attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+    uuid = attached.json()["attachments"][0]["uuid"]
+    worker = sandbox.spawn(["/bin/sleep", "600"])
+    local_agent.update_gpu(uuid, processes=(SimulatedProcess(pid=worker, used_memory=None),))
+
+    kept = await call(
+        jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": kernel, "keep": True}
+    )
+
+    kept.error(422, "target_not_ready")
+    assert sandbox.stat(GPU0).rdev == (195, 0)
+    after = await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})
+    assert [gpu["uuid"] for gpu in after.json()["attached"]] == [uuid]
 
 
 @needs_root

@@ -74,6 +74,10 @@ def test_attach_bodies_accepted(body: bytes, expected: AttachRequest) -> None:
             f'{{"uuid": "{UUID}", "force": true, "kernel_id": "k"}}'.encode(),
             DetachRequest(uuid=UUID, force=True, kernel_id="k"),  # type: ignore[arg-type]
         ),
+        (
+            b'{"uuid": "all", "keep": true, "force": false, "kernel_id": "k"}',
+            DetachRequest(uuid=None, keep=True, kernel_id="k"),  # type: ignore[arg-type]
+        ),
     ],
 )
 def test_detach_bodies_accepted(body: bytes, expected: DetachRequest) -> None:

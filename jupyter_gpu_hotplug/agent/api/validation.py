@@ -29,6 +29,7 @@ from ..._structs import (
     RequestId,
     TargetRef,
     check_count,
+    check_detach_flags,
     check_dns1123_label,
     check_dns1123_subdomain,
     check_gpu_uuid,
@@ -283,13 +284,7 @@ def parse_detach_all(query: Mapping[str, Sequence[bytes]]) -> tuple[bool, bool]:
     """``force`` and ``keep`` of ``DELETE /v1/attachments``: both default to ``False``, and
     never both (force ends the processes whose state keep would save)."""
     force, keep = _flag(query, "force"), _flag(query, "keep")
-    if force and keep:
-        raise InvalidRequest(
-            "force and keep exclude each other: force ends the processes that hold the GPU, "
-            "keep suspends them",
-            field="keep",
-            hint="give keep=true to keep the kernel's CUDA state, or force=true to end it",
-        )
+    _checked(check_detach_flags, force=force, keep=keep)
     return force, keep
 
 
