@@ -67,9 +67,10 @@ def agent_call(
     body: str | None = None,
     *,
     pod: str = "nb",
+    path: str = "/v1/attachments",
     timeout: int = REQUEST_TIMEOUT,
 ) -> tuple[int, str]:
-    """``method /v1/attachments`` from inside the notebook pod ``pod`` with its projected
+    """``method path`` from inside the notebook pod ``pod`` with its projected
     token; returns the status and the body, so that a refusal shows the agent's own words
     (status 0: no answer, while the Service has no endpoint yet).
 
@@ -77,7 +78,7 @@ def agent_call(
     The request is written by ``nc -e``'s program, which then copies the answer to stderr: a
     plain ``printf | nc`` half-closes the connection when its input ends, and tornado takes
     that for the caller going away (the answer is then dropped)."""
-    request = f"{method} /v1/attachments HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n"
+    request = f"{method} {path} HTTP/1.0\\r\\nAuthorization: Bearer %s\\r\\n"
     if body is not None:
         request += f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
     request += "\\r\\n" + (body or "")  # printf's format: no '%' in the body

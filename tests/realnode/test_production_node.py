@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -20,10 +21,12 @@ import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from jupyter_gpu_hotplug.agent.kubernetes.events import HOLDER_LOST, REVOKED
 from jupyter_gpu_hotplug.nvml.sim import read_config
 
 from ..fixtures.requirements import needs_root
 from ..image.images import BUILD_TIMEOUT
+from ..manifests.support import kubectl as kubectl_binary
 from . import deployment
 from .agent import AGENT_NAMESPACE, AgentAccount, api_as, holder_as_the_agent_builds_it
 from .cluster import Cluster, eventually
@@ -45,6 +48,9 @@ HOLDER_WAIT: Final = 300
 """``wait_seconds`` of an attach on the VM node: a holder pod starts there in a minute or more
 (one emulated vCPU), past the agent's default wait."""
 EPERM: Final = "Operation not permitted"
+LOSS_WAIT: Final = 300
+"""How long a loss may take on the VM node: the DaemonSet's ``--lost-grace=30``, then the
+revocation and the holder's end, each under emulation."""
 
 
 @pytest.fixture(scope="module")
@@ -225,26 +231,81 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
     eventually(lambda: cluster.holders(ns) == [], "every GPU freed")
 
 
-def test_production_node_agent_killed_9_is_restarted_and_rebuilds_the_attachment(
+def test_production_node_agent_killed_9_rebuilds_and_neither_nodes_sweeps_touch_the_others_grant(
     cluster: Cluster, vm_node: VmNode, agents: str
 ) -> None:
-    ns, minor = _attached_on_the_vm_node(cluster, vm_node, agents, "prod-kill")
-    pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-    (agent,) = [p for p in pods if p["spec"]["nodeName"] == vm_node.name]
-    name = agent["metadata"]["name"]
-    container = cluster.container_id(AGENT_NAMESPACE, name, "agent")
-    restarts = agent["status"]["containerStatuses"][0]["restartCount"]
+    """Each agent's start-up reconciliation and node sweeps (orphaned grants, stray access) see
+    its own node only: a GPU granted on the other node is neither revoked nor adopted."""
+    ns, vm_minor = _attached_on_the_vm_node(cluster, vm_node, agents, "prod-kill")
+    _notebook(cluster, ns, "on-host", cluster.node_name)
+    (host_attachment,) = attach_through_the_service(cluster, ns, agents, pod="on-host")[
+        "attachments"
+    ]
+    host_minor = int(host_attachment["minor"])
+    holders = {h["metadata"]["uid"] for h in cluster.holders(ns)}
+    vm_grant = f"DeviceAllow=/dev/char/195:{vm_minor} rw"
+    unit = _scope(cluster, ns, "nb")
+
+    (vm_agent,) = _agent_pods(cluster, vm_node.name)
+    container = cluster.container_id(AGENT_NAMESPACE, vm_agent, "agent")
+    restarts = _restarts(cluster, vm_agent)
     vm_node.run(f"systemctl kill --signal=SIGKILL cri-containerd-{container}.scope")
+    eventually(
+        lambda: _restarts(cluster, vm_agent) > restarts and _agent_ready(cluster, vm_agent),
+        "the VM node's agent restarted by the kubelet and ready",
+        300,
+    )
+    assert ENXIO in _opens(cluster, ns, "nb", vm_minor)
+    assert ENXIO in _opens(cluster, ns, "on-host", host_minor)
 
-    def restarted() -> bool:
-        pod = cluster.pod(AGENT_NAMESPACE, name)
-        (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == "agent"]
-        return bool(status["restartCount"] > restarts and status.get("ready"))
-
-    eventually(restarted, "the agent restarted by the kubelet and ready", 300)
-    assert ENXIO in _opens(cluster, ns, "nb", minor)
+    # The host node's agent replaced (a new pod: its start-up sweeps) while the VM's grant stands.
+    (host_agent,) = _agent_pods(cluster, cluster.node_name)
+    cluster.delete_pod(AGENT_NAMESPACE, host_agent)
+    eventually(
+        lambda: [p for p in _agent_pods(cluster, cluster.node_name)
+                 if p != host_agent and _agent_ready(cluster, p)],
+        "the host node's new agent pod ready",
+    )  # fmt: skip
+    assert ENXIO in _opens(cluster, ns, "on-host", host_minor)
+    assert ENXIO in _opens(cluster, ns, "nb", vm_minor)
+    assert vm_grant in _device_allow_lines(vm_node, unit)
+    assert {h["metadata"]["uid"] for h in cluster.holders(ns)} == holders
     _detach(cluster, ns, agents)
-    assert EPERM in _opens(cluster, ns, "nb", minor)
+    _detach(cluster, ns, agents, "on-host")
+    assert EPERM in _opens(cluster, ns, "nb", vm_minor)
+
+
+def test_production_node_a_deleted_holder_is_revoked_and_a_deleted_notebook_frees_its_gpu(
+    cluster: Cluster, vm_node: VmNode, agents: str
+) -> None:
+    ns, minor = _attached_on_the_vm_node(cluster, vm_node, agents, "prod-lost")
+    _notebook(cluster, ns, "watcher", vm_node.name)
+    unit = _scope(cluster, ns, "nb")
+    grant = f"DeviceAllow=/dev/char/195:{minor} rw"
+    assert grant in _device_allow_lines(vm_node, unit)
+    (holder,) = cluster.holders(ns)
+
+    cluster.delete_pod(ns, holder["metadata"]["name"])
+    eventually(
+        lambda: EPERM in _opens(cluster, ns, "nb", minor),
+        "the lost holder's GPU revoked after the loss's grace period",
+        LOSS_WAIT,
+    )
+    assert grant not in _device_allow_lines(vm_node, unit)
+    eventually(
+        lambda: {HOLDER_LOST, REVOKED} <= set(cluster.event_reasons(ns, "nb")),
+        "the notebook told of the loss, then of the revocation",
+    )
+
+    # Attached again, then the notebook deleted: the garbage collector takes its holder.
+    attach_through_the_service(cluster, ns, agents, wait_seconds=HOLDER_WAIT)
+    cluster.delete_pod(ns, "nb")
+    eventually(lambda: cluster.holders(ns) == [], "the notebook's holder collected", LOSS_WAIT)
+    eventually(
+        lambda: _free_gpus(cluster, ns, agents, "watcher") == VM_GPUS,
+        "every GPU of the VM node free again",
+        LOSS_WAIT,
+    )
 
 
 def test_two_nodes_each_agents_own_token_is_refused_the_other_nodes_pods_and_non_holders(
@@ -290,16 +351,89 @@ def test_two_nodes_each_agents_own_token_is_refused_the_other_nodes_pods_and_non
     _detach(cluster, ns, agents, "on-host")
 
 
+def test_production_node_drain_tells_the_notebook_while_its_gpu_still_works_and_leaks_nothing(
+    cluster: Cluster, vm_node: VmNode, agents: str
+) -> None:
+    """``kubectl drain`` of the VM node (last: the node is cordoned while it runs) with a GPU
+    attached: the loss is announced while the notebook still runs with its GPU usable; after
+    the drain no holder, grant or GPU is left taken."""
+    ns = cluster.namespace("prod-drain")
+    notebook = notebook_with_token("nb", vm_node.name)
+    # Long enough to look at the notebook while it is being evicted (the tier's pods take 1 s).
+    notebook["spec"]["terminationGracePeriodSeconds"] = 60
+    cluster.core.create_namespaced_pod(ns, notebook)
+    cluster.wait_running(ns, "nb")
+    (attachment,) = attach_through_the_service(cluster, ns, agents, wait_seconds=HOLDER_WAIT)[
+        "attachments"
+    ]
+    minor = int(attachment["minor"])
+    scope = _scope(cluster, ns, "nb")
+    drain = subprocess.Popen(
+        [kubectl_binary(), f"--kubeconfig={cluster.node.admin_kubeconfig}", "drain",
+         vm_node.name, "--ignore-daemonsets", "--force", "--delete-emptydir-data",
+         f"--timeout={LOSS_WAIT}s"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        eventually(
+            lambda: HOLDER_LOST in cluster.event_reasons(ns, "nb"),
+            "the notebook told that its GPU's holder is going",
+            LOSS_WAIT,
+        )
+        assert ENXIO in _opens(cluster, ns, "nb", minor)  # told first: nothing has ended yet
+        output, _ = drain.communicate(timeout=LOSS_WAIT + 60)
+        assert drain.returncode == 0, output
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+        cluster.kubectl("uncordon", vm_node.name)
+    assert cluster.gone(ns, "nb") and cluster.holders(ns) == []
+    left = vm_node.run(f"systemctl list-units --all --plain --no-legend {shlex.quote(scope)}")
+    assert scope not in left, left
+    _notebook(cluster, ns, "after", vm_node.name)
+    eventually(
+        lambda: _free_gpus(cluster, ns, agents, "after") == VM_GPUS,
+        "every GPU of the drained node free",
+        LOSS_WAIT,
+    )
+
+
 def _agent_pod_token(cluster: Cluster, node: str) -> str:
     """The service-account token the kubelet projected into the agent's DaemonSet pod on
     ``node`` (bound to that pod, naming its node)."""
-    pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
-    (agent,) = [p for p in pods if p["spec"]["nodeName"] == node]
+    (agent,) = _agent_pods(cluster, node)
     read = cluster.exec(
         AGENT_NAMESPACE,
-        agent["metadata"]["name"],
+        agent,
         ["cat", "/var/run/secrets/kubernetes.io/serviceaccount/token"],
         container="agent",
     )
     assert read.exit_code == 0, read
     return read.stdout.strip()
+
+
+def _agent_pods(cluster: Cluster, node: str) -> list[str]:
+    """The names of the agent's DaemonSet pods on ``node`` that are not terminating."""
+    pods = cluster.pods(AGENT_NAMESPACE, "app.kubernetes.io/name=gpu-hotplug-agent")
+    return [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == node
+            and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+
+
+def _agent_status(cluster: Cluster, pod: str) -> dict[str, Any]:
+    statuses = cluster.pod(AGENT_NAMESPACE, pod)["status"].get("containerStatuses") or []
+    return next((s for s in statuses if s["name"] == "agent"), {})
+
+
+def _restarts(cluster: Cluster, pod: str) -> int:
+    return int(_agent_status(cluster, pod).get("restartCount", 0))
+
+
+def _agent_ready(cluster: Cluster, pod: str) -> bool:
+    return bool(_agent_status(cluster, pod).get("ready"))
+
+
+def _free_gpus(cluster: Cluster, ns: str, service_ip: str, pod: str) -> int:
+    """How many of its node's GPUs the agent lists as free, asked from ``pod``."""
+    status, body = agent_call(cluster, ns, service_ip, "GET", pod=pod, path="/v1/gpus")
+    assert status == 200, body
+    return sum(gpu["state"] == "free" for gpu in json.loads(body)["gpus"])
