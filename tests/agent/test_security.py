@@ -31,7 +31,7 @@ from jupyter_gpu_hotplug.agent.core.injector import InjectionFailed
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, ReservationState
 from jupyter_gpu_hotplug.agent.local.identity import LocalIdentity
 from jupyter_gpu_hotplug.agent.local.resolver import ProcResolver
-from jupyter_gpu_hotplug.linux import cgroups
+from jupyter_gpu_hotplug.linux import cgroups, procfs
 from jupyter_gpu_hotplug.linux.devrules import CharDevice
 from tests.security.helpers import own_cgroups, start_in
 
@@ -225,7 +225,7 @@ def test_process_in_the_host_mount_namespace_is_refused(tmp_path: Path) -> None:
             resolver = ProcResolver(
                 host_proc=Path("/proc"), hierarchies=cgroups.discover(), agent_pid=os.getpid()
             )
-            _wait_until_in(child.pid, directories)
+            _wait_until_running_in(child.pid, directories, "sleep")
 
             with pytest.raises(Forbidden, match="mount namespace"):
                 resolver.resolve(PidRef(child.pid))
@@ -234,11 +234,19 @@ def test_process_in_the_host_mount_namespace_is_refused(tmp_path: Path) -> None:
             child.wait()
 
 
-def _wait_until_in(pid: int, directories: list[Path]) -> None:
-    """Poll until ``start_in``'s shell has joined ``directories`` (it execs only then)."""
+def _wait_until_running_in(pid: int, directories: list[Path], comm: str) -> None:
+    """Poll until ``start_in``'s shell has joined ``directories`` *and* exec'd ``comm``: the
+    resolver reads the process's identity (its name among it) twice and takes a change for
+    another process, which the exec between the two reads would be (seen on a loaded CI)."""
     deadline = time.monotonic() + 30
-    while not all(str(pid) in (d / "cgroup.procs").read_text().split() for d in directories):
-        assert time.monotonic() < deadline, f"process {pid} never joined {directories}"
+
+    def running() -> bool:
+        joined = all(str(pid) in (d / "cgroup.procs").read_text().split() for d in directories)
+        who = procfs.identity(pid)
+        return joined and who is not None and who.comm == comm
+
+    while not running():
+        assert time.monotonic() < deadline, f"process {pid} never ran {comm} in {directories}"
         time.sleep(0.01)
 
 

@@ -82,11 +82,6 @@ def process_tree(root: int) -> list[Proc]:
     return found
 
 
-def mountinfo() -> list[str]:
-    """This process's mount table (the host's: the demo's sandboxes mount in their own)."""
-    return Path("/proc/self/mountinfo").read_text().splitlines()
-
-
 def sandbox_parents() -> list[Path]:
     """The kernel sandboxes' parent cgroup in each device hierarchy of this host."""
     found = cgroups.discover()

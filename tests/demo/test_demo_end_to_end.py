@@ -27,7 +27,7 @@ import pytest
 from jupyter_gpu_hotplug._structs import SANDBOX_PID_ENV, PidRef
 from jupyter_gpu_hotplug.client import Gpu
 
-from ..fixtures.host_state import bpf_program_loaded
+from ..fixtures.host_state import bpf_program_loaded, changed_mounts, mount_table
 from ..fixtures.requirements import needs_root
 from . import leftovers
 from .conftest import DemoFactory
@@ -105,7 +105,7 @@ def wait_until_free(demo: DemoProcess, gpu: Gpu) -> None:
 def test_demo_hot_plugs_gpus_into_running_kernels_and_leaves_nothing_behind(
     demo_factory: DemoFactory,
 ) -> None:
-    mounts_before = leftovers.mountinfo()
+    mounts_before = mount_table()
     sandbox_cgroups_before = leftovers.all_sandbox_cgroups()
     demo = demo_factory(simulate=2)
     server = demo.server
@@ -174,7 +174,7 @@ def test_demo_hot_plugs_gpus_into_running_kernels_and_leaves_nothing_behind(
     assert leftovers.demo_sandboxes(demo.seen) == []
     assert leftovers.all_sandbox_cgroups() == sandbox_cgroups_before
     assert [p for p in programs if bpf_program_loaded(p)] == []
-    assert leftovers.mountinfo() == mounts_before
+    assert changed_mounts(mounts_before, demo.layout.root) == []
     ledger = leftovers.read_ledger(demo.layout.agent_state)
     assert ledger.attachments == []
     assert sorted(minor for _, minor in ledger.gpus) == [0, 1]

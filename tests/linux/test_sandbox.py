@@ -41,7 +41,9 @@ from jupyter_gpu_hotplug.linux.sandbox.runtime import (
 )
 from tests.fixtures.host_state import (
     bpf_program_loaded,
+    changed_mounts,
     mount_namespaces_in_use,
+    mount_table,
     process_running,
     process_start_time,
 )
@@ -219,7 +221,7 @@ class TestConfinement:
     def test_stop_leaves_nothing_behind(
         self, sandbox_factory: SandboxFactory, backends: frozenset[Backend]
     ) -> None:
-        mounts_before = Path("/proc/self/mountinfo").read_text()
+        mounts_before = mount_table()
         probe = sandbox_factory(backends=backends)
         child = probe.spawn(["sleep", "1000"])
         sandbox = probe.sandbox
@@ -240,7 +242,7 @@ class TestConfinement:
         assert not any(directory.exists() for directory in dirs)
         if program is not None:
             assert _eventually(lambda: not bpf_program_loaded(program))
-        assert Path("/proc/self/mountinfo").read_text() == mounts_before
+        assert changed_mounts(mounts_before) == []
         assert _eventually(lambda: sandbox.mount_ns not in mount_namespaces_in_use())
 
 
@@ -266,11 +268,11 @@ class TestMountNamespace:
         assert set(probe.listdir("/dev")) == BASIC_DEV
 
     def test_the_host_does_not_see_the_sandbox_dev(self, sandbox: SandboxProbe) -> None:
-        mounts_before = Path("/proc/self/mountinfo").read_text()
+        mounts_before = mount_table()
         assert sandbox.mknod("/dev/gpu-hotplug-test-node", 1, 5) == "OK"
         assert sandbox.stat("/dev/gpu-hotplug-test-node").rdev == (1, 5)
         assert not Path("/dev/gpu-hotplug-test-node").exists()
-        assert Path("/proc/self/mountinfo").read_text() == mounts_before
+        assert changed_mounts(mounts_before) == []
 
     def test_the_rest_of_the_filesystem_is_shared(
         self, sandbox: SandboxProbe, tmp_path: Path
