@@ -825,6 +825,10 @@ def test_the_status_live_region_speaks_only_when_the_state_changes(
 
 def test_the_widget_fits_400_pixels_without_a_horizontal_scrollbar(open_lab: OpenLab) -> None:
     lab = open_lab("narrow.ipynb", ("%gpu",))
+    # The menu lists "Attach 1 GPU" only while the toolbar's reading has a free GPU: wait for
+    # that reading (on a loaded CI run the menu once opened without the item, and the click
+    # waited in vain).
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free", timeout=SETTLE_MS)
     lab.choose("Attach 1 GPU")
     expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     lab.run_all()
