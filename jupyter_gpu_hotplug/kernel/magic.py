@@ -140,7 +140,7 @@ class MagicContext:
     their own."""
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     """This kernel's environment (whether it runs in a sandbox of its own)."""
-    background: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    background: list[subprocess.Popen[str]] = field(default_factory=list)
     """The load helpers this context started: polled (reaped) at the next ``load``, so none
     stays a zombie for long."""
 
@@ -762,9 +762,18 @@ def _load(args: argparse.Namespace, context: MagicContext) -> None:
     if context.dev != Path("/dev"):
         argv += ["--dev", str(context.dev)]
     process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
     context.background.append(process)
+    # Return only once the helper holds the nodes (it says so after opening them): a detach
+    # right after this cell must already be refused, as the message below promises.
+    assert process.stdout is not None
+    with process.stdout:
+        announced = process.stdout.readline()
+    if not announced:
+        raise GpuCommandError(
+            f"The load helper ended before it used the GPU (exit status {process.wait()})."
+        )
     used = ", ".join(str(node) for node in nodes)
     print(
         f"SIMULATED load: process {process.pid} uses {used} for {args.seconds:g} s in the "

@@ -14,7 +14,6 @@ import os
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -920,10 +919,11 @@ def test_load_keeps_the_kernels_gpu_busy_in_the_background(
     dev: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``%gpu load`` returns at once and leaves a helper holding the GPU's node, as the busy
+    """``%gpu load`` returns once a helper in the background holds the GPU's node, as the busy
     scan (the simulation's "in use") sees it. The documented ``!python -m ...load &`` could
     not: ipykernel refuses background processes in ``!`` lines, so the demo's charts stayed
-    flat."""
+    flat. It returned before the helper opened the node: on a loaded machine a detach right
+    after it was not refused."""
     node = add_gpu_node(dev, 3)
     loaded = dataclasses.replace(context, dev=dev)
     ipython_shell.register_magics(GPUMagics(ipython_shell, context=loaded))
@@ -934,11 +934,7 @@ def test_load_keeps_the_kernels_gpu_busy_in_the_background(
     try:
         assert f"SIMULATED load: process {helper.pid} uses {node} for 600 s" in out
         gpu = CharDevice(major=NVIDIA_MAJOR, minor=3)
-        deadline = time.monotonic() + WAIT_S
-        while [h.pid for h in holders_by_device([helper.pid], [gpu])[gpu]] != [helper.pid]:
-            assert helper.poll() is None, "the helper ended early"
-            assert time.monotonic() < deadline, "the helper never held the node"
-            time.sleep(0.05)
+        assert [h.pid for h in holders_by_device([helper.pid], [gpu])[gpu]] == [helper.pid]
     finally:
         helper.terminate()
         helper.wait(timeout=WAIT_S)

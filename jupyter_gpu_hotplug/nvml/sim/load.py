@@ -69,13 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not nodes:
         print("SIMULATED load: this container has no GPU to use; attach one first.")
         return 1
+    # Before the announcement: whoever read it may end this helper at once, and a SIGTERM
+    # that came before the handler would kill it with no clean exit.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     fds = [os.open(node, os.O_PATH) for node in nodes]
     print(
         f"SIMULATED load: using {', '.join(map(str, nodes))} for {args.seconds:g} s "
         f"(process {os.getpid()}).",
         flush=True,
     )
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         time.sleep(args.seconds)
     except KeyboardInterrupt:
