@@ -18,9 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlparse
 
 import pytest
-from playwright.sync_api import Browser, Locator, expect
+from playwright.sync_api import Browser, Locator, Response, expect
 
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from tests.demo.conftest import DemoFactory
@@ -30,7 +31,7 @@ from tests.fixtures.agent import update_simulated_gpu
 from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
-from .gpu_lab import DIALOG, PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
+from .gpu_lab import DIALOG, LOAD_TIMEOUT_MS, PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
 from .screenshots import LOAD, take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
@@ -385,15 +386,26 @@ def test_the_charts_history_is_the_servers(open_lab: OpenLab) -> None:
         ["last 2 min", "last 3 min", "last 4 min", "last 5 min", "last 15 min", "last 60 min"]
     )
 
-    first.page.reload()
+    with first.page.expect_response(_is_history, timeout=LOAD_TIMEOUT_MS) as history:
+        first.page.reload()
+    kept = history.value.json()["gpus"][uuid]
+    assert len(kept) >= seen  # the server kept what the page drew before
     first.open_panel()
     other = open_lab("history-2.ipynb")
     other.open_panel()
 
-    # Right after loading, both already draw what the server kept (one reading a second:
-    # without the server's history a fresh page starts from one point).
-    assert _points(first, uuid) >= seen
-    assert _points(other, uuid) >= seen
+    # Both draw what the server kept, merged with their own readings. The history's request
+    # races the page's first live readings (the loaded CI machine once drew two points before
+    # it): wait for the merge, never read once.
+    for lab in (first, other):
+        expect(
+            lab.panel_gpu(uuid).locator("path.jp-GpuHotplug-chart-utilization")
+        ).to_have_attribute("d", re.compile(rf"(L[^L]*){{{seen - 1}}}"), timeout=SETTLE_MS)
+
+
+def _is_history(response: Response) -> bool:
+    """The page's ``GET history`` (issue 36): the server's readings of the last hour."""
+    return urlparse(response.url).path.endswith("/gpu-hotplug/api/history")
 
 
 def _agent_pid(demo: DemoProcess) -> int:
