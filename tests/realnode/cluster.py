@@ -234,17 +234,21 @@ class Cluster:
     ) -> ExecResult:
         """Run ``argv`` in the container (CRI ``ExecSync``, what ``kubectl exec`` ends in),
         for at most ``timeout`` seconds. A pod on another node of the cluster (the VM node) is
-        reached as ``kubectl exec`` reaches it: the API server, then that node's kubelet."""
+        reached as ``kubectl exec`` reaches it: the API server, then that node's kubelet; a
+        failure on that way, before the command started, is tried again."""
         found = self.pod(namespace, pod)
         if found["spec"].get("nodeName") == self.node_name:
             return self.cri.exec_sync(self.container_id(namespace, pod, container), argv, timeout)
-        done = subprocess.run(
-            [kubectl_binary(), f"--kubeconfig={self.node.admin_kubeconfig}", "exec",
-             f"--request-timeout={timeout}s", "-n", namespace, pod, "-c", container, "--", *argv],
-            capture_output=True, timeout=timeout + 30, check=False,
-        )  # fmt: skip
-        # Decoded as bytes, not text=True: that would turn the answer's CRLFs into LFs.
-        return ExecResult(done.returncode, done.stdout.decode(), done.stderr.decode())
+        command = [kubectl_binary(), f"--kubeconfig={self.node.admin_kubeconfig}", "exec",
+                   f"--request-timeout={timeout}s", "-n", namespace, pod, "-c", container,
+                   "--", *argv]  # fmt: skip
+        result = _run_exec(command, timeout)
+        for _ in range(_EXEC_RETRIES):
+            if not _exec_never_ran(result):
+                break
+            time.sleep(_EXEC_RETRY_S)
+            result = _run_exec(command, timeout)
+        return result
 
     def open_device(self, namespace: str, pod: str, minor: int) -> str:
         """What opening ``/dev/nvidia<minor>`` in the notebook says (ENXIO: allowed, the
@@ -343,3 +347,26 @@ def _maybe(read: Callable[[], str]) -> str | None:
         return read()
     except (AssertionError, subprocess.SubprocessError):
         return None
+
+
+_EXEC_RETRIES: Final = 2
+_EXEC_RETRY_S: Final = 5.0
+_EXEC_NEVER_RAN: Final = (
+    "error executing command in container",
+    "error dialing backend",
+    "unable to upgrade connection",
+)
+"""What ``kubectl exec`` says when the command was never started: the kubelet or the runtime
+failed on the way (the loaded CI machine's VM node once answered "failed to load task:
+context deadline exceeded"), not the command."""
+
+
+def _exec_never_ran(result: ExecResult) -> bool:
+    return result.exit_code != 0 and any(sign in result.stderr for sign in _EXEC_NEVER_RAN)
+
+
+def _run_exec(command: list[str], timeout: int) -> ExecResult:
+    """One ``kubectl exec``, bounded; retried only when :func:`_exec_never_ran` says so."""
+    done = subprocess.run(command, capture_output=True, timeout=timeout + 30, check=False)
+    # Decoded as bytes, not text=True: that would turn the answer's CRLFs into LFs.
+    return ExecResult(done.returncode, done.stdout.decode(), done.stderr.decode())

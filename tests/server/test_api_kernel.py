@@ -75,7 +75,13 @@ async def start_kernel(jp_serverapp: ServerApp, jp_fetch: Fetch) -> AsyncIterato
     started: list[str] = []
 
     async def start(name: str) -> str:
-        response = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
+        response = await jp_fetch(
+            "api",
+            "kernels",
+            method="POST",
+            body=json.dumps({"name": name}),
+            request_timeout=DEADLINE,  # a sandboxed start on a loaded machine: over 20 s
+        )
         kernel_id: str = json.loads(response.body)["id"]
         started.append(kernel_id)
         return kernel_id
@@ -174,6 +180,7 @@ async def test_attribution_finds_real_kernels_and_their_notebooks(
         "sessions",
         method="POST",
         body=json.dumps({"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}),
+        request_timeout=DEADLINE,
     )
     plain: str = json.loads(session.body)["kernel"]["id"]
     boxed = await start_kernel(BOXED)
