@@ -73,6 +73,7 @@ async def test_node_view_without_a_kernel(
     assert (view["mode"], view["kernel_id"], view["attached"]) == ("local", None, [])
     assert (view["free"], view["total"], view["simulated"]) == (2, 2, True)
     assert set(view["nvml"]) == {"status", "message", "driver_version", "cuda_driver_version"}
+    assert view["suspended"] is None
 
 
 async def test_the_history_is_the_servers_and_reaches_an_hour_back(
@@ -426,6 +427,7 @@ async def test_attach_list_detach(
     assert all(g["metrics"] is not None for g in view["node"])
     assert view["queue"] == []
     assert view["nvml"]["status"] == "ok"
+    assert view["suspended"] is None, "a kernel that holds its GPUs is not suspended"
 
     detached = await call(
         jp_fetch, "POST", "detach", {"uuid": attachment["uuid"], "kernel_id": kernel}
