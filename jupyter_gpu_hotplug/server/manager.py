@@ -25,7 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, cast
 
 from .._structs import PidRef, RequestId
-from ..client import AgentClientError, AsyncAgentClient, Attachment, Gpu, plain_free
+from ..client import (
+    AgentClientError,
+    AsyncAgentClient,
+    Attachment,
+    AttachmentState,
+    Gpu,
+    plain_free,
+)
 from ..nvml.attribution import ProcessTree
 from ..nvml.state import GpuMonitor, Snapshot
 from .attribution import AttributionJson, GpuAttributionJson, attribution_json
@@ -258,8 +265,9 @@ class HotplugManager:
         # Every read runs concurrently; each outcome is used below, or settled.
         node = asyncio.ensure_future(self.client.gpus())
         snapshot = asyncio.ensure_future(self._snapshot())
+        # The attachments' answer carries the target's suspension too: one request a target.
         attached = {
-            target: asyncio.ensure_future(self.client.attachments(target)) for target in asked
+            target: asyncio.ensure_future(self.client.attachment_state(target)) for target in asked
         }
         attribution: list[GpuAttributionJson] = []
         try:
@@ -289,7 +297,7 @@ class HotplugManager:
         self,
         whom: Mapping[str | None, Target | BaseException | None],
         node: asyncio.Future[tuple[Gpu, ...]],
-        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+        attached: Mapping[PidRef | None, asyncio.Future[AttachmentState]],
     ) -> None:
         """Learn the watched kernels' waits in the agent's queue (where the strategy
         ``reports_queue_place``: sandboxed kernels), so that a wait the magic or the command
@@ -356,7 +364,7 @@ class HotplugManager:
     async def _note_releases(
         self,
         whom: Mapping[str | None, Target | BaseException | None],
-        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+        attached: Mapping[PidRef | None, asyncio.Future[AttachmentState]],
     ) -> None:
         """Compare each kernel's attachments with its last reading's; for GPUs gone, find
         out why (one agent call, for the idle policy's releases, only when one is gone)."""
@@ -366,7 +374,7 @@ class HotplugManager:
             own = attached[target.ref]
             if own.exception() is not None:
                 continue
-            lost = self._releases.lost(kernel_id, target.ref, own.result())
+            lost = self._releases.lost(kernel_id, target.ref, own.result().attachments)
             if lost is None:
                 continue
             before, gone = lost
@@ -386,7 +394,7 @@ class HotplugManager:
         target: Target | BaseException | None,
         node: asyncio.Future[tuple[Gpu, ...]],
         snapshot: asyncio.Future[Snapshot],
-        attached: Mapping[PidRef | None, asyncio.Future[tuple[Attachment, ...]]],
+        attached: Mapping[PidRef | None, asyncio.Future[AttachmentState]],
         kernels: Mapping[int, KernelHolder],
         attribution: list[GpuAttributionJson],
     ) -> GpusJson | BaseException:
@@ -397,10 +405,11 @@ class HotplugManager:
         for future in (own, node, snapshot):
             if future is not None and future.exception() is not None:
                 return cast(BaseException, future.exception())
+        state = None if own is None else own.result()
         return gpus_json(
             mode=self.mode,
             kernel_id=kernel_id,
-            attachments=() if own is None else own.result(),
+            attachments=() if state is None else state.attachments,
             node=node.result(),
             snapshot=snapshot.result(),
             max_count=self.max_count,
@@ -408,6 +417,7 @@ class HotplugManager:
             queue=self._queue(),
             released=self._releases.recent(kernel_id),
             attribution=attribution,
+            suspended=None if state is None else state.suspended,
         )
 
     # --- attach and detach ---------------------------------------------------------------------

@@ -25,12 +25,13 @@ from .._structs import (
     LostHolderWire,
     PidRef,
     PodTarget,
+    SuspendedWire,
     TargetRef,
     TargetWire,
     format_timestamp,
 )
 from .._structs import GpuState as GpuStateName
-from ..client import Attachment, Gpu, plain_free, plain_total
+from ..client import Attachment, Gpu, Suspension, plain_free, plain_total
 from ..nvml.state import GpuMetricsJson, GpuState, Snapshot
 from .attribution import GpuAttributionJson, KernelHolder
 from .releases import ReleasedJson
@@ -48,10 +49,12 @@ __all__ = [
     "ProgressJson",
     "ProgressState",
     "QueuedJson",
+    "SuspendedWire",
     "WaitingAttach",
     "attachment_json",
     "gpus_json",
     "held_by_json",
+    "suspended_json",
 ]
 
 Mode = Literal["local", "kubernetes"]
@@ -179,6 +182,10 @@ class GpusJson(TypedDict):
     attribution: list[GpuAttributionJson]
     """Which kernel of this server uses how much of each GPU (``attribution``), the same in
     every kernel's view."""
+    suspended: SuspendedWire | None
+    """The kernel's CUDA state kept in host memory without its GPUs (a detach with ``keep``):
+    the agent's own shape, so the lab says what ``%gpu status`` says (its next attach resumes
+    it); ``None`` while it is not suspended, and when no kernel is named."""
 
 
 class AttachJson(TypedDict):
@@ -242,6 +249,18 @@ def attachment_json(attachment: Attachment) -> AttachmentWire:
             revoke_at=format_timestamp(attachment.holder_lost.revoke_at),
         )
     return wire
+
+
+def suspended_json(suspension: Suspension) -> SuspendedWire:
+    """The agent's suspension shape, rebuilt from the checked value (as ``attachment_json``:
+    the browser gets this API's members, not whatever a newer agent adds)."""
+    return SuspendedWire(
+        state="suspending" if suspension.state == "suspending" else "suspended",
+        model=suspension.model,
+        uuids=list(suspension.uuids),
+        pids=list(suspension.pids),
+        host_memory=suspension.host_memory,
+    )
 
 
 def held_by_json(target: TargetRef, kernels: Mapping[int, KernelHolder]) -> HeldByJson:
@@ -335,11 +354,13 @@ def gpus_json(
     queue: Iterable[WaitingAttach] = (),
     released: Sequence[ReleasedJson] = (),
     attribution: Sequence[GpuAttributionJson] = (),
+    suspended: Suspension | None = None,
 ) -> GpusJson:
     """Join the agent's view (``attachments`` of the target, the ``node``'s GPUs) with what
     NVML sees here (``snapshot``) and what this server knows of its kernels (``kernels``, by
     sandbox pid: local mode's holders are named by their notebooks) and its ``queue`` of
-    waiting attaches."""
+    waiting attaches; ``suspended``: the kernel's kept CUDA state, from the agent's answer
+    with its ``attachments``."""
     seen = {gpu.uuid: gpu for gpu in snapshot.gpus if gpu.uuid is not None}
     known = kernels or {}
     attached = [_attached(attachment, seen, known) for attachment in attachments]
@@ -365,4 +386,5 @@ def gpus_json(
         taken_at=snapshot.taken_at,
         released=list(released),
         attribution=list(attribution),
+        suspended=None if suspended is None else suspended_json(suspended),
     )

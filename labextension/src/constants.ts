@@ -33,6 +33,8 @@ export const Classes = {
   attaching: 'jp-mod-attaching',
   unreachable: 'jp-mod-unreachable',
   active: 'jp-mod-gpus',
+  /** The kernel's CUDA state is kept in host memory without GPUs (issue 39). */
+  suspended: 'jp-mod-suspended',
   menu: 'jp-GpuHotplug-menu',
   panel: 'jp-GpuHotplug-panel',
   gpuStatus: 'jp-GpuHotplug-gpuStatus',

@@ -8,7 +8,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { IKernelGpus, isUnreachable } from './gpuModel';
-import { IAttachedGpu, IGpuMetrics, INodeGpu } from './types';
+import { IAttachedGpu, IGpuMetrics, INodeGpu, ISuspended } from './types';
 
 export const GIB = 1024 ** 3;
 
@@ -19,6 +19,25 @@ export const MEMORY_WARNING = 0.9;
 export function gib(bytes: number): string {
   const value = bytes / GIB;
   return value < 10 ? value.toFixed(1) : value.toFixed(0);
+}
+
+const BINARY_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+
+/**
+ * "3.0 GiB", "5.0 MiB", "512 B": the unit the size reaches, rounded as `gib`
+ * (and as `%gpu`'s `render.human_bytes`, so both views say the same size).
+ */
+export function binaryBytes(bytes: number): string {
+  let amount = bytes;
+  let at = 0;
+  while (amount >= 1024 && at < BINARY_UNITS.length - 1) {
+    amount /= 1024;
+    at += 1;
+  }
+  if (at === 0) {
+    return `${bytes} B`;
+  }
+  return `${amount < 10 ? amount.toFixed(1) : amount.toFixed(0)} ${BINARY_UNITS[at]}`;
 }
 
 /** Decimal units of a rate, as PCIe and NVLink speeds are quoted. */
@@ -239,4 +258,44 @@ export function modelName(name: string): string {
   return name.endsWith(SIMULATED_SUFFIX)
     ? name.slice(0, -SIMULATED_SUFFIX.length)
     : name;
+}
+
+/**
+ * A kernel's kept CUDA state in a few words, as `%gpu status` says it
+ * (`render.suspended_state`): "suspended (state kept, 3.0 GiB in host
+ * memory)"; the size only where the driver says it.
+ */
+export function suspendedState(
+  suspended: ISuspended,
+  trans: TranslationBundle
+): string {
+  if (suspended.state === 'suspending') {
+    return trans.__(
+      'suspending (its CUDA state is being moved to host memory)'
+    );
+  }
+  return suspended.host_memory === null
+    ? trans.__('suspended (state kept in host memory)')
+    : trans.__(
+        'suspended (state kept, %1 in host memory)',
+        binaryBytes(suspended.host_memory)
+      );
+}
+
+/**
+ * The sentence the toolbar's tooltip and the panel give a suspended kernel, as
+ * `render.suspended_line` does in the notebook: its state and what resumes it.
+ */
+export function suspendedLine(
+  suspended: ISuspended,
+  trans: TranslationBundle
+): string {
+  const count = suspended.uuids.length;
+  return trans._n(
+    "This notebook's kernel is %2; attaching resumes it on %1 free %3 GPU (the same one when free).",
+    "This notebook's kernel is %2; attaching resumes it on %1 free %3 GPUs (the same ones when free).",
+    count,
+    suspendedState(suspended, trans),
+    modelName(suspended.model)
+  );
 }

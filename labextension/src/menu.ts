@@ -7,7 +7,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { CommandIds } from './constants';
-import { gpuTitle, queuedLabel } from './format';
+import { gpuTitle, queuedLabel, suspendedLine } from './format';
 import { IKernelGpus, IOperation, isUnreachable } from './gpuModel';
 import { IGpusReply } from './types';
 
@@ -179,7 +179,8 @@ export function waitingMessage(
 
 /**
  * The toolbar item's text: idle "GPU · 2 free", "GPU", "GPU ×2" with GPUs,
- * "queued #1" while first in the queue, "attaching…", "detaching…".
+ * "GPU · suspended" while the kernel's CUDA state waits in host memory for its
+ * next attach, "queued #1" while first in the queue, "attaching…", "detaching…".
  */
 export function buttonLabel(
   state: IKernelGpus | null,
@@ -199,6 +200,12 @@ export function buttonLabel(
     return trans.__('GPU ✕');
   }
   const count = state?.reply?.attached.length ?? 0;
+  const suspended = state?.reply?.suspended ?? null;
+  if (count === 0 && suspended !== null) {
+    return suspended.state === 'suspending'
+      ? trans.__('GPU · suspending…')
+      : trans.__('GPU · suspended');
+  }
   if (count === 0) {
     return state?.reply
       ? trans.__('GPU · %1 free', state.reply.free)
@@ -236,6 +243,14 @@ export function buttonDescription(
   }
   const count = state.reply?.attached.length ?? 0;
   const free = state.reply?.free ?? 0;
+  const suspended = state.reply?.suspended ?? null;
+  if (count === 0 && suspended !== null) {
+    return trans.__(
+      'GPUs: none attached to this notebook, %1 free. %2',
+      free,
+      suspendedLine(suspended, trans)
+    );
+  }
   return count === 0
     ? trans.__('GPUs: none attached to this notebook, %1 free', free)
     : trans._n(

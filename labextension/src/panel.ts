@@ -2,7 +2,8 @@
  * The GPU panel: every GPU of the node as a group of time charts
  * (utilisation %, memory GiB; traffic: `traffic.ts`) with its state, who holds it and the
  * actions the current notebook may take on it (attach, detach, force-detach);
- * the queue of waiting attaches with their notebooks and countdowns; a clear
+ * the queue of waiting attaches with their notebooks and countdowns; the
+ * notebook kernel's suspended CUDA state (a release with keep); a clear
  * disconnected state. The same widget serves the right side panel and, opened
  * in the main area, a dockable full-size view.
  *
@@ -27,7 +28,8 @@ import {
   modelName,
   notebookName,
   percent,
-  rowState
+  rowState,
+  suspendedLine
 } from './format';
 import {
   GpuModel,
@@ -487,7 +489,12 @@ export class GpuPanel extends Widget {
     this._banner = element('div', `${P}-banner`);
     this._banner.setAttribute('role', 'alert');
     this._banner.hidden = true;
-    head.append(titleRow, this._summary, this._banner);
+    // A live region: a release with keep, and the attach that resumes, are
+    // announced where they happen, whichever view started them.
+    this._suspended = element('p', `${P}-suspended`);
+    this._suspended.setAttribute('role', 'status');
+    this._suspended.hidden = true;
+    head.append(titleRow, this._summary, this._suspended, this._banner);
 
     this._queue = element('section', `${P}-queue`);
     this._queue.setAttribute('aria-label', trans.__('Waiting for a GPU'));
@@ -544,6 +551,10 @@ export class GpuPanel extends Widget {
           state?.error?.message ?? ''
         )
       : '';
+    const suspended = state?.reply?.suspended ?? null;
+    this._suspended.hidden = suspended === null;
+    this._suspended.textContent =
+      suspended === null ? '' : suspendedLine(suspended, trans);
     this._renderQueue(state);
 
     const gpus = state === null ? [] : nodeGpus(state);
@@ -691,6 +702,7 @@ export class GpuPanel extends Widget {
   private readonly _summary: HTMLParagraphElement;
   private readonly _badge: HTMLSpanElement;
   private readonly _banner: HTMLDivElement;
+  private readonly _suspended: HTMLParagraphElement;
   private readonly _window: HTMLSelectElement;
   private readonly _queue: HTMLElement;
   private readonly _groups: HTMLDivElement;

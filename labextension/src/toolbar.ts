@@ -1,7 +1,8 @@
 /**
  * The notebook toolbar item: a button that shows the notebook kernel's GPUs
- * ("GPU · 2 free", "GPU ×2", "queued #1", a distinct look while attaching or
- * when the GPU service is unreachable) and opens a menu of `menuEntries`. It
+ * ("GPU · 2 free", "GPU ×2", "queued #1", "GPU · suspended", a distinct look
+ * while attaching, while the kernel is suspended, or when the GPU service is
+ * unreachable) and opens a menu of `menuEntries`. It
  * sits before the toolbar's spacer (rank 50 in `schema/plugin.json`), so a
  * narrow notebook moves the kernel name into the "⋯" overflow before it. It renders the shared
  * `GpuModel` for its notebook's kernel and follows kernel changes; it never
@@ -124,6 +125,10 @@ export class GpuToolbarButton extends Widget {
     this.toggleClass(Classes.attaching, state?.operation != null);
     this.toggleClass(Classes.unreachable, isUnreachable(state));
     this.toggleClass(Classes.active, (state?.reply?.attached.length ?? 0) > 0);
+    this.toggleClass(
+      Classes.suspended,
+      (state?.reply?.suspended ?? null) !== null
+    );
   }
 
   private readonly _button: HTMLButtonElement;

@@ -154,6 +154,26 @@ export interface IGpusReply {
   released?: IReleasedGpu[];
   /** Which kernel of this server uses how much of each GPU; absent from older servers. */
   attribution?: IGpuAttribution[];
+  /**
+   * The kernel's CUDA state kept in host memory without its GPUs (a release
+   * with keep); `null` while it is not suspended; absent from older servers.
+   */
+  suspended?: ISuspended | null;
+}
+
+/**
+ * `_structs.SuspendedWire`, the agent's shape as `GpusJson.suspended` passes
+ * it on: a kernel whose CUDA processes the agent checkpointed into host memory;
+ * its next attach resumes them on GPUs of `model` (`uuids` first, when free).
+ */
+export interface ISuspended {
+  /** `suspending` only while the suspend runs. */
+  state: 'suspending' | 'suspended';
+  model: string;
+  uuids: string[];
+  pids: number[];
+  /** Bytes of device memory kept in host memory, when the driver says. */
+  host_memory: number | null;
 }
 
 /** `UsageJson` (server/attribution.py): what a group of processes uses of one GPU. */

@@ -1,7 +1,7 @@
 /** Readings and responses shaped like the server's (see `src/types.ts`). */
 import { IKernelGpus } from '../src/gpuModel';
 import { IGpuSettings } from '../src/settings';
-import { IAttachedGpu, IGpusReply, INodeGpu } from '../src/types';
+import { IAttachedGpu, IGpusReply, INodeGpu, ISuspended } from '../src/types';
 
 /** Settings for the tests (the product's defaults live in `schema/plugin.json`). */
 export const settings: IGpuSettings = {
@@ -60,7 +60,8 @@ export function reply(
     maxCount = 8,
     node = [] as INodeGpu[],
     queue = [] as IGpusReply['queue'],
-    released = undefined as IGpusReply['released']
+    released = undefined as IGpusReply['released'],
+    suspended = undefined as IGpusReply['suspended']
   } = {}
 ): IGpusReply {
   return {
@@ -72,6 +73,7 @@ export function reply(
     node,
     queue,
     ...(released === undefined ? {} : { released }),
+    ...(suspended === undefined ? {} : { suspended }),
     max_count: maxCount,
     simulated: true,
     nvml: {
@@ -81,6 +83,18 @@ export function reply(
       cuda_driver_version: null
     },
     taken_at: 0
+  };
+}
+
+/** A kernel whose CUDA state the agent keeps in host memory (issue 39). */
+export function suspension(over: Partial<ISuspended> = {}): ISuspended {
+  return {
+    state: 'suspended',
+    model: 'NVIDIA H100 80GB HBM3 (simulated)',
+    uuids: ['GPU-0'],
+    pids: [4242],
+    host_memory: 3 * 1024 ** 3,
+    ...over
   };
 }
 

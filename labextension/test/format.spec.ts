@@ -1,5 +1,6 @@
 import {
   announcement,
+  binaryBytes,
   bytesPerSecond,
   countdown,
   cudaIndex,
@@ -10,9 +11,17 @@ import {
   notebookName,
   rateUnit,
   shortUuid,
-  statusSummary
+  statusSummary,
+  suspendedLine,
+  suspendedState
 } from '../src/format';
-import { gpu, kernelState as state, reply, trans } from './fixtures';
+import {
+  gpu,
+  kernelState as state,
+  reply,
+  suspension,
+  trans
+} from './fixtures';
 
 describe('the status bar summary', () => {
   it('sums two GPUs: count, mean utilisation, memory used of total', () => {
@@ -100,5 +109,38 @@ describe('formatters', () => {
     expect(countdown(165, 100_000, trans)).toBe('1:05 left');
     expect(countdown(145, 100_000, trans)).toBe('45 s left');
     expect(countdown(90, 100_000, trans)).toBe('ending');
+  });
+});
+
+describe('a suspended kernel (issue 39)', () => {
+  it('is worded as %gpu status words it, the size where the driver says', () => {
+    expect(suspendedState(suspension(), trans)).toBe(
+      'suspended (state kept, 3.0 GiB in host memory)'
+    );
+    expect(suspendedState(suspension({ host_memory: null }), trans)).toBe(
+      'suspended (state kept in host memory)'
+    );
+    expect(suspendedState(suspension({ state: 'suspending' }), trans)).toBe(
+      'suspending (its CUDA state is being moved to host memory)'
+    );
+  });
+
+  it('says that attaching resumes it, on how many GPUs of which model', () => {
+    expect(suspendedLine(suspension(), trans)).toBe(
+      "This notebook's kernel is suspended (state kept, 3.0 GiB in host memory); " +
+        'attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU (the same one when free).'
+    );
+    const two = suspension({ uuids: ['GPU-0', 'GPU-1'], host_memory: null });
+    expect(suspendedLine(two, trans)).toBe(
+      "This notebook's kernel is suspended (state kept in host memory); " +
+        'attaching resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when free).'
+    );
+  });
+
+  it('sizes host memory in the unit it reaches, rounded as %gpu rounds', () => {
+    expect(binaryBytes(512)).toBe('512 B');
+    expect(binaryBytes(5 * 1024 ** 2)).toBe('5.0 MiB');
+    expect(binaryBytes(3 * 1024 ** 3)).toBe('3.0 GiB');
+    expect(binaryBytes(79.6 * 1024 ** 3)).toBe('80 GiB');
   });
 });

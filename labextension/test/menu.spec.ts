@@ -8,7 +8,14 @@ import {
   waitingMessage
 } from '../src/menu';
 import { IGpusReply, INodeGpu } from '../src/types';
-import { gpu, node, kernelState as state, reply, trans } from './fixtures';
+import {
+  gpu,
+  node,
+  kernelState as state,
+  reply,
+  suspension,
+  trans
+} from './fixtures';
 
 const summary = (s: IKernelGpus | null) =>
   menuEntries(s, trans).map(e =>
@@ -274,5 +281,44 @@ describe('the toolbar button', () => {
     expect(buttonDescription(down, trans)).toBe(
       'GPUs: the GPU service cannot be reached'
     );
+  });
+});
+
+describe('the toolbar button of a suspended kernel (issue 39)', () => {
+  it('says suspended, and in its tooltip that attaching resumes it', () => {
+    const kept = state(reply([], { free: 2, suspended: suspension() }));
+    expect(buttonLabel(kept, trans)).toBe('GPU · suspended');
+    expect(buttonDescription(kept, trans)).toBe(
+      'GPUs: none attached to this notebook, 2 free. ' +
+        "This notebook's kernel is suspended (state kept, 3.0 GiB in host memory); " +
+        'attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU (the same one when free).'
+    );
+  });
+
+  it('says suspending while the suspend runs', () => {
+    const moving = suspension({ state: 'suspending' });
+    expect(buttonLabel(state(reply([], { suspended: moving })), trans)).toBe(
+      'GPU · suspending…'
+    );
+  });
+
+  it('reads as before once resumed, and with an older server', () => {
+    expect(buttonLabel(state(reply([], { suspended: null })), trans)).toBe(
+      'GPU · 2 free'
+    );
+    expect(
+      buttonLabel(state(reply([gpu(0)], { suspended: null })), trans)
+    ).toBe('GPU');
+    expect(buttonLabel(state(reply([], { free: 1 })), trans)).toBe(
+      'GPU · 1 free'
+    );
+  });
+
+  it('keeps the attach offers: attaching is what resumes it', () => {
+    const kept = state(reply([], { free: 2, suspended: suspension() }));
+    const labels = menuEntries(kept, trans).flatMap(entry =>
+      entry.type === 'command' ? [entry.label] : []
+    );
+    expect(labels).toContain('Attach 1 GPU');
   });
 });

@@ -1,6 +1,10 @@
-import { attachOffer, thinned, vitalsText } from '../src/panel';
+import { CommandRegistry } from '@lumino/commands';
+
+import { GpuModel } from '../src/gpuModel';
+import { attachOffer, GpuPanel, thinned, vitalsText } from '../src/panel';
+import { IStreamHandlers } from '../src/stream';
 import { IGpuMetrics, INodeGpu } from '../src/types';
-import { trans } from './fixtures';
+import { reply, settings, suspension, trans } from './fixtures';
 
 const metrics = (over: Partial<IGpuMetrics>): IGpuMetrics => ({
   utilization_gpu: 50,
@@ -92,5 +96,42 @@ describe('the chart lines', () => {
     expect(kept.length).toBeLessThanOrEqual(720);
     expect(kept[kept.length - 1].utilization).toBe(3599);
     expect(thinned(samples.slice(0, 10), 720)).toHaveLength(10);
+  });
+});
+
+describe("the panel of a suspended notebook's kernel (issue 39)", () => {
+  it('says the CUDA state waits in host memory, and goes once resumed', () => {
+    const streams = new Map<string, IStreamHandlers>();
+    const model = new GpuModel({
+      settings,
+      history: false,
+      openStream: (kernelId, handlers) => {
+        streams.set(kernelId, handlers);
+        return { isDisposed: false, dispose: () => undefined };
+      }
+    });
+    const watch = model.watch('k1');
+    model.current = 'k1';
+    const panel = new GpuPanel({
+      model,
+      commands: new CommandRegistry(),
+      trans
+    });
+    const notice = () =>
+      panel.node.querySelector<HTMLElement>('.jp-GpuHotplug-panel-suspended')!;
+
+    streams.get('k1')!.metrics(reply([], { suspended: suspension() }));
+    expect(notice().hidden).toBe(false);
+    expect(notice().getAttribute('role')).toBe('status');
+    expect(notice().textContent).toBe(
+      "This notebook's kernel is suspended (state kept, 3.0 GiB in host memory); " +
+        'attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU (the same one when free).'
+    );
+
+    streams.get('k1')!.metrics(reply([], { suspended: null }));
+    expect(notice().hidden).toBe(true);
+    expect(notice().textContent).toBe('');
+    panel.dispose();
+    watch.dispose();
   });
 });

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import Browser, Locator, Response, expect
 
+from jupyter_gpu_hotplug.nvml import sim
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from tests.demo.conftest import DemoFactory
 from tests.demo.demo_process import DemoProcess
@@ -39,6 +40,8 @@ pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
 GPUS = 2
 SCREENSHOTS_ENV = "GPU_HOTPLUG_SCREENSHOTS"
 """Where ``test_screenshots_of_the_real_demo`` writes (``docs/images`` to regenerate them)."""
+CHECKPOINT_DIR_ENV = "FAKE_CUDA_CHECKPOINT_DIR"
+"""The simulated CUDA driver's directory of checkpoint sockets (``nvml/sim/fakecuda.c``)."""
 
 
 class OpenLab(Protocol):
@@ -48,11 +51,21 @@ class OpenLab(Protocol):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoProcess]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the simulated CUDA driver's processes answer the agent's checkpoint calls: the
+    demo's agent and its kernels share it, so a release with keep can suspend a demo kernel's
+    CUDA process (issue 39). Open to every sandbox, as the suspend test's is."""
+    sockets = tmp_path_factory.mktemp("ckpt")
+    sockets.chmod(0o777)
+    return sockets
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, checkpoints: Path) -> Iterator[DemoProcess]:
     home = tmp_path_factory.mktemp("gpu-ui")
     factory = DemoFactory(home)
     try:
-        started = factory(simulate=GPUS)
+        started = factory(simulate=GPUS, env={**os.environ, CHECKPOINT_DIR_ENV: str(checkpoints)})
         quiet_lab(started.server)
         yield started
     finally:
@@ -899,3 +912,78 @@ def test_the_panel_says_which_notebook_uses_a_gpu(open_lab: OpenLab, demo: DemoP
     for lab in (busy, idle):
         expect(lab.panel_gpu(unused["uuid"]).locator(rows)).to_have_count(0)
         expect(lab.page.locator(f"{rows}[data-kernel-id='{idle.kernel_id()}']")).to_have_count(0)
+
+
+HOLD_CONTEXT = """
+import ctypes, sys, threading
+cuda = ctypes.CDLL(sys.argv[1])
+result = cuda.cuInit(0)
+if result == 0:
+    result = cuda.fakeCudaHoldContext(0, ctypes.c_ulonglong(int(sys.argv[2])))
+print(result, flush=True)
+threading.Event().wait()
+"""
+"""A CUDA process of the simulated driver on its sandbox's one GPU with ``argv[2]`` bytes, as
+``tests/agent/test_e2e_suspend.py`` starts one: prints the result of taking its context (0),
+then waits, answering the agent's checkpoint calls."""
+SUSPENDED_NOTICE = ".jp-GpuHotplug-panel-suspended"
+
+
+def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
+    open_lab: OpenLab, demo: DemoProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 39 in the lab: the kernel's CUDA process is suspended by ``%gpu release --keep``;
+    the toolbar and the panel say the state waits in host memory and that attaching resumes
+    it; the toolbar's attach resumes it and the suspended state goes."""
+    library = sim.ensure_fake_cuda(tmp_path_factory.mktemp("cuda")) / sim.CUDA_LIBRARY_NAME
+    lab = open_lab("suspend.ipynb")
+    expect(lab.button).to_have_text(f"GPU · {GPUS} free")
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"))
+    [gpu] = lab.attached()
+    lab.open_panel()
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        started = kernel.run(
+            "import subprocess, sys\n"
+            f"cuda = subprocess.Popen([sys.executable, '-c', {HOLD_CONTEXT!r}, "
+            f"{str(library)!r}, str(5 * 2**20)], stdout=subprocess.PIPE, text=True)\n"
+            "print('CUDA', cuda.stdout.readline().strip())"
+        )
+        assert started.stdout.strip() == "CUDA 0", started.output
+        # NVML lists the process on its GPU (the simulation's next pass), as a real one: only
+        # then is there a CUDA state to keep.
+        processes = lab.panel_gpu(gpu["uuid"]).locator(".jp-GpuHotplug-panel-process")
+        expect(processes).to_have_count(1)
+
+        released = kernel.run("%gpu release --keep")
+
+        assert "This kernel is suspended (state kept, 5.0 MiB in host memory)" in (
+            released.stdout
+        ), released.output
+        expect(lab.button).to_have_text("GPU · suspended")
+        expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-suspended"))
+        expect(lab.button).to_have_attribute(
+            "aria-label",
+            re.compile(
+                r"This notebook's kernel is suspended \(state kept, 5\.0 MiB in host memory\); "
+                r"attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU"
+            ),
+        )
+        notice = lab.panel.locator(SUSPENDED_NOTICE)
+        expect(notice).to_have_text(
+            re.compile(r"^This notebook's kernel is suspended .* attaching resumes it")
+        )
+        shots = os.environ.get(SCREENSHOTS_ENV)
+        if shots:  # docs/usage.md shows them
+            lab.panel.locator("header").screenshot(path=Path(shots) / "gpu-suspended-light.png")
+            lab.toolbar_item.screenshot(path=Path(shots) / "gpu-suspended-toolbar-light.png")
+
+        lab.choose("Attach 1 GPU")
+
+        expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"))
+        expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-suspended"))
+        expect(lab.button).to_have_text("GPU")
+        expect(notice).to_be_hidden()
+        assert kernel.run("print(cuda.poll())").stdout.strip() == "None", "resumed, not ended"
+    [resumed] = lab.attached()
+    assert resumed["uuid"] == gpu["uuid"], "its GPU was free: the resume takes it again"

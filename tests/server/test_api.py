@@ -10,6 +10,10 @@ cgroup allows it, no driver is behind it) after an attach; ``ENOENT`` after a de
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +21,17 @@ from jupyter_server.serverapp import ServerApp
 from traitlets.config import Config
 
 from jupyter_gpu_hotplug._structs import PID_MAX_LIMIT, PidRef
+from jupyter_gpu_hotplug.nvml import sim
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from jupyter_gpu_hotplug.server.errors import HotplugError, KernelNotFound
 from jupyter_gpu_hotplug.server.kernel_sandboxes import ProvisionerSandboxes
-from tests.fixtures.agent import LocalAgent
+from tests.agent.test_e2e_suspend import CHECKPOINT_DIR_ENV, MEMORY_BYTES, TARGET
+from tests.fixtures.agent import LocalAgent, LocalAgentFactory
 from tests.fixtures.host_state import process_running, process_start_time
 from tests.fixtures.nvml import FakeNvml
 from tests.fixtures.requirements import needs_root
 from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
+from tests.fixtures.waiting import eventually
 
 from .api_support import (
     BrokenClient,
@@ -73,6 +80,7 @@ async def test_node_view_without_a_kernel(
     assert (view["mode"], view["kernel_id"], view["attached"]) == ("local", None, [])
     assert (view["free"], view["total"], view["simulated"]) == (2, 2, True)
     assert set(view["nvml"]) == {"status", "message", "driver_version", "cuda_driver_version"}
+    assert view["suspended"] is None
 
 
 async def test_the_history_is_the_servers_and_reaches_an_hour_back(
@@ -426,6 +434,7 @@ async def test_attach_list_detach(
     assert all(g["metrics"] is not None for g in view["node"])
     assert view["queue"] == []
     assert view["nvml"]["status"] == "ok"
+    assert view["suspended"] is None, "a kernel that holds its GPUs is not suspended"
 
     detached = await call(
         jp_fetch, "POST", "detach", {"uuid": attachment["uuid"], "kernel_id": kernel}
@@ -684,3 +693,94 @@ async def test_attribution_names_the_kernel_whose_process_uses_the_gpu(
     assert [entry["uuid"] for entry in view["attribution"]] == [
         entry["uuid"] for entry in reply.json()["gpus"]
     ], "every reading carries the same attribution"
+
+
+SIMULATION_INTERVAL = 0.2
+"""Seconds between two passes of the suspend tests' agent simulation."""
+
+
+@needs_root
+class TestSuspendedKernel:
+    """Issue 39 through the server: a ``keep`` detach of a kernel whose CUDA process (the
+    simulated driver's, as in ``tests/agent/test_e2e_suspend.py``) uses its GPU is shown in
+    every reading until the next attach resumes it."""
+
+    @pytest.fixture
+    def checkpoints(self) -> Iterator[Path]:
+        # A short directory: a unix socket's path has room for 107 bytes.
+        sockets = Path(tempfile.mkdtemp(prefix="ckpt-"))
+        sockets.chmod(0o777)
+        yield sockets
+        shutil.rmtree(sockets)
+
+    @pytest.fixture
+    def local_agent(self, local_agent_factory: LocalAgentFactory, checkpoints: Path) -> LocalAgent:
+        """The agent drives the simulated driver's checkpoint calls over ``checkpoints``, and
+        its simulation runs (NVML lists a process while it holds its GPU, and no longer once it
+        is checkpointed, as the agent checks)."""
+        return local_agent_factory(
+            env={CHECKPOINT_DIR_ENV: str(checkpoints)},
+            simulation_interval=SIMULATION_INTERVAL,
+        )
+
+    async def test_the_readings_show_the_suspension_until_the_attach_resumes(
+        self,
+        jp_fetch: Fetch,
+        local_agent: LocalAgent,
+        sandbox: SandboxProbe,
+        kernel: str,
+        checkpoints: Path,
+        tmp_path: Path,
+    ) -> None:
+        attached = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+        (attachment,) = attached.json()["attachments"]
+        library = sim.ensure_fake_cuda(tmp_path / "cuda") / sim.CUDA_LIBRARY_NAME
+        ready = tmp_path / "ready"
+        env = [
+            f"{CHECKPOINT_DIR_ENV}={checkpoints}",
+            f"{sim.CONFIG_ENV}={local_agent.simulation_config}",
+        ]
+        pid = sandbox.spawn(
+            [
+                "/usr/bin/env",
+                *env,
+                sys.executable,
+                "-c",
+                TARGET,
+                str(library),
+                str(MEMORY_BYTES),
+                str(ready),
+            ]
+        )
+        await eventually(
+            lambda: ready.exists() and ready.read_text() != "", "the CUDA process is up"
+        )
+        assert ready.read_text() == "0", "it holds a context on its GPU"
+        await eventually(
+            lambda: any(p.pid == pid for gpu in local_agent.gpus() for p in gpu.processes),
+            "NVML lists the CUDA process on its GPU (the simulation's next pass)",
+        )
+
+        kept = await call(
+            jp_fetch, "POST", "detach", {"uuid": "all", "kernel_id": kernel, "keep": True}
+        )
+
+        assert kept.status == 204, kept.body
+        view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+        assert view["attached"] == []
+        assert view["suspended"] == {
+            "state": "suspended",
+            "model": attachment["name"],
+            "uuids": [attachment["uuid"]],
+            "pids": [pid],
+            "host_memory": MEMORY_BYTES,
+        }
+        node = (await call(jp_fetch, "GET", "gpus")).json()
+        assert node["suspended"] is None, "no kernel named: nobody's suspension"
+
+        resumed = await call(jp_fetch, "POST", "attach", {"count": 1, "kernel_id": kernel})
+
+        assert resumed.status == 201, resumed.body
+        view = (await call(jp_fetch, "GET", "gpus", params={"kernel_id": kernel})).json()
+        assert [gpu["uuid"] for gpu in view["attached"]] == [attachment["uuid"]]
+        assert view["suspended"] is None

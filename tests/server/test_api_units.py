@@ -319,6 +319,7 @@ def _view(key: str | None) -> GpusJson:
         taken_at=0.0,
         released=[],
         attribution=[],
+        suspended=None,
     )
 
 

@@ -18,7 +18,7 @@ from jupyter_gpu_hotplug.server.openapi import openapi_document
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 SHARED = ("GpuUuid", "Dns1123Label", "Dns1123Subdomain", "PodRef", "PodTarget", "PidTarget")
-SHARED_TOO = ("Target", "Attachment", "IdleReason")
+SHARED_TOO = ("Target", "Attachment", "IdleReason", "Suspended")
 
 
 def _schemas(document: bytes) -> dict[str, Any]:
