@@ -11,6 +11,7 @@ nodes (``deployment.deployed_agent`` with the VM node as a worker).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shlex
 import subprocess
@@ -31,7 +32,12 @@ from . import deployment
 from .agent import AGENT_NAMESPACE, AgentAccount, api_as, holder_as_the_agent_builds_it
 from .cluster import Cluster, eventually
 from .node import GPU_RESOURCE
-from .service_calls import agent_call, attach_through_the_service, notebook_with_token
+from .service_calls import (
+    REQUEST_TIMEOUT,
+    agent_call,
+    attach_through_the_service,
+    notebook_with_token,
+)
 from .vm_node import VM_GPUS, VmNode
 
 pytestmark = [
@@ -205,9 +211,11 @@ def test_production_node_daemon_reload_reexec_set_property_and_daemon_restarts_k
     assert EPERM in _opens(cluster, ns, "nb", minor)
 
 
-def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refuses(
+def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refuses_or_queues(
     cluster: Cluster, vm_node: VmNode, agents: str
 ) -> None:
+    """A notebook on a full node is refused (409) while the other node has free GPUs; asked to
+    wait, it queues on its own node and gets the GPU a notebook there gives back."""
     ns = cluster.namespace("two-nodes")
     _notebook(cluster, ns, "on-host", cluster.node_name)
     for i in range(VM_GPUS):
@@ -226,9 +234,32 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
     refused = attach_through_the_service(cluster, ns, agents, pod="late", expect=409)
     assert (refused["error"], refused["free"], refused["requested"]) == ("insufficient_gpus", 0, 1)
     assert len(cluster.holders(ns)) == 1 + VM_GPUS
-    for pod in ("on-host", *(f"on-vm-{i}" for i in range(VM_GPUS))):
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(
+            attach_through_the_service, cluster, ns, agents, pod="late", wait_seconds=HOLDER_WAIT
+        )
+        eventually(
+            lambda: _queued(cluster, ns, agents, "late") == 1 or waiting.done(),
+            "the late notebook's request in its node's queue",
+        )
+        assert not waiting.done(), waiting.result()  # it waits: the host's free GPUs not taken
+        _detach(cluster, ns, agents, "on-vm-0")
+        (attachment,) = waiting.result(timeout=REQUEST_TIMEOUT + HOLDER_WAIT)["attachments"]
+    placed = {h["metadata"]["ownerReferences"][0]["name"]: h["spec"]["nodeName"]
+              for h in cluster.holders(ns)}  # fmt: skip
+    assert placed["late"] == vm_node.name and "on-vm-0" not in placed, placed
+    assert ENXIO in _opens(cluster, ns, "late", int(attachment["minor"]))
+    for pod in ("on-host", "late", *(f"on-vm-{i}" for i in range(1, VM_GPUS))):
         _detach(cluster, ns, agents, pod)
     eventually(lambda: cluster.holders(ns) == [], "every GPU freed")
+
+
+def _queued(cluster: Cluster, ns: str, service_ip: str, pod: str) -> int:
+    """How many attach requests of ``pod`` wait in its node's queue (``GET /v1/queue``)."""
+    status, body = agent_call(cluster, ns, service_ip, "GET", pod=pod, path="/v1/queue")
+    assert status in (0, 200), body
+    return len(json.loads(body)["requests"]) if status == 200 else 0
 
 
 def test_production_node_agent_killed_9_rebuilds_and_neither_nodes_sweeps_touch_the_others_grant(
