@@ -192,6 +192,12 @@ export function statusSummary(
     return '';
   }
   const attached = reply.attached;
+  const kept = keptState(state);
+  if (kept !== null) {
+    return kept.state === 'suspending'
+      ? trans.__('GPU: suspending…')
+      : trans.__('GPU: suspended · %1 free', reply.free);
+  }
   if (attached.length === 0) {
     return trans.__('0 attached · %1 free', reply.free);
   }
@@ -237,6 +243,15 @@ export function announcement(
     return trans.__('GPU service disconnected');
   }
   const attached = state.reply?.attached ?? [];
+  const kept = keptState(state);
+  if (kept !== null) {
+    return kept.state === 'suspending'
+      ? trans.__('Suspending the kernel into host memory')
+      : trans.__(
+          'No GPU attached, the kernel suspended in host memory, %1 free',
+          state.reply?.free ?? 0
+        );
+  }
   const base =
     attached.length === 0
       ? trans.__('No GPU attached, %1 free', state.reply?.free ?? 0)
@@ -298,4 +313,16 @@ export function suspendedLine(
     suspendedState(suspended, trans),
     modelName(suspended.model)
   );
+}
+
+/**
+ * The kernel's CUDA state the agent keeps while the kernel has no GPU (a
+ * release with keep); `null` otherwise, and from a server that does not say.
+ * One rule for every view: with a GPU attached again the kernel has resumed.
+ */
+export function keptState(state: IKernelGpus | null): ISuspended | null {
+  const reply = state?.reply ?? null;
+  return reply !== null && reply.attached.length === 0
+    ? (reply.suspended ?? null)
+    : null;
 }

@@ -7,7 +7,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { CommandIds } from './constants';
-import { gpuTitle, queuedLabel, suspendedLine } from './format';
+import { gpuTitle, keptState, queuedLabel, suspendedLine } from './format';
 import { IKernelGpus, IOperation, isUnreachable } from './gpuModel';
 import { IGpusReply } from './types';
 
@@ -67,7 +67,11 @@ export function menuEntries(
   // notebook lacks exists (a MIG slice it holds is not one of `total`).
   const holdsAll =
     reply !== null && reply.total > 0 && plainAttached(reply) >= reply.total;
-  for (let count = 1; count <= allowed; count++) {
+  // A suspended kernel's attach is its resume, on as many GPUs as it had
+  // (whatever the count asks): one offer that says so, never "Attach N".
+  const kept = keptState(state);
+  const offers = kept === null ? allowed : 0;
+  for (let count = 1; count <= offers; count++) {
     attaching.push(
       command(
         CommandIds.attach,
@@ -98,6 +102,23 @@ export function menuEntries(
         trans.__('Stop waiting for a free GPU'),
         true
       )
+    );
+  } else if (kept !== null) {
+    const count = kept.uuids.length;
+    attaching.push(
+      kept.state === 'suspending'
+        ? command(
+            CommandIds.attach,
+            { kernelId, count },
+            trans.__('Suspending into host memory…'),
+            false
+          )
+        : command(
+            CommandIds.attach,
+            { kernelId, count },
+            trans._n('Resume on %1 GPU', 'Resume on %1 GPUs', count),
+            idle && reachable
+          )
     );
   } else if (allowed === 0 && holdsAll) {
     attaching.push(
@@ -200,8 +221,8 @@ export function buttonLabel(
     return trans.__('GPU ✕');
   }
   const count = state?.reply?.attached.length ?? 0;
-  const suspended = state?.reply?.suspended ?? null;
-  if (count === 0 && suspended !== null) {
+  const suspended = keptState(state);
+  if (suspended !== null) {
     return suspended.state === 'suspending'
       ? trans.__('GPU · suspending…')
       : trans.__('GPU · suspended');
@@ -243,8 +264,8 @@ export function buttonDescription(
   }
   const count = state.reply?.attached.length ?? 0;
   const free = state.reply?.free ?? 0;
-  const suspended = state.reply?.suspended ?? null;
-  if (count === 0 && suspended !== null) {
+  const suspended = keptState(state);
+  if (suspended !== null) {
     return trans.__(
       'GPUs: none attached to this notebook, %1 free. %2',
       free,

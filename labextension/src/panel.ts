@@ -25,6 +25,7 @@ import {
   gib,
   GIB,
   gpuTitle,
+  keptState,
   modelName,
   notebookName,
   percent,
@@ -551,7 +552,7 @@ export class GpuPanel extends Widget {
           state?.error?.message ?? ''
         )
       : '';
-    const suspended = state?.reply?.suspended ?? null;
+    const suspended = keptState(state);
     this._suspended.hidden = suspended === null;
     this._suspended.textContent =
       suspended === null ? '' : suspendedLine(suspended, trans);

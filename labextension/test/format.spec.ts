@@ -6,6 +6,7 @@ import {
   cudaIndex,
   gib,
   gpuTitle,
+  keptState,
   memoryNearLimit,
   modelName,
   notebookName,
@@ -135,6 +136,30 @@ describe('a suspended kernel (issue 39)', () => {
       "This notebook's kernel is suspended (state kept in host memory); " +
         'attaching resumes it on 2 free NVIDIA H100 80GB HBM3 GPUs (the same ones when free).'
     );
+  });
+
+  it('shows in the status bar and its announcement while no GPU is attached', () => {
+    const kept = state(reply([], { free: 2, suspended: suspension() }));
+    expect(statusSummary(kept, trans)).toBe('GPU: suspended · 2 free');
+    expect(announcement(kept, trans)).toBe(
+      'No GPU attached, the kernel suspended in host memory, 2 free'
+    );
+    const moving = state(
+      reply([], { suspended: suspension({ state: 'suspending' }) })
+    );
+    expect(statusSummary(moving, trans)).toBe('GPU: suspending…');
+    expect(announcement(moving, trans)).toBe(
+      'Suspending the kernel into host memory'
+    );
+  });
+
+  it('is over once a GPU is attached again, and unknown to an older server', () => {
+    const u = 'GPU-aaaaaaaa-0000-0000-0000-000000000000';
+    const resumed = state(reply([gpu(0, u)], { suspended: suspension() }));
+    expect(keptState(resumed)).toBeNull();
+    expect(statusSummary(resumed, trans)).not.toContain('suspended');
+    expect(keptState(state(reply([], { free: 2 })))).toBeNull();
+    expect(keptState(null)).toBeNull();
   });
 
   it('sizes host memory in the unit it reaches, rounded as %gpu rounds', () => {

@@ -314,11 +314,40 @@ describe('the toolbar button of a suspended kernel (issue 39)', () => {
     );
   });
 
-  it('keeps the attach offers: attaching is what resumes it', () => {
-    const kept = state(reply([], { free: 2, suspended: suspension() }));
+  it('offers one resume, on as many GPUs as it had, in place of "Attach N"', () => {
+    const two = suspension({ uuids: ['GPU-0', 'GPU-1'] });
+    const kept = state(reply([], { free: 2, suspended: two }));
+    const commands = menuEntries(kept, trans).flatMap(entry =>
+      entry.type === 'command' ? [entry] : []
+    );
+    expect(commands.map(entry => entry.label)).toEqual([
+      'Resume on 2 GPUs',
+      'Open the GPU panel'
+    ]);
+    expect(commands[0]).toMatchObject({
+      command: CommandIds.attach,
+      args: { kernelId: 'k1', count: 2 },
+      enabled: true
+    });
+  });
+
+  it('offers nothing to run while the suspend itself runs', () => {
+    const moving = suspension({ state: 'suspending' });
+    const [first] = menuEntries(
+      state(reply([], { free: 2, suspended: moving })),
+      trans
+    );
+    expect(first).toMatchObject({
+      label: 'Suspending into host memory…',
+      enabled: false
+    });
+  });
+
+  it('offers the resume even with no GPU free: the agent answers why not', () => {
+    const kept = state(reply([], { free: 0, suspended: suspension() }));
     const labels = menuEntries(kept, trans).flatMap(entry =>
       entry.type === 'command' ? [entry.label] : []
     );
-    expect(labels).toContain('Attach 1 GPU');
+    expect(labels).toEqual(['Resume on 1 GPU', 'Open the GPU panel']);
   });
 });

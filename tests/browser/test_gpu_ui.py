@@ -933,8 +933,9 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
     open_lab: OpenLab, demo: DemoProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Issue 39 in the lab: the kernel's CUDA process is suspended by ``%gpu release --keep``;
-    the toolbar and the panel say the state waits in host memory and that attaching resumes
-    it; the toolbar's attach resumes it and the suspended state goes."""
+    the toolbar, the status bar and the panel say the state waits in host memory and that
+    attaching resumes it; the toolbar's menu offers the resume in place of "Attach N", and it
+    resumes the kernel: the suspended state goes."""
     library = sim.ensure_fake_cuda(tmp_path_factory.mktemp("cuda")) / sim.CUDA_LIBRARY_NAME
     lab = open_lab("suspend.ipynb")
     expect(lab.button).to_have_text(f"GPU · {GPUS} free")
@@ -969,6 +970,7 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
                 r"attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU"
             ),
         )
+        expect(lab.summary).to_have_text(f"GPU: suspended · {GPUS} free")
         notice = lab.panel.locator(SUSPENDED_NOTICE)
         expect(notice).to_have_text(
             re.compile(r"^This notebook's kernel is suspended .* attaching resumes it")
@@ -978,10 +980,11 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
             lab.panel.locator("header").screenshot(path=Path(shots) / "gpu-suspended-light.png")
             lab.toolbar_item.screenshot(path=Path(shots) / "gpu-suspended-toolbar-light.png")
 
-        lab.choose("Attach 1 GPU")
+        lab.choose("Resume on 1 GPU")
 
         expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"))
         expect(lab.toolbar_item).not_to_have_class(re.compile("jp-mod-suspended"))
+        expect(lab.summary).not_to_have_text(re.compile("suspended"))
         expect(lab.button).to_have_text("GPU")
         expect(notice).to_be_hidden()
         assert kernel.run("print(cuda.poll())").stdout.strip() == "None", "resumed, not ended"
