@@ -19,7 +19,7 @@ import { Widget } from '@lumino/widgets';
 
 import { Classes, CommandIds } from './constants';
 import { cudaAlreadyInitialised } from './cuda';
-import { gpuName } from './format';
+import { gpuName, keptState, suspendedLine } from './format';
 import { AttachCancelled, GpuModel, IOperation, IReleased } from './gpuModel';
 import { describeError } from './handler';
 import { waitingMessage } from './menu';
@@ -86,6 +86,16 @@ export function addCommands(ctx: ICommandContext): void {
         typeof args.uuid === 'string' ? args.uuid : null,
         busyProcesses(args.processes)
       )
+  });
+  commands.addCommand(CommandIds.releaseKeep, {
+    label: args =>
+      (args.label as string) ??
+      trans.__("Release all GPUs of this notebook, keep the kernel's state"),
+    caption: trans.__(
+      "Suspend the kernel's CUDA state into host memory and release its GPUs; the next attach resumes it"
+    ),
+    isEnabled: enabled,
+    execute: args => releaseKeep(ctx, notes, kernelOf(args))
   });
   commands.addCommand(CommandIds.cancelWait, {
     label: args =>
@@ -491,7 +501,7 @@ async function detach(
   const gpus = (model.state(kernelId)?.reply?.attached ?? [])
     .map(gpu => gpu.uuid)
     .filter(candidate => named === null || candidate === named);
-  await runDetach(ctx, notes, kernelId, gpus, uuid, false, what, body =>
+  await runDetach(ctx, notes, kernelId, gpus, uuid, 'detach', what, body =>
     body.error === 'busy'
       ? [
           {
@@ -553,7 +563,46 @@ async function forceDetach(
   ) {
     return;
   }
-  await runDetach(ctx, null, kernelId, [], uuid, true, what, () => []);
+  await runDetach(ctx, null, kernelId, [], uuid, 'force', what, () => []);
+}
+
+/**
+ * Release every GPU of the kernel and keep its CUDA state (issue 39): the
+ * agent suspends the kernel's CUDA processes into host memory first, and the
+ * next attach resumes them. A refusal (no checkpoint API, a process that
+ * cannot be suspended) changes nothing and offers no force: its words are the
+ * agent's.
+ */
+async function releaseKeep(
+  ctx: ICommandContext,
+  notes: StaleNotes,
+  kernelId: string | null
+): Promise<void> {
+  const { model, trans } = ctx;
+  if (kernelId === null) {
+    return noKernel(trans);
+  }
+  if (
+    model.settings.confirmDetach &&
+    !(await confirm(
+      trans.__(
+        'Release all GPUs of %1 and keep its state?',
+        ctx.notebookName(kernelId)
+      ),
+      trans.__(
+        'The kernel keeps running. Its CUDA processes are suspended: their state (models, tensors) moves to host memory and the GPUs go back to the node. Attaching resumes them, on GPUs of the same model. Where the driver or a process cannot be suspended, nothing changes.'
+      ),
+      trans.__('Release'),
+      trans
+    ))
+  ) {
+    return;
+  }
+  const gpus = (model.state(kernelId)?.reply?.attached ?? []).map(
+    gpu => gpu.uuid
+  );
+  const what = trans.__('all GPUs');
+  await runDetach(ctx, notes, kernelId, gpus, null, 'keep', what, () => []);
 }
 
 /**
@@ -586,21 +635,26 @@ async function runDetach(
   kernelId: string,
   gpus: readonly string[],
   uuid: string | null,
-  force: boolean,
+  how: 'detach' | 'force' | 'keep',
   what: string,
   actionsFor: (body: IErrorBody) => Notification.IAction[]
 ): Promise<void> {
   const { model, trans } = ctx;
   const notebook = ctx.notebookName(kernelId);
   const note = new ProgressNote(
-    trans.__('Detaching %1 from %2…', what, notebook)
+    how === 'keep'
+      ? trans.__('Releasing %1 of %2, keeping its state…', what, notebook)
+      : trans.__('Detaching %1 from %2…', what, notebook)
   );
   try {
-    await model.detach(kernelId, uuid, force);
+    await model.detach(kernelId, uuid, how === 'force', how === 'keep');
     await note.finish({
-      message: force
-        ? trans.__('Force-detached %1 from %2.', what, notebook)
-        : trans.__('Detached %1 from %2.', what, notebook),
+      message:
+        how === 'keep'
+          ? await keptMessage(ctx, kernelId, what, notebook)
+          : how === 'force'
+            ? trans.__('Force-detached %1 from %2.', what, notebook)
+            : trans.__('Detached %1 from %2.', what, notebook),
       type: 'success',
       autoClose: 5000
     });
@@ -614,6 +668,33 @@ async function runDetach(
     });
     notes?.add(kernelId, note.id, body, gpus);
   }
+}
+
+/**
+ * What a release with keep did, as the server now shows the kernel: suspended,
+ * or nothing to keep (no process used the GPUs: the agent detached them).
+ */
+async function keptMessage(
+  ctx: ICommandContext,
+  kernelId: string,
+  what: string,
+  notebook: string
+): Promise<string> {
+  const { model, trans } = ctx;
+  await model.refresh(kernelId);
+  const kept = keptState(model.state(kernelId));
+  return kept === null
+    ? trans.__(
+        'Released %1 of %2: no process used them, so there was no CUDA state to keep.',
+        what,
+        notebook
+      )
+    : trans.__(
+        'Released %1 of %2. %3',
+        what,
+        notebook,
+        suspendedLine(kept, trans)
+      );
 }
 
 /** "GPU 1" (the node's numbering) or "all GPUs", as the last reading names it. */

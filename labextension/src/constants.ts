@@ -55,6 +55,7 @@ export const CommandIds = {
   detach: 'gpu-hotplug:detach',
   detachAll: 'gpu-hotplug:detach-all',
   forceDetach: 'gpu-hotplug:force-detach',
+  releaseKeep: 'gpu-hotplug:release-keep',
   openPanel: 'gpu-hotplug:open-panel',
   openMain: 'gpu-hotplug:open-in-main-area',
   openMenu: 'gpu-hotplug:open-menu',

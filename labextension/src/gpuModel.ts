@@ -422,11 +422,16 @@ export class GpuModel implements IDisposable {
     }
   }
 
-  /** Detach one GPU (`uuid`) or all (`null`) of the kernel. Rejects with the error. */
+  /**
+   * Detach one GPU (`uuid`) or all (`null`) of the kernel; with `keep` (all
+   * only), the agent first suspends the kernel's CUDA state into host memory
+   * (issue 39). Rejects with the error.
+   */
   async detach(
     kernelId: string,
     uuid: string | null,
-    force = false
+    force = false,
+    keep = false
   ): Promise<void> {
     const attached = this.state(kernelId)?.reply?.attached ?? [];
     const count = uuid === null ? attached.length : 1;
@@ -443,7 +448,9 @@ export class GpuModel implements IDisposable {
           body: JSON.stringify({
             uuid: uuid ?? 'all',
             force,
-            kernel_id: kernelId
+            kernel_id: kernelId,
+            // Only when asked: a server before issue 39 refuses the member.
+            ...(keep ? { keep: true } : {})
           })
         })
       );

@@ -171,6 +171,17 @@ export function menuEntries(
       )
     );
   }
+  // Kubernetes mode keeps no CUDA state (its agent refuses `keep`): not offered.
+  if (attached.length > 0 && reply?.mode !== 'kubernetes') {
+    detaching.push(
+      command(
+        CommandIds.releaseKeep,
+        { kernelId },
+        trans.__("Release all, keep the kernel's state"),
+        idle
+      )
+    );
+  }
   other.push(
     command(CommandIds.openPanel, {}, trans.__('Open the GPU panel'), true)
   );

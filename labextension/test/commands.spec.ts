@@ -1,4 +1,4 @@
-import { Notification } from '@jupyterlab/apputils';
+import { Notification, showDialog } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 
@@ -6,7 +6,7 @@ import { addCommands, busyProcesses } from '../src/commands';
 import { CommandIds } from '../src/constants';
 import { GpuModel } from '../src/gpuModel';
 import { IStreamHandlers } from '../src/stream';
-import { gpu, reply, response, settings, trans } from './fixtures';
+import { gpu, reply, response, settings, suspension, trans } from './fixtures';
 
 const makeRequest = ServerConnection.makeRequest as jest.Mock;
 const note = Notification as unknown as Record<string, jest.Mock>;
@@ -95,6 +95,80 @@ describe('the attach command', () => {
       settings.waitSeconds
     );
     expect(note.dismiss).toHaveBeenCalledWith('note-1'); // the stale error
+  });
+});
+
+describe('the release that keeps the kernel (issue 39)', () => {
+  const dialog = showDialog as jest.Mock;
+  beforeEach(() => {
+    dialog.mockReset();
+    dialog.mockResolvedValue({ button: { accept: true } });
+  });
+  afterEach(() => dialog.mockReset());
+
+  it('asks first, and a cancel sends nothing', async () => {
+    const { commands, stream } = setUp();
+    stream.metrics(reply([gpu(0)], { free: 1 }));
+    dialog.mockResolvedValueOnce({ button: { accept: false } });
+    await commands.execute(CommandIds.releaseKeep, {});
+    expect(dialog.mock.calls[0][0].title).toBe(
+      'Release all GPUs of train.ipynb and keep its state?'
+    );
+    expect(makeRequest).not.toHaveBeenCalled();
+  });
+
+  it('asks the server to keep, then says what the agent kept', async () => {
+    const { commands, stream } = setUp();
+    stream.metrics(reply([gpu(0)], { free: 1 }));
+    makeRequest
+      .mockResolvedValueOnce(response(204, null))
+      .mockResolvedValueOnce(
+        response(200, reply([], { free: 2, suspended: suspension() }))
+      );
+    await commands.execute(CommandIds.releaseKeep, {});
+    const sent = JSON.parse(makeRequest.mock.calls[0][1].body);
+    expect(sent).toEqual({
+      uuid: 'all',
+      force: false,
+      kernel_id: 'k1',
+      keep: true
+    });
+    expect(note.emit.mock.calls[0][0]).toBe(
+      'Releasing all GPUs of train.ipynb, keeping its state…'
+    );
+    expect(lastNote().message).toBe(
+      'Released all GPUs of train.ipynb. ' +
+        "This notebook's kernel is suspended (state kept, 3.0 GiB in host memory); " +
+        'attaching resumes it on 1 free NVIDIA H100 80GB HBM3 GPU (the same one when free).'
+    );
+  });
+
+  it('says so when there was no CUDA state to keep', async () => {
+    const { commands, stream } = setUp();
+    stream.metrics(reply([gpu(0)], { free: 1 }));
+    makeRequest
+      .mockResolvedValueOnce(response(204, null))
+      .mockResolvedValueOnce(response(200, reply([], { free: 2 })));
+    await commands.execute(CommandIds.releaseKeep, {});
+    expect(lastNote().message).toBe(
+      'Released all GPUs of train.ipynb: no process used them, so there was no CUDA state to keep.'
+    );
+  });
+
+  it("shows the agent's refusal, with no force to offer", async () => {
+    const { commands, stream } = setUp();
+    stream.metrics(reply([gpu(0)], { free: 1 }));
+    makeRequest.mockResolvedValueOnce(
+      response(422, {
+        error: 'unsupported',
+        message: 'the driver lacks the CUDA checkpoint API (R550+)'
+      })
+    );
+    await commands.execute(CommandIds.releaseKeep, {});
+    expect(lastNote().message).toBe(
+      'train.ipynb: the driver lacks the CUDA checkpoint API (R550+)'
+    );
+    expect(lastNote().actions).toEqual([]);
   });
 });
 

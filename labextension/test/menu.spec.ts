@@ -184,6 +184,7 @@ describe('menuEntries', () => {
       [CommandIds.detach, 'GPU-0'],
       [CommandIds.detach, 'GPU-1'],
       [CommandIds.detachAll, null],
+      [CommandIds.releaseKeep, null],
       '---',
       [CommandIds.forceDetach, 'GPU-0'],
       [CommandIds.forceDetach, 'GPU-1'],
@@ -200,6 +201,7 @@ describe('menuEntries', () => {
       'Attach 1 GPU [off]',
       '---',
       'Detach GPU 0 [off]',
+      "Release all, keep the kernel's state [off]",
       '---',
       'Force-detach GPU 0… [off]',
       '---',
@@ -312,6 +314,16 @@ describe('the toolbar button of a suspended kernel (issue 39)', () => {
     expect(buttonLabel(state(reply([], { free: 1 })), trans)).toBe(
       'GPU · 1 free'
     );
+  });
+
+  it('offers a release that keeps the state, but not in Kubernetes mode', () => {
+    const labels = (mode: 'local' | 'kubernetes') =>
+      menuEntries(
+        state({ ...reply([gpu(0)], { free: 1 }), mode }),
+        trans
+      ).flatMap(entry => (entry.type === 'command' ? [entry.command] : []));
+    expect(labels('local')).toContain(CommandIds.releaseKeep);
+    expect(labels('kubernetes')).not.toContain(CommandIds.releaseKeep);
   });
 
   it('offers one resume, on as many GPUs as it had, in place of "Attach N"', () => {

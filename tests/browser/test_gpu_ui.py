@@ -932,10 +932,11 @@ SUSPENDED_NOTICE = ".jp-GpuHotplug-panel-suspended"
 def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
     open_lab: OpenLab, demo: DemoProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Issue 39 in the lab: the kernel's CUDA process is suspended by ``%gpu release --keep``;
-    the toolbar, the status bar and the panel say the state waits in host memory and that
-    attaching resumes it; the toolbar's menu offers the resume in place of "Attach N", and it
-    resumes the kernel: the suspended state goes."""
+    """Issue 39 in the lab: the toolbar menu's "Release all, keep the kernel's state" suspends
+    the kernel's CUDA process (the notification says so, as ``%gpu release --keep`` does); the
+    toolbar, the status bar and the panel say the state waits in host memory and that
+    attaching resumes it; the menu offers the resume in place of "Attach N", and it resumes the
+    kernel: the suspended state goes."""
     library = sim.ensure_fake_cuda(tmp_path_factory.mktemp("cuda")) / sim.CUDA_LIBRARY_NAME
     lab = open_lab("suspend.ipynb")
     expect(lab.button).to_have_text(f"GPU · {GPUS} free")
@@ -956,11 +957,15 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
         processes = lab.panel_gpu(gpu["uuid"]).locator(".jp-GpuHotplug-panel-process")
         expect(processes).to_have_count(1)
 
-        released = kernel.run("%gpu release --keep")
+        lab.choose("Release all, keep the kernel's state")
+        lab.confirm("Release")
 
-        assert "This kernel is suspended (state kept, 5.0 MiB in host memory)" in (
-            released.stdout
-        ), released.output
+        expect(
+            lab.toast(
+                "Released all GPUs of suspend.ipynb. This notebook's kernel is suspended "
+                "(state kept, 5.0 MiB in host memory)"
+            )
+        ).to_be_visible()
         expect(lab.button).to_have_text("GPU · suspended")
         expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-suspended"))
         expect(lab.button).to_have_attribute(
