@@ -154,8 +154,7 @@ describe('a suspended kernel (issue 39)', () => {
   });
 
   it('is over once a GPU is attached again, and unknown to an older server', () => {
-    const u = 'GPU-aaaaaaaa-0000-0000-0000-000000000000';
-    const resumed = state(reply([gpu(0, u)], { suspended: suspension() }));
+    const resumed = state(reply([gpu(0)], { suspended: suspension() }));
     expect(keptState(resumed)).toBeNull();
     expect(statusSummary(resumed, trans)).not.toContain('suspended');
     expect(keptState(state(reply([], { free: 2 })))).toBeNull();
