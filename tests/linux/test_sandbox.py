@@ -46,6 +46,7 @@ from tests.fixtures.host_state import (
     mount_table,
     process_running,
     process_start_time,
+    ticks_now,
 )
 from tests.fixtures.probe_client import StatResult
 from tests.fixtures.requirements import needs_cgroup2, needs_cgroup_v1_devices, needs_root
@@ -232,6 +233,7 @@ class TestConfinement:
         program = sandbox.cgroups.v2_program
         assert (program is not None) == (Backend.V2 in backends)
         start_times = {pid: process_start_time(pid) for pid in everyone}
+        recorded_at = ticks_now()
 
         assert sandbox.stop() == -signal.SIGTERM
         assert sandbox.stopped
@@ -243,7 +245,9 @@ class TestConfinement:
         if program is not None:
             assert _eventually(lambda: not bpf_program_loaded(program))
         assert changed_mounts(mounts_before) == []
-        assert _eventually(lambda: sandbox.mount_ns not in mount_namespaces_in_use())
+        assert _eventually(
+            lambda: sandbox.mount_ns not in mount_namespaces_in_use(started_by=recorded_at)
+        )
 
 
 @needs_root

@@ -55,6 +55,7 @@ from tests.fixtures.host_state import (
     mount_namespaces_in_use,
     process_running,
     process_start_time,
+    ticks_now,
 )
 from tests.fixtures.nvml import FakeNvmlNode
 from tests.fixtures.requirements import needs_root
@@ -348,6 +349,9 @@ class Remains:
     program: syscall.ProgId | None
     mount_ns: int
     processes: tuple[tuple[int, int], ...]
+    recorded_at: int
+    """When (:func:`ticks_now`): only a process that ran by then can be in this namespace
+    (one made later may have its inode number)."""
 
     @classmethod
     def of(cls, sandbox: Sandbox) -> Remains:
@@ -362,6 +366,7 @@ class Remains:
             program=sandbox.cgroups.v2_program,
             mount_ns=sandbox.mount_ns,
             processes=tuple(processes),
+            recorded_at=ticks_now(),
         )
 
     async def assert_gone(self, *, live: tuple[Sandbox, ...] = ()) -> None:
@@ -382,7 +387,7 @@ class Remains:
             # A namespace's inode number is reused once it is freed: a live sandbox having
             # it proves the old one is gone.
             await eventually(
-                lambda: self.mount_ns not in mount_namespaces_in_use(),
+                lambda: self.mount_ns not in mount_namespaces_in_use(started_by=self.recorded_at),
                 "the mount namespace is gone",
             )
 
