@@ -70,15 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("SIMULATED load: this container has no GPU to use; attach one first.")
         return 1
     # Before the announcement: whoever read it may end this helper at once, and a SIGTERM
-    # that came before the handler would kill it with no clean exit.
+    # that came before the handler would kill it with no clean exit. The announcement is
+    # inside the ``try`` for the same reason: the reader may end the helper while ``print``
+    # is still returning, after the line went out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     fds = [os.open(node, os.O_PATH) for node in nodes]
-    print(
-        f"SIMULATED load: using {', '.join(map(str, nodes))} for {args.seconds:g} s "
-        f"(process {os.getpid()}).",
-        flush=True,
-    )
     try:
+        print(
+            f"SIMULATED load: using {', '.join(map(str, nodes))} for {args.seconds:g} s "
+            f"(process {os.getpid()}).",
+            flush=True,
+        )
         time.sleep(args.seconds)
     except KeyboardInterrupt:
         pass
