@@ -9,6 +9,7 @@ the kernels' ``pynvml`` loads the fake NVML, which shows a GPU only where its no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -226,6 +227,17 @@ class Kernel:
 
     async def eval(self, expression: str) -> Any:
         return json.loads(await self.run(f"print(_json.dumps({expression}))"))
+
+
+def _sleeping(sandbox: Sandbox) -> bool:
+    """Whether a process of ``sandbox`` sleeps in ``time.sleep`` (``clock_nanosleep``): the
+    kernel's main thread in the user's code, since the sandbox's own processes wait for
+    signals and ipykernel's idle threads poll."""
+    for pid in sandbox.processes():
+        with contextlib.suppress(OSError):  # gone since the listing
+            if Path(f"/proc/{pid}/task/{pid}/wchan").read_text() == "hrtimer_nanosleep":
+                return True
+    return False
 
 
 def _fake_nvml_extra_env(node: FakeNvmlNode) -> dict[str, str]:
@@ -562,6 +574,10 @@ class TestSandboxedKernels:
                 message["msg_type"] == "stream" and "sleeping" in message["content"]["text"]
             ):
                 break
+        # The stream message leaves before ``print`` returns: a SIGINT then may land in
+        # ipykernel's own flush instead of the user's code this test interrupts (a CI run's
+        # next cell failed after one). Wait until the kernel sleeps in ``time.sleep``.
+        await eventually(lambda: _sleeping(kernel.sandbox), "the kernel sleeps")
 
         await jp_fetch(
             "api",
