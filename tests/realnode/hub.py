@@ -115,6 +115,9 @@ class UserServer:
     def server(self) -> JupyterServer:
         return JupyterServer(self.base_url, self.token)
 
+    def logs(self) -> str:
+        return "--- the user's server runs in its pod: `kubectl logs` has its log ---"
+
 
 def tier_values(notebook_image: str, config: Path, agent_ip: str) -> dict[str, Any]:
     """The tier's own values (given before the product's, as a hub's own values are): the
