@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._structs import format_memory
 from ..linux import cgroups
 from ..linux.cdi_spec import CdiRegistry
 from ..linux.mig import MigCaps
@@ -49,6 +50,7 @@ from .core.idle import IdlePolicy
 from .core.idle_releaser import IdleReleaser, Usage
 from .core.injector import EngineInjector, Injector
 from .core.inventory import Inventory, NvmlInventory
+from .core.keep_budget import KeepBudget, node_memory
 from .core.lost import LossRules, LostGpus
 from .core.metrics import AgentMetrics
 from .core.reconcile import Reconciler
@@ -58,7 +60,7 @@ from .core.sweep import NodeSweep
 from .core.workers import Workers
 from .local.backend import LocalBackend
 from .local.simulate import Simulation
-from .settings import AgentSettings, Backend
+from .settings import AgentSettings, Backend, SettingsError
 from .statedir import prepare_state_dir
 
 if TYPE_CHECKING:
@@ -219,7 +221,27 @@ def _core(components: Components) -> Core:
         hooks=backend.hooks,
         suspensions=backend.suspensions,
         cuda=components.cuda,
+        keep_budget=None if backend.suspensions is None else _keep_budget(settings),
     )
+
+
+def _keep_budget(settings: AgentSettings) -> KeepBudget:
+    """The budget for kept CUDA state: its share of the host's memory, one target's bound."""
+    meminfo = settings.host_proc / "meminfo"
+    try:
+        memory = node_memory(meminfo)
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"host_proc: cannot read the node's memory from {meminfo}: {e}") from e
+    budget = KeepBudget(
+        node_bytes=int(memory * settings.keep_memory_fraction),
+        target_bytes=settings.keep_memory_per_target,
+    )
+    log.info(
+        "kept CUDA state may take %s of host memory, %s for one target",
+        format_memory(budget.node_bytes),
+        "all" if budget.target_bytes is None else format_memory(budget.target_bytes),
+    )
+    return budget
 
 
 def _cuda(simulation: Simulation | None) -> CudaCheckpoint | None:

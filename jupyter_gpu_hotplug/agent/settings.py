@@ -22,7 +22,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePath
 from typing import Any, Final, TypeAlias, TypeVar
 
-from .._structs import DEFAULT_MAX_GPUS_PER_TARGET, DEFAULT_SOCKET, NODE_NAME_ENV, NVIDIA_MAJOR
+from .._structs import (
+    DEFAULT_MAX_GPUS_PER_TARGET,
+    DEFAULT_SOCKET,
+    NODE_NAME_ENV,
+    NVIDIA_MAJOR,
+    WireFormatError,
+    parse_memory_text,
+)
 from ..linux.cdi_spec import DEFAULT_KIND, DEFAULT_SPEC_DIRS
 from .core.driver_files import DriverFilesMode
 from .core.lost import LostPolicy
@@ -157,6 +164,17 @@ def _group_id(text: str) -> int | None:
         return grp.getgrnam(text).gr_gid
     except KeyError as e:
         raise SettingsError(f"socket_group {text!r}: no such group") from e
+
+
+def _optional_memory(text: str) -> int | None:
+    if not text:
+        return None
+    try:
+        return parse_memory_text(text)
+    except WireFormatError as e:
+        raise SettingsError(
+            f"keep_memory_per_target {text!r} is not a size such as 512M, 32Gi or 1024"
+        ) from e
 
 
 def _comma_separated(text: str) -> tuple[str, ...]:
@@ -686,6 +704,22 @@ class AgentSettings:
         processes that hold it open alone; 'force' ends them, as a forced detach.""",
         flag="lost-policy",
     )
+    keep_memory_fraction: float = setting(
+        0.5,
+        """The most of this node's memory (MemTotal) that the CUDA state of all suspended
+        kernels together may keep in host memory (a detach with keep), from 0 to 1; a
+        suspend past it is refused.""",
+        flag="keep-memory-fraction",
+    )
+    """Half by default: the rest is the running kernels' and the node's own."""
+    keep_memory_per_target: int | None = setting(
+        None,
+        """The most host memory one kernel's kept CUDA state may take, as 512M, 32Gi or
+        bytes; empty: only the node's budget (--keep-memory-fraction) applies.""",
+        flag="keep-memory-per-target",
+        parse=_optional_memory,
+        text=lambda size: "" if size is None else str(size),
+    )
     stray_policy: str = setting(
         "report",
         """A running container that can open a GPU that neither its runtime or device plugin
@@ -785,6 +819,10 @@ class AgentSettings:
         if self.stray_policy not in STRAY_POLICIES:
             raise SettingsError(
                 f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"
+            )
+        if not 0 <= self.keep_memory_fraction <= 1:
+            raise SettingsError(
+                f"keep_memory_fraction must be from 0 to 1, got {self.keep_memory_fraction}"
             )
         if self.idle_check_interval <= 0:
             raise SettingsError("idle_check_interval must be more than 0 seconds")

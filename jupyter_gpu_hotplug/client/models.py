@@ -366,7 +366,8 @@ class Suspension:
     uuids: tuple[GpuUuid, ...]
     pids: tuple[int, ...]
     host_memory: int | None
-    """Bytes of device memory kept in host memory, when the driver says (``None`` when not)."""
+    """Bytes of device memory kept in host memory, as the driver or else NVML says (``None``
+    when neither does)."""
 
     @classmethod
     def from_wire(cls, value: object, *, where: str) -> Suspension:

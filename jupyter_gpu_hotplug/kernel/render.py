@@ -200,7 +200,7 @@ def attachment_lines(attachments: Sequence[Attachment]) -> list[str]:
 def suspended_state(suspension: Suspension) -> str:
     """A kernel's kept CUDA state in a few words, the same in ``%gpu status``, the widget and
     after ``%gpu release --keep``: "suspended (state kept, 3.0 GiB in host memory)"; the size
-    only where the driver says it (the real driver does not)."""
+    only where the agent could tell it (the driver's or NVML's figure)."""
     if suspension.state == "suspending":
         return "suspending (its CUDA state is being moved to host memory)"
     size = "" if suspension.host_memory is None else f", {human_bytes(suspension.host_memory)}"

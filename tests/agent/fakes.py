@@ -364,6 +364,8 @@ class FakeInventory:
     gpus: list[GpuDevice]
     lost: list[LostGpu] = field(default_factory=list)
     processes: dict[int, list[int]] = field(default_factory=dict)
+    memory: dict[int, dict[int, int | None]] = field(default_factory=dict)
+    """By minor: NVML's device memory of each process (``used_memory``)."""
     error: Exception | None = None
     """Raised by ``snapshot`` (to provoke an internal error)."""
 
@@ -374,6 +376,9 @@ class FakeInventory:
 
     def running_pids(self, minor: int) -> list[int]:
         return list(self.processes.get(minor, []))
+
+    def used_memory(self, minor: int) -> dict[int, int | None]:
+        return dict(self.memory.get(minor, {}))
 
     def lose(self, index: int) -> None:
         """The GPU at ``index`` falls off the bus."""

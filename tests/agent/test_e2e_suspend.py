@@ -409,6 +409,22 @@ def test_a_process_without_a_cuda_context_is_refused_and_keeps_its_gpu(
     assert sandbox.open(device) == "ENXIO"
 
 
+def test_a_suspend_past_one_kernels_budget_is_refused_and_the_kernel_runs_on(
+    node: Node, sandbox: SandboxProbe
+) -> None:
+    """The host-memory budget: one kernel may keep at most ``--keep-memory-per-target``."""
+    node.agent.extra_args = [*node.agent.extra_args, "--keep-memory-per-target=4Mi"]
+    start(node)
+    k = kernel(node, sandbox)
+
+    answer = suspend(node, k.probe)
+
+    assert answer.status == 422, answer.body
+    assert "takes 5 MiB, more than the 4 MiB one kernel may keep" in answer.json()["message"]
+    assert answer.json()["retryable"] is False
+    assert_running_as_before(node, k)
+
+
 def test_an_injected_restore_failure_keeps_the_state_suspended(
     node: Node, sandbox: SandboxProbe
 ) -> None:

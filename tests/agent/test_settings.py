@@ -153,6 +153,21 @@ def test_sweep_settings_are_checked(changes: dict[str, object], message: str) ->
         settings(**changes)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--keep-memory-fraction=1.5"], "keep_memory_fraction must be from 0 to 1"),
+        (["--keep-memory-fraction=-0.1"], "keep_memory_fraction must be from 0 to 1"),
+        (["--keep-memory-per-target=lots"], "keep_memory_per_target 'lots' is not a size"),
+        (["--keep-memory-per-target=0"], "keep_memory_per_target '0' is not a size"),
+    ],
+)
+def test_the_budget_for_kept_state_is_checked(argv: list[str], message: str) -> None:
+    """Issue 39: how much host memory suspended kernels may keep."""
+    with pytest.raises(SettingsError, match=message):
+        _resolved(argv)
+
+
 def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     app = AgentApp()
     app.initialize(
@@ -434,6 +449,8 @@ GIVEN: dict[str, tuple[list[str], object, list[str]]] = {
     "holder_cpu": (["200m"], "200m", []),
     "holder_memory": (["32Mi"], "32Mi", []),
     "stray_policy": (["revoke"], "revoke", []),
+    "keep_memory_fraction": (["0.25"], 0.25, []),
+    "keep_memory_per_target": (["32Gi"], 32 * 2**30, []),
     "sweep_cgroup": (["/gpu-hotplug-sandboxes"], "/gpu-hotplug-sandboxes", []),
     "default_max_gpus": (["0"], 0, []),
     "allowed_namespaces": (["jhub", "batch"], ("jhub", "batch"), []),

@@ -31,6 +31,7 @@ from .hooks import BackendHooks
 from .idle import IdleBook, IdlePolicy
 from .injector import Injector
 from .inventory import Inventory
+from .keep_budget import KeepBudget
 from .locks import TargetLocks
 from .lost import LossBook
 from .metrics import AgentMetrics
@@ -91,6 +92,8 @@ class Core:
     cannot keep a target's CUDA state (Kubernetes mode, for now)."""
     cuda: CudaCheckpoint | None = None
     """The CUDA driver's checkpoint calls (``nvml.checkpoint``); None: no driver library."""
+    keep_budget: KeepBudget | None = None
+    """How much host memory kept state may take (``keep_budget.py``); None: no bound."""
 
     @classmethod
     def build(
@@ -112,12 +115,13 @@ class Core:
         hooks: BackendHooks | None = None,
         suspensions: SuspensionBook | None = None,
         cuda: CudaCheckpoint | None = None,
+        keep_budget: KeepBudget | None = None,
     ) -> Core:
         """A core over a backend's seams, with fresh shared state (``mig_caps``: the host's
         MIG tables, None when no slices are handed out; ``idle_policy``: off by default;
         ``policy``: the backend's ``TargetPolicy``, if it has one; ``hooks``: the backend's
-        ``BackendHooks``, none by default; ``suspensions`` and ``cuda``: what suspending a
-        target's CUDA state needs, ``suspend.py``)."""
+        ``BackendHooks``, none by default; ``suspensions``, ``cuda`` and ``keep_budget``: what
+        suspending a target's CUDA state needs, ``suspend.py``)."""
         hooks = BackendHooks() if hooks is None else hooks
         return cls(
             allocator=allocator,
@@ -140,6 +144,7 @@ class Core:
             hooks=hooks,
             suspensions=suspensions,
             cuda=cuda,
+            keep_budget=keep_budget,
         )
 
     def unready(self, target: HostContainer) -> TargetNotReady | None:

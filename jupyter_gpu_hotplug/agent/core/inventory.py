@@ -99,6 +99,10 @@ class Inventory(Protocol):
     def running_pids(self, minor: int) -> list[int]:
         """Pids NVML lists as running on the GPU with this minor (empty if unknown)."""
 
+    def used_memory(self, minor: int) -> dict[int, int | None]:
+        """The device memory NVML says each process on the GPU with this minor uses, by pid
+        (None where NVML does not say; empty if unknown)."""
+
 
 class NvmlInventory:
     """``Inventory`` over ``nvml.state.GpuMonitor``. Thread-safe; ``close()`` releases NVML.
@@ -136,6 +140,9 @@ class NvmlInventory:
 
     def running_pids(self, minor: int) -> list[int]:
         return sorted(process.pid for process in self._monitor.processes(minor) or ())
+
+    def used_memory(self, minor: int) -> dict[int, int | None]:
+        return {p.pid: p.used_memory for p in self._monitor.processes(minor) or ()}
 
     def utilization(self) -> dict[GpuUuid, int | None]:
         """GPU utilisation in percent by UUID, from one NVML snapshot (the idle policy's

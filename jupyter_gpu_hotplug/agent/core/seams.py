@@ -534,7 +534,8 @@ class Suspension:
     """Its CUDA processes, as the agent (the host) numbers them."""
     state: SuspensionState
     host_memory: int | None = None
-    """Bytes of device memory kept in host memory, when the driver says (the fake does)."""
+    """Bytes of device memory kept in host memory, as the driver (the simulated one) or else
+    NVML says; None when neither does (a suspend under a budget is then refused)."""
 
 
 class SuspensionBook(Protocol):

@@ -10,12 +10,14 @@ kernel is never ended on this path.
 
 Suspend (the caller holds the target's lock): the target's CUDA processes are those that hold
 its GPUs — ``Injector.holders``, the busy check's own answer (the device-node scan and NVML's
-process list, mapped to the container) → ``suspending`` recorded (before anything changes, so
-a restart knows what to roll back) → every process locked (bounded by ``lock_timeout_ms``),
-then every one checkpointed → verified: none holds a GPU node and NVML lists none of them on
-any GPU → the detach's own revoke and release (``Revoker.detach_locked``) → ``suspended``
-recorded. Any failure rolls every process back — restored onto the GPUs it still holds and
-unlocked — and forgets the record: the target runs as before, with its GPUs.
+process list, mapped to the container) → the host memory their state will take held to
+the node's and the target's budgets (``keep_budget.py``) → ``suspending`` recorded (before
+anything changes, so a restart knows what to roll back) → every process locked (bounded by
+``lock_timeout_ms``), then every one checkpointed → verified: none holds a GPU node and
+NVML lists none of them on any GPU → the detach's own revoke and release
+(``Revoker.detach_locked``) → ``suspended`` recorded. Any failure rolls every process
+back — restored onto the GPUs it still holds and unlocked — and forgets the record: the
+target runs as before, with its GPUs.
 
 Resume (``AgentService.attach`` for a suspended target, under its lock): ``placement`` picks
 free GPUs of exactly the model (the same GPUs first), the service attaches them as an attach
@@ -130,14 +132,18 @@ class Suspender:
         if not pids:
             await self._revoker.detach_locked(container, entries, force=False)
             return None
+        gpus = tuple(entry.gpu for entry in entries)
+        uuids = {gpu.uuid for gpu in gpus}
+        size = await self._core.workers.host(self._kept_size, cuda, pids, uuids)
+        await self._within_budget(container.target, size)
         suspension = Suspension(
             target=container.target,
             container=container.key,
             model=_model(entries),
-            gpus=tuple(entry.gpu for entry in entries),
+            gpus=gpus,
             pids=pids,
             state=SuspensionState.SUSPENDING,
-            host_memory=await self._core.workers.host(_device_memory, cuda, pids),
+            host_memory=size,
         )
         await self._record(suspension)
         await self._core.checkpoints.reach("after_suspend_intent")
@@ -158,6 +164,39 @@ class Suspender:
             ", ".join(gpu.uuid for gpu in suspended.gpus),
         )
         return suspended
+
+    def _kept_size(
+        self, cuda: CudaCheckpoint, pids: Sequence[int], gpus: Collection[GpuUuid]
+    ) -> int | None:
+        """The device memory ``pids`` use together, which a checkpoint moves to host memory
+        (blocking): the driver's figure for each process where it gives one (the
+        simulator's), else NVML's for it on ``gpus`` — none for a process NVML does not list,
+        which has no CUDA context there; None when NVML lists one without saying how much."""
+        by_nvml: dict[int, int | None] = {}
+        for gpu in self._core.inventory.snapshot().gpus:
+            if gpu.uuid in gpus:
+                for pid, used in self._core.inventory.used_memory(gpu.minor).items():
+                    before = by_nvml.get(pid, 0)
+                    by_nvml[pid] = None if used is None or before is None else before + used
+        total = 0
+        for pid in pids:
+            amount = cuda.device_memory(pid)
+            if amount is None:
+                amount = by_nvml.get(pid, 0)
+            if amount is None:
+                return None
+            total += amount
+        return total
+
+    async def _within_budget(self, target: Target, size: int | None) -> None:
+        """Refuse a suspend that would pass the node's or the target's budget for kept
+        state (``keep_budget.py``), before anything is recorded or changed."""
+        budget = self._core.keep_budget
+        if budget is None:
+            return
+        known = await self._known()
+        kept = sum(s.host_memory or 0 for s in (known or {}).values() if s.target.key != target.key)
+        budget.check(target, size, kept)
 
     def _book(self) -> SuspensionBook:
         """Where suspensions are recorded, or the refusal of a backend that keeps none."""
@@ -364,12 +403,6 @@ def _model(entries: Sequence[Reservation]) -> str:
             retryable=False,
         )
     return names.pop()
-
-
-def _device_memory(cuda: CudaCheckpoint, pids: Sequence[int]) -> int | None:
-    """The device memory ``pids`` use together, when the driver says for each."""
-    amounts = [cuda.device_memory(pid) for pid in pids]
-    return None if None in amounts else sum(amount or 0 for amount in amounts)
 
 
 def _checkpoint_all(cuda: CudaCheckpoint, pids: Sequence[int], timeout_ms: int) -> None:
