@@ -296,8 +296,12 @@ class Agent:
             book=self.core.losses,
             metrics=self.metrics,
         )
+        keeps = settings.idle_held == "suspend" and self.service.suspender.available()
         self.idle = IdleReleaser(
-            self.core, usage=components.usage, release=self.service.release_unused
+            self.core,
+            usage=components.usage,
+            release=self.service.release_unused,
+            suspend=self.service.suspend_idle if keeps else None,
         )
         self.sweep = NodeSweep(
             self.core,

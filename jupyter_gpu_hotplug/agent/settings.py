@@ -207,6 +207,7 @@ the CPU limit is the pod's CFS quota, which runc's init starts under: at 10m a h
 s to start on the real node, at 100m 0.7 s (``benchmarks/bench_realnode.py --cpu``)."""
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 STRAY_POLICIES: Final = ("report", "revoke")
+IDLE_HELD_POLICIES: Final = ("suspend", "leave")
 RBAC_SCOPES: Final = ("cluster", "namespaces")
 """Where the agent's RBAC lets it read and write pods: every namespace (a ClusterRoleBinding),
 or only the ``allowed_namespaces`` it names (RoleBindings there; the chart's
@@ -680,6 +681,17 @@ class AgentSettings:
         flag="idle-release",
     )
     """Off by default: taking a GPU from a running kernel is the platform's decision to make."""
+    idle_held: str = setting(
+        "suspend",
+        """What the idle policy does with a GPU that a process of its target holds but NVML
+        sees unused for the whole period (an idle CUDA context, as a PyTorch kernel keeps):
+        'suspend' the target, keeping its CUDA state in host memory for its next attach,
+        where this agent can (local mode, a driver with the checkpoint API); 'leave' it
+        attached.""",
+        flag="idle-held",
+        choices=IDLE_HELD_POLICIES,
+    )
+    """Suspend by default: without it an idle release never frees a GPU that CUDA used."""
     idle_warning_seconds: float = setting(
         60.0, "Announce an idle release this many seconds before it happens.", flag="idle-warning"
     )
@@ -816,6 +828,10 @@ class AgentSettings:
             )
         if not self.sweep_cgroup.startswith("/"):
             raise SettingsError(f"sweep_cgroup {self.sweep_cgroup!r} must be an absolute path")
+        if self.idle_held not in IDLE_HELD_POLICIES:
+            raise SettingsError(
+                f"idle_held {self.idle_held!r} is not one of {', '.join(IDLE_HELD_POLICIES)}"
+            )
         if self.stray_policy not in STRAY_POLICIES:
             raise SettingsError(
                 f"stray_policy {self.stray_policy!r} is not one of {', '.join(STRAY_POLICIES)}"

@@ -168,6 +168,11 @@ def test_the_budget_for_kept_state_is_checked(argv: list[str], message: str) -> 
         _resolved(argv)
 
 
+def test_what_idle_release_does_with_a_held_gpu_is_one_of_its_choices() -> None:
+    with pytest.raises(SettingsError, match="idle_held 'maybe' is not one of suspend, leave"):
+        settings(idle_held="maybe")
+
+
 def test_holder_settings_reach_the_agent_from_its_flags() -> None:
     app = AgentApp()
     app.initialize(
@@ -450,6 +455,7 @@ GIVEN: dict[str, tuple[list[str], object, list[str]]] = {
     "holder_memory": (["32Mi"], "32Mi", []),
     "stray_policy": (["revoke"], "revoke", []),
     "keep_memory_fraction": (["0.25"], 0.25, []),
+    "idle_held": (["leave"], "leave", []),
     "keep_memory_per_target": (["32Gi"], 32 * 2**30, []),
     "sweep_cgroup": (["/gpu-hotplug-sandboxes"], "/gpu-hotplug-sandboxes", []),
     "default_max_gpus": (["0"], 0, []),

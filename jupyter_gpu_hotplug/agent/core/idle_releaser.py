@@ -8,6 +8,15 @@ target's container held it open *and* NVML saw no utilisation; optionally a leas
 a maximum age. A GPU in use is never released: the release itself goes through the ordinary
 detach path without ``force``, whose busy check refuses while any process holds the device.
 
+Held but unused (issue 39): a process that once used CUDA holds its GPU open for good (every
+PyTorch kernel does), so the rule above would never free it. Where the agent can keep a
+kernel's CUDA state (``suspend``: local mode, a driver with the checkpoint API, and
+``--idle-held=suspend``, the default), a GPU its target holds while NVML reads exactly 0 % for
+the whole period is idle too; when every GPU of the target is due, the target is suspended
+(``Suspender.suspend``: its state kept in host memory) and all its GPUs go back. Its next
+attach resumes it. A refused suspend (the budget, a process the driver cannot checkpoint) is
+logged and changes nothing; the next try comes after another whole idle period.
+
 Before a release, a *warning* is recorded for the attachment (``warning_seconds`` ahead): the
 API shows it on the attachment (``idle_release``), where the server extension's stream and the
 ``%gpu`` magic read it, it is logged, and the book's listeners hear of it (Kubernetes mode:
@@ -47,7 +56,7 @@ from .idle import IdleBook, IdlePolicy, IdleReason, IdleRelease, IdleWarning
 from .injector import HolderInfo, InjectorError
 from .seams import ContainerKey, HostContainer, Reservation, ReservationState
 
-__all__ = ["IdleReleaser", "Usage", "attachment_id"]
+__all__ = ["IdleReleaser", "SuspendIdle", "Usage", "attachment_id"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +73,9 @@ def attachment_id(entry: Reservation) -> AttachmentId:
 
 ReleaseUnused = Callable[[Reservation, HostContainer], Awaitable[bool]]
 """Detach one reservation without force; False when the GPU turned out to be in use."""
+SuspendIdle = Callable[[HostContainer], Awaitable[list[Reservation]]]
+"""Suspend the container's target, keeping its CUDA state, and release all its GPUs (the
+caller holds the target); what it released, empty when it could not (nothing changed)."""
 
 
 class IdleReleaser:
@@ -75,15 +87,22 @@ class IdleReleaser:
         *,
         usage: Usage,
         release: ReleaseUnused,
+        suspend: SuspendIdle | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._core = core
         self._usage = usage
         self._release = release
+        self._suspend = suspend
+        """Where set, a GPU its target holds but NVML sees unused counts as idle too, and
+        when it is due the whole target is suspended (``SuspendIdle``)."""
         self._clock = clock
         self._wall = wall
         self._idle_since: dict[AttachmentId, float] = {}
+        self._in_use: set[AttachmentId] = set()
+        """The attachments found in use when last looked at (``_is_due`` of a target's
+        other GPUs: the one working now was "idle since" its last look too)."""
 
     @property
     def _book(self) -> IdleBook:
@@ -99,6 +118,7 @@ class IdleReleaser:
         current = {attachment_id(entry) for entry in entries}
         for gone in [key for key in self._idle_since if key not in current]:
             del self._idle_since[gone]
+        self._in_use &= current
         uuids = {entry.gpu.uuid for entry in entries}
         for uuid in [*self._book.warnings, *self._book.requested]:
             if uuid not in uuids:
@@ -120,8 +140,7 @@ class IdleReleaser:
                 except InjectorError as e:
                     log.warning("idle check of %s skipped: %s", entry.gpu.uuid, e)
                     continue
-            if done is not None:
-                released.append(done)
+            released.extend(done)
         return released
 
     async def held_gpus(self) -> dict[GpuUuid, tuple[int, ...]]:
@@ -170,39 +189,83 @@ class IdleReleaser:
 
     async def _consider(
         self, entry: Reservation, usage: Mapping[GpuUuid, int | None]
-    ) -> IdleRelease | None:
+    ) -> list[IdleRelease]:
         uuid, key = entry.gpu.uuid, attachment_id(entry)
+        if self._core.allocator.get(uuid) != entry:
+            return []  # released since the pass read it (a suspend takes all of a target's)
         container = await self._container(entry)
         if container is None:
-            return None  # gone: the reconciler releases it
+            return []  # gone: the reconciler releases it
         holders = await self._holders(entry, container)
         now = self._clock()
-        if holders or (usage.get(uuid) or 0) > 0:
+        # Held but unused (NVML says 0 %, not "cannot say"): an idle CUDA context, which
+        # only a suspend can take the GPU from.
+        held_idle = bool(holders) and self._suspend is not None and usage.get(uuid) == 0
+        if (holders and not held_idle) or (usage.get(uuid) or 0) > 0:
             self._idle_since[key] = now
+            self._in_use.add(key)
             if self._book.warnings.pop(uuid, None) is not None:
                 log.info("%s of %s is in use again: idle release called off", uuid, entry.target)
-            return None
+            return []
         since = self._idle_since.setdefault(key, now)
+        self._in_use.discard(key)
         policy = self._book.policy_for(entry)
         due = self._due(entry, policy, idle_for=now - since)
         if due is None:
-            return None
+            return []
         reason, remaining = due
         if remaining > 0:
             if remaining <= policy.warning_seconds and uuid not in self._book.warnings:
                 self._warn(entry, reason, remaining)
-            return None
+            return []
+        if held_idle:
+            return await self._suspended(entry, container, reason, policy)
         if not await self._release(entry, container):
-            self._idle_since[key] = self._clock()  # opened just now: it is in use
-            self._book.warnings.pop(uuid, None)
-            return None
+            self._restart(entry)
+            return []
+        return [self._released(entry, reason, policy)]
+
+    async def _suspended(
+        self, entry: Reservation, container: HostContainer, reason: IdleReason, policy: IdlePolicy
+    ) -> list[IdleRelease]:
+        """Suspend the target of a held, unused, due GPU — once every GPU of the target is
+        due: a suspend takes them all, and one still in use must not be stopped."""
+        assert self._suspend is not None
+        others = [e for e in self._core.allocator.attachments_of(entry.target) if e != entry]
+        if not all(self._is_due(other) for other in others):
+            return []  # the last of them to fall due suspends the target
+        released = await self._suspend(container)
+        if not released:
+            self._restart(entry)  # refused (logged): try again after a whole idle period
+            return []
+        return [self._released(gone, reason, policy, kept=True) for gone in released]
+
+    def _is_due(self, entry: Reservation) -> bool:
+        key = attachment_id(entry)
+        since = self._idle_since.get(key)
+        if since is None or key in self._in_use:
+            return False
+        due = self._due(entry, self._book.policy_for(entry), idle_for=self._clock() - since)
+        return due is not None and due[1] <= 0
+
+    def _restart(self, entry: Reservation) -> None:
+        """The release did not happen: its idle period starts again, its warning goes."""
+        self._idle_since[attachment_id(entry)] = self._clock()
+        self._book.warnings.pop(entry.gpu.uuid, None)
+
+    def _released(
+        self, entry: Reservation, reason: IdleReason, policy: IdlePolicy, *, kept: bool = False
+    ) -> IdleRelease:
+        """Record, announce, count and log an idle release."""
+        uuid = entry.gpu.uuid
         release = IdleRelease(uuid, entry.target, reason, self._wall())
-        self._idle_since.pop(key, None)
+        self._idle_since.pop(attachment_id(entry), None)
         self._book.forget(uuid)
         self._book.record(release)
         self._book.tell(release)
         self._core.metrics.idle_releases.labels(reason=str(reason)).inc()
-        log.warning("released %s from %s: %s", uuid, entry.target, _explain(reason, policy))
+        how = " (suspended: its CUDA state is kept for the next attach)" if kept else ""
+        log.warning("released %s from %s: %s%s", uuid, entry.target, _explain(reason, policy), how)
         return release
 
     def _due(

@@ -476,6 +476,21 @@ class AgentService:
                 elif entries:
                     await self.revoker.detach_locked(container, entries, force=force)
 
+    async def suspend_idle(self, container: HostContainer) -> list[Reservation]:
+        """Suspend a target for the idle policy, keeping its CUDA state, and release all its
+        GPUs; the caller holds the target (as the reconciler does). What was released, or
+        nothing, with nothing changed, when the suspend was refused (logged: the next idle
+        period tries again)."""
+        entries = self.core.allocator.attachments_of(container.target)
+        if not entries:
+            return []
+        try:
+            await self.suspender.suspend(container, entries)
+        except AgentError as e:
+            log.warning("idle suspend of %s refused: %s", container, e)
+            return []
+        return entries
+
     async def release_unused(self, entry: Reservation, container: HostContainer) -> bool:
         """Detach one GPU for the idle policy, without force; the caller holds the target (as
         the reconciler does). False, with nothing changed, when the GPU turned out to be in

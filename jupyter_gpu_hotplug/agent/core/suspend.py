@@ -198,6 +198,12 @@ class Suspender:
         kept = sum(s.host_memory or 0 for s in (known or {}).values() if s.target.key != target.key)
         budget.check(target, size, kept)
 
+    def available(self) -> bool:
+        """Whether this agent can keep a target's CUDA state at all: its backend records
+        suspensions and the driver has the checkpoint API."""
+        cuda = self._core.cuda
+        return self._core.suspensions is not None and cuda is not None and cuda.supported()
+
     def _book(self) -> SuspensionBook:
         """Where suspensions are recorded, or the refusal of a backend that keeps none."""
         book = self._core.suspensions

@@ -1,0 +1,166 @@
+"""The idle policy's suspend (issue 39): a GPU its target holds but NVML sees unused — an idle
+CUDA context, which every PyTorch kernel keeps — is idle too where the agent can keep the
+kernel's state, and when it is due the whole target is suspended instead of left attached.
+
+Over the same fakes and clocks as ``test_idle.py``; the suspend itself is a double here (the
+driver's part is ``test_e2e_suspend.py``'s): it lets the processes go and takes the GPUs back,
+as a suspend's revoke does, or refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
+from jupyter_gpu_hotplug.agent.core.errors import TargetNotReady
+from jupyter_gpu_hotplug.agent.core.idle import IdleReason
+from jupyter_gpu_hotplug.agent.core.idle_releaser import IdleReleaser
+from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, HostContainer, Reservation
+from jupyter_gpu_hotplug.agent.core.workers import Workers
+
+from .fakes import FakeProcess
+from .service_harness import ADMIN, Harness
+from .test_idle import Clocks, Idle
+
+
+@dataclass
+class Suspends:
+    """The suspend the releaser is given: what it was asked, and whether it refuses."""
+
+    harness: Harness
+    asked: list[HostContainer] = field(default_factory=list)
+    refuse: bool = False
+
+    async def __call__(self, container: HostContainer) -> list[Reservation]:
+        self.asked.append(container)
+        if self.refuse:
+            return []
+        entries = self.harness.allocator.attachments_of(container.target)
+        self.harness.injector.holders_of.clear()  # checkpointed: nothing holds the GPUs
+        await self.harness.service.revoker.detach_locked(container, entries, force=False)
+        return entries
+
+
+@dataclass
+class IdleWithSuspend(Idle):
+    suspends: Suspends
+
+
+@pytest.fixture
+def idle(harness: Harness, workers: Workers) -> IdleWithSuspend:
+    clocks = Clocks()
+    usage: dict[GpuUuid, int | None] = {}
+    suspends = Suspends(harness)
+    releaser = IdleReleaser(
+        harness.core,
+        usage=lambda: dict(usage),
+        release=harness.service.release_unused,
+        suspend=suspends,
+        clock=clocks.monotonic,
+        wall=clocks.wall,
+    )
+    return IdleWithSuspend(harness, releaser, clocks, usage, suspends)
+
+
+async def held_idle(idle: IdleWithSuspend, pid: int = 100) -> tuple[FakeProcess, GpuUuid]:
+    """A kernel whose process holds its GPU (a CUDA context) while NVML sees it unused."""
+    process, uuid = await idle.attach(pid)
+    [entry] = idle.harness.allocator.attachments_of(process.target)
+    idle.harness.injector.hold(process, entry.gpu.minor, pid=pid + 1, command="python")
+    idle.usage[uuid] = 0
+    return process, uuid
+
+
+async def test_a_held_unused_gpu_is_announced_then_its_kernel_suspended(
+    idle: IdleWithSuspend,
+) -> None:
+    idle.policy(idle_seconds=600, warning_seconds=60)
+    process, uuid = await held_idle(idle)
+
+    assert await idle.after(0) == []
+    assert await idle.after(560) == []
+    assert uuid in idle.harness.core.idle.warnings, "announced as any idle release is"
+    assert await idle.after(40) == [uuid]
+
+    assert [c.target for c in idle.suspends.asked] == [process.target]
+    assert idle.attached(process) == []
+    [release] = idle.harness.core.idle.releases_of(process.target)
+    assert (release.uuid, release.reason) == (uuid, IdleReason.IDLE)
+    assert idle.harness.sample("gpu_hotplug_idle_releases_total", reason="idle") == 1
+
+
+@pytest.mark.parametrize("usage", [None, 30], ids=["nvml-cannot-say", "busy"])
+async def test_a_held_gpu_nvml_does_not_see_unused_is_never_suspended(
+    idle: IdleWithSuspend, usage: int | None
+) -> None:
+    idle.policy(idle_seconds=60, warning_seconds=10)
+    process, uuid = await held_idle(idle)
+    idle.usage[uuid] = usage
+
+    for _ in range(5):
+        assert await idle.after(3600) == []
+
+    assert idle.suspends.asked == []
+    assert idle.attached(process) == [uuid]
+
+
+async def test_a_kernel_is_suspended_only_once_all_its_gpus_are_due(
+    idle: IdleWithSuspend,
+) -> None:
+    """A suspend takes every GPU of the kernel: one still in use must not be stopped."""
+    idle.policy(idle_seconds=100, warning_seconds=0)
+    process = idle.harness.host.spawn(100, "kernel-100")
+    answer = await idle.harness.service.attach(
+        ADMIN, AttachRequest(count=2, target=PidRef(100), wait_seconds=60.0, request_id=None)
+    )
+    first, second = (a["uuid"] for a in answer["attachments"])
+    for attachment in answer["attachments"]:
+        idle.harness.injector.hold(process, attachment["minor"], pid=101)
+    idle.usage.update({first: 0, second: 50})
+
+    assert await idle.after(0) == []
+    assert await idle.after(500) == [], "the second GPU works"
+    assert idle.suspends.asked == []
+
+    idle.usage[second] = 0
+    assert await idle.after(50) == []
+    assert sorted(await idle.after(50)) == sorted([first, second])
+    assert len(idle.suspends.asked) == 1
+    assert idle.attached(process) == []
+
+
+async def test_a_refused_suspend_keeps_the_gpu_and_waits_a_whole_period_again(
+    idle: IdleWithSuspend,
+) -> None:
+    idle.policy(idle_seconds=100, warning_seconds=0)
+    process, uuid = await held_idle(idle)
+    idle.suspends.refuse = True
+
+    assert await idle.after(0) == []
+    assert await idle.after(100) == []
+    assert len(idle.suspends.asked) == 1
+    assert idle.attached(process) == [uuid]
+
+    assert await idle.after(99) == []
+    assert len(idle.suspends.asked) == 1, "not asked again before another idle period"
+    assert await idle.after(1) == []
+    assert len(idle.suspends.asked) == 2
+
+
+async def test_the_services_idle_suspend_is_refused_without_the_checkpoint_api(
+    idle: IdleWithSuspend,
+) -> None:
+    """``AgentService.suspend_idle``, what the agent gives the releaser: a backend or driver
+    that cannot keep state refuses, nothing changes, and nothing was released."""
+    process, uuid = await held_idle(idle)
+    container = idle.harness.resolver.resolve(PidRef(100))
+    assert not idle.harness.service.suspender.available()
+
+    with pytest.raises(TargetNotReady):
+        await idle.harness.service.suspender.suspend(
+            container, idle.harness.allocator.attachments_of(process.target)
+        )
+    assert await idle.harness.service.suspend_idle(container) == []
+    assert idle.attached(process) == [uuid]
