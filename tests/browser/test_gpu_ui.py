@@ -891,8 +891,10 @@ def test_the_panel_says_which_notebook_uses_a_gpu(open_lab: OpenLab, demo: DemoP
     other notebook's idle GPU names nobody."""
     busy = open_lab("busy.ipynb")
     idle = open_lab("idle.ipynb")
-    busy.choose("Attach 1 GPU")
-    idle.choose("Attach 1 GPU")
+    for lab in (busy, idle):
+        lab.choose("Attach 1 GPU")
+        # The menu starts the attach; the REST API lists the GPU once it is done.
+        expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
     [used] = busy.attached()
     [unused] = idle.attached()
     with demo.server.connect(busy.kernel_id()) as kernel:
