@@ -10,24 +10,26 @@ cannot change a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Final
 
 import kubernetes_validate
 import yaml
 
+from ..realnode.components import BUILD_POLL, BUILD_SCRIPT, build_running, cache_root
+
 REPO: Final = Path(__file__).resolve().parents[2]
 K8S_DIR: Final = REPO / "k8s"
 VALUES_FILE: Final = K8S_DIR / "jupyterhub" / "values.yaml"
 CHART_DIR: Final = K8S_DIR / "chart" / "jupyter-gpu-hotplug"
-NODE_CACHE: Final = Path(
-    os.environ.get("JGH_NODE_CACHE", Path.home() / ".cache" / "jupyter-gpu-hotplug" / "node")
-)
+NODE_CACHE: Final = cache_root()
 """Where ``tests/realnode/build.sh`` keeps what it builds (Helm and promtool among them)."""
 K8S_VERSION: Final = "1.34.0"
 """The Kubernetes version every object is validated against (strict: no unknown fields)."""
@@ -104,8 +106,9 @@ def helm() -> str:
 
 def tool_or_skip(name: str) -> str:
     """``built_tool(name)``; where it is missing the test is skipped, except on CI, where it is
-    built now: ``.ci/test``'s real-node lane builds promtool beside its first tests, and
-    ``build.sh`` (one build per cache at a time) waits for that build, then finds it done."""
+    built now: ``.ci/test``'s real-node lane builds the node's components beside its first
+    tests, so a build running is waited for until it has stamped this tool; else ``build.sh``
+    builds it (one build per cache at a time: it waits for another one, then finds it done)."""
     import pytest
 
     try:
@@ -113,8 +116,12 @@ def tool_or_skip(name: str) -> str:
     except MissingTool as error:
         if os.environ.get("CI") != "true":
             pytest.skip(str(error))
+    while build_running():
+        with contextlib.suppress(MissingTool):
+            return built_tool(name)
+        time.sleep(BUILD_POLL)  # poll interval: the build's stamp says when the tool is there
     build = subprocess.run(
-        ["bash", str(REPO / "tests" / "realnode" / "build.sh"), name],
+        ["bash", str(BUILD_SCRIPT), name],
         capture_output=True,
         text=True,
         check=False,

@@ -37,7 +37,8 @@ SUFFIXES: Final = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucke
 
 
 # promtool from tests/realnode/build.sh: the real-node lane of .ci/test, which builds it first.
-pytestmark = pytest.mark.realnode
+# promtool is the node build's last component: the lane runs this module at its end.
+pytestmark = [pytest.mark.realnode, pytest.mark.built_last]
 
 
 @pytest.fixture(scope="module")

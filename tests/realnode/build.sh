@@ -91,6 +91,10 @@ k8s_ldflags() {
 }
 
 build_all() {
+  # Helm first: the chart's tests need nothing else, and run while the rest builds (a test that
+  # needs a component waits for its stamp while a build runs: components.py).
+  build helm "$HELM_VERSION" "helm.sh/helm/v3@$HELM_VERSION" - 0 "" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   build runc "$RUNC_VERSION" "github.com/opencontainers/runc@$RUNC_VERSION" - 1 seccomp \
     "-X main.version=${RUNC_VERSION#v}" github.com/opencontainers/runc
   build containerd "$CONTAINERD_VERSION" "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" - 0 \
@@ -127,8 +131,6 @@ build_all() {
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk \
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime \
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
-  build helm "$HELM_VERSION" "helm.sh/helm/v3@$HELM_VERSION" - 0 "" \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
   # promtool (not a node component): `promtool test rules` proves the alerts of k8s/monitoring
   # and the chart (tests/manifests/test_rules.py). Prometheus 3.x's Go module is v0.3MM.P for
   # release 3.MM.P.

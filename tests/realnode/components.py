@@ -8,7 +8,9 @@ all need the same answer, and a missing component must be reported the same way 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -18,6 +20,8 @@ VERSIONS_FILE: Final = HERE / "versions.env"
 BUILD_SCRIPT: Final = HERE / "build.sh"
 CACHE_ENV: Final = "JGH_NODE_CACHE"
 """Overrides the cache root, as in ``build.sh``."""
+BUILD_POLL: Final = 2.0
+"""Seconds between two looks at a running build (a component takes a minute or more)."""
 
 
 class MissingComponents(RuntimeError):
@@ -80,9 +84,32 @@ class Components:
         return sorted({str(p.parent) for p in (self.containerd, self.runc, self.crictl)})
 
 
+def build_running() -> bool:
+    """Whether ``build.sh`` is building into this cache now (it holds ``.build.lock``
+    exclusively for the whole of a run)."""
+    lock = cache_root() / ".build.lock"
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)  # closing releases a lock taken
+    return False
+
+
 def _component_dir(name: str, key: str, pinned: dict[str, str]) -> Path:
-    """``bin/<name>-<version>`` once built, else ``MissingComponents`` with the command."""
+    """``bin/<name>-<version>`` once built, else ``MissingComponents`` with the command.
+
+    While ``build.sh`` runs it waits for the component: ``.ci/test``'s real-node lane starts
+    its tests beside a cold build (those that need nothing it builds run meanwhile), and a test
+    that needs the node waits here for what it needs, not for the whole build."""
     path = cache_root() / "bin" / f"{name}-{pinned[key]}"
+    while not (path / ".built").exists() and build_running():
+        time.sleep(BUILD_POLL)  # poll interval: the build's own stamp says when it is done
     if not (path / ".built").exists():
         raise MissingComponents(
             f"{name} {pinned[key]} is not built in {path}: run `bash {BUILD_SCRIPT}` "

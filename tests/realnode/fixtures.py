@@ -139,17 +139,32 @@ def cdi_cluster() -> Iterator[Cluster]:
 NODE_FIXTURES: Final = frozenset({"real_node", CDI_FIXTURE})
 
 
+def _lane_order(item: pytest.Item) -> int:
+    """Where a test runs in the real-node lane (stable otherwise).
+
+    0. Tests on no node: they need at most Helm, which ``build.sh`` makes first, so they run
+       while a cold build makes the rest (``.ci/test`` starts the lane's tests beside it).
+    1. Tests on ``cdi_cluster``: one node per machine, so its module's node must be down before
+       the session's ``real_node`` comes up, and it is (a module fixture ends with its module).
+    2. Tests on the session's node.
+    3. ``built_last``: promtool's, the build's last component, at the lane's end."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("built_last"):
+        return 3
+    if CDI_FIXTURE in fixtures:
+        return 1
+    return 2 if NODE_FIXTURES & fixtures else 0
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test on a node is in the ``realnode`` lane (``.ci/test`` runs that lane apart, and
-    only it may start the one node a machine can run), marked here before ``-m`` selects;
-    tests on ``cdi_cluster`` first (stable otherwise): one node per machine, so its module's
-    node must be down before the session's ``real_node`` comes up, and it is (a module
-    fixture ends with its module)."""
+    only it may start the one node a machine can run), marked here before ``-m`` selects; the
+    lane's order is ``_lane_order``'s."""
     for item in items:
         if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.realnode)
-    items.sort(key=lambda item: CDI_FIXTURE not in getattr(item, "fixturenames", ()))
+    items.sort(key=_lane_order)
 
 
 @pytest.fixture(scope="session")

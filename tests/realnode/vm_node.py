@@ -409,6 +409,7 @@ def running_vm_node(host: RealNode) -> Iterator[VmNode]:
             ],
             nics=[f"tap,ifname={TAP},script=no,downscript=no,model=virtio-net-pci,mac={LINK_MAC}"],
             vcpus=VCPUS,
+            nice=0,  # the production node's tests are the real-node lane's longest path
         ) as machine:
             assert host.pki is not None
             node_id = sign_node(run_dir, "vm-node", VM_NODE_NAME, LINK_VM, host.pki.ca)

@@ -294,10 +294,12 @@ def boot(
     shares: Sequence[Share] = (),
     nics: Sequence[str] = (),
     vcpus: int = VCPUS,
+    nice: int = 5,
 ) -> Iterator[Machine]:
     """Boot the image and wait for ssh; with ``tree``, share the test venv and install the
     tree; mount ``shares``; ``nics`` are further ``-nic`` options (the first, user networking
-    with ssh forwarded, is always there). Stop at exit."""
+    with ssh forwarded, is always there). Stop at exit. ``nice``: the emulator's niceness (the
+    VM tier yields to the tests beside it; a VM on a lane's longest path does not)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if tree is not None:
         deps = Path(sysconfig.get_paths()["purelib"])
@@ -308,7 +310,7 @@ def boot(
     argv = _qemu_argv(image, run_dir, port, kvm=kvm, shares=shares, nics=nics, vcpus=vcpus)
     with (run_dir / "qemu.log").open("wb") as qemu_log:
         process = subprocess.Popen(
-            ["nice", "-n", "5", *argv],
+            ["nice", "-n", str(nice), *argv],
             stdin=subprocess.DEVNULL,
             stdout=qemu_log,
             stderr=subprocess.STDOUT,
