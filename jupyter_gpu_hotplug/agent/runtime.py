@@ -417,9 +417,13 @@ class Agent:
         self._spawn(self.idle.run_forever(settings.idle_check_interval))
         simulation = self.components.simulation
         if simulation is not None and settings.simulation_interval > 0:
+            cuda = self.components.cuda
             self._spawn(
                 simulation.animate(
-                    interval=settings.simulation_interval, in_use=self.idle.held_gpus
+                    interval=settings.simulation_interval,
+                    in_use=self.idle.held_gpus,
+                    # The simulated driver knows which users hold only a CUDA context (idle).
+                    context_memory=None if cuda is None else cuda.device_memory,
                 )
             )
 

@@ -41,7 +41,7 @@ from tests.fixtures.sandbox import SandboxFactory, SandboxProbe
 
 from .agent_process import REPLY_TIMEOUT, AgentProcess
 from .api_harness import ApiClient, Response
-from .test_e2e_idle_queue import opens
+from .test_e2e_idle_queue import opens, poll
 
 pytestmark = [*needs_root, pytest.mark.slow]
 
@@ -283,6 +283,36 @@ def test_suspend_then_resume_on_the_same_gpu(node: Node, sandbox: SandboxProbe) 
     assert suspend(node, k.probe).status == 204
     assert_suspended(node, k)
 
+    assert resumed_on(node, k) == k.minor
+
+
+def test_an_idle_kernel_is_suspended_by_the_idle_policy_and_its_next_attach_resumes_it(
+    node: Node, sandbox: SandboxProbe
+) -> None:
+    """A kernel whose CUDA context sits idle (NVML: its memory, 0 %) for the idle period is
+    suspended, not left holding the GPU nor ended: the GPU goes back free, the release is
+    recorded as idle, and the next attach resumes the kernel on it."""
+    node.agent.extra_args = [
+        *node.agent.extra_args,
+        "--idle-release=5",
+        "--idle-warning=2",
+        "--AgentApp.idle_check_interval=0.2",
+        "--AgentApp.simulation_interval=0.2",
+    ]
+    start(node)
+    k = kernel(node, sandbox)
+    gpu = sim.read_config(node.config).gpu(k.uuid)
+    assert [(p.pid, p.used_memory, p.sm_util) for p in gpu.processes] == [(k.pid, MEMORY_BYTES, 0)]
+
+    poll(
+        lambda: listed(node, k.probe).get("suspended", {}).get("state") == "suspended",
+        "the idle kernel suspended",
+        node.agent,
+    )
+    assert_suspended(node, k)
+    (record,) = node.api.get(f"/v1/idle-releases?pid={k.probe.pid}").json()["releases"]
+    assert (record["uuid"], record["reason"]) == (k.uuid, "idle")
+    assert "suspended" in node.agent.log()
     assert resumed_on(node, k) == k.minor
 
 

@@ -102,3 +102,56 @@ def test_a_gpu_lists_its_users_and_the_listed_processes_still_alive() -> None:
     assert gpu.processes == (listed,), "the users stopped (alive or not); the other lives on"
     running.clear()
     assert drift(gpu, (), rng, alive=running.__contains__).processes == ()
+
+
+def test_a_cuda_context_alone_does_no_work_and_is_listed_with_its_memory() -> None:
+    """An idle CUDA context (a PyTorch kernel between cells) holds its GPU and its memory but
+    makes no work: the GPU reads exactly 0 % with the context's memory in use, and NVML lists
+    the process with that memory; a process doing work beside it makes the GPU work, and the
+    context keeps its own memory at 0 %."""
+    rng = random.Random(11)
+    gpu = default_gpus(1)[0]
+    context = 5 * 2**20
+    for _ in range(30):
+        gpu = drift(gpu, (7,), rng, contexts={7: context})
+    assert (gpu.utilization_gpu, gpu.memory_used) == (0, context)
+    assert gpu.processes == (SimulatedProcess(7, context, 0),)
+
+    for _ in range(10):
+        gpu = drift(gpu, (7, 8), rng, ours=(7,), contexts={7: context})
+    assert gpu.utilization_gpu > 0
+    idle, working = gpu.processes
+    assert idle == SimulatedProcess(7, context, 0)
+    assert working.pid == 8 and working.sm_util == gpu.utilization_gpu
+    assert (working.used_memory or 0) + context == gpu.memory_used
+
+
+async def test_the_animation_asks_the_driver_which_users_hold_only_a_context(
+    tmp_path: Path, fake_nvml_library: Path
+) -> None:
+    simulation = Simulation.prepare(tmp_path / "sim", 1, cache_dir=fake_nvml_library.parent)
+    (uuid,) = (gpu.uuid for gpu in read_config(simulation.config_path).gpus)
+    asked: list[int] = []
+
+    async def in_use() -> dict[GpuUuid, tuple[int, ...]]:
+        return {uuid: (4242,)}
+
+    def context_memory(pid: int) -> int | None:
+        asked.append(pid)
+        return 2**20
+
+    task = asyncio.create_task(
+        simulation.animate(
+            interval=0.001, in_use=in_use, context_memory=context_memory, rng=random.Random(3)
+        )
+    )
+    try:
+        await eventually(lambda: len(asked) >= 20, "twenty animation steps")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    gpu = read_config(simulation.config_path).gpu(uuid)
+    assert set(asked) == {4242}
+    assert (gpu.utilization_gpu, gpu.memory_used) == (0, 2**20)
+    assert gpu.processes == (SimulatedProcess(4242, 2**20, 0),)

@@ -11,10 +11,14 @@ while a process of the container it is attached to *uses* it — holds its ``/de
 open, as a CUDA program would (with no driver, the demo's load helper
 ``python -m jupyter_gpu_hotplug.nvml.sim.load`` holds it with ``O_PATH``) — found by the same
 device-node scan that makes a detach refuse a busy GPU. Otherwise it idles: 0 %, no memory in
-use, idle power. Every line it logs says SIMULATED. The processes that hold a GPU are what its
-NVML lists on it, with the GPU's memory in use and its utilisation shared among them (the
-per-process samples of ``nvmlDeviceGetProcessUtilization``), so per-kernel attribution has the
-same inputs as on hardware: pids as the agent (the host) sees them.
+use, idle power. A process that holds it only through a CUDA context of the simulated driver
+(``fakeCudaHoldContext``: the simulated driver knows its device memory) does no work by
+itself, as an idle PyTorch kernel does none: NVML lists it with its context's memory at 0 %,
+and the GPU works only while another process uses it (issue 39's idle suspend needs that
+idle context to be seen). Every line it logs says SIMULATED. The processes that hold a GPU
+are what its NVML lists on it, with the GPU's memory in use and its utilisation shared among
+them (the per-process samples of ``nvmlDeviceGetProcessUtilization``), so per-kernel
+attribution has the same inputs as on hardware: pids as the agent (the host) sees them.
 
 Processes that should see the simulated GPUs (kernels in sandboxes) get ``environ()``: the
 library path, the config, and the device filter that hides GPUs whose ``/dev/nvidia<minor>``
@@ -71,6 +75,9 @@ _LOCAL_MAJORS = range(240, 255)
 """Char majors Linux keeps for local use: the simulated ``nvidia-caps`` major is a free one,
 so a capability node opens with ENXIO where the cgroup allows it, as a GPU's node does."""
 _CACHE_NAME = "build"
+ContextMemory = Callable[[int], int | None]
+"""Device memory of the CUDA context a process holds, or None where it holds none (blocking:
+the simulated driver's ``fakeCudaProcessMemory``, ``CudaCheckpoint.device_memory``)."""
 _PCIE_KB_PER_PERCENT = 120_000
 """PCIe traffic received per percent of utilisation (KB/s): about 12 GB/s at 100 %, what a
 training job's input pipeline moves over PCIe Gen5 (~50 GB/s usable); sent is a quarter."""
@@ -189,12 +196,14 @@ class Simulation:
         *,
         interval: float,
         in_use: Callable[[], Awaitable[Mapping[GpuUuid, Sequence[int]]]],
+        context_memory: ContextMemory | None = None,
         rng: random.Random | None = None,
     ) -> None:
         """Move the simulated readings every ``interval`` seconds until cancelled.
 
         ``in_use``: the GPUs a process uses now, with the pids that use each (they work; the
-        others idle).
+        others idle). ``context_memory``: of those pids, the device memory of the ones that
+        hold a GPU only through a CUDA context (idle: they do no work by themselves).
         """
         rng = rng or random.Random()
         # The users each GPU's processes were written for last time: ours to replace.
@@ -203,11 +212,22 @@ class Simulation:
             await asyncio.sleep(interval)
             try:
                 busy = await in_use()
+                contexts = (
+                    {}
+                    if context_memory is None
+                    else await asyncio.to_thread(_contexts, busy, context_memory)
+                )
                 config = await asyncio.to_thread(read_config, self.config_path)
                 moved = dataclasses.replace(
                     config,
                     gpus=tuple(
-                        drift(gpu, busy.get(gpu.uuid, ()), rng, ours=listed.get(gpu.uuid, ()))
+                        drift(
+                            gpu,
+                            busy.get(gpu.uuid, ()),
+                            rng,
+                            ours=listed.get(gpu.uuid, ()),
+                            contexts=contexts,
+                        )
                         for gpu in config.gpus
                     ),
                 )
@@ -215,6 +235,18 @@ class Simulation:
                 listed = busy
             except Exception:
                 log.exception("SIMULATED: moving the simulated readings failed; trying again")
+
+
+def _contexts(
+    busy: Mapping[GpuUuid, Sequence[int]], context_memory: ContextMemory
+) -> dict[int, int]:
+    """The device memory of each pid in ``busy`` that holds its GPU through a CUDA context."""
+    found = {}
+    for pid in {pid for pids in busy.values() for pid in pids}:
+        memory = context_memory(pid)
+        if memory is not None:
+            found[pid] = memory
+    return found
 
 
 def _toward(value: int, goal: int, rng: random.Random, *, step: int, low: int, high: int) -> int:
@@ -234,12 +266,19 @@ def drift(
     *,
     ours: Collection[int] = (),
     alive: Callable[[int], bool] = _alive,
+    contexts: Mapping[int, int] | None = None,
 ) -> SimulatedGpu:
     """The next readings of one simulated GPU: a GPU that processes ``pids`` use works, any
     other idles. NVML lists those processes, sharing the memory in use and the utilisation
     evenly (the first ones get the remainders). ``ours``: the users the last step listed,
     which this step replaces; a process someone else listed (a test, an operator) stays as
-    it was while it is ``alive``, and leaves the list when it ends, as it does NVML's."""
+    it was while it is ``alive``, and leaves the list when it ends, as it does NVML's.
+    ``contexts``: pids that hold a GPU only through an idle CUDA context, with its device
+    memory: listed with that memory at 0 %, they make no GPU work (nor the memory climb)."""
+    contexts = contexts or {}
+    idle = [pid for pid in pids if pid in contexts]
+    pids = [pid for pid in pids if pid not in contexts]
+    held = sum(contexts[pid] for pid in idle)
     busy = bool(pids)
     # Unused: utilisation halves each step to exactly 0 (no noise: an idle GPU reads 0 %).
     utilization = (
@@ -247,8 +286,9 @@ def drift(
         if busy
         else gpu.utilization_gpu // 2
     )
-    memory_goal = gpu.memory_total * (rng.randint(20, 70) if busy else 0) // 100
-    memory_used = max(0, min(gpu.memory_total, (gpu.memory_used * 3 + memory_goal) // 4))
+    memory_goal = held + gpu.memory_total * (rng.randint(20, 70) if busy else 0) // 100
+    # The contexts' memory is taken at once (it is allocated, not a reading that moves).
+    memory_used = min(gpu.memory_total, max(held, (gpu.memory_used * 3 + memory_goal) // 4))
     temperature = _toward(
         gpu.temperature, 35 + utilization * 45 // 100, rng, step=1, low=25, high=95
     )
@@ -270,7 +310,11 @@ def drift(
         memory_used=memory_used,
         temperature=temperature,
         power_usage=power,
-        processes=_others(gpu, {*pids, *ours}, alive) + _shares(pids, memory_used, utilization),
+        processes=(
+            _others(gpu, {*pids, *idle, *ours}, alive)
+            + tuple(SimulatedProcess(pid, contexts[pid], 0) for pid in idle)
+            + _shares(pids, max(0, memory_used - held), utilization)
+        )[:MAX_PROCESSES],
         pcie_tx=traffic(gpu.pcie_tx, _PCIE_KB_PER_PERCENT // 4),
         pcie_rx=traffic(gpu.pcie_rx, _PCIE_KB_PER_PERCENT),
         nvlink_tx=traffic(gpu.nvlink_tx, _NVLINK_KIB_PER_PERCENT) if linked else 0,
