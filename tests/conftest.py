@@ -13,6 +13,7 @@ the fast run takes.
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 pytest_plugins = [
     "tests.fixtures.nvml",
@@ -28,6 +29,12 @@ pytest_plugins = [
 
 FAST_RUN = "not slow and not fuzz and not k8s and not root"
 """The marker expression of a bare ``pytest``."""
+
+# Time is never a verdict on shared 2-core machines: Hypothesis's 200 ms deadline per example
+# failed a property test under a CI run's load (DeadlineExceeded). A test's own ``@settings``
+# keeps its other choices (example counts) and inherits this.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

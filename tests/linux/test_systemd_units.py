@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from jupyter_gpu_hotplug.linux.device_controllers.v2 import ManagedUnit, V2Controller
@@ -139,7 +139,6 @@ _paths = st.sampled_from(
 _access = st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"])
 
 
-@settings(deadline=None)  # shared machines: time is never a verdict
 @given(
     runtime=st.lists(st.tuples(_paths, _access), unique_by=lambda e: e[0]),
     ours=st.lists(st.tuples(st.integers(0, 7)), unique=True, max_size=4),
