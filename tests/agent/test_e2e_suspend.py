@@ -12,6 +12,7 @@ library), which GPU node it holds (its ``/proc/<pid>/fd``), and what the sandbox
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import stat
@@ -222,9 +223,9 @@ def assert_running_as_before(node: Node, k: Kernel) -> None:
     assert "suspended" not in body
 
 
-def assert_suspended(node: Node, k: Kernel) -> None:
+def assert_suspended(node: Node, k: Kernel, gpu: str = "free") -> None:
     """Checkpointed, alive, holding no GPU and listed by NVML on none, its GPU taken away
-    and free, the state shown."""
+    (``gpu``: the state the node shows for it then), the state shown."""
     assert alive(k.pid)
     assert node.cuda.state(k.pid) is ProcessState.CHECKPOINTED
     assert held(k.pid) == set()
@@ -237,7 +238,7 @@ def assert_suspended(node: Node, k: Kernel) -> None:
     assert body["suspended"]["pids"] == [k.pid]
     assert body["suspended"]["host_memory"] == MEMORY_BYTES
     gpus = {g["uuid"]: g for g in node.api.get("/v1/gpus").json()["gpus"]}
-    assert gpus[k.uuid]["state"] == "free"
+    assert gpus[k.uuid]["state"] == gpu
 
 
 def resumed_on(node: Node, k: Kernel) -> int:
@@ -286,12 +287,9 @@ def test_suspend_then_resume_on_the_same_gpu(node: Node, sandbox: SandboxProbe) 
     assert resumed_on(node, k) == k.minor
 
 
-def test_an_idle_kernel_is_suspended_by_the_idle_policy_and_its_next_attach_resumes_it(
-    node: Node, sandbox: SandboxProbe
-) -> None:
-    """A kernel whose CUDA context sits idle (NVML: its memory, 0 %) for the idle period is
-    suspended, not left holding the GPU nor ended: the GPU goes back free, the release is
-    recorded as idle, and the next attach resumes the kernel on it."""
+def start_with_idle_release(node: Node) -> None:
+    """Start the agent with a 5 s idle period, looked at (and the simulation moved) 5 times a
+    second."""
     node.agent.extra_args = [
         *node.agent.extra_args,
         "--idle-release=5",
@@ -300,20 +298,66 @@ def test_an_idle_kernel_is_suspended_by_the_idle_policy_and_its_next_attach_resu
         "--AgentApp.simulation_interval=0.2",
     ]
     start(node)
-    k = kernel(node, sandbox)
-    gpu = sim.read_config(node.config).gpu(k.uuid)
-    assert [(p.pid, p.used_memory, p.sm_util) for p in gpu.processes] == [(k.pid, MEMORY_BYTES, 0)]
 
+
+def suspended_by_idleness(node: Node, k: Kernel) -> None:
+    """Wait until the idle policy has suspended ``k``."""
     poll(
         lambda: listed(node, k.probe).get("suspended", {}).get("state") == "suspended",
         "the idle kernel suspended",
         node.agent,
     )
+
+
+def test_an_idle_kernel_is_suspended_by_the_idle_policy_and_its_next_attach_resumes_it(
+    node: Node, sandbox: SandboxProbe
+) -> None:
+    """A kernel whose CUDA context sits idle (NVML: its memory, 0 %) for the idle period is
+    suspended, not left holding the GPU nor ended: the GPU goes back free, the release is
+    recorded as idle, and the next attach resumes the kernel on it."""
+    start_with_idle_release(node)
+    k = kernel(node, sandbox)
+    gpu = sim.read_config(node.config).gpu(k.uuid)
+    assert [(p.pid, p.used_memory, p.sm_util) for p in gpu.processes] == [(k.pid, MEMORY_BYTES, 0)]
+
+    suspended_by_idleness(node, k)
     assert_suspended(node, k)
     (record,) = node.api.get(f"/v1/idle-releases?pid={k.probe.pid}").json()["releases"]
     assert (record["uuid"], record["reason"]) == (k.uuid, "idle")
     assert "suspended" in node.agent.log()
     assert resumed_on(node, k) == k.minor
+
+
+def test_an_idle_kernels_suspend_hands_its_gpu_to_a_waiting_request_and_it_resumes_later(
+    node: Node, sandbox_factory: SandboxFactory
+) -> None:
+    """Every GPU taken — one by an idle kernel, one working — and a request waits in the queue:
+    the idle kernel is suspended, not ended, and its GPU goes to the waiter. Its own attach is
+    then refused (no GPU of its model free) with its state kept, and resumes it once one is."""
+    start_with_idle_release(node)
+    idle = kernel(node, sandbox_factory())
+    working = sandbox_factory()
+    (busy,) = attach(node, working).json()["attachments"]
+    spawned(node, working, [], [HOLDER, busy["device"]])  # makes its GPU work (simulation)
+    waiter = sandbox_factory()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(attach, node, waiter, wait_seconds=120)
+        suspended_by_idleness(node, idle)
+        served = waiting.result(timeout=REPLY_TIMEOUT)
+    assert served.status == 201, served.body
+    assert_suspended(node, idle, gpu="attached")
+    (handed,) = served.json()["attachments"]
+    assert handed["uuid"] == idle.uuid
+    assert opens(waiter, idle.minor) == "ENXIO"
+    assert [a["uuid"] for a in listed(node, working)["attachments"]] == [busy["uuid"]]
+
+    refused = attach(node, idle.probe)
+    assert refused.status == 409, refused.body
+    assert node.cuda.state(idle.pid) is ProcessState.CHECKPOINTED
+    assert listed(node, idle.probe)["suspended"]["state"] == "suspended"
+
+    assert node.api.delete(f"/v1/attachments?pid={waiter.pid}").status == 204
+    assert resumed_on(node, idle) == idle.minor
 
 
 MAGIC: Final = """
