@@ -142,8 +142,9 @@ NODE_FIXTURES: Final = frozenset({"real_node", CDI_FIXTURE})
 def _lane_order(item: pytest.Item) -> int:
     """Where a test runs in the real-node lane (stable otherwise).
 
-    0. Tests on no node: they need at most Helm, which ``build.sh`` makes first, so they run
-       while a cold build makes the rest (``.ci/test`` starts the lane's tests beside it).
+    0. Tests on no node: most need at most Helm, which ``build.sh`` makes first, so they run
+       while a cold build makes the rest (``.ci/test`` starts the lane's tests beside it); the
+       CDI spec's tests wait for the Container Toolkit, which the ``cdi`` node needs anyway.
     1. Tests on ``cdi_cluster``: one node per machine, so its module's node must be down before
        the session's ``real_node`` comes up, and it is (a module fixture ends with its module).
     2. Tests on the session's node.
