@@ -75,19 +75,6 @@ def _notebooks(cluster: Cluster, ns: str, placed: dict[str, str]) -> None:
         cluster.wait_running(ns, name)
 
 
-def _attach_together(cluster: Cluster, ns: str, service_ip: str, pods: list[str]) -> None:
-    """One GPU attached to each of ``pods`` through the Service, the requests side by side (their
-    holders start together)."""
-    with concurrent.futures.ThreadPoolExecutor(len(pods)) as pool:
-        attaches = [
-            pool.submit(attach_through_the_service, cluster, ns, service_ip, pod=pod,
-                        wait_seconds=HOLDER_WAIT)
-            for pod in pods
-        ]  # fmt: skip
-        for attach in attaches:
-            attach.result()
-
-
 def _scope(cluster: Cluster, ns: str, pod: str) -> str:
     """The systemd unit of the pod's notebook container on the VM node."""
     return f"cri-containerd-{cluster.container_id(ns, pod)}.scope"
@@ -235,12 +222,9 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
     wait, it queues on its own node and gets the GPU a notebook there gives back."""
     ns = cluster.namespace("two-nodes")
     on_vm = [f"on-vm-{i}" for i in range(VM_GPUS)]
-    _notebooks(
-        cluster,
-        ns,
-        {"on-host": cluster.node_name} | dict.fromkeys([*on_vm, "late"], vm_node.name),
-    )
-    _attach_together(cluster, ns, agents, ["on-host", *on_vm])
+    _notebooks(cluster, ns, {"on-host": cluster.node_name} | dict.fromkeys(on_vm, vm_node.name))
+    for pod in ("on-host", *on_vm):
+        attach_through_the_service(cluster, ns, agents, pod=pod, wait_seconds=HOLDER_WAIT)
     placed = {h["metadata"]["ownerReferences"][0]["name"]: h["spec"]["nodeName"]
               for h in cluster.holders(ns)}  # fmt: skip
     assert placed == {
@@ -249,6 +233,7 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
     }
     # The VM node is full, the host has free GPUs: a third notebook there is refused, and
     # nothing of its is placed on the other node.
+    _notebooks(cluster, ns, {"late": vm_node.name})
     refused = attach_through_the_service(cluster, ns, agents, pod="late", expect=409)
     assert (refused["error"], refused["free"], refused["requested"]) == ("insufficient_gpus", 0, 1)
     assert len(cluster.holders(ns)) == 1 + VM_GPUS
