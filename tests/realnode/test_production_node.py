@@ -66,13 +66,9 @@ def agents(cluster: Cluster, vm_node: VmNode, agent_account: AgentAccount) -> It
         yield service_ip
 
 
-def _notebooks(cluster: Cluster, ns: str, placed: dict[str, str]) -> None:
-    """Notebook pods (name → node) created together, then each waited for: the emulated node
-    starts them side by side (one after the other, each took a minute or more)."""
-    for name, node in placed.items():
-        cluster.core.create_namespaced_pod(ns, notebook_with_token(name, node))
-    for name in placed:
-        cluster.wait_running(ns, name)
+def _notebook(cluster: Cluster, ns: str, name: str, node: str) -> dict[str, Any]:
+    cluster.core.create_namespaced_pod(ns, notebook_with_token(name, node))
+    return cluster.wait_running(ns, name)
 
 
 def _scope(cluster: Cluster, ns: str, pod: str) -> str:
@@ -93,13 +89,12 @@ def _opens(cluster: Cluster, ns: str, pod: str, minor: int) -> str:
 
 
 def _attached_on_the_vm_node(
-    cluster: Cluster, vm: VmNode, service_ip: str, prefix: str, others: dict[str, str] | None = None
+    cluster: Cluster, vm: VmNode, service_ip: str, prefix: str
 ) -> tuple[str, int]:
     """A notebook ``nb`` on the VM node, in a new namespace, with one GPU attached through
-    the Service: the namespace and the GPU's minor. ``others``: more notebooks (name → node)
-    started with it."""
+    the Service: the namespace and the GPU's minor."""
     ns = cluster.namespace(prefix)
-    _notebooks(cluster, ns, {"nb": vm.name} | (others or {}))
+    _notebook(cluster, ns, "nb", vm.name)
     answer = attach_through_the_service(cluster, ns, service_ip, wait_seconds=HOLDER_WAIT)
     (attachment,) = answer["attachments"]
     return ns, int(attachment["minor"])
@@ -172,7 +167,8 @@ def test_production_node_attach_usable_in_the_notebook_eperm_elsewhere_detach_re
     cluster: Cluster, vm_node: VmNode, agents: str
 ) -> None:
     ns = cluster.namespace("prod-attach")
-    _notebooks(cluster, ns, {"nb": vm_node.name, "other": vm_node.name})
+    _notebook(cluster, ns, "nb", vm_node.name)
+    _notebook(cluster, ns, "other", vm_node.name)
     unit = _scope(cluster, ns, "nb")
     before = _device_allow_lines(vm_node, unit)
     answer = attach_through_the_service(cluster, ns, agents, wait_seconds=HOLDER_WAIT)
@@ -221,9 +217,10 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
     """A notebook on a full node is refused (409) while the other node has free GPUs; asked to
     wait, it queues on its own node and gets the GPU a notebook there gives back."""
     ns = cluster.namespace("two-nodes")
-    on_vm = [f"on-vm-{i}" for i in range(VM_GPUS)]
-    _notebooks(cluster, ns, {"on-host": cluster.node_name} | dict.fromkeys(on_vm, vm_node.name))
-    for pod in ("on-host", *on_vm):
+    _notebook(cluster, ns, "on-host", cluster.node_name)
+    for i in range(VM_GPUS):
+        _notebook(cluster, ns, f"on-vm-{i}", vm_node.name)
+    for pod in ("on-host", *(f"on-vm-{i}" for i in range(VM_GPUS))):
         attach_through_the_service(cluster, ns, agents, pod=pod, wait_seconds=HOLDER_WAIT)
     placed = {h["metadata"]["ownerReferences"][0]["name"]: h["spec"]["nodeName"]
               for h in cluster.holders(ns)}  # fmt: skip
@@ -231,9 +228,9 @@ def test_two_nodes_each_holder_lands_on_its_notebooks_node_and_a_full_node_refus
         "on-host": cluster.node_name,
         **{f"on-vm-{i}": vm_node.name for i in range(VM_GPUS)},
     }
-    # The VM node is full, the host has free GPUs: a third notebook there is refused, and
+    # The VM node is full, the host has free GPUs: a fourth notebook there is refused, and
     # nothing of its is placed on the other node.
-    _notebooks(cluster, ns, {"late": vm_node.name})
+    _notebook(cluster, ns, "late", vm_node.name)
     refused = attach_through_the_service(cluster, ns, agents, pod="late", expect=409)
     assert (refused["error"], refused["free"], refused["requested"]) == ("insufficient_gpus", 0, 1)
     assert len(cluster.holders(ns)) == 1 + VM_GPUS
@@ -270,9 +267,8 @@ def test_production_node_agent_killed_9_rebuilds_and_neither_nodes_sweeps_touch_
 ) -> None:
     """Each agent's start-up reconciliation and node sweeps (orphaned grants, stray access) see
     its own node only: a GPU granted on the other node is neither revoked nor adopted."""
-    ns, vm_minor = _attached_on_the_vm_node(
-        cluster, vm_node, agents, "prod-kill", {"on-host": cluster.node_name}
-    )
+    ns, vm_minor = _attached_on_the_vm_node(cluster, vm_node, agents, "prod-kill")
+    _notebook(cluster, ns, "on-host", cluster.node_name)
     (host_attachment,) = attach_through_the_service(cluster, ns, agents, pod="on-host")[
         "attachments"
     ]
@@ -313,9 +309,8 @@ def test_production_node_agent_killed_9_rebuilds_and_neither_nodes_sweeps_touch_
 def test_production_node_a_deleted_holder_is_revoked_and_a_deleted_notebook_frees_its_gpu(
     cluster: Cluster, vm_node: VmNode, agents: str
 ) -> None:
-    ns, minor = _attached_on_the_vm_node(
-        cluster, vm_node, agents, "prod-lost", {"watcher": vm_node.name}
-    )
+    ns, minor = _attached_on_the_vm_node(cluster, vm_node, agents, "prod-lost")
+    _notebook(cluster, ns, "watcher", vm_node.name)
     unit = _scope(cluster, ns, "nb")
     grant = f"DeviceAllow=/dev/char/195:{minor} rw"
     assert grant in _device_allow_lines(vm_node, unit)
@@ -350,7 +345,8 @@ def test_two_nodes_each_agents_own_token_is_refused_the_other_nodes_pods_and_non
     """The real DaemonSet pods' own tokens (node-bound by the kubelet that projected them):
     the admission policy holds each agent to holders on its own node."""
     ns = cluster.namespace("two-node-identity")
-    _notebooks(cluster, ns, {"on-host": cluster.node_name, "on-vm": vm_node.name})
+    _notebook(cluster, ns, "on-host", cluster.node_name)
+    _notebook(cluster, ns, "on-vm", vm_node.name)
     attach_through_the_service(cluster, ns, agents, pod="on-host", wait_seconds=HOLDER_WAIT)
     (host_holder,) = cluster.holders(ns)
     # Typed as Any: plain dicts are the bodies, as the client serializes them.
@@ -431,7 +427,7 @@ def test_production_node_drain_tells_the_notebook_while_its_gpu_still_works_and_
     assert cluster.gone(ns, "nb") and cluster.holders(ns) == []
     left = vm_node.run(f"systemctl list-units --all --plain --no-legend {shlex.quote(scope)}")
     assert scope not in left, left
-    _notebooks(cluster, ns, {"after": vm_node.name})
+    _notebook(cluster, ns, "after", vm_node.name)
     eventually(
         lambda: _free_gpus(cluster, ns, agents, "after") == VM_GPUS,
         "every GPU of the drained node free",
