@@ -29,6 +29,7 @@ from jupyter_gpu_hotplug._structs import (
 from jupyter_gpu_hotplug.agent.core.errors import (
     Forbidden,
     InsufficientGpus,
+    LookupFailed,
     NotFound,
     Timeout,
 )
@@ -159,6 +160,11 @@ class FakeResolver:
         self.replacements: dict[str, int] = {}
         """Target key → pid of the process whose container replaced the target's (as a
         restarted Kubernetes container replaces its predecessor under the same name)."""
+        self.unanswered = False
+        """While True, ``lookup`` and ``current`` cannot tell (``LookupFailed``), as the
+        Kubernetes resolver cannot while the API server or the runtime does not answer."""
+        self.lookups = 0
+        """How many lookups were asked (answered or not)."""
         host.processes.setdefault(agent_pid, FakeProcess(agent_pid, 1, AGENT_CONTAINER))
 
     @property
@@ -182,6 +188,9 @@ class FakeResolver:
         return self.host.host_container(process)
 
     def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
+        self.lookups += 1
+        if self.unanswered:
+            raise LookupFailed(f"{target}: the container runtime did not answer")
         process = self.host.alive(target) if isinstance(target, PidTarget) else None
         if process is None:
             return None

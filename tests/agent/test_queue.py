@@ -257,6 +257,26 @@ async def test_waiter_whose_target_exits_leaves(queue: Queue) -> None:
     assert len(queue.harness.core.queue) == 0
 
 
+async def test_a_waiter_whose_target_cannot_be_looked_up_waits_on(queue: Queue) -> None:
+    """A recheck that cannot tell whether the target runs (a slow runtime or API server) is
+    not an exit: the request keeps its place and is served when a GPU is freed."""
+    await queue.ask(100)
+    waiter = queue.ask(200)
+    await queue.until_waiting(1)
+    resolver = queue.harness.resolver
+    resolver.unanswered = True
+    asked = resolver.lookups
+    await eventually(lambda: resolver.lookups >= asked + 3, "three rechecks unanswered")
+    assert not waiter.done()
+    assert await queue.positions(200) == [1]
+
+    resolver.unanswered = False
+    queue.harness.host.remove_container("kernel-100")
+    await queue.harness.reconciler.run_once()
+
+    assert [a["target"] for a in (await waiter)["attachments"]] == [{"pid": 200}]
+
+
 async def test_a_retry_of_a_waiting_request_is_refused(queue: Queue) -> None:
     await queue.ask(100)
     queue.ask(200, request_id="retry-me")

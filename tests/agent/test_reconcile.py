@@ -16,6 +16,7 @@ from typing import Any, Literal
 import pytest
 
 from jupyter_gpu_hotplug._structs import PidRef
+from jupyter_gpu_hotplug.agent.core.errors import LookupFailed
 from jupyter_gpu_hotplug.agent.core.hooks import BackendHooks, RunningContainer
 from jupyter_gpu_hotplug.agent.core.lost import LossRules, LostGpus
 from jupyter_gpu_hotplug.agent.core.reconcile import Reconciler
@@ -155,6 +156,25 @@ async def test_removed_container_is_released(harness: Harness) -> None:
 
     assert report.actions == {"released_gone": [gpu.uuid]}
     assert harness.allocator.all_attachments() == []
+
+
+async def test_a_container_that_cannot_be_looked_up_keeps_its_gpu(harness: Harness) -> None:
+    """The runtime or the API server does not answer: not known to be gone, so nothing is
+    released or withdrawn; the next pass that can tell finds everything as it was."""
+    kernel = harness.host.spawn(100, "kernel-a")
+    gpu = await attach(harness, kernel)
+    harness.resolver.unanswered = True
+
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {}
+    unanswered = LookupFailed(f"{kernel.target}: the container runtime did not answer")
+    assert report.failures == [f"{kernel.target}: cannot be looked up now: {unanswered}"]
+    assert [e.gpu.uuid for e in harness.allocator.attachments_of(kernel.target)] == [gpu.uuid]
+    assert harness.injector.usable(kernel.target) == {CharDevice(195, gpu.minor)}
+
+    harness.resolver.unanswered = False
+    assert (await harness.reconciler.run_once()).actions == {}
 
 
 async def test_reused_pid_is_another_process(harness: Harness) -> None:

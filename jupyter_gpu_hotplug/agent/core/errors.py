@@ -265,6 +265,18 @@ class TargetNotReady(AgentError):
     default_retryable = True
 
 
+class LookupFailed(TargetNotReady):
+    """422 ``target_not_ready``: the API server or the container runtime did not answer, so
+    whether the target still runs is not known now.
+
+    Its own class because "not known" must never be read as "gone": a waiting request, a
+    reconciliation pass or a lost-holder revoke that took it for an exit would answer 404,
+    release a GPU its container still holds, or forget a suspension (``Resolver.lookup``).
+    """
+
+    default_hint = "the node's API server or container runtime did not answer; try again"
+
+
 class Timeout(AgentError):
     """504: a step did not finish within ``wait_seconds``; everything begun was rolled back."""
 

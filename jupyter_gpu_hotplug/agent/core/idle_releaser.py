@@ -52,6 +52,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..._structs import GpuUuid
 from .bundle import Core
+from .errors import LookupFailed
 from .idle import IdleBook, IdlePolicy, IdleReason, IdleRelease, IdleWarning
 from .injector import HolderInfo, InjectorError
 from .seams import ContainerKey, HostContainer, Reservation, ReservationState
@@ -137,7 +138,7 @@ class IdleReleaser:
                     continue  # an operation is running on it: look again next pass
                 try:
                     done = await self._consider(entry, usage)
-                except InjectorError as e:
+                except (InjectorError, LookupFailed) as e:
                     log.warning("idle check of %s skipped: %s", entry.gpu.uuid, e)
                     continue
             released.extend(done)
@@ -152,14 +153,14 @@ class IdleReleaser:
         for entry in self._core.allocator.all_attachments():
             if entry.state is not ReservationState.GRANTED:
                 continue
-            container = await self._container(entry)
             try:
+                container = await self._container(entry)
                 # The scan alone: NVML's list is the simulation's own output here, and
                 # counting it kept a process listed after it let go of the GPU.
                 holders = (
                     [] if container is None else await self._holders(entry, container, nvml=False)
                 )
-            except InjectorError as e:
+            except (InjectorError, LookupFailed) as e:
                 log.debug("cannot tell whether %s is held: %s", entry.gpu.uuid, e)
                 continue
             if holders:

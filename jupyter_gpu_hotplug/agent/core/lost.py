@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
 from ..._structs import GpuUuid, LostHolderWire, Target, format_timestamp
-from .errors import Busy
+from .errors import Busy, LookupFailed
 from .injector import HolderInfo, InjectorError
 from .metrics import AgentMetrics
 from .seams import GpuRecord
@@ -206,8 +206,9 @@ class LostGpus:
                 return await revoke(force)
             except Busy:
                 await asyncio.sleep(_BUSY_RETRY)  # a caller's operation ends by itself
-            except InjectorError as e:
-                # The GPU stays usable while this fails: keep trying (said once, then quietly).
+            except (InjectorError, LookupFailed) as e:
+                # The GPU stays usable while this fails, or while its container cannot be
+                # looked up: keep trying (said once, then quietly).
                 failures += 1
                 log.log(
                     logging.ERROR if failures == 1 else logging.DEBUG,

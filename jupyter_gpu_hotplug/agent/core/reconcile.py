@@ -48,6 +48,7 @@ from .bundle import Core
 from .devices import flat
 from .driver_files import DriverFilesFailed
 from .entitlement import Access
+from .errors import LookupFailed
 from .hooks import ReconcileReport
 from .injector import (
     DeviceInUse,
@@ -149,7 +150,13 @@ class Reconciler:
         for row in self._core.allocator.attachments_of(target):
             by_container[row.container].append(row)
         for key, rows in by_container.items():
-            container = await self._holder(target, key, rows, report)
+            try:
+                container = await self._holder(target, key, rows, report)
+            except LookupFailed as e:
+                # Not known to be gone: its GPUs stay as they are until a pass can tell.
+                report.failures.append(f"{target}: cannot be looked up now: {e}")
+                log.warning("%s cannot be looked up now (%s); next pass", target, e)
+                continue
             if container is None:
                 continue
             try:

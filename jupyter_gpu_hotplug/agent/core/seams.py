@@ -381,12 +381,15 @@ class Resolver(Protocol):
         runtime), ``InvalidRequest`` (a kind of target this backend does not serve)."""
 
     def lookup(self, target: Target, key: ContainerKey) -> HostContainer | None:
-        """The same target in the same container if it still runs, else None."""
+        """The same target in the same container if it still runs, else None (it is gone).
+        ``LookupFailed`` when that cannot be told now (the API server or the container
+        runtime did not answer): the caller keeps everything as it is and looks again."""
 
     def current(self, target: Target, key: ContainerKey) -> HostContainer | None:
         """The container that holds the reservation now: the same container through another
         of its processes when ``target``'s process exited (local), or the container that
-        replaced it after a restart (Kubernetes: a new key). None: nothing to hold it."""
+        replaced it after a restart (Kubernetes: a new key). None: nothing to hold it.
+        ``LookupFailed`` as for ``lookup``."""
 
     def remains(self, key: ContainerKey) -> ContainerCgroups | None:
         """The device cgroups a container with no process left behind, if they still exist

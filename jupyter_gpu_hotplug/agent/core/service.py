@@ -83,6 +83,7 @@ from .errors import (
     AgentError,
     Busy,
     InsufficientGpus,
+    LookupFailed,
     NotFound,
     TargetNotReady,
 )
@@ -345,8 +346,14 @@ class AgentService:
         return Availability(total=total, free=free, held=held, limits=limits)
 
     async def _alive(self, container: HostContainer) -> bool:
+        """Whether a waiting request's target still runs; one that cannot be looked up now
+        (``LookupFailed``) waits on: a slow API server or runtime is no exit."""
         core = self.core
-        found = await core.workers.host(core.resolver.lookup, container.target, container.key)
+        try:
+            found = await core.workers.host(core.resolver.lookup, container.target, container.key)
+        except LookupFailed as e:
+            log.info("%s waits on: whether it still runs is not known now (%s)", container, e)
+            return True
         return found is not None
 
     def _attach_inputs(

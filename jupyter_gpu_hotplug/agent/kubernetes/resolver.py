@@ -29,7 +29,7 @@ from typing import Final
 
 from ..._structs import CONTAINER_ANNOTATION, PodTarget, Target, TargetRef
 from ...linux import cgroups, procfs
-from ..core.errors import Forbidden, InvalidRequest, NotFound, TargetNotReady
+from ..core.errors import Forbidden, InvalidRequest, LookupFailed, NotFound, TargetNotReady
 from ..core.seams import ContainerCgroups, ContainerKey, HostContainer
 from .container_cgroups import belongs_to, expected_cgroup, find_container_pid, fold_inner
 from .cri import ContainerRuntimeStatus, CriClient, CriError, split_container_id
@@ -130,10 +130,12 @@ class PodResolver:
         try:
             return self._kube.read_pod(ref.namespace, ref.name)
         except KubeError as e:
-            raise TargetNotReady(f"could not read pod {ref.namespace}/{ref.name}: {e}") from e
+            raise LookupFailed(f"could not read pod {ref.namespace}/{ref.name}: {e}") from e
 
     def _current(self, target: Target) -> HostContainer | None:
-        """The running container ``target`` names now, or None when there is none."""
+        """The running container ``target`` names now, or None when there is none.
+        ``LookupFailed`` (the API server or the runtime did not answer) is not "none": it
+        goes to the caller, which must not take the target for gone."""
         if not isinstance(target, PodTarget) or target.container is None:
             return None
         pod = self._pod(target)
@@ -141,6 +143,8 @@ class PodResolver:
             return None
         try:
             return self._running(pod, target)
+        except LookupFailed:
+            raise
         except (TargetNotReady, NotFound, Forbidden):
             return None
 
@@ -215,7 +219,7 @@ class PodResolver:
         try:
             runtime = self._cri.container_status(runtime_id)
         except CriError as e:
-            raise TargetNotReady(f"{target}: {e}") from e
+            raise LookupFailed(f"{target}: {e}") from e
         if runtime is None or not runtime.running:
             raise TargetNotReady(
                 f"the container runtime does not run container {target.container} of {target} "
