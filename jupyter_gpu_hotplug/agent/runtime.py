@@ -310,7 +310,7 @@ class Agent:
             revoke_strays=settings.stray_policy == "revoke",
             spawn=self._spawn,
         )
-        self.reconciler = Reconciler(self.core, sweep=self.sweep)
+        self.reconciler = Reconciler(self.core, sweep=self.sweep, suspender=self.service.suspender)
         self.health = HealthProbe(self._health_check)
         self.server, self.metrics_server = self._api_servers()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -120,7 +120,7 @@ async def build(
         metrics,
         core,
         service,
-        Reconciler(core),
+        Reconciler(core, suspender=service.suspender),
         tmp_path / "state",
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from IPython.core.error import UsageError
 
 from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR
 from jupyter_gpu_hotplug.agent.core.checkpoints import SUSPEND_STEPS, marker_path
+from jupyter_gpu_hotplug.agent.core.keep_budget import node_memory
 from jupyter_gpu_hotplug.agent.local.ledger import Ledger
 from jupyter_gpu_hotplug.agent.local.simulate import CONFIG_NAME
 from jupyter_gpu_hotplug.agent.settings import TcpAddress
@@ -566,6 +568,32 @@ def test_kill_9_after_a_suspend_keeps_it_for_the_restarted_agent(
 
     assert_suspended(node, k)
     assert resumed_on(node, k) == k.minor
+
+
+def test_a_suspended_kernel_that_exits_is_forgotten_and_its_share_of_the_budget_comes_back(
+    node: Node, sandbox_factory: SandboxFactory
+) -> None:
+    """A node budget that keeps one kernel's state, not two: the second kernel's suspend is
+    refused while the first is suspended; the first is shut down (its sandbox ends, its CUDA
+    process with it), the next reconciliation pass forgets it, and the second's suspend fits."""
+    fits_one = 8 * 2**20 / node_memory(Path("/proc/meminfo"))
+    node.agent.extra_args = [*node.agent.extra_args, f"--keep-memory-fraction={fits_one}"]
+    start(node)
+    first = kernel(node, sandbox_factory())
+    assert suspend(node, first.probe).status == 204
+    second = kernel(node, sandbox_factory())
+    refused = suspend(node, second.probe)
+    assert (refused.status, refused.json()["retryable"]) == (422, True), refused.body
+    assert_running_as_before(node, second)
+
+    first.probe.sandbox.stop()
+    os.kill(node.agent.pid, signal.SIGHUP)  # a pass now: the fixture turns timed ones off
+
+    poll(
+        lambda: "is gone: its suspension is forgotten" in node.agent.log(), "forgotten", node.agent
+    )
+    assert suspend(node, second.probe).status == 204
+    assert_suspended(node, second)
 
 
 def _ignore_errors(function: Any, *args: Any) -> None:

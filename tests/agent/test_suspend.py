@@ -1,20 +1,35 @@
 """A detach with ``keep`` where it cannot keep anything: the refusals that come before the
-driver is asked, over the service harness (fake host, real ledger). What the driver does is
-``test_e2e_suspend.py``'s, with the real agent and the fake CUDA driver."""
+driver is asked, and the records of suspended kernels that exited, over the service harness
+(fake host, real ledger). What the driver does is ``test_e2e_suspend.py``'s, with the real
+agent and the fake CUDA driver."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import PidRef, PidTarget
+from jupyter_gpu_hotplug._structs import NVIDIA_MAJOR, PidRef, PidTarget, Target
 from jupyter_gpu_hotplug.agent.core.errors import TargetNotReady
 from jupyter_gpu_hotplug.agent.core.keep_budget import KeepBudget
-from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, Suspension, SuspensionState
+from jupyter_gpu_hotplug.agent.core.seams import (
+    AttachRequest,
+    ContainerKey,
+    GpuRecord,
+    Suspension,
+    SuspensionState,
+)
 from jupyter_gpu_hotplug.nvml.checkpoint import CudaCheckpoint
 from jupyter_gpu_hotplug.nvml.sim import CUDA_LIBRARY_NAME, ensure_fake_cuda
+from tests.fixtures.requirements import needs_root
+from tests.fixtures.waiting import eventually
 
 from .service_harness import ADMIN, Harness
 
@@ -141,3 +156,123 @@ async def test_keep_past_the_nodes_budget_counts_the_other_suspended_kernels(
 
     assert refused.retryable is True, "it fits once the other kernel resumes"
     assert [s.target for s in harness.ledger.suspensions()] == [elsewhere.target]
+
+
+def gpu_record(harness: Harness, index: int) -> GpuRecord:
+    gpu = harness.inventory.gpus[index]
+    return GpuRecord(gpu.uuid, gpu.index, gpu.minor, gpu.name)
+
+
+def suspended(
+    target: Target, container: str, gpu: GpuRecord, *, pids: tuple[int, ...] = (4242,)
+) -> Suspension:
+    """A suspended record as the book keeps it (``pids``: its checkpointed processes)."""
+    return Suspension(
+        target=target,
+        container=ContainerKey(container),
+        model=gpu.name,
+        gpus=(gpu,),
+        pids=pids,
+        state=SuspensionState.SUSPENDED,
+        host_memory=GiB,
+    )
+
+
+async def test_the_suspension_of_a_kernel_that_exits_is_forgotten_at_the_next_pass(
+    harness: Harness,
+) -> None:
+    """A suspended kernel shut down while the agent runs: its record goes at the next
+    reconciliation pass (not at the agent's next start), and with it its share of the keep
+    budget; a kernel that still runs, or that cannot be looked up now, keeps its record."""
+    harness.core.suspensions = harness.ledger
+    first, second = gpu_record(harness, 0), gpu_record(harness, 1)
+    running = harness.host.host_container(harness.host.spawn(100, "kernel-a"))
+    exiting = harness.host.host_container(harness.host.spawn(200, "kernel-b"))
+    for container, gpu in ((running, first), (exiting, second)):
+        harness.ledger.record_suspension(suspended(container.target, container.key, gpu))
+    harness.host.remove_container("kernel-b")  # shut down: its processes and cgroups go
+
+    harness.resolver.unanswered = True
+    unanswered = await harness.reconciler.run_once()
+    assert unanswered.actions == {}
+    assert len(unanswered.failures) == 2, unanswered.failures
+    assert len(harness.ledger.suspensions()) == 2, "not known to be gone: kept"
+
+    harness.resolver.unanswered = False
+    report = await harness.reconciler.run_once()
+
+    assert report.actions == {"forgot_suspension": [second.uuid]}
+    assert [s.target for s in harness.ledger.suspensions()] == [running.target]
+    assert await harness.service.suspender.find(exiting.target) is None
+    assert (await harness.reconciler.run_once()).actions == {}
+
+
+async def test_a_suspension_under_an_operation_is_left_for_the_next_pass(
+    harness: Harness,
+) -> None:
+    harness.core.suspensions = harness.ledger
+    gone = PidTarget(300, start_time=7)
+    harness.ledger.record_suspension(suspended(gone, "cgroup:/gone", gpu_record(harness, 0)))
+
+    async with harness.core.locks.operation(gone):
+        report = await harness.reconciler.run_once()
+    assert (report.actions, report.skipped_busy) == ({}, [gone.key])
+
+    later = await harness.reconciler.run_once()
+    assert later.actions == {"forgot_suspension": [harness.inventory.gpus[0].uuid]}
+    assert harness.ledger.suspensions() == []
+
+
+CONTEXT = """
+import ctypes, pathlib, sys, threading
+cuda = ctypes.CDLL(sys.argv[1])
+result = cuda.cuInit(0)
+if result == 0:
+    result = cuda.fakeCudaHoldContext(0, ctypes.c_ulonglong(2**20))
+pathlib.Path(sys.argv[2]).write_text(str(result))
+threading.Event().wait()
+"""
+"""A process with a CUDA context on the fake driver's GPU 0; writes the result to ``argv[2]``."""
+
+
+@needs_root
+async def test_a_checkpointed_process_that_outlives_its_kernel_keeps_the_record(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel is gone but a process of it lives on, checkpointed by the fake driver (a
+    script the kernel started): its state is still in host memory, so the record stays (and
+    counts in the budget) until that process ends too."""
+    library = ensure_fake_cuda(tmp_path / "cuda") / CUDA_LIBRARY_NAME
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    os.mknod(devices / "nvidia0", 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, 0))
+    sockets = Path(tempfile.mkdtemp(prefix="ckpt-"))  # a unix socket's path is short
+    monkeypatch.setenv("FAKE_CUDA_CHECKPOINT_DIR", str(sockets))
+    ready = tmp_path / "ready"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CONTEXT, str(library), str(ready)],
+        env={**os.environ, "FAKE_CUDA_DEV_DIR": str(devices)},
+    )
+    try:
+        await eventually(lambda: ready.exists() and ready.read_text() != "", "a CUDA context")
+        assert ready.read_text() == "0"
+        cuda = CudaCheckpoint(str(library))
+        cuda.lock(process.pid, 1000)
+        cuda.checkpoint(process.pid)
+        harness.core.suspensions, harness.core.cuda = harness.ledger, cuda
+        gone = PidTarget(300, start_time=7)
+        record = suspended(gone, "cgroup:/gone", gpu_record(harness, 0), pids=(process.pid,))
+        harness.ledger.record_suspension(record)
+
+        assert (await harness.reconciler.run_once()).actions == {}
+        assert harness.ledger.suspensions() == [record]
+
+        process.kill()
+        process.wait()
+        report = await harness.reconciler.run_once()
+        assert report.actions == {"forgot_suspension": [harness.inventory.gpus[0].uuid]}
+        assert harness.ledger.suspensions() == []
+    finally:
+        process.kill()
+        process.wait()
+        shutil.rmtree(sockets)

@@ -64,6 +64,7 @@ from .seams import (
     Reservation,
     ReservationState,
 )
+from .suspend import Suspender
 from .sweep import NodeSweep, judged
 
 __all__ = ["Reconciler"]
@@ -74,7 +75,9 @@ log = logging.getLogger(__name__)
 class Reconciler:
     """One reconciliation pass over the reservations (``run_once``), and the periodic loop."""
 
-    def __init__(self, core: Core, *, sweep: NodeSweep | None = None) -> None:
+    def __init__(
+        self, core: Core, *, sweep: NodeSweep | None = None, suspender: Suspender | None = None
+    ) -> None:
         self._core = core
         """The seams and the state shared with the service (its locks, its node rule, its
         queue: a pass that freed GPUs wakes the waiters)."""
@@ -83,6 +86,9 @@ class Reconciler:
         self._sweep = sweep
         """The node sweep, run at the end of every pass (``sweep.py``); None: none (tests of
         the reservations alone)."""
+        self._suspender = suspender
+        """Forgets the suspensions of targets that exited, at every pass (``suspend.py``);
+        None: none (tests of the reservations alone)."""
 
     async def run_once(self) -> ReconcileReport:
         """Reconcile every target with reservations once."""
@@ -112,6 +118,12 @@ class Reconciler:
                 report.failures.append(f"node sweep: {e}")
                 log.exception("the node sweep failed; retrying on the next pass")
         await self._sweep_driver_files(report)
+        if self._suspender is not None:
+            try:
+                await self._suspender.forget_gone(report)
+            except Exception as e:
+                report.failures.append(f"suspensions: {e}")
+                log.exception("forgetting the suspensions of exited targets failed")
         for action, items in report.actions.items():
             self._core.metrics.reconcile_actions.labels(action=action).inc(len(items))
         if report.changed:

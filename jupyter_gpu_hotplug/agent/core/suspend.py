@@ -29,6 +29,13 @@ Recovery (``recover``, at start-up before the first reconciliation): a ``suspend
 whose GPUs are all still granted is rolled back; one whose GPUs were released (the release
 was under way) is finished as ``suspended``; a ``suspended`` one whose target already holds
 the GPUs of an interrupted resume is resumed; a record whose target is gone is forgotten.
+
+Forgetting (``forget_gone``, every reconciliation pass, and ``recover``): a suspended kernel
+that exits while the agent runs (shut down from JupyterLab, its container removed) takes its
+kept state with it; its record is dropped at the next pass, so that it no longer takes a share
+of the keep budget or shows a suspended kernel that is no more. Not while a checkpointed process
+of it lives on without it (a script the kernel started): that process still holds its state in
+host memory, so its record stays, counted in the budget, until it ends too.
 """
 
 from __future__ import annotations
@@ -44,7 +51,15 @@ from ...linux.devnodes import DeviceNode
 from ...nvml.checkpoint import CheckpointError, CudaCheckpoint, ProcessState
 from .bundle import Core
 from .devices import flat
-from .errors import AgentError, Busy, InsufficientGpus, TargetNotReady, Unavailable
+from .errors import (
+    AgentError,
+    Busy,
+    InsufficientGpus,
+    LookupFailed,
+    TargetNotReady,
+    Unavailable,
+)
+from .hooks import ReconcileReport
 from .injector import InjectorError, ScanUnfinished
 from .inventory import InventorySnapshot
 from .revoke import Revoker
@@ -368,15 +383,61 @@ class Suspender:
             except Exception:
                 log.exception("recovering the suspension of %s failed", suspension.target)
 
-    async def _recover(self, suspension: Suspension) -> None:
+    async def forget_gone(self, report: ReconcileReport) -> None:
+        """Forget the suspensions whose target exited (module docstring), each GPU it was
+        suspended from reported as ``forgot_suspension``. A target an operation holds (a
+        suspend or resume under way) or that cannot be looked up now (``LookupFailed``) is
+        looked at again on the next pass."""
+        known = await self._known()
+        for suspension in list((known or {}).values()):
+            with self._core.locks.reconciling(suspension.target) as held:
+                if not held:
+                    report.skipped_busy.append(suspension.target.key)
+                    continue
+                try:
+                    forgotten = await self._look_up(suspension) is None and (
+                        await self._forget_if_ended(suspension)
+                    )
+                except (LookupFailed, CheckpointError) as e:
+                    report.failures.append(f"{suspension.target}: cannot be looked up now: {e}")
+                    continue
+            if forgotten:
+                for gpu in suspension.gpus:
+                    report.add("forgot_suspension", gpu.uuid)
+
+    async def _look_up(self, suspension: Suspension) -> HostContainer | None:
         core = self._core
-        container = await core.workers.host(
+        return await core.workers.host(
             core.resolver.lookup, suspension.target, suspension.container
         )
+
+    async def _forget_if_ended(self, suspension: Suspension) -> bool:
+        """Forget the suspension of a target that is gone, unless a process of it lives on,
+        checkpointed (module docstring); whether it was forgotten."""
+        cuda = self._core.cuda
+        living = (
+            []
+            if cuda is None or not cuda.supported()  # no driver: nothing can be resumed
+            else await self._core.workers.host(_still_kept, cuda, suspension.pids)
+        )
+        if living:
+            log.warning(
+                "%s is gone, but its checkpointed process(es) %s live on, holding their state "
+                "in host memory: its suspension is kept until they end",
+                suspension.target,
+                ", ".join(map(str, living)),
+            )
+            return False
+        await self._forget(suspension.target)
+        log.info("%s is gone: its suspension is forgotten", suspension.target)
+        return True
+
+    async def _recover(self, suspension: Suspension) -> None:
+        container = await self._look_up(suspension)
         if container is None:
-            await self._forget(suspension.target)
-            log.info("%s is gone: its suspension is forgotten", suspension.target)
+            await self._forget_if_ended(suspension)
             return
+        core = self._core
         granted = [
             entry.gpu.uuid
             for entry in core.allocator.attachments_of(suspension.target)
@@ -428,6 +489,12 @@ def _state(cuda: CudaCheckpoint, pid: int) -> ProcessState | None:
         if e.name == "CUDA_ERROR_NOT_SUPPORTED":
             return None
         raise
+
+
+def _still_kept(cuda: CudaCheckpoint, pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` whose state the driver still keeps (not running: a running CUDA
+    process under one of these numbers is another's, the number reused)."""
+    return [pid for pid in pids if _state(cuda, pid) not in (None, ProcessState.RUNNING)]
 
 
 def _roll_back(cuda: CudaCheckpoint, pids: Sequence[int]) -> list[str]:
