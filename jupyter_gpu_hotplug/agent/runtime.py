@@ -215,6 +215,7 @@ def _core(components: Components) -> Core:
             idle_seconds=settings.idle_release_seconds,
             warning_seconds=settings.idle_warning_seconds,
             max_lease_seconds=settings.max_lease_seconds,
+            handover_seconds=settings.idle_handover_seconds,
         ),
         checkpoints=Checkpoints(pause_at=settings.hooks.pause_at, marker_dir=settings.state_dir),
         driver_files=components.driver_files,

@@ -692,6 +692,16 @@ class AgentSettings:
         choices=IDLE_HELD_POLICIES,
     )
     """Suspend by default: without it an idle release never frees a GPU that CUDA used."""
+    idle_handover_seconds: float = setting(
+        300.0,
+        """While a request of another kernel waits for GPUs, suspend a kernel whose GPU it
+        held idle (a CUDA context NVML sees at 0 %) for this many seconds, instead of after
+        the whole idle period, and hand its GPU on; where the idle policy is on and the kernel
+        can be suspended (--idle-held=suspend). 0: never earlier than the idle period.""",
+        flag="idle-handover",
+    )
+    """On by default: a suspend keeps the kernel's state, so it costs its owner a resume, while
+    the waiting user would otherwise wait out the whole idle period."""
     idle_warning_seconds: float = setting(
         60.0, "Announce an idle release this many seconds before it happens.", flag="idle-warning"
     )
@@ -848,6 +858,7 @@ class AgentSettings:
             "force_grace",
             "idle_release_seconds",
             "idle_warning_seconds",
+            "idle_handover_seconds",
             "max_lease_seconds",
             "lost_grace_seconds",
         ):

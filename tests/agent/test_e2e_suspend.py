@@ -289,13 +289,12 @@ def test_suspend_then_resume_on_the_same_gpu(node: Node, sandbox: SandboxProbe) 
     assert resumed_on(node, k) == k.minor
 
 
-def start_with_idle_release(node: Node) -> None:
-    """Start the agent with a 5 s idle period, looked at (and the simulation moved) 5 times a
-    second."""
+def start_with_idle_release(node: Node, *policy: str) -> None:
+    """Start the agent with the idle ``policy`` (default a 5 s idle period), looked at (and the
+    simulation moved) 5 times a second."""
     node.agent.extra_args = [
         *node.agent.extra_args,
-        "--idle-release=5",
-        "--idle-warning=2",
+        *(policy or ("--idle-release=5", "--idle-warning=2")),
         "--AgentApp.idle_check_interval=0.2",
         "--AgentApp.simulation_interval=0.2",
     ]
@@ -330,13 +329,9 @@ def test_an_idle_kernel_is_suspended_by_the_idle_policy_and_its_next_attach_resu
     assert resumed_on(node, k) == k.minor
 
 
-def test_an_idle_kernels_suspend_hands_its_gpu_to_a_waiting_request_and_it_resumes_later(
-    node: Node, sandbox_factory: SandboxFactory
-) -> None:
-    """Every GPU taken — one by an idle kernel, one working — and a request waits in the queue:
-    the idle kernel is suspended, not ended, and its GPU goes to the waiter. Its own attach is
-    then refused (no GPU of its model free) with its state kept, and resumes it once one is."""
-    start_with_idle_release(node)
+def handed_over(node: Node, sandbox_factory: SandboxFactory) -> tuple[Kernel, SandboxProbe]:
+    """Every GPU taken — one by an idle kernel, one by a working one — and a request waits in
+    the queue: the idle kernel is suspended and its GPU goes to the waiter (returned)."""
     idle = kernel(node, sandbox_factory())
     working = sandbox_factory()
     (busy,) = attach(node, working).json()["attachments"]
@@ -352,6 +347,17 @@ def test_an_idle_kernels_suspend_hands_its_gpu_to_a_waiting_request_and_it_resum
     assert handed["uuid"] == idle.uuid
     assert opens(waiter, idle.minor) == "ENXIO"
     assert [a["uuid"] for a in listed(node, working)["attachments"]] == [busy["uuid"]]
+    return idle, waiter
+
+
+def test_an_idle_kernels_suspend_hands_its_gpu_to_a_waiting_request_and_it_resumes_later(
+    node: Node, sandbox_factory: SandboxFactory
+) -> None:
+    """The idle kernel is suspended, not ended, and its GPU goes to the waiter. Its own attach
+    is then refused (no GPU of its model free) with its state kept, and resumes it once one
+    is."""
+    start_with_idle_release(node)
+    idle, waiter = handed_over(node, sandbox_factory)
 
     refused = attach(node, idle.probe)
     assert refused.status == 409, refused.body
@@ -360,6 +366,18 @@ def test_an_idle_kernels_suspend_hands_its_gpu_to_a_waiting_request_and_it_resum
 
     assert node.api.delete(f"/v1/attachments?pid={waiter.pid}").status == 204
     assert resumed_on(node, idle) == idle.minor
+
+
+def test_a_waiting_request_has_an_idle_kernel_suspended_after_the_handover_period(
+    node: Node, sandbox_factory: SandboxFactory
+) -> None:
+    """An idle period of an hour and a hand-over period of 2 s: a request that waits gets the
+    idle kernel's GPU within seconds, not an hour, and the kernel is suspended, its state
+    kept."""
+    start_with_idle_release(node, "--idle-release=3600", "--idle-handover=2", "--idle-warning=1")
+    idle, _ = handed_over(node, sandbox_factory)
+    assert "while a request of another kernel waited for GPUs" in node.agent.log()
+    assert node.cuda.state(idle.pid) is ProcessState.CHECKPOINTED
 
 
 MAGIC: Final = """

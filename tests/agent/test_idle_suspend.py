@@ -1,6 +1,7 @@
 """The idle policy's suspend (issue 39): a GPU its target holds but NVML sees unused — an idle
 CUDA context, which every PyTorch kernel keeps — is idle too where the agent can keep the
-kernel's state, and when it is due the whole target is suspended instead of left attached.
+kernel's state, and when it is due the whole target is suspended instead of left attached;
+while another kernel's request waits, it is due after the shorter hand-over period.
 
 Over the same fakes and clocks as ``test_idle.py``; the suspend itself is a double here (the
 driver's part is ``test_e2e_suspend.py``'s): it lets the processes go and takes the GPUs back,
@@ -9,16 +10,20 @@ as a suspend's revoke does, or refuses.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
+from typing import Final
 
 import pytest
 
-from jupyter_gpu_hotplug._structs import GpuUuid, PidRef
+from jupyter_gpu_hotplug._structs import AttachmentList, GpuUuid, PidRef
 from jupyter_gpu_hotplug.agent.core.errors import TargetNotReady
 from jupyter_gpu_hotplug.agent.core.idle import IdleReason
 from jupyter_gpu_hotplug.agent.core.idle_releaser import IdleReleaser
 from jupyter_gpu_hotplug.agent.core.seams import AttachRequest, HostContainer, Reservation
 from jupyter_gpu_hotplug.agent.core.workers import Workers
+from tests.fixtures.waiting import eventually
 
 from .fakes import FakeProcess
 from .service_harness import ADMIN, Harness
@@ -164,3 +169,108 @@ async def test_the_services_idle_suspend_is_refused_without_the_checkpoint_api(
         )
     assert await idle.harness.service.suspend_idle(container) == []
     assert idle.attached(process) == [uuid]
+
+
+async def waits(idle: IdleWithSuspend, pid: int) -> asyncio.Task[AttachmentList]:
+    """An attach of one GPU for kernel ``pid``, waiting in the queue (in the background)."""
+    if pid not in idle.harness.host.processes:
+        idle.harness.host.spawn(pid, f"kernel-{pid}")
+    request = AttachRequest(1, PidRef(pid), wait_seconds=60.0, request_id=None, queued=True)
+    task = asyncio.create_task(idle.harness.service.attach(ADMIN, request))
+    await eventually(lambda: len(idle.harness.core.queue) == 1, f"{pid}'s request waits")
+    return task
+
+
+async def cancelled(task: asyncio.Task[AttachmentList]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+HANDOVER: Final = {"idle_seconds": 3600.0, "warning_seconds": 60.0, "handover_seconds": 300.0}
+"""An idle period of an hour, a hand-over period of 300 s."""
+
+
+async def handed_to(
+    idle: IdleWithSuspend, waiting: asyncio.Task[AttachmentList], process: FakeProcess
+) -> list[GpuUuid]:
+    """``process``'s kernel was suspended (once); the GPUs ``waiting`` got."""
+    assert [c.target for c in idle.suspends.asked] == [process.target]
+    return [GpuUuid(a["uuid"]) for a in (await waiting)["attachments"]]
+
+
+async def the_last_gpu_held_idle(
+    idle: IdleWithSuspend, **policy: float
+) -> tuple[FakeProcess, GpuUuid]:
+    """The idle ``policy``; a kernel that keeps working (NVML: 100 %) holds every GPU but one,
+    which kernel 100 holds idle (``held_idle``)."""
+    idle.policy(**policy)
+    hog = idle.harness.host.spawn(900, "hog")
+    answer = await idle.harness.service.attach(
+        ADMIN, AttachRequest(len(idle.harness.inventory.gpus) - 1, PidRef(900), 60.0, None)
+    )
+    for attachment in answer["attachments"]:
+        idle.harness.injector.hold(hog, attachment["minor"], pid=901)
+        idle.usage[attachment["uuid"]] = 100
+    return await held_idle(idle)
+
+
+async def test_a_waiting_request_has_an_idle_kernel_suspended_after_the_handover_period(
+    idle: IdleWithSuspend,
+) -> None:
+    """Idle period an hour, hand-over 300 s: with nobody waiting the held-idle kernel keeps
+    its GPU; once another kernel's request waits, it is announced and suspended when it has
+    been idle for 300 s, and the waiting request gets its GPU."""
+    process, uuid = await the_last_gpu_held_idle(idle, **HANDOVER)
+
+    assert await idle.after(0) == []
+    assert await idle.after(400) == [], "nobody waits: the whole idle period applies"
+    assert uuid not in idle.harness.core.idle.warnings
+
+    waiting = await waits(idle, 200)
+    assert await idle.after(0) == [uuid], "idle for 400 s already: handed over at once"
+
+    assert await handed_to(idle, waiting, process) == [uuid]
+    [release] = idle.harness.core.idle.releases_of(process.target)
+    assert release.reason is IdleReason.IDLE
+
+
+async def test_the_handover_is_announced_and_counts_from_the_start_of_idleness(
+    idle: IdleWithSuspend,
+) -> None:
+    process, uuid = await the_last_gpu_held_idle(idle, **HANDOVER)
+    assert await idle.after(0) == []
+    waiting = await waits(idle, 200)
+
+    assert await idle.after(230) == []
+    assert await idle.after(10) == []
+    assert uuid in idle.harness.core.idle.warnings, "announced 60 s before"
+    assert await idle.after(59) == []
+    assert await idle.after(1) == [uuid]
+    assert await handed_to(idle, waiting, process) == [uuid]
+
+
+async def test_a_kernels_own_waiting_request_never_has_it_suspended(
+    idle: IdleWithSuspend,
+) -> None:
+    process, uuid = await the_last_gpu_held_idle(idle, **HANDOVER)
+    own = await waits(idle, 100)  # the same kernel asks for a second GPU
+
+    assert await idle.after(0) == []
+    assert await idle.after(1000) == []
+    assert idle.suspends.asked == []
+    assert idle.attached(process) == [uuid]
+    await cancelled(own)
+
+
+async def test_without_a_handover_period_a_waiting_request_changes_nothing(
+    idle: IdleWithSuspend,
+) -> None:
+    process, uuid = await the_last_gpu_held_idle(idle, idle_seconds=3600, warning_seconds=60)
+    waiting = await waits(idle, 200)
+
+    assert await idle.after(0) == []
+    assert await idle.after(3000) == []
+    assert idle.suspends.asked == []
+    assert idle.attached(process) == [uuid]
+    await cancelled(waiting)

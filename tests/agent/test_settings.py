@@ -430,6 +430,7 @@ GIVEN: dict[str, tuple[list[str], object, list[str]]] = {
     "force_grace": (["1"], 1.0, []),
     "idle_release_seconds": (["600"], 600.0, []),
     "idle_warning_seconds": (["30"], 30.0, []),
+    "idle_handover_seconds": (["30"], 30.0, []),
     "max_lease_seconds": (["3600"], 3600.0, []),
     "idle_check_interval": (["1"], 1.0, []),
     "lost_grace_seconds": (["5"], 5.0, []),

@@ -35,7 +35,7 @@ _HISTORY: int = 20
 
 class IdleReason(enum.StrEnum):
     IDLE = "idle"
-    """Unused for the whole idle period."""
+    """Unused for the whole idle period (or the hand-over period: ``handover_seconds``)."""
     LEASE = "lease"
     """The maximum lease ran out (and nothing used the GPU at that moment)."""
 
@@ -50,15 +50,26 @@ class IdlePolicy:
     """Warn this long before a release (a release is never earlier because of it)."""
     max_lease_seconds: float = 0.0
     """Release an unused GPU once it has been attached this long; 0: no maximum."""
+    handover_seconds: float = 0.0
+    """While a request waits for GPUs, a GPU held idle (a CUDA context NVML sees at 0 %) is
+    due after this long instead of the whole idle period, where the target can be suspended
+    (its state kept); 0: never earlier. It shortens a policy that is on, never turns one on."""
 
     def __post_init__(self) -> None:
-        for name in ("idle_seconds", "warning_seconds", "max_lease_seconds"):
+        for name in ("idle_seconds", "warning_seconds", "max_lease_seconds", "handover_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 
     @property
     def enabled(self) -> bool:
         return self.idle_seconds > 0 or self.max_lease_seconds > 0
+
+    def idle_period(self, *, handover: bool) -> float:
+        """How long a GPU must be unused to fall due for being idle (0: never): the idle
+        period, or the hand-over period where that applies (``handover``) and is shorter."""
+        if handover and self.handover_seconds and self.enabled:
+            return min(self.idle_seconds or self.handover_seconds, self.handover_seconds)
+        return self.idle_seconds
 
     def stricter(self, idle_seconds: float | None) -> IdlePolicy:
         """This policy with a request's idle period, if that one is stricter (shorter, or

@@ -17,6 +17,13 @@ the whole period is idle too; when every GPU of the target is due, the target is
 attach resumes it. A refused suspend (the budget, a process the driver cannot checkpoint) is
 logged and changes nothing; the next try comes after another whole idle period.
 
+Hand-over (``handover_seconds``): while a request waits in the queue, a GPU held idle falls
+due after the hand-over period instead of the whole idle period, so a kernel that sits on a
+GPU with an idle context is suspended (nothing of it lost) and the waiting request gets the
+GPU, rather than waiting out an idle period of an hour. Only where a policy is on and the
+target can be suspended: a GPU nobody holds keeps its idle period (its release would end the
+attachment, which nothing waiting entitles the agent to shorten).
+
 Before a release, a *warning* is recorded for the attachment (``warning_seconds`` ahead): the
 API shows it on the attachment (``idle_release``), where the server extension's stream and the
 ``%gpu`` magic read it, it is logged, and the book's listeners hear of it (Kubernetes mode:
@@ -211,7 +218,8 @@ class IdleReleaser:
         since = self._idle_since.setdefault(key, now)
         self._in_use.discard(key)
         policy = self._book.policy_for(entry)
-        due = self._due(entry, policy, idle_for=now - since)
+        handover = held_idle and self._others_wait(entry)
+        due = self._due(entry, policy, idle_for=now - since, handover=handover)
         if due is None:
             return []
         reason, remaining = due
@@ -233,21 +241,30 @@ class IdleReleaser:
         due: a suspend takes them all, and one still in use must not be stopped."""
         assert self._suspend is not None
         others = [e for e in self._core.allocator.attachments_of(entry.target) if e != entry]
-        if not all(self._is_due(other) for other in others):
+        handover = self._others_wait(entry)
+        if not all(self._is_due(other, handover=handover) for other in others):
             return []  # the last of them to fall due suspends the target
         released = await self._suspend(container)
         if not released:
             self._restart(entry)  # refused (logged): try again after a whole idle period
             return []
-        return [self._released(gone, reason, policy, kept=True) for gone in released]
+        return [
+            self._released(gone, reason, policy, kept=True, handover=handover) for gone in released
+        ]
 
-    def _is_due(self, entry: Reservation) -> bool:
+    def _is_due(self, entry: Reservation, *, handover: bool) -> bool:
         key = attachment_id(entry)
         since = self._idle_since.get(key)
         if since is None or key in self._in_use:
             return False
-        due = self._due(entry, self._book.policy_for(entry), idle_for=self._clock() - since)
+        policy = self._book.policy_for(entry)
+        due = self._due(entry, policy, idle_for=self._clock() - since, handover=handover)
         return due is not None and due[1] <= 0
+
+    def _others_wait(self, entry: Reservation) -> bool:
+        """Whether a request of another container waits for GPUs (the hand-over's cue; a
+        target's own request is never served by suspending the target)."""
+        return any(waiter.container.key != entry.container for waiter in self._core.queue.waiters)
 
     def _restart(self, entry: Reservation) -> None:
         """The release did not happen: its idle period starts again, its warning goes."""
@@ -255,7 +272,13 @@ class IdleReleaser:
         self._book.warnings.pop(entry.gpu.uuid, None)
 
     def _released(
-        self, entry: Reservation, reason: IdleReason, policy: IdlePolicy, *, kept: bool = False
+        self,
+        entry: Reservation,
+        reason: IdleReason,
+        policy: IdlePolicy,
+        *,
+        kept: bool = False,
+        handover: bool = False,
     ) -> IdleRelease:
         """Record, announce, count and log an idle release."""
         uuid = entry.gpu.uuid
@@ -266,16 +289,19 @@ class IdleReleaser:
         self._book.tell(release)
         self._core.metrics.idle_releases.labels(reason=str(reason)).inc()
         how = " (suspended: its CUDA state is kept for the next attach)" if kept else ""
-        log.warning("released %s from %s: %s%s", uuid, entry.target, _explain(reason, policy), how)
+        why = _explain(reason, policy, handover=handover)
+        log.warning("released %s from %s: %s%s", uuid, entry.target, why, how)
         return release
 
     def _due(
-        self, entry: Reservation, policy: IdlePolicy, *, idle_for: float
+        self, entry: Reservation, policy: IdlePolicy, *, idle_for: float, handover: bool = False
     ) -> tuple[IdleReason, float] | None:
-        """The first reason that will release this unused GPU, and the seconds until then."""
+        """The first reason that will release this unused GPU, and the seconds until then
+        (``handover``: it is held idle while another's request waits)."""
         candidates = []
-        if policy.idle_seconds:
-            candidates.append((policy.idle_seconds - idle_for, IdleReason.IDLE))
+        period = policy.idle_period(handover=handover)
+        if period:
+            candidates.append((period - idle_for, IdleReason.IDLE))
         if policy.max_lease_seconds and entry.granted_at is not None:
             ends = entry.granted_at + timedelta(seconds=policy.max_lease_seconds)
             candidates.append(((ends - self._wall()).total_seconds(), IdleReason.LEASE))
@@ -300,7 +326,10 @@ class IdleReleaser:
         )
 
 
-def _explain(reason: IdleReason, policy: IdlePolicy) -> str:
+def _explain(reason: IdleReason, policy: IdlePolicy, *, handover: bool) -> str:
     if reason is IdleReason.IDLE:
-        return f"unused for {policy.idle_seconds:g} s"
+        period = policy.idle_period(handover=handover)
+        if period != policy.idle_seconds:
+            return f"unused for {period:g} s while a request of another kernel waited for GPUs"
+        return f"unused for {period:g} s"
     return f"its lease of {policy.max_lease_seconds:g} s ended and nothing used it"
