@@ -19,6 +19,7 @@ from jupyter_gpu_hotplug.agent.core.errors import (
     Forbidden,
     InsufficientGpus,
     InvalidRequest,
+    LookupFailed,
     NotFound,
     TargetNotReady,
     Unavailable,
@@ -381,6 +382,28 @@ async def test_detach_revokes_and_releases(harness: Harness) -> None:
     assert harness.sample("gpu_hotplug_detach_total", result="success") == 1
     with pytest.raises(NotFound):
         await harness.service.detach(ADMIN, first, force=False)
+
+
+async def test_a_detach_while_the_target_cannot_be_looked_up_is_refused_and_keeps_all(
+    harness: Harness,
+) -> None:
+    """The runtime or the API server does not answer: the target is not known to be gone, so
+    the GPU is not released as an exited target's would be (its grant would outlive the
+    reservation); 422, worth retrying, with everything as it was."""
+    kernel = harness.host.spawn(100, "kernel-a")
+    result = await harness.service.attach(ADMIN, request(1, pid=100))
+    uuid = GpuUuid(result["attachments"][0]["uuid"])
+    harness.resolver.unanswered = True
+
+    with pytest.raises(LookupFailed) as refused:
+        await harness.service.detach(ADMIN, uuid, force=False)
+
+    assert (refused.value.status, refused.value.retryable) == (422, True)
+    assert [e.gpu.uuid for e in harness.ledger.attachments()] == [uuid]
+    assert harness.injector.usable(kernel.target) == {gpu(0)}
+    harness.resolver.unanswered = False
+    await harness.service.detach(ADMIN, uuid, force=False)
+    assert harness.ledger.attachments() == []
 
 
 async def test_busy_detach_refused_then_forced(harness: Harness) -> None:
