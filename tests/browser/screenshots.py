@@ -9,8 +9,9 @@ from the repository root (it starts a demo of its own)::
 
 For each theme: the GPU panel with live charts of a GPU in use (the demo's load helper holds
 it), the status bar, the toolbar menu, the ``%gpu`` widget, the ``%gpu status`` and
-``%gpu list`` tables, and a "no free GPU" notification offering to wait, each cropped to its
-element, as ``gpu-<what>-<theme>.png``.
+``%gpu list`` tables, a "no free GPU" notification offering to wait, and a suspended kernel's
+panel header and toolbar item (issue 39), each cropped to its element, as
+``gpu-<what>-<theme>.png``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from playwright.sync_api import Browser, FloatRect, Locator, expect, sync_playwright
 
+from jupyter_gpu_hotplug.nvml import sim
 from tests.demo.conftest import DemoFactory
 from tests.demo.demo_process import DemoProcess
 from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS
@@ -39,6 +41,8 @@ SHOTS: Final = (
     "status-table",
     "list-table",
     "error",
+    "suspended",
+    "suspended-toolbar",
 )
 """What is taken per theme (``gpu-<shot>-<theme>.png``)."""
 CHART_READINGS: Final = 30
@@ -51,6 +55,46 @@ CELLS: Final = ("%gpu", "%gpu status", "%gpu list")
 """The notebook's cells after the probe: the widget and the two tables."""
 
 OpenLab = Callable[[str, tuple[str, ...]], GpuLab]
+
+HOLD_CONTEXT: Final = """
+import ctypes, sys, threading
+cuda = ctypes.CDLL(sys.argv[1])
+result = cuda.cuInit(0)
+if result == 0:
+    result = cuda.fakeCudaHoldContext(0, ctypes.c_ulonglong(int(sys.argv[2])))
+print(result, flush=True)
+threading.Event().wait()
+"""
+"""A CUDA process of the simulated driver on its sandbox's one GPU with ``argv[2]`` bytes, as
+``tests/agent/test_e2e_suspend.py`` starts one: prints the result of taking its context (0),
+then waits, answering the agent's checkpoint calls."""
+CONTEXT_BYTES: Final = 5 * 2**20
+SUSPENDED_NOTICE: Final = ".jp-GpuHotplug-panel-suspended"
+
+
+def released_keeping_state(lab: GpuLab, demo: DemoProcess, library: Path) -> dict[str, Any]:
+    """Attach a GPU to ``lab``'s kernel, start a CUDA process there (the kernel's child, in
+    its ``cuda``), wait until NVML lists it, and release with "keep the kernel's state"; the
+    GPU it had. The suspended state is then on its way to the page."""
+    lab.choose("Attach 1 GPU")
+    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    [gpu] = lab.attached()
+    lab.open_panel()
+    with demo.server.connect(lab.kernel_id()) as kernel:
+        started = kernel.run(
+            "import subprocess, sys\n"
+            f"cuda = subprocess.Popen([sys.executable, '-c', {HOLD_CONTEXT!r}, "
+            f"{str(library)!r}, '{CONTEXT_BYTES}'], stdout=subprocess.PIPE, text=True)\n"
+            "print('CUDA', cuda.stdout.readline().strip())"
+        )
+    assert started.stdout.strip() == "CUDA 0", started.output
+    # NVML lists the process on its GPU (the simulation's next pass), as a real one: only then
+    # is there a CUDA state to keep.
+    processes = lab.panel_gpu(gpu["uuid"]).locator(".jp-GpuHotplug-panel-process")
+    expect(processes).to_have_count(1, timeout=SETTLE_MS)
+    lab.choose("Release all, keep the kernel's state")
+    lab.confirm("Release")
+    return gpu
 
 
 def _union(page_locators: list[Locator], pad: int = 6) -> FloatRect:
@@ -117,6 +161,26 @@ def take_theme(open_lab: OpenLab, demo: DemoProcess, out: Path, name: str, theme
         "gpu-hotplug/api/detach",
         {"uuid": "all", "kernel_id": lab.kernel_id(), "force": True},
     )
+
+    suspended = open_lab(f"screens-suspended-{name}.ipynb", ())
+    with tempfile.TemporaryDirectory() as built:
+        released_keeping_state(suspended, demo, fake_cuda(Path(built)))
+        expect(suspended.toolbar_item).to_have_class(re.compile("jp-mod-suspended"))
+        expect(suspended.panel.locator(SUSPENDED_NOTICE)).to_be_visible()
+        suspended.panel.locator("header").screenshot(path=out / f"gpu-suspended-{name}.png")
+        suspended.toolbar_item.screenshot(path=out / f"gpu-suspended-toolbar-{name}.png")
+        suspended.choose("Resume on 1 GPU")
+        expect(suspended.toolbar_item).to_have_class(re.compile("jp-mod-gpus"), timeout=SETTLE_MS)
+    demo.server.request(
+        "POST",
+        "gpu-hotplug/api/detach",
+        {"uuid": "all", "kernel_id": suspended.kernel_id(), "force": True},
+    )
+
+
+def fake_cuda(directory: Path) -> Path:
+    """The simulated driver's library, built in ``directory`` (the agent's own is the same)."""
+    return sim.ensure_fake_cuda(directory) / sim.CUDA_LIBRARY_NAME
 
 
 def take_all(open_lab: OpenLab, demo: DemoProcess, out: Path) -> list[Path]:

@@ -23,7 +23,6 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import Browser, Locator, Response, expect
 
-from jupyter_gpu_hotplug.nvml import sim
 from jupyter_gpu_hotplug.nvml.sim import SimulatedProcess
 from tests.demo.conftest import DemoFactory
 from tests.demo.demo_process import DemoProcess
@@ -33,7 +32,7 @@ from tests.fixtures.browser import needs_chromium
 from tests.fixtures.requirements import needs_root
 
 from .gpu_lab import DIALOG, LOAD_TIMEOUT_MS, PANEL, SETTLE_MS, TOOLBAR_ITEM, GpuLab, quiet_lab
-from .screenshots import LOAD, take_all
+from .screenshots import LOAD, SUSPENDED_NOTICE, fake_cuda, released_keeping_state, take_all
 
 pytestmark = [*needs_root, *needs_chromium, pytest.mark.timeout(900)]
 
@@ -916,21 +915,6 @@ def test_the_panel_says_which_notebook_uses_a_gpu(open_lab: OpenLab, demo: DemoP
         expect(lab.page.locator(f"{rows}[data-kernel-id='{idle.kernel_id()}']")).to_have_count(0)
 
 
-HOLD_CONTEXT = """
-import ctypes, sys, threading
-cuda = ctypes.CDLL(sys.argv[1])
-result = cuda.cuInit(0)
-if result == 0:
-    result = cuda.fakeCudaHoldContext(0, ctypes.c_ulonglong(int(sys.argv[2])))
-print(result, flush=True)
-threading.Event().wait()
-"""
-"""A CUDA process of the simulated driver on its sandbox's one GPU with ``argv[2]`` bytes, as
-``tests/agent/test_e2e_suspend.py`` starts one: prints the result of taking its context (0),
-then waits, answering the agent's checkpoint calls."""
-SUSPENDED_NOTICE = ".jp-GpuHotplug-panel-suspended"
-
-
 def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
     open_lab: OpenLab, demo: DemoProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -939,29 +923,10 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
     toolbar, the status bar and the panel say the state waits in host memory and that
     attaching resumes it; the menu offers the resume in place of "Attach N", and it resumes the
     kernel: the suspended state goes."""
-    library = sim.ensure_fake_cuda(tmp_path_factory.mktemp("cuda")) / sim.CUDA_LIBRARY_NAME
     lab = open_lab("suspend.ipynb")
     expect(lab.button).to_have_text(f"GPU · {GPUS} free")
-    lab.choose("Attach 1 GPU")
-    expect(lab.toolbar_item).to_have_class(re.compile("jp-mod-gpus"))
-    [gpu] = lab.attached()
-    lab.open_panel()
+    gpu = released_keeping_state(lab, demo, fake_cuda(tmp_path_factory.mktemp("cuda")))
     with demo.server.connect(lab.kernel_id()) as kernel:
-        started = kernel.run(
-            "import subprocess, sys\n"
-            f"cuda = subprocess.Popen([sys.executable, '-c', {HOLD_CONTEXT!r}, "
-            f"{str(library)!r}, str(5 * 2**20)], stdout=subprocess.PIPE, text=True)\n"
-            "print('CUDA', cuda.stdout.readline().strip())"
-        )
-        assert started.stdout.strip() == "CUDA 0", started.output
-        # NVML lists the process on its GPU (the simulation's next pass), as a real one: only
-        # then is there a CUDA state to keep.
-        processes = lab.panel_gpu(gpu["uuid"]).locator(".jp-GpuHotplug-panel-process")
-        expect(processes).to_have_count(1)
-
-        lab.choose("Release all, keep the kernel's state")
-        lab.confirm("Release")
-
         expect(
             lab.toast(
                 "Released all GPUs of suspend.ipynb. This notebook's kernel is suspended "
@@ -982,10 +947,6 @@ def test_a_release_with_keep_shows_suspended_until_an_attach_resumes(
         expect(notice).to_have_text(
             re.compile(r"^This notebook's kernel is suspended .* attaching resumes it")
         )
-        shots = os.environ.get(SCREENSHOTS_ENV)
-        if shots:  # docs/usage.md shows them
-            lab.panel.locator("header").screenshot(path=Path(shots) / "gpu-suspended-light.png")
-            lab.toolbar_item.screenshot(path=Path(shots) / "gpu-suspended-toolbar-light.png")
 
         lab.choose("Resume on 1 GPU")
 
