@@ -235,16 +235,26 @@ async def test_a_waiting_request_has_an_idle_kernel_suspended_after_the_handover
     assert release.reason is IdleReason.IDLE
 
 
-async def test_the_handover_is_announced_and_counts_from_the_start_of_idleness(
+async def announced(
     idle: IdleWithSuspend,
-) -> None:
+) -> tuple[FakeProcess, GpuUuid, asyncio.Task[AttachmentList]]:
+    """Kernel 100 holds the last GPU idle, kernel 200's request waits: after 240 s of
+    idleness its hand-over is announced (60 s ahead). The kernel, its GPU, the waiting
+    request."""
     process, uuid = await the_last_gpu_held_idle(idle, **HANDOVER)
     assert await idle.after(0) == []
     waiting = await waits(idle, 200)
-
     assert await idle.after(230) == []
+    assert uuid not in idle.harness.core.idle.warnings
     assert await idle.after(10) == []
     assert uuid in idle.harness.core.idle.warnings, "announced 60 s before"
+    return process, uuid, waiting
+
+
+async def test_the_handover_is_announced_and_counts_from_the_start_of_idleness(
+    idle: IdleWithSuspend,
+) -> None:
+    process, uuid, waiting = await announced(idle)
     assert await idle.after(59) == []
     assert await idle.after(1) == [uuid]
     assert await handed_to(idle, waiting, process) == [uuid]
@@ -274,3 +284,17 @@ async def test_without_a_handover_period_a_waiting_request_changes_nothing(
     assert idle.suspends.asked == []
     assert idle.attached(process) == [uuid]
     await cancelled(waiting)
+
+
+async def test_a_handover_announced_for_a_request_that_stops_waiting_is_called_off(
+    idle: IdleWithSuspend,
+) -> None:
+    process, uuid, waiting = await announced(idle)
+
+    await cancelled(waiting)
+    await eventually(lambda: len(idle.harness.core.queue) == 0, "nobody waits")
+    assert await idle.after(10) == []
+    assert uuid not in idle.harness.core.idle.warnings, "no longer due in 40 s"
+    assert await idle.after(100) == []
+    assert idle.suspends.asked == []
+    assert idle.attached(process) == [uuid]

@@ -226,6 +226,10 @@ class IdleReleaser:
         if remaining > 0:
             if remaining <= policy.warning_seconds and uuid not in self._book.warnings:
                 self._warn(entry, reason, remaining)
+            elif remaining > policy.warning_seconds and uuid in self._book.warnings:
+                # Announced for a hand-over whose waiting request has gone: not due so soon.
+                del self._book.warnings[uuid]
+                log.info("%s of %s: the hand-over is called off", uuid, entry.target)
             return []
         if held_idle:
             return await self._suspended(entry, container, reason, policy)
