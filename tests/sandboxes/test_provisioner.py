@@ -209,8 +209,10 @@ class Kernel:
         assert sandbox is not None
         return sandbox
 
-    async def run(self, code: str) -> str:
-        """Execute ``code``; its stdout, or a failed test with the kernel's traceback."""
+    async def run(self, code: str, *, aborted_tries: int = 0) -> str:
+        """Execute ``code``; its stdout, or a failed test with the kernel's traceback.
+        ``aborted_tries``: how many times to ask again when the kernel answers "aborted"
+        (ipykernel aborts the requests that reach it before it is done with an error)."""
         out: list[str] = []
 
         def on_output(message: dict[str, Any]) -> None:
@@ -221,8 +223,12 @@ class Kernel:
             code, timeout=DEADLINE_S, output_hook=on_output
         )
         content = reply["content"]
+        if content["status"] == "aborted" and aborted_tries > 0:
+            return await self.run(code, aborted_tries=aborted_tries - 1)
         if content["status"] != "ok":
-            pytest.fail(f"kernel error {content['ename']}: {content['evalue']}")
+            pytest.fail(
+                f"kernel {content['status']}: {content.get('ename')}: {content.get('evalue')}"
+            )
         return "".join(out)
 
     async def eval(self, expression: str) -> Any:
@@ -595,7 +601,10 @@ class TestSandboxedKernels:
             "error",
             "KeyboardInterrupt",
         )
-        assert await kernel.run("print('alive')") == "alive\n"
+        # The interrupt ends the cell with an error, and ipykernel aborts the requests that reach
+        # it before it is done with that error: its own "stop aborting" message races this
+        # request, and under load this one can come first (a CI run's did). Aborted is not dead.
+        assert await kernel.run("print('alive')", aborted_tries=2) == "alive\n"
 
 
 @needs_root
