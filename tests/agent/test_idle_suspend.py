@@ -260,27 +260,23 @@ async def test_the_handover_is_announced_and_counts_from_the_start_of_idleness(
     assert await handed_to(idle, waiting, process) == [uuid]
 
 
-async def test_a_kernels_own_waiting_request_never_has_it_suspended(
-    idle: IdleWithSuspend,
+@pytest.mark.parametrize(
+    ("policy", "waiter", "idle_for"),
+    [
+        # The same kernel asks for a second GPU: its own request never suspends it.
+        (HANDOVER, 100, 1000),
+        ({"idle_seconds": 3600.0, "warning_seconds": 60.0}, 200, 3000),
+    ],
+    ids=["its-own-request", "no-handover-period"],
+)
+async def test_a_waiting_request_that_may_not_hand_over_changes_nothing(
+    idle: IdleWithSuspend, policy: dict[str, float], waiter: int, idle_for: float
 ) -> None:
-    process, uuid = await the_last_gpu_held_idle(idle, **HANDOVER)
-    own = await waits(idle, 100)  # the same kernel asks for a second GPU
+    process, uuid = await the_last_gpu_held_idle(idle, **policy)
+    waiting = await waits(idle, waiter)
 
     assert await idle.after(0) == []
-    assert await idle.after(1000) == []
-    assert idle.suspends.asked == []
-    assert idle.attached(process) == [uuid]
-    await cancelled(own)
-
-
-async def test_without_a_handover_period_a_waiting_request_changes_nothing(
-    idle: IdleWithSuspend,
-) -> None:
-    process, uuid = await the_last_gpu_held_idle(idle, idle_seconds=3600, warning_seconds=60)
-    waiting = await waits(idle, 200)
-
-    assert await idle.after(0) == []
-    assert await idle.after(3000) == []
+    assert await idle.after(idle_for) == []
     assert idle.suspends.asked == []
     assert idle.attached(process) == [uuid]
     await cancelled(waiting)
